@@ -1,0 +1,157 @@
+"""Image quality against the base image (PSNR, SSIM), the quality guard, and the per-run metrics record.
+
+The guard tells a stack that is lossy from one that is broken. Low PSNR alone is not proof: a cache can flip a
+composition into a different clean picture (about 12 dB on a two-object scene). A mis-wired stack makes
+colour noise, whose high-frequency energy is far above the base image's; a different clean picture keeps about
+the same.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+# Verdicts, in the words the UI shows.
+IDENTICAL = "identical"
+GOOD = "good"
+LOSSY = "lossy"
+DIFFERENT = "different picture (clean)"
+BROKEN = "likely broken, not lossy"
+
+GOOD_DB = 30.0
+LOSSY_DB = 20.0
+NOISE_HF_RATIO = 2.0  # high-frequency energy this many times the base's means noise, not a new picture
+
+
+def _as_float(img) -> np.ndarray:
+    arr = np.asarray(img)
+    if arr.dtype == np.uint8:
+        return arr.astype(np.float64)
+    return np.clip(arr.astype(np.float64), 0.0, 1.0) * 255.0
+
+
+def psnr(a, b, data_range: float = 255.0) -> float:
+    """Peak signal-to-noise ratio in dB of two images (uint8 or [0, 1] floats); inf when equal."""
+    x, y = _as_float(a), _as_float(b)
+    if x.shape != y.shape:
+        raise ValueError(f"psnr: shapes differ, {x.shape} vs {y.shape}")
+    mse = float(np.mean((x - y) ** 2))
+    if mse == 0.0:
+        return math.inf
+    return 10.0 * math.log10(data_range**2 / mse)
+
+
+def _gaussian_kernel(size: int = 11, sigma: float = 1.5) -> np.ndarray:
+    ax = np.arange(size) - (size - 1) / 2.0
+    k = np.exp(-(ax**2) / (2 * sigma**2))
+    return k / k.sum()
+
+
+def _filter(img: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Separable 'valid' filtering along the first two axes."""
+    n = len(k)
+    h, w = img.shape[:2]
+    tmp = sum(k[i] * img[i : h - n + 1 + i] for i in range(n))
+    return sum(k[i] * tmp[:, i : w - n + 1 + i] for i in range(n))
+
+
+def ssim(a, b, data_range: float = 255.0) -> float:
+    """Mean structural similarity (Wang et al. 2004; 11x11 Gaussian window, sigma 1.5), averaged over channels."""
+    x, y = _as_float(a), _as_float(b)
+    if x.shape != y.shape:
+        raise ValueError(f"ssim: shapes differ, {x.shape} vs {y.shape}")
+    if x.ndim == 2:
+        x, y = x[..., None], y[..., None]
+    size = min(11, x.shape[0], x.shape[1])
+    if size % 2 == 0:
+        size -= 1
+    k = _gaussian_kernel(size, 1.5 * size / 11)
+    c1, c2 = (0.01 * data_range) ** 2, (0.03 * data_range) ** 2
+    mx, my = _filter(x, k), _filter(y, k)
+    sxx = _filter(x * x, k) - mx * mx
+    syy = _filter(y * y, k) - my * my
+    sxy = _filter(x * y, k) - mx * my
+    s = ((2 * mx * my + c1) * (2 * sxy + c2)) / ((mx * mx + my * my + c1) * (sxx + syy + c2))
+    return float(s.mean())
+
+
+def hf_energy(img) -> float:
+    """Mean squared discrete Laplacian over all channels: how much pixel-to-pixel change an image has."""
+    x = _as_float(img)
+    lap = 4 * x[1:-1, 1:-1] - x[:-2, 1:-1] - x[2:, 1:-1] - x[1:-1, :-2] - x[1:-1, 2:]
+    return float(np.mean(lap**2))
+
+
+@dataclass(frozen=True)
+class Quality:
+    psnr_db: float
+    ssim: float
+    hf_ratio: float
+    verdict: str
+
+    @property
+    def broken(self) -> bool:
+        return self.verdict == BROKEN
+
+
+def judge(image, base) -> Quality:
+    """Compare a run's image with the base image of the same request and give a verdict."""
+    p = psnr(image, base)
+    s = ssim(image, base)
+    hb = hf_energy(base)
+    ratio = hf_energy(image) / max(hb, 1e-6)
+    if math.isinf(p):
+        verdict = IDENTICAL
+    elif ratio > NOISE_HF_RATIO and p < GOOD_DB:
+        verdict = BROKEN
+    elif p >= GOOD_DB:
+        verdict = GOOD
+    elif p >= LOSSY_DB:
+        verdict = LOSSY
+    else:
+        verdict = DIFFERENT
+    return Quality(p, s, ratio, verdict)
+
+
+@dataclass
+class RunMetrics:
+    """Everything one run measured. Field names are the CLI's JSON keys."""
+
+    model: str
+    preset: str
+    tag: str
+    device: str
+    dtype: str
+    request: dict
+    denoise_s: float
+    step_ms: list[float]
+    mean_step_ms: float
+    full_steps: int
+    cached_steps: int
+    cached_step_indices: list[int]
+    residual_diffs: dict[int, float]
+    cache_threshold: float | None
+    backend_cached_steps: list[int] | None  # the cache backend's own list, where it keeps one
+    speedup: float | None
+    base_denoise_s: float | None
+    psnr_db: float | None
+    ssim: float | None
+    hf_ratio: float | None
+    quality: str
+    compile_s: float | None
+    engaged: list[str]
+    fallbacks: list[str]
+    reloaded: bool
+    total_s: float
+    versions: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["residual_diffs"] = {str(k): v for k, v in self.residual_diffs.items()}
+        return d
+
+    @property
+    def broken(self) -> bool:
+        return self.quality == BROKEN

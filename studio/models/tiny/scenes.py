@@ -1,0 +1,232 @@
+"""The tiny model's world: a prompt grammar, a scene renderer, and a pixel-level judge.
+
+Prompts follow `a <colour> <shape> <where>[ and a <colour> <shape> <where>], <colour> background`.
+The same module draws training images (PIL, on the fly) and judges generated ones, so what the model is
+trained on and what the evaluation checks can never drift apart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (215, 35, 35),
+    "green": (35, 165, 60),
+    "blue": (35, 70, 215),
+    "yellow": (240, 215, 40),
+    "white": (245, 245, 245),
+    "black": (20, 20, 20),
+    "purple": (135, 45, 170),
+    "orange": (245, 140, 25),
+}
+SHAPES = ("circle", "square", "triangle")
+# Centre of each place as a fraction of the image side (x, y).
+PLACES: dict[str, tuple[float, float]] = {
+    "on the left": (0.25, 0.5),
+    "on the right": (0.75, 0.5),
+    "at the top": (0.5, 0.25),
+    "at the bottom": (0.5, 0.75),
+    "in the center": (0.5, 0.5),
+}
+# Every word the grammar uses; the tokenizers are built from this list.
+VOCAB = sorted(
+    {"a", "an", "and", "background", ","}
+    | set(COLOURS)
+    | set(SHAPES)
+    | {w for place in PLACES for w in place.split()}
+)
+SINGLE_RADIUS = 0.19  # object half-size as a fraction of the side
+PAIR_RADIUS = 0.11
+
+
+@dataclass(frozen=True)
+class Obj:
+    colour: str
+    shape: str
+    place: str
+
+    def phrase(self) -> str:
+        article = "an" if self.colour[0] in "aeiou" else "a"
+        return f"{article} {self.colour} {self.shape} {self.place}"
+
+
+@dataclass(frozen=True)
+class Scene:
+    objects: tuple[Obj, ...]
+    background: str
+
+    @property
+    def prompt(self) -> str:
+        return " and ".join(o.phrase() for o in self.objects) + f", {self.background} background"
+
+    @property
+    def key(self) -> str:
+        return self.prompt
+
+
+_OBJ = r"an? (\w+) (\w+) (on the left|on the right|at the top|at the bottom|in the center)"
+_PROMPT = re.compile(rf"^\s*{_OBJ}(?: and {_OBJ})?\s*,\s*(\w+) background\s*$", re.IGNORECASE)
+
+
+def parse_prompt(prompt: str) -> Scene:
+    """Parse a prompt of the grammar into a Scene; raises ValueError naming what is wrong."""
+    m = _PROMPT.match(prompt.strip().rstrip("."))
+    if not m:
+        raise ValueError(
+            f"prompt {prompt!r} does not follow 'a <colour> <shape> <where>[ and a <colour> <shape> <where>], "
+            f"<colour> background'"
+        )
+    g = [x.lower() if x else x for x in m.groups()]
+    objs = [Obj(g[0], g[1], g[2])]
+    if g[3]:
+        objs.append(Obj(g[3], g[4], g[5]))
+    for o in objs:
+        if o.colour not in COLOURS:
+            raise ValueError(f"colour {o.colour!r} is not one of {sorted(COLOURS)}")
+        if o.shape not in SHAPES:
+            raise ValueError(f"shape {o.shape!r} is not one of {list(SHAPES)}")
+    if g[6] not in COLOURS:
+        raise ValueError(f"background colour {g[6]!r} is not one of {sorted(COLOURS)}")
+    return Scene(tuple(objs), g[6])
+
+
+def _held_out(key: str, fraction: float) -> bool:
+    h = int(hashlib.sha1(key.encode()).hexdigest()[:8], 16)
+    return (h % 1000) < fraction * 1000
+
+
+def all_single_scenes() -> list[Scene]:
+    return [
+        Scene((Obj(c, s, p),), bg)
+        for c in COLOURS
+        for s in SHAPES
+        for p in PLACES
+        for bg in COLOURS
+        if bg != c
+    ]
+
+
+HELD_OUT_FRACTION = 0.1
+
+
+def is_held_out(scene: Scene) -> bool:
+    """A fixed ~10% of exact combinations never appear in training (decided by a hash of the prompt)."""
+    return _held_out(scene.key, HELD_OUT_FRACTION)
+
+
+def sample_scene(rng: random.Random, two_objects: bool, held_out: bool = False) -> Scene:
+    """Draw a random scene, from the training split (default) or from the held-out split."""
+    cols = list(COLOURS)
+    while True:
+        bg = rng.choice(cols)
+        n = 2 if two_objects else 1
+        places = rng.sample(list(PLACES), n)
+        objs = []
+        for p in places:
+            objs.append(Obj(rng.choice([c for c in cols if c != bg]), rng.choice(SHAPES), p))
+        scene = Scene(tuple(objs), bg)
+        if is_held_out(scene) == held_out:
+            return scene
+
+
+def render(scene: Scene, size: int = 64, rng: random.Random | None = None, supersample: int = 4) -> Image.Image:
+    """Draw a scene; `rng` adds a small jitter of position and size (training), None draws it exactly."""
+    big = size * supersample
+    img = Image.new("RGB", (big, big), COLOURS[scene.background])
+    draw = ImageDraw.Draw(img)
+    radius = SINGLE_RADIUS if len(scene.objects) == 1 else PAIR_RADIUS
+    for o in scene.objects:
+        cx, cy = PLACES[o.place]
+        r = radius
+        if rng is not None:
+            cx += rng.uniform(-0.03, 0.03)
+            cy += rng.uniform(-0.03, 0.03)
+            r *= rng.uniform(0.9, 1.1)
+        cx, cy, r = cx * big, cy * big, r * big
+        fill = COLOURS[o.colour]
+        if o.shape == "circle":
+            draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=fill)
+        elif o.shape == "square":
+            s = r * 0.9
+            draw.rectangle([cx - s, cy - s, cx + s, cy + s], fill=fill)
+        else:
+            draw.polygon([(cx, cy - r), (cx + r, cy + r * 0.8), (cx - r, cy + r * 0.8)], fill=fill)
+    return img.resize((size, size), Image.Resampling.LANCZOS)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Judging generated pixels
+
+
+def nearest_colour(rgb: np.ndarray) -> str:
+    names = list(COLOURS)
+    pal = np.array([COLOURS[n] for n in names], dtype=np.float32)
+    d = ((pal - rgb.astype(np.float32)[None]) ** 2).sum(-1)
+    return names[int(d.argmin())]
+
+
+def _label_map(arr: np.ndarray) -> np.ndarray:
+    names = list(COLOURS)
+    pal = np.array([COLOURS[n] for n in names], dtype=np.float32)
+    d = ((arr.astype(np.float32)[:, :, None, :] - pal[None, None]) ** 2).sum(-1)
+    return d.argmin(-1)
+
+
+@dataclass
+class ObjectJudgement:
+    colour: str | None
+    shape: str | None
+    fill_ratio: float
+
+
+def judge_background(arr: np.ndarray) -> str:
+    """Background colour from a 3-pixel border (objects never reach the corners)."""
+    h, w, _ = arr.shape
+    k = max(2, h // 20)
+    corners = np.concatenate(
+        [arr[:k, :k].reshape(-1, 3), arr[:k, -k:].reshape(-1, 3), arr[-k:, :k].reshape(-1, 3), arr[-k:, -k:].reshape(-1, 3)]
+    )
+    return nearest_colour(np.median(corners, axis=0))
+
+
+def judge_object(arr: np.ndarray, place: str, background: str, n_objects: int) -> ObjectJudgement:
+    """Colour and shape of whatever is drawn at `place`, judged only from the pixels.
+
+    Colour: the most common non-background palette colour near the expected centre. Shape: how much of its
+    bounding box the object's pixels fill (square ~0.95, circle ~0.78, triangle ~0.5).
+    """
+    h, w, _ = arr.shape
+    cx, cy = PLACES[place]
+    radius = SINGLE_RADIUS if n_objects == 1 else PAIR_RADIUS
+    win = radius * 1.6
+    x0, x1 = int(max(0, (cx - win) * w)), int(min(w, (cx + win) * w))
+    y0, y1 = int(max(0, (cy - win) * h)), int(min(h, (cy + win) * h))
+    labels = _label_map(arr[y0:y1, x0:x1])
+    names = list(COLOURS)
+    bg_idx = names.index(background)
+    # The core: the central half of the expected extent decides the colour.
+    core = labels[
+        int((cy - radius * 0.5) * h) - y0 : int((cy + radius * 0.5) * h) - y0,
+        int((cx - radius * 0.5) * w) - x0 : int((cx + radius * 0.5) * w) - x0,
+    ].ravel()
+    core = core[core != bg_idx]
+    if core.size < 4:
+        return ObjectJudgement(None, None, 0.0)
+    colour_idx = int(np.bincount(core, minlength=len(names)).argmax())
+    mask = labels == colour_idx
+    ys, xs = np.nonzero(mask)
+    bbox_area = (ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1)
+    fill = float(mask.sum() / bbox_area)
+    if fill > 0.88:
+        shape = "square"
+    elif fill > 0.64:
+        shape = "circle"
+    else:
+        shape = "triangle"
+    return ObjectJudgement(names[colour_idx], shape, fill)

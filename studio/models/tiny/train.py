@@ -1,0 +1,191 @@
+"""Train the embedded tiny model from scratch on procedurally drawn scenes and write the pipeline folder.
+
+    python -m studio.models.tiny.train [--out DIR] [--vae-steps N] [--steps N] [--threads 2]
+
+Two stages: (1) the VAE learns to reconstruct drawn scenes; (2) its latents of a pool of jittered scenes train
+the FLUX transformer together with both text encoders (FLUX gives text tokens no position, so word order has
+to come from T5) by flow matching, with an EMA of the weights. Text goes through the pipeline's own
+`encode_prompt`, latents through its own packing, so training sees exactly what inference feeds the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import math
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from studio.models.tiny.build import TinyConfig, build_pipeline
+from studio.models.tiny.profile import DEFAULT_DIR, write_profile
+from studio.models.tiny.scenes import render, sample_scene
+
+log = logging.getLogger("studio.tiny.train")
+
+
+def _to_tensor(imgs) -> torch.Tensor:
+    arr = np.stack([np.asarray(im, dtype=np.float32) for im in imgs]) / 127.5 - 1.0
+    return torch.from_numpy(arr).permute(0, 3, 1, 2).contiguous()
+
+
+def _draw_batch(rng: random.Random, n: int, size: int, two_share: float):
+    scenes = [sample_scene(rng, two_objects=rng.random() < two_share) for _ in range(n)]
+    return scenes, _to_tensor([render(s, size, rng) for s in scenes])
+
+
+def train_vae(pipe, cfg: TinyConfig, steps: int, batch: int, rng: random.Random, bar) -> list[float]:
+    vae = pipe.vae
+    vae.train()
+    opt = torch.optim.AdamW(vae.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=max(steps, 2), pct_start=0.05)
+    losses = []
+    for _ in range(steps):
+        _, x = _draw_batch(rng, batch, cfg.size, 0.4)
+        post = vae.encode(x).latent_dist
+        rec = vae.decode(post.sample()).sample
+        kl = post.kl().mean() / (x[0].numel())
+        loss = (rec - x).abs().mean() + 2.0 * (rec - x).pow(2).mean() + 1e-6 * kl
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        bar.set_postfix(stage="vae", loss=f"{np.mean(losses[-50:]):.4f}")
+        bar.update(1)
+    vae.eval()
+    return losses
+
+
+@torch.no_grad()
+def encode_pool(pipe, cfg: TinyConfig, n: int, rng: random.Random, chunk: int = 64):
+    """Latents (posterior means) of a pool of jittered training scenes, and their prompts."""
+    prompts, lats = [], []
+    for i in range(0, n, chunk):
+        scenes, x = _draw_batch(rng, min(chunk, n - i), cfg.size, 0.45)
+        prompts += [s.prompt for s in scenes]
+        lats.append(pipe.vae.encode(x).latent_dist.mean)
+    z = torch.cat(lats)
+    shift = z.mean().item()
+    scale = 1.0 / (z - shift).std().item()
+    pipe.vae.register_to_config(shift_factor=shift, scaling_factor=scale)
+    return prompts, (z - shift) * scale
+
+
+def train_denoiser(pipe, cfg, prompts, latents, steps, batch, rng, bar, lr=6e-4) -> list[float]:
+    modules = [pipe.transformer, pipe.text_encoder, pipe.text_encoder_2]
+    params = [p for m in modules for p in m.parameters()]
+    for m in modules:
+        m.train()
+    ema = [copy.deepcopy(m).eval().requires_grad_(False) for m in modules]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
+    warm = min(200, steps // 10 + 1)
+
+    def lr_at(step):
+        if step < warm:
+            return (step + 1) / warm
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    h = w = cfg.size // cfg.vae_scale
+    img_ids = pipe._prepare_latent_image_ids(batch, h // 2, w // 2, "cpu", torch.float32)
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
+    losses = []
+    for step in range(steps):
+        idx = torch.randint(0, len(prompts), (batch,), generator=g)
+        x0 = pipe._pack_latents(latents[idx], batch, cfg.latent_channels, h, w)
+        noise = torch.randn(x0.shape, generator=g)
+        # Half logit-normal (where the detail is decided), half uniform (so the ends of the schedule are seen).
+        sig = torch.where(
+            torch.rand(batch, generator=g) < 0.5,
+            torch.sigmoid(torch.randn(batch, generator=g)),
+            torch.rand(batch, generator=g),
+        ).clamp(1e-3, 1.0)
+        xt = (1 - sig[:, None, None]) * x0 + sig[:, None, None] * noise
+        emb, pooled, txt_ids = pipe.encode_prompt(
+            prompt=[prompts[i] for i in idx.tolist()], prompt_2=None, device="cpu", max_sequence_length=cfg.text_len
+        )
+        pred = pipe.transformer(
+            hidden_states=xt, timestep=sig, guidance=None, pooled_projections=pooled, encoder_hidden_states=emb,
+            txt_ids=txt_ids, img_ids=img_ids, return_dict=False,
+        )[0]
+        loss = (pred - (noise - x0)).pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        decay = min(0.999, (1 + step) / (10 + step))
+        with torch.no_grad():
+            for m, e in zip(modules, ema):
+                for p, q in zip(m.parameters(), e.parameters()):
+                    q.lerp_(p, 1 - decay)
+        losses.append(loss.item())
+        bar.set_postfix(stage="dit", loss=f"{np.mean(losses[-100:]):.4f}")
+        bar.update(1)
+    pipe.transformer, pipe.text_encoder, pipe.text_encoder_2 = ema
+    return losses
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=DEFAULT_DIR)
+    ap.add_argument("--vae-steps", type=int, default=700)
+    ap.add_argument("--steps", type=int, default=5000)
+    ap.add_argument("--vae-batch", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--pool", type=int, default=24000)
+    ap.add_argument("--heads", type=int, default=6)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--log", type=Path, default=None, help="log file (default: <out>/train_log.txt)")
+    args = ap.parse_args(argv)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    log_path = args.log or args.out / "train_log.txt"
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(message)s",
+        handlers=[logging.FileHandler(log_path, mode="w"), logging.StreamHandler()],
+    )
+    torch.set_num_threads(args.threads)
+    rng = random.Random(args.seed)
+    cfg = TinyConfig(heads=args.heads)
+    pipe = build_pipeline(cfg, seed=args.seed)
+    log.info("config %s, threads %d, vae %d steps, denoiser %d steps x %d", cfg.as_dict(), args.threads,
+             args.vae_steps, args.steps, args.batch)
+    t0 = time.perf_counter()
+    with tqdm(total=args.vae_steps + args.steps, desc="training tiny FLUX", mininterval=5) as bar:
+        vae_losses = train_vae(pipe, cfg, args.vae_steps, args.vae_batch, rng, bar)
+        t_vae = time.perf_counter() - t0
+        log.info("vae done in %.0fs, final loss %.4f", t_vae, np.mean(vae_losses[-50:]) if vae_losses else float("nan"))
+        prompts, latents = encode_pool(pipe, cfg, args.pool, rng)
+        log.info("pool of %d latents; vae shift %.4f scale %.4f", len(prompts), pipe.vae.config.shift_factor,
+                 pipe.vae.config.scaling_factor)
+        dit_losses = train_denoiser(pipe, cfg, prompts, latents, args.steps, args.batch, rng, bar)
+    total = time.perf_counter() - t0
+    log.info("denoiser done; final loss %.4f; total %.0fs", np.mean(dit_losses[-100:]) if dit_losses else float("nan"),
+             total)
+    pipe.to(torch.bfloat16)
+    pipe.save_pretrained(args.out, safe_serialization=True)
+    stats = {
+        "config": cfg.as_dict(), "seed": args.seed, "threads": args.threads, "vae_steps": args.vae_steps,
+        "steps": args.steps, "batch": args.batch, "pool": args.pool, "vae_seconds": round(t_vae, 1),
+        "total_seconds": round(total, 1),
+        "vae_loss_curve": [round(float(np.mean(vae_losses[i:i + 50])), 5) for i in range(0, len(vae_losses), 50)],
+        "dit_loss_curve": [round(float(np.mean(dit_losses[i:i + 100])), 5) for i in range(0, len(dit_losses), 100)],
+    }
+    (args.out / "train_stats.json").write_text(json.dumps(stats, indent=1))
+    write_profile(args.out, cfg)
+    log.info("wrote %s", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""Preset files and config validation: every shipped preset parses; every kind of mistake names key and value."""
+
+from __future__ import annotations
+
+import pytest
+
+from studio.config import CacheSpec, CompileSpec, ConfigError, GenerationRequest, Preset, QuantSpec
+from studio.presets import PresetLibrary, load_preset, preset_from_text, preset_to_yaml
+
+SHIPPED = ["base", "sage", "int8", "sage-int8", "cache", "cache-int8", "cache-int8-sage"]
+
+
+def test_library_ships_exactly_the_seven_presets_in_order():
+    assert PresetLibrary().names() == SHIPPED
+
+
+def test_shipped_stacks():
+    lib = PresetLibrary()
+    base = lib.get("base")
+    assert (base.dtype, base.quant.enabled, base.cache.enabled, base.attention.backend, base.compile.enabled) == (
+        "bfloat16", False, False, "sdpa", False)
+    cache = lib.get("cache").cache
+    assert (cache.backend, cache.Fn, cache.Bn, cache.warmup, cache.threshold, cache.max_continuous_cached_steps) == (
+        "cache-dit", 1, 0, 4, 0.24, 3)
+    assert lib.get("int8").quant.mode == "int8_weight_only"
+    full = lib.get("cache-int8-sage")
+    assert full.quant.enabled and full.cache.enabled and full.attention.backend == "sage"
+    assert lib.get("sage").attention.diffusers_name == "sage"
+    assert lib.get("cache").tag() == "bf16+DBCache_F1B0W4R0.24MC3+sdpa"
+    assert full.tag() == "bf16+int8wo+DBCache_F1B0W4R0.24MC3+sage"
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_yaml_round_trip(name):
+    p = PresetLibrary().get(name)
+    again = preset_from_text(preset_to_yaml(p), name)
+    assert again == p
+
+
+def test_load_from_dict_and_path(tmp_path):
+    d = {"description": "x", "cache_config": {"residual_diff_threshold": 0.3}, "attention_backend": "sdpa"}
+    p = load_preset(d, name="mine")
+    assert p.cache.backend == "cache-dit" and p.cache.threshold == 0.3  # a cache_config alone means cache-dit
+    f = tmp_path / "mine.yaml"
+    f.write_text(preset_to_yaml(p))
+    assert load_preset(f) == p
+
+
+BAD = [
+    ("colour: red", "unknown key 'colour'"),
+    ("cache_config: {Fn_compute_block: 1}", "unknown key cache_config.Fn_compute_block"),
+    ("cache_config: {Fn_compute_blocks: one}", "cache_config.Fn_compute_blocks='one' is not valid: must be an integer"),
+    ("cache_config: {Fn_compute_blocks: 0}", "cache_config.Fn_compute_blocks=0 is not valid: must be >= 1"),
+    ("cache_config: {residual_diff_threshold: -0.1}", "residual_diff_threshold=-0.1 is not valid"),
+    ("cache_config: {residual_diff_threshold: fast}", "residual_diff_threshold='fast' is not valid"),
+    ("cache_config: {max_warmup_steps: -1}", "cache_config.max_warmup_steps=-1 is not valid: must be >= 0"),
+    ("cache_config: {max_continuous_cached_steps: 0}", "max_continuous_cached_steps=0 is not valid"),
+    ("cache_config: {enable_taylorseer: true, enable_dmd: true}", "TaylorSeer and DMD are alternative calibrators"),
+    ("cache_config: {enable_taylorseer: yes please}", "enable_taylorseer='yes please' is not valid"),
+    ("cache_config: {taylorseer_order: 9, enable_taylorseer: true}", "taylorseer_order=9 is not valid: must be <= 4"),
+    ("cache_config: {steps_computation_mask: turbo}", "steps_computation_mask='turbo' is not valid: use one of"),
+    ("cache_config: {steps_computation_policy: sometimes}", "steps_computation_policy='sometimes' is not valid"),
+    ("cache_config: {compute_bins: [4, 2]}", "give both or neither"),
+    ("cache_config: {compute_bins: [4, 0], cache_bins: [1, 1]}", "compute_bins=(4, 0) is not valid"),
+    ("cache_config: {steps_computation_mask: fast, compute_bins: [4], cache_bins: [1]}", "not both"),
+    ("cache_config: {backend: fbcache, enable_dmd: true}", "need backend: cache-dit"),
+    ("cache_config: {backend: teacache}", "cache_config.backend='teacache' is not valid: use one of"),
+    ("quantize_config: {quant_type: int4}", "quantize_config.quant_type='int4' is not valid: use one of"),
+    ("quantize_config: {exclude_layers: embedder}", "quantize_config.exclude_layers='embedder' is not valid"),
+    ("attention_backend: turbo", "attention_backend.backend='turbo' is not valid: use one of"),
+    ("compile: {enabled: maybe}", "compile.enabled='maybe' is not valid: must be true or false"),
+    ("compile: {enabled: true, mode: fastest}", "compile.mode='fastest' is not valid"),
+    ("dtype: int4", "preset.dtype='int4' is not valid: use one of"),
+    ("cache_config: [1, 2]", "cache_config must be a mapping"),
+    ("- just\n- a list", "a preset must be a YAML mapping"),
+    ("cache_config: {Fn_compute_blocks: 1", "not valid YAML"),
+]
+
+
+@pytest.mark.parametrize("text,expected", BAD, ids=[b[1][:40] for b in BAD])
+def test_every_validation_error_names_source_key_and_value(tmp_path, text, expected):
+    f = tmp_path / "broken.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_preset(f)
+    msg = str(e.value)
+    assert msg.startswith(str(f)), msg  # the file
+    assert expected in msg, msg  # the key, the value, what is allowed
+
+
+def test_missing_file_and_bad_name(tmp_path):
+    with pytest.raises(ConfigError, match="no such preset file"):
+        load_preset(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="preset.name='a b' is not valid"):
+        Preset(name="a b")
+
+
+def test_user_presets_appear_by_name_and_cannot_shadow_builtins(tmp_path):
+    lib = PresetLibrary(user_dir=tmp_path)
+    p = lib.add("fast-fb", "cache_config: {backend: fbcache}\nattention_backend: sdpa\n")
+    assert "fast-fb" in lib.names() and lib.names()[: len(SHIPPED)] == SHIPPED
+    assert lib.get("fast-fb") == p and p.cache.backend == "fbcache"
+    with pytest.raises(ConfigError, match="built in"):
+        lib.add("cache", "attention_backend: sdpa\n")
+    with pytest.raises(ConfigError, match="unknown key"):
+        lib.add("bad", "speed: 11\n")
+    assert "bad" not in lib.names()
+    with pytest.raises(ConfigError, match="not found; available"):
+        lib.get("nothing")
+
+
+def test_threshold_defaults_raise_for_quantized_and_explicit_wins():
+    fb = CacheSpec(backend="fbcache")
+    assert fb.effective_threshold(quantized=False) == 0.08
+    assert fb.effective_threshold(quantized=True) == 0.12
+    assert CacheSpec(backend="fbcache", threshold=0.05).effective_threshold(quantized=True) == 0.05
+    assert CacheSpec(backend="cache-dit", threshold=0.24).effective_threshold(quantized=True) == 0.24
+
+
+def test_per_request_cache_switch():
+    lib = PresetLibrary()
+    cache = lib.get("cache")
+    assert cache.with_cache_override(None, None) is cache
+    off = cache.with_cache_override(False)
+    assert not off.cache.enabled and off.name == "cache.override"
+    on = lib.get("base").with_cache_override(True, 0.5)
+    assert on.cache.backend == "cache-dit" and on.cache.threshold == 0.5
+    assert cache.with_cache_override(None, 0.3).cache.threshold == 0.3
+
+
+def test_request_validation():
+    with pytest.raises(ConfigError, match="request.prompt='  ' is not valid"):
+        GenerationRequest(prompt="  ")
+    with pytest.raises(ConfigError, match="request.steps=0 is not valid: must be >= 1"):
+        GenerationRequest(prompt="x", steps=0)
+    with pytest.raises(ConfigError, match="request.width=True"):
+        GenerationRequest(prompt="x", width=True)
+    r = GenerationRequest(prompt="x")
+    assert r.key("m") == GenerationRequest(prompt="x").key("m") != GenerationRequest(prompt="x", seed=1).key("m")
+
+
+def test_spec_defaults_validate():
+    assert QuantSpec().mode == "none" and not CompileSpec().enabled
+    with pytest.raises(ConfigError):
+        CompileSpec(enabled=True, fullgraph="yes")
