@@ -174,6 +174,7 @@ class Runner:
         """
         model = model or self.model
         p = self.resolve_preset(preset).with_cache_override(cache_enabled, cache_threshold)
+        self.manager.ensure(model, p.dtype, on_status)  # a model that cannot load says so before anything else
         self.check_request(request, model)
         base_p = self.presets.get(BASE)
         is_base = same_stack(p, base_p)

@@ -114,6 +114,15 @@ class ModelManager:
             log.info("loaded %s (%s) on %s in %s", model, type(pipe).__name__, self.device, dtype_name)
             return self.current
 
+    def ensure(self, model: str | None, dtype_name: str = "bfloat16", on_status=None) -> Loaded:
+        """The loaded `model`, loading it first if another (or none) is loaded."""
+        with self.lock:
+            if self.current is not None and self.current.source == resolve_model(model):
+                return self.current
+            if on_status:
+                on_status(f"loading model {model or 'tiny'}")
+            return self.load(model, dtype_name)
+
     def unload(self) -> None:
         with self.lock:
             if self.current is None:
@@ -157,15 +166,9 @@ class ModelManager:
         Returns (pipe, stack, reloaded) where reloaded says whether weights were (re)loaded for this call.
         """
         with self.lock:
-            reloaded = False
-            source = resolve_model(model)
-            cur = self.current
-            if cur is None or cur.source != source:
-                if on_status:
-                    on_status(f"loading model {model or 'tiny'}")
-                cur = self.load(model, preset.dtype)
-                reloaded = True
+            cur = self.ensure(model, preset.dtype, on_status)
             key = reload_key(preset)
+            reloaded = cur.reload_key is None  # weights fresh from disk, no preset applied yet
             if cur.reload_key is not None and key != cur.reload_key:
                 if on_status:
                     on_status("reloading transformer weights (quantization/compile/dtype changed)")
