@@ -1,7 +1,7 @@
 """Command line: python -m studio generate|bench|sweep|presets.
 
-    python -m studio generate --preset cache --prompt "a red circle in the center, blue background" --json
-    python -m studio bench --repeats 3 --out bench.md
+python -m studio generate --preset cache --prompt "a red circle in the center, blue background" --json
+python -m studio bench --repeats 3 --out bench.md
 """
 
 from __future__ import annotations
@@ -16,7 +16,12 @@ from pathlib import Path
 
 def _request(runner, args):
     return runner.request(
-        args.prompt, model=args.model, seed=args.seed, steps=args.steps, width=args.width, height=args.height,
+        args.prompt,
+        model=args.model,
+        seed=args.seed,
+        steps=args.steps,
+        width=args.width,
+        height=args.height,
         guidance=args.guidance,
     )
 
@@ -81,13 +86,17 @@ def main(argv=None) -> int:
         return 0
     runner = Runner(ModelManager(args.device), lib, model=args.model)
     if args.prompt is None:
-        args.prompt = runner.profile(args.model).example_prompts[0] if runner.profile(args.model).example_prompts \
+        args.prompt = (
+            runner.profile(args.model).example_prompts[0]
+            if runner.profile(args.model).example_prompts
             else "a photo of a cat"
+        )
     try:
         req = _request(runner, args)
         if args.cmd == "generate":
-            res = runner.generate(req, args.preset, model=args.model, cache_enabled=args.cache,
-                                  cache_threshold=args.threshold)
+            res = runner.generate(
+                req, args.preset, model=args.model, cache_enabled=args.cache, cache_threshold=args.threshold
+            )
             if args.out:
                 res.pil().save(args.out)
             m = res.metrics
@@ -95,9 +104,11 @@ def main(argv=None) -> int:
                 print(json.dumps(m.as_dict()))
             else:
                 psnr = "inf" if m.psnr_db is not None and math.isinf(m.psnr_db) else f"{m.psnr_db:.2f} dB"
-                print(f"{m.preset} [{m.tag}] denoise {m.denoise_s:.3f} s ({m.mean_step_ms:.1f} ms/step), "
-                      f"{m.cached_steps} cached / {m.full_steps} full, {m.speedup:.2f}x vs base, PSNR {psnr}, "
-                      f"SSIM {m.ssim:.4f} [{m.quality}]")
+                print(
+                    f"{m.preset} [{m.tag}] denoise {m.denoise_s:.3f} s ({m.mean_step_ms:.1f} ms/step), "
+                    f"{m.cached_steps} cached / {m.full_steps} full, {m.speedup:.2f}x vs base, PSNR {psnr}, "
+                    f"SSIM {m.ssim:.4f} [{m.quality}]"
+                )
                 for line in m.engaged:
                     print("  " + line)
             return 0
@@ -105,14 +116,22 @@ def main(argv=None) -> int:
 
         if args.cmd == "bench":
             names = args.presets.split(",") if args.presets else None
-            mat = run_matrix(runner, req, names, model=args.model, repeats=args.repeats,
-                             on_status=lambda s: print(s, file=sys.stderr))
+            mat = run_matrix(
+                runner,
+                req,
+                names,
+                model=args.model,
+                repeats=args.repeats,
+                on_status=lambda s: print(s, file=sys.stderr),
+            )
         else:
             ths = tuple(float(x) for x in args.thresholds.split(","))
             mat = threshold_sweep(runner, req, args.preset, ths, model=args.model, repeats=args.repeats)
-        print(f"model {mat.model}, prompt {req.prompt!r}, seed {req.seed}, {req.steps} steps, "
-              f"{req.width}x{req.height}, median of {mat.repeats} round-robin repeats after a warm-up, "
-              f"device {runner.manager.device}")
+        print(
+            f"model {mat.model}, prompt {req.prompt!r}, seed {req.seed}, {req.steps} steps, "
+            f"{req.width}x{req.height}, median of {mat.repeats} round-robin repeats after a warm-up, "
+            f"device {runner.manager.device}"
+        )
         print(mat.markdown())
         if getattr(args, "out", None):
             out = Path(args.out)

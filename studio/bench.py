@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass, field, replace
 from studio.config import GenerationRequest, Preset
 from studio.runner import BASE, Runner, RunResult
 
-COLUMNS = ("stack", "preset", "denoise", "per-step", "vs base", "PSNR", "SSIM", "cached/full", "quality", "notes")
+# The shape people publish first (stack | denoise | per-step | vs base | PSNR | cached/full), then the rest.
+COLUMNS = ("stack", "denoise", "per-step", "vs base", "PSNR", "cached/full", "SSIM", "quality", "preset", "notes")
 
 
 @dataclass
@@ -37,11 +38,35 @@ class MatrixRow:
     def cells(self) -> list[str]:
         psnr = "n/a" if self.psnr_db is None else ("inf" if math.isinf(self.psnr_db) else f"{self.psnr_db:.2f} dB")
         return [
-            self.tag, self.preset, f"{self.denoise_s:.3f} s", f"{self.step_ms:.1f} ms",
-            "n/a" if self.speedup is None else f"{self.speedup:.2f}x", psnr,
-            "n/a" if self.ssim is None else f"{self.ssim:.4f}", f"{self.cached_steps}/{self.full_steps}",
-            self.quality, "; ".join(self.fallbacks),
+            self.tag,
+            f"{self.denoise_s:.3f} s",
+            f"{self.step_ms:.1f} ms",
+            "n/a" if self.speedup is None else f"{self.speedup:.2f}x",
+            psnr,
+            f"{self.cached_steps}/{self.full_steps}",
+            "n/a" if self.ssim is None else f"{self.ssim:.4f}",
+            self.quality,
+            self.preset,
+            "; ".join(self.fallbacks),
         ]
+
+    @classmethod
+    def from_metrics(cls, m, runs: list[float] | None = None) -> "MatrixRow":
+        """A row for one run (A/B compare, history): its own denoise time and speed-up against base."""
+        return cls(
+            preset=m.preset,
+            tag=m.tag,
+            denoise_s=m.denoise_s,
+            step_ms=m.mean_step_ms,
+            speedup=m.speedup,
+            psnr_db=m.psnr_db,
+            ssim=m.ssim,
+            cached_steps=m.cached_steps,
+            full_steps=m.full_steps,
+            quality=m.quality,
+            fallbacks=list(m.fallbacks),
+            runs=list(runs or [m.denoise_s]),
+        )
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -69,12 +94,27 @@ class Matrix:
         return buf.getvalue()
 
     def json(self) -> str:
-        return json.dumps({"model": self.model, "request": self.request.as_dict(), "repeats": self.repeats,
-                           "rows": [r.as_dict() for r in self.rows]}, indent=1)
+        return json.dumps(
+            {
+                "model": self.model,
+                "request": self.request.as_dict(),
+                "repeats": self.repeats,
+                "rows": [r.as_dict() for r in self.rows],
+            },
+            indent=1,
+        )
 
 
-def run_matrix(runner: Runner, request: GenerationRequest, presets: list[str | Preset] | None = None, *,
-               model: str | None = None, repeats: int = 1, warmup: bool = True, on_status=None) -> Matrix:
+def run_matrix(
+    runner: Runner,
+    request: GenerationRequest,
+    presets: list[str | Preset] | None = None,
+    *,
+    model: str | None = None,
+    repeats: int = 1,
+    warmup: bool = True,
+    on_status=None,
+) -> Matrix:
     """Run every preset (base always included, first) on one request; see the module doc for the method."""
     names = list(presets) if presets else runner.presets.names()
     resolved = [runner.resolve_preset(p) for p in names]
@@ -100,18 +140,34 @@ def run_matrix(runner: Runner, request: GenerationRequest, presets: list[str | P
     for p in resolved:
         m = last[p.name].metrics
         med = statistics.median(times[p.name])
-        rows.append(MatrixRow(
-            preset=p.name, tag=m.tag, denoise_s=med, step_ms=med / max(1, request.steps) * 1e3,
-            speedup=base_t / med if med > 0 else None, psnr_db=m.psnr_db, ssim=m.ssim,
-            cached_steps=m.cached_steps, full_steps=m.full_steps, quality=m.quality, fallbacks=m.fallbacks,
-            runs=times[p.name],
-        ))
+        rows.append(
+            MatrixRow(
+                preset=p.name,
+                tag=m.tag,
+                denoise_s=med,
+                step_ms=med / max(1, request.steps) * 1e3,
+                speedup=base_t / med if med > 0 else None,
+                psnr_db=m.psnr_db,
+                ssim=m.ssim,
+                cached_steps=m.cached_steps,
+                full_steps=m.full_steps,
+                quality=m.quality,
+                fallbacks=m.fallbacks,
+                runs=times[p.name],
+            )
+        )
     return Matrix(request, model or runner.model, rows, last, repeats)
 
 
-def threshold_sweep(runner: Runner, request: GenerationRequest, preset: str = "cache",
-                    thresholds=(0.08, 0.12, 0.16, 0.24, 0.32, 0.5), *, model: str | None = None,
-                    repeats: int = 1) -> Matrix:
+def threshold_sweep(
+    runner: Runner,
+    request: GenerationRequest,
+    preset: str = "cache",
+    thresholds=(0.08, 0.12, 0.16, 0.24, 0.32, 0.5),
+    *,
+    model: str | None = None,
+    repeats: int = 1,
+) -> Matrix:
     """The cache preset at several residual-diff thresholds, side by side with base."""
     p = runner.resolve_preset(preset)
     p = p.with_cache_override(True)
@@ -148,7 +204,15 @@ def plot_tradeoff(rows: list[MatrixRow], path_or_buf, title: str = "speed-up vs 
 
 
 def plot_steps(metrics, path_or_buf):
-    """Per-step time and the residual diff against the threshold, cached steps marked."""
+    """Per-step time and the residual diff against the threshold, cached steps marked.
+
+    `metrics` is a RunMetrics or its as_dict() (the UI keeps the dict)."""
+    if isinstance(metrics, dict):
+        from types import SimpleNamespace
+
+        d = dict(metrics)
+        d["residual_diffs"] = {int(k): v for k, v in (d.get("residual_diffs") or {}).items()}
+        metrics = SimpleNamespace(**d)
     import matplotlib
 
     matplotlib.use("Agg")

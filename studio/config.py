@@ -141,9 +141,11 @@ class CacheSpec(_Record):
         for name in ("compute_bins", "cache_bins"):
             bins = getattr(self, name)
             if bins is not None:
-                if isinstance(bins, (str, bytes)) or not all(
-                    isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in bins
-                ) or not bins:
+                if (
+                    isinstance(bins, (str, bytes))
+                    or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in bins)
+                    or not bins
+                ):
                     _fail(o, name, bins, "must be a non-empty list of positive integers")
                 object.__setattr__(self, name, tuple(bins))
         if self.compute_bins is not None and self.mask_policy != "none":
@@ -212,8 +214,12 @@ class Preset(_Record):
         if not all(c.isalnum() or c in "-_." for c in self.name):
             _fail("preset", "name", self.name, "use letters, digits, '-', '_' and '.' only")
         _check_choice("preset", "dtype", self.dtype, DTYPES)
-        for name, cls in (("quant", QuantSpec), ("cache", CacheSpec), ("attention", AttentionSpec),
-                          ("compile", CompileSpec)):
+        for name, cls in (
+            ("quant", QuantSpec),
+            ("cache", CacheSpec),
+            ("attention", AttentionSpec),
+            ("compile", CompileSpec),
+        ):
             if not isinstance(getattr(self, name), cls):
                 _fail("preset", name, getattr(self, name), f"must be a {cls.__name__}")
 
@@ -281,5 +287,29 @@ class GenerationRequest(_Record):
 
     def key(self, model: str) -> tuple:
         """Identity of the picture, for matching a run with its base image."""
-        return (model, self.prompt, self.seed, self.steps, self.width, self.height, self.guidance,
-                self.true_cfg_scale, self.negative_prompt, self.max_sequence_length)
+        return (
+            model,
+            self.prompt,
+            self.seed,
+            self.steps,
+            self.width,
+            self.height,
+            self.guidance,
+            self.true_cfg_scale,
+            self.negative_prompt,
+            self.max_sequence_length,
+        )
+
+
+def parse_switch(value) -> bool | None:
+    """A per-request switch: True/False, or None to follow the preset. Accepts 'true'/'false'/'unset' too."""
+    if value is None or isinstance(value, bool):
+        return value
+    v = str(value).strip().lower()
+    if v in ("", "unset", "none", "null", "preset", "follow preset"):
+        return None
+    if v in ("true", "on", "1", "yes"):
+        return True
+    if v in ("false", "off", "0", "no"):
+        return False
+    raise ConfigError(f"cache switch {value!r} is not valid: use true, false, or leave it unset to follow the preset")

@@ -1,12 +1,12 @@
 """Preset files: YAML close to cache-dit's own config format, loaded into validated `Preset` records.
 
-    description: ...
-    dtype: bfloat16
-    quantize_config: {quant_type: int8_weight_only, exclude_layers: [embedder, ...]}
-    cache_config: {backend: cache-dit, Fn_compute_blocks: 1, Bn_compute_blocks: 0, max_warmup_steps: 4,
-                   residual_diff_threshold: 0.24, max_continuous_cached_steps: 3, enable_taylorseer: false, ...}
-    attention_backend: sdpa
-    compile: {enabled: false, fullgraph: auto}
+description: ...
+dtype: bfloat16
+quantize_config: {quant_type: int8_weight_only, exclude_layers: [embedder, ...]}
+cache_config: {backend: cache-dit, Fn_compute_blocks: 1, Bn_compute_blocks: 0, max_warmup_steps: 4,
+               residual_diff_threshold: 0.24, max_continuous_cached_steps: 3, enable_taylorseer: false, ...}
+attention_backend: sdpa
+compile: {enabled: false, fullgraph: auto}
 """
 
 from __future__ import annotations
@@ -40,8 +40,13 @@ _CACHE_KEYS = {
 }
 _CACHE_FLAGS = ("enable_taylorseer", "enable_dmd")
 _QUANT_KEYS = {"quant_type": "mode", "exclude_layers": "exclude"}
-_COMPILE_KEYS = {"enabled": "enabled", "mode": "mode", "fullgraph": "fullgraph", "regional": "regional",
-                 "dynamic": "dynamic"}
+_COMPILE_KEYS = {
+    "enabled": "enabled",
+    "mode": "mode",
+    "fullgraph": "fullgraph",
+    "regional": "regional",
+    "dynamic": "dynamic",
+}
 _TOP_KEYS = ("name", "description", "dtype", "quantize_config", "cache_config", "attention_backend", "compile")
 
 
@@ -77,7 +82,9 @@ def preset_from_dict(data: dict, name: str | None = None, source: str = "<dict>"
         cache_kw = {_CACHE_KEYS[key]: v for key, v in c.items() if key in _CACHE_KEYS}
         if cache_kw.get("mask_policy") is None and "mask_policy" in cache_kw:
             cache_kw["mask_policy"] = "none"
-        cache_kw["calibrator"] = "taylorseer" if c.get("enable_taylorseer") else "dmd" if c.get("enable_dmd") else "none"
+        cache_kw["calibrator"] = (
+            "taylorseer" if c.get("enable_taylorseer") else "dmd" if c.get("enable_dmd") else "none"
+        )
         if c and "backend" not in c:
             cache_kw["backend"] = "cache-dit"  # a cache_config section alone means cache-dit, as in cache-dit itself
         compile_kw = {_COMPILE_KEYS[key]: v for key, v in k.items()}

@@ -64,8 +64,13 @@ class RunResult:
 
 
 class Runner:
-    def __init__(self, manager: ModelManager | None = None, presets: PresetLibrary | None = None,
-                 model: str | None = None, base_cache_size: int = 16):
+    def __init__(
+        self,
+        manager: ModelManager | None = None,
+        presets: PresetLibrary | None = None,
+        model: str | None = None,
+        base_cache_size: int = 16,
+    ):
         self.manager = manager or ModelManager()
         self.presets = presets or PresetLibrary()
         self.model = model or "tiny"
@@ -84,8 +89,14 @@ class Runner:
     def request(self, prompt: str, model: str | None = None, **overrides) -> GenerationRequest:
         """A request with the model profile's defaults for whatever is not given."""
         prof = self.profile(model)
-        kw = dict(steps=prof.steps, width=prof.width, height=prof.height, guidance=prof.guidance,
-                  true_cfg_scale=prof.true_cfg_scale, max_sequence_length=prof.max_sequence_length)
+        kw = dict(
+            steps=prof.steps,
+            width=prof.width,
+            height=prof.height,
+            guidance=prof.guidance,
+            true_cfg_scale=prof.true_cfg_scale,
+            max_sequence_length=prof.max_sequence_length,
+        )
         kw.update({k: v for k, v in overrides.items() if v is not None})
         return GenerationRequest(prompt=prompt, **kw)
 
@@ -115,8 +126,11 @@ class Runner:
     def _call(self, pipe, request: GenerationRequest, probe) -> np.ndarray:
         params = inspect.signature(pipe.__call__).parameters
         kw = dict(
-            prompt=request.prompt, height=request.height, width=request.width,
-            num_inference_steps=request.steps, generator=torch.Generator("cpu").manual_seed(request.seed),
+            prompt=request.prompt,
+            height=request.height,
+            width=request.width,
+            num_inference_steps=request.steps,
+            generator=torch.Generator("cpu").manual_seed(request.seed),
             output_type="np",
         )
         if probe is not None:
@@ -161,9 +175,18 @@ class Runner:
         report = read_report(pipe, preset.cache, quantized)
         return image, probe, report, stack, reloaded, compile_s, time.perf_counter() - t0, cur
 
-    def generate(self, request: GenerationRequest, preset: str | Preset = BASE, *, model: str | None = None,
-                 cache_enabled: bool | None = None, cache_threshold: float | None = None, progress=None,
-                 on_status=None, compare: bool = True) -> RunResult:
+    def generate(
+        self,
+        request: GenerationRequest,
+        preset: str | Preset = BASE,
+        *,
+        model: str | None = None,
+        cache_enabled: bool | None = None,
+        cache_threshold: float | None = None,
+        progress=None,
+        on_status=None,
+        compare: bool = True,
+    ) -> RunResult:
         """One generation with `preset`, measured, and compared with the base image of the same request.
 
         Args:
@@ -196,18 +219,33 @@ class Runner:
         # A base re-run is compared with the kept base image too: it must be bitwise equal (inf dB).
         q = judge(image, base.image) if base is not None else None
         metrics = RunMetrics(
-            model=model, preset=p.name, tag=p.tag(), device=str(self.manager.device), dtype=cur.dtype,
-            request=request.as_dict(), denoise_s=denoise, step_ms=[s * 1e3 for s in step_s],
+            model=model,
+            preset=p.name,
+            tag=p.tag(),
+            device=str(self.manager.device),
+            dtype=cur.dtype,
+            request=request.as_dict(),
+            denoise_s=denoise,
+            step_ms=[s * 1e3 for s in step_s],
             mean_step_ms=(denoise / max(1, len(step_s))) * 1e3,
-            full_steps=len(probe.steps) - len(probe.cached_indices), cached_steps=len(probe.cached_indices),
-            cached_step_indices=probe.cached_indices, residual_diffs=report.residual_diffs,
+            full_steps=len(probe.steps) - len(probe.cached_indices),
+            cached_steps=len(probe.cached_indices),
+            cached_step_indices=probe.cached_indices,
+            residual_diffs=report.residual_diffs,
             cache_threshold=report.threshold if engaged_cache is not None and engaged_cache.engaged else None,
             backend_cached_steps=report.cached_steps if report.backend == "cache-dit" else None,
             speedup=(base.denoise_s / denoise) if base is not None and denoise > 0 else None,
             base_denoise_s=base.denoise_s if base is not None else None,
-            psnr_db=q.psnr_db if q else None, ssim=q.ssim if q else None, hf_ratio=q.hf_ratio if q else None,
-            quality=q.verdict if q else "not compared", compile_s=compile_s, engaged=stack.lines(),
-            fallbacks=stack.fallbacks(), reloaded=reloaded, total_s=total, versions=library_versions(),
+            psnr_db=q.psnr_db if q else None,
+            ssim=q.ssim if q else None,
+            hf_ratio=q.hf_ratio if q else None,
+            quality=q.verdict if q else "not compared",
+            compile_s=compile_s,
+            engaged=stack.lines(),
+            fallbacks=stack.fallbacks(),
+            reloaded=reloaded,
+            total_s=total,
+            versions=library_versions(),
         )
         if is_base:
             metrics.speedup = 1.0  # by definition; its own timing is denoise_s

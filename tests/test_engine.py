@@ -143,8 +143,9 @@ def test_too_few_steps_runs_uncached_with_reason(runner):
 
 def test_step_mask_static(runner, tmp_path):
     runner.presets.user_dir = tmp_path
-    runner.presets.add("masked", "cache_config: {compute_bins: [4, 1, 1], cache_bins: [2, 2, 10], "
-                                 "steps_computation_policy: static}\n")
+    runner.presets.add(
+        "masked", "cache_config: {compute_bins: [4, 1, 1], cache_bins: [2, 2, 10], steps_computation_policy: static}\n"
+    )
     res = runner.generate(req(steps=10), "masked")
     assert res.metrics.cached_step_indices == [4, 5, 7, 8]
     res16 = runner.generate(req(steps=16), "masked")  # the mask is re-sized per run
@@ -208,9 +209,29 @@ def test_speedup_and_psnr_are_against_the_same_request(runner):
 
 def test_cli_generate_json(random_model_dir, tmp_path):
     out = tmp_path / "img.png"
-    cmd = [sys.executable, "-m", "studio", "generate", "--model", random_model_dir, "--preset", "base",
-           "--prompt", PROMPT, "--seed", "42", "--steps", "10", "--width", "64", "--height", "64", "--json",
-           "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "studio",
+        "generate",
+        "--model",
+        random_model_dir,
+        "--preset",
+        "base",
+        "--prompt",
+        PROMPT,
+        "--seed",
+        "42",
+        "--steps",
+        "10",
+        "--width",
+        "64",
+        "--height",
+        "64",
+        "--json",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     d = json.loads(proc.stdout)

@@ -18,10 +18,21 @@ def test_shipped_stacks():
     lib = PresetLibrary()
     base = lib.get("base")
     assert (base.dtype, base.quant.enabled, base.cache.enabled, base.attention.backend, base.compile.enabled) == (
-        "bfloat16", False, False, "sdpa", False)
+        "bfloat16",
+        False,
+        False,
+        "sdpa",
+        False,
+    )
     cache = lib.get("cache").cache
     assert (cache.backend, cache.Fn, cache.Bn, cache.warmup, cache.threshold, cache.max_continuous_cached_steps) == (
-        "cache-dit", 1, 0, 4, 0.24, 3)
+        "cache-dit",
+        1,
+        0,
+        4,
+        0.24,
+        3,
+    )
     assert lib.get("int8").quant.mode == "int8_weight_only"
     full = lib.get("cache-int8-sage")
     assert full.quant.enabled and full.cache.enabled and full.attention.backend == "sage"
@@ -49,7 +60,10 @@ def test_load_from_dict_and_path(tmp_path):
 BAD = [
     ("colour: red", "unknown key 'colour'"),
     ("cache_config: {Fn_compute_block: 1}", "unknown key cache_config.Fn_compute_block"),
-    ("cache_config: {Fn_compute_blocks: one}", "cache_config.Fn_compute_blocks='one' is not valid: must be an integer"),
+    (
+        "cache_config: {Fn_compute_blocks: one}",
+        "cache_config.Fn_compute_blocks='one' is not valid: must be an integer",
+    ),
     ("cache_config: {Fn_compute_blocks: 0}", "cache_config.Fn_compute_blocks=0 is not valid: must be >= 1"),
     ("cache_config: {residual_diff_threshold: -0.1}", "residual_diff_threshold=-0.1 is not valid"),
     ("cache_config: {residual_diff_threshold: fast}", "residual_diff_threshold='fast' is not valid"),

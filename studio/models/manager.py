@@ -79,13 +79,17 @@ class ModelManager:
         from diffusers import DiffusionPipeline
 
         # A Hub id is exactly "org/name"; anything else (or anything that exists on disk) is a folder.
-        looks_local = Path(source).expanduser().exists() or source.startswith((".", "/", "~")) or source.count("/") != 1
+        looks_local = (
+            Path(source).expanduser().exists() or source.startswith((".", "/", "~")) or source.count("/") != 1
+        )
         if looks_local and not Path(source).expanduser().is_dir():
             raise ModelLoadError(f"model folder {source!r} does not exist")
         try:
             pipe = DiffusionPipeline.from_pretrained(
                 str(Path(source).expanduser()) if looks_local else source,
-                dtype=dtype, use_safetensors=True, trust_remote_code=False,
+                dtype=dtype,
+                use_safetensors=True,
+                trust_remote_code=False,
             )
         except ModelLoadError:
             raise
@@ -94,8 +98,11 @@ class ModelManager:
             offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
             hint = ""
             if not looks_local:
-                hint = (" (offline: HF_HUB_OFFLINE is set and the model is not in the local cache)" if offline
-                        else " (check the Hub id and your network)")
+                hint = (
+                    " (offline: HF_HUB_OFFLINE is set and the model is not in the local cache)"
+                    if offline
+                    else " (check the Hub id and your network)"
+                )
             raise ModelLoadError(f"could not load model {source!r}: {type(e).__name__}: {msg}{hint}") from e
         return pipe.to(self.device)
 

@@ -61,12 +61,15 @@ HUB_PROFILES: dict[str, ModelProfile] = {
         "FLUX.1-schnell", steps=4, guidance=0.0, max_sequence_length=256, example_prompts=_FLUX_PROMPTS
     ),
     "Qwen/Qwen-Image": ModelProfile(
-        "Qwen-Image", width=1328, height=1328, steps=50, guidance=None, true_cfg_scale=4.0,
+        "Qwen-Image",
+        width=1328,
+        height=1328,
+        steps=50,
+        guidance=None,
+        true_cfg_scale=4.0,
         example_prompts=('a coffee shop sign that reads "Speed Studio", warm evening light',) + _FLUX_PROMPTS[:2],
     ),
-    "Tongyi-MAI/Z-Image-Turbo": ModelProfile(
-        "Z-Image-Turbo", steps=9, guidance=0.0, example_prompts=_FLUX_PROMPTS
-    ),
+    "Tongyi-MAI/Z-Image-Turbo": ModelProfile("Z-Image-Turbo", steps=9, guidance=0.0, example_prompts=_FLUX_PROMPTS),
     "stabilityai/stable-diffusion-3.5-large": ModelProfile(
         "SD3.5-large", steps=28, guidance=3.5, size_multiple=16, example_prompts=_FLUX_PROMPTS
     ),

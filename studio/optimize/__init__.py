@@ -22,9 +22,21 @@ from studio.optimize.quantize import apply_quant, quantized_mode
 STACK_ORDER = ("quantize", "cache", "attention", "compile")
 
 __all__ = [
-    "STACK_ORDER", "AppliedStack", "Engaged", "apply_preset", "reload_key", "cache_key", "apply_attention",
-    "apply_cache", "apply_compile", "apply_quant", "remove_cache", "prepare_run", "read_report",
-    "engaged_backend", "quantized_mode",
+    "STACK_ORDER",
+    "AppliedStack",
+    "Engaged",
+    "apply_preset",
+    "reload_key",
+    "cache_key",
+    "apply_attention",
+    "apply_cache",
+    "apply_compile",
+    "apply_quant",
+    "remove_cache",
+    "prepare_run",
+    "read_report",
+    "engaged_backend",
+    "quantized_mode",
 ]
 
 
@@ -58,7 +70,9 @@ class AppliedStack:
         return [str(e) for k, e in self.engaged.items() if e.fell_back]
 
 
-def apply_preset(pipe, preset: Preset, *, steps: int | None = None, applied: AppliedStack | None = None) -> AppliedStack:
+def apply_preset(
+    pipe, preset: Preset, *, steps: int | None = None, applied: AppliedStack | None = None
+) -> AppliedStack:
     """Apply `preset` to `pipe` in STACK_ORDER. With `applied` (the stack already on this same transformer),
     only steps whose settings changed are re-applied; quantize and compile never change in place (the model
     manager reloads weights for those, then calls this with applied=None)."""

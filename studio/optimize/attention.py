@@ -13,7 +13,12 @@ from studio.optimize.engaged import Engaged
 log = logging.getLogger(__name__)
 
 # Backends that need CUDA and the package that provides them.
-_CUDA_ONLY = {"sage": "sageattention", "flash": "flash_attn", "_flash_3": "flash_attn_interface", "xformers": "xformers"}
+_CUDA_ONLY = {
+    "sage": "sageattention",
+    "flash": "flash_attn",
+    "_flash_3": "flash_attn_interface",
+    "xformers": "xformers",
+}
 
 
 def _probe(backend: str, device: torch.device, dtype: torch.dtype) -> None:
@@ -42,8 +47,12 @@ def apply_attention(pipe, spec: AttentionSpec) -> Engaged:
     tr = pipe.transformer
     name = spec.diffusers_name
     if not hasattr(tr, "set_attention_backend"):
-        return Engaged("attention", spec.backend, spec.backend == "sdpa",
-                       f"attention: {type(tr).__name__} has no attention dispatcher, using its default")
+        return Engaged(
+            "attention",
+            spec.backend,
+            spec.backend == "sdpa",
+            f"attention: {type(tr).__name__} has no attention dispatcher, using its default",
+        )
     device = next(tr.parameters()).device
     dtype = next(tr.parameters()).dtype
     reason = unavailable_reason(name, device)

@@ -37,16 +37,22 @@ def _dbcache_configs(spec: CacheSpec, threshold: float, steps: int | None):
         if steps is None:
             raise ValueError("a step mask needs the number of steps")
         if spec.compute_bins is not None:
-            mask = cache_dit.steps_mask(compute_bins=list(spec.compute_bins), cache_bins=list(spec.cache_bins),
-                                        total_steps=steps)
+            mask = cache_dit.steps_mask(
+                compute_bins=list(spec.compute_bins), cache_bins=list(spec.cache_bins), total_steps=steps
+            )
         else:
             mask = cache_dit.steps_mask(mask_policy=spec.mask_policy, total_steps=steps)
         mask = list(mask)[:steps]
     cfg = DBCacheConfig(
-        Fn_compute_blocks=spec.Fn, Bn_compute_blocks=spec.Bn, max_warmup_steps=spec.warmup,
-        residual_diff_threshold=threshold, max_continuous_cached_steps=spec.max_continuous_cached_steps,
-        max_cached_steps=spec.max_cached_steps, num_inference_steps=steps if mask is not None else None,
-        steps_computation_mask=mask, steps_computation_policy=spec.mask_type,
+        Fn_compute_blocks=spec.Fn,
+        Bn_compute_blocks=spec.Bn,
+        max_warmup_steps=spec.warmup,
+        residual_diff_threshold=threshold,
+        max_continuous_cached_steps=spec.max_continuous_cached_steps,
+        max_cached_steps=spec.max_cached_steps,
+        num_inference_steps=steps if mask is not None else None,
+        steps_computation_mask=mask,
+        steps_computation_policy=spec.mask_type,
     )
     cal = None
     if spec.calibrator == "taylorseer":
@@ -80,8 +86,12 @@ def apply_cache(pipe, spec: CacheSpec, *, quantized: bool = False, steps: int | 
     if not spec.enabled:
         return Engaged("cache", "none", False, "cache: off (every step computed)")
     if steps is not None and steps < MIN_CACHE_STEPS:
-        return Engaged("cache", spec.backend, False,
-                       f"cache: skipped, {steps} steps is too few to gain (needs >= {MIN_CACHE_STEPS}); running uncached")
+        return Engaged(
+            "cache",
+            spec.backend,
+            False,
+            f"cache: skipped, {steps} steps is too few to gain (needs >= {MIN_CACHE_STEPS}); running uncached",
+        )
     threshold = spec.effective_threshold(quantized)
     src = "set" if spec.threshold is not None else ("default for INT8" if quantized else "default")
     if spec.backend == "fbcache":
@@ -99,14 +109,22 @@ def apply_cache(pipe, spec: CacheSpec, *, quantized: bool = False, steps: int | 
             cache_dit.disable_cache(pipe)
         except Exception:
             pass
-        return Engaged("cache", spec.backend, False,
-                       f"cache: transformer blocks not recognised by cache-dit ({type(e).__name__}), running uncached")
+        return Engaged(
+            "cache",
+            spec.backend,
+            False,
+            f"cache: transformer blocks not recognised by cache-dit ({type(e).__name__}), running uncached",
+        )
     setattr(pipe, CACHE_MARK, "cache-dit")
     extra = f", {spec.calibrator}" if spec.calibrator != "none" else ""
     extra += f", mask {spec.mask_policy if spec.mask_policy != 'none' else 'bins'}" if spec.has_mask else ""
-    return Engaged("cache", spec.backend, True,
-                   f"cache: cache-dit DBCache F{spec.Fn}B{spec.Bn} W{spec.warmup} R{threshold:g} ({src}) "
-                   f"MC{spec.max_continuous_cached_steps}{extra}")
+    return Engaged(
+        "cache",
+        spec.backend,
+        True,
+        f"cache: cache-dit DBCache F{spec.Fn}B{spec.Bn} W{spec.warmup} R{threshold:g} ({src}) "
+        f"MC{spec.max_continuous_cached_steps}{extra}",
+    )
 
 
 def _apply_fbcache(pipe, threshold: float, src: str) -> Engaged:
@@ -117,8 +135,12 @@ def _apply_fbcache(pipe, threshold: float, src: str) -> Engaged:
         tr.enable_cache(FirstBlockCacheConfig(threshold=threshold))
     except Exception as e:
         log.warning("First-Block-Cache could not engage: %s", e)
-        return Engaged("cache", "fbcache", False,
-                       f"cache: First-Block-Cache not supported by {type(tr).__name__} ({e}), running uncached")
+        return Engaged(
+            "cache",
+            "fbcache",
+            False,
+            f"cache: First-Block-Cache not supported by {type(tr).__name__} ({e}), running uncached",
+        )
     setattr(pipe, CACHE_MARK, "fbcache")
     return Engaged("cache", "fbcache", True, f"cache: diffusers First-Block-Cache R{threshold:g} ({src})")
 

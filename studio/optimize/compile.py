@@ -30,7 +30,9 @@ def apply_compile(pipe, spec: CompileSpec, *, cache_engaged: bool) -> Engaged:
     if not spec.enabled:
         return Engaged("compile", "off", False, "compile: off (eager)")
     if on_zerogpu():
-        return Engaged("compile", "on", False, "compile: skipped, torch.compile at run time is not available on ZeroGPU")
+        return Engaged(
+            "compile", "on", False, "compile: skipped, torch.compile at run time is not available on ZeroGPU"
+        )
     tr = pipe.transformer
     if getattr(tr, COMPILE_MARK, None) is not None:
         return Engaged("compile", "on", True, f"compile: already compiled ({getattr(tr, COMPILE_MARK)})")

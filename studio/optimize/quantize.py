@@ -42,12 +42,12 @@ def apply_quant(pipe, spec: QuantSpec) -> Engaged:
         return Engaged("quantize", spec.mode, False, f"quantize: torchao unavailable ({e}), using full precision")
 
     names = [
-        n for n, m in tr.named_modules()
-        if isinstance(m, torch.nn.Linear) and not any(x in n for x in spec.exclude)
+        n for n, m in tr.named_modules() if isinstance(m, torch.nn.Linear) and not any(x in n for x in spec.exclude)
     ]
     chosen = set(names)
     quantize_(tr, _torchao_config(spec.mode), filter_fn=lambda m, fqn: fqn in chosen)
     setattr(tr, QUANT_MARK, spec.mode)
     total = sum(isinstance(m, torch.nn.Linear) for m in tr.modules())
-    return Engaged("quantize", spec.mode, True,
-                   f"quantize: torchao {spec.mode} on {len(names)} of {total} Linear layers")
+    return Engaged(
+        "quantize", spec.mode, True, f"quantize: torchao {spec.mode} on {len(names)} of {total} Linear layers"
+    )

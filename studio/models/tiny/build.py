@@ -62,8 +62,13 @@ def build_clip_tokenizer(max_len: int) -> CLIPTokenizer:
             vocab.setdefault(pair[0] + pair[1], len(vocab))
             parts = [pair[0] + pair[1]] + parts[2:]
     return CLIPTokenizer(
-        vocab=vocab, merges=merges, model_max_length=max_len,
-        bos_token=CLIP_BOS, eos_token=CLIP_EOS, pad_token=CLIP_EOS, unk_token=CLIP_EOS,
+        vocab=vocab,
+        merges=merges,
+        model_max_length=max_len,
+        bos_token=CLIP_BOS,
+        eos_token=CLIP_EOS,
+        pad_token=CLIP_EOS,
+        unk_token=CLIP_EOS,
     )
 
 
@@ -85,41 +90,82 @@ def build_pipeline(cfg: TinyConfig = TinyConfig(), seed: int = 0) -> FluxPipelin
     tok2 = build_t5_tokenizer()
     clip = CLIPTextModel(
         CLIPTextConfig(
-            vocab_size=len(tok.get_vocab()), hidden_size=cfg.clip_dim, intermediate_size=cfg.clip_dim * 2,
-            num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=cfg.text_len,
-            bos_token_id=0, eos_token_id=1, pad_token_id=1, projection_dim=cfg.clip_dim,
+            vocab_size=len(tok.get_vocab()),
+            hidden_size=cfg.clip_dim,
+            intermediate_size=cfg.clip_dim * 2,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            max_position_embeddings=cfg.text_len,
+            bos_token_id=0,
+            eos_token_id=1,
+            pad_token_id=1,
+            projection_dim=cfg.clip_dim,
         )
     )
     t5 = T5EncoderModel(
         T5Config(
-            vocab_size=len(tok2.get_vocab()), d_model=cfg.t5_dim, d_kv=cfg.t5_dim // 4, d_ff=cfg.t5_dim * 2,
-            num_layers=2, num_heads=4, relative_attention_num_buckets=16, relative_attention_max_distance=32,
-            pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, feed_forward_proj="gated-gelu",
+            vocab_size=len(tok2.get_vocab()),
+            d_model=cfg.t5_dim,
+            d_kv=cfg.t5_dim // 4,
+            d_ff=cfg.t5_dim * 2,
+            num_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=16,
+            relative_attention_max_distance=32,
+            pad_token_id=0,
+            eos_token_id=1,
+            decoder_start_token_id=0,
+            feed_forward_proj="gated-gelu",
         )
     )
     n = len(cfg.vae_channels)
     vae = AutoencoderKL(
-        in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * n,
-        up_block_types=["UpDecoderBlock2D"] * n, block_out_channels=list(cfg.vae_channels), layers_per_block=1,
-        latent_channels=cfg.latent_channels, norm_num_groups=16, sample_size=cfg.size,
-        use_quant_conv=False, use_post_quant_conv=False, scaling_factor=1.0, shift_factor=0.0,
+        in_channels=3,
+        out_channels=3,
+        down_block_types=["DownEncoderBlock2D"] * n,
+        up_block_types=["UpDecoderBlock2D"] * n,
+        block_out_channels=list(cfg.vae_channels),
+        layers_per_block=1,
+        latent_channels=cfg.latent_channels,
+        norm_num_groups=16,
+        sample_size=cfg.size,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        scaling_factor=1.0,
+        shift_factor=0.0,
     )
     width = cfg.heads * cfg.head_dim
     third = (cfg.head_dim // 4) // 2 * 2
     axes = (cfg.head_dim - 2 * ((cfg.head_dim - third) // 2), (cfg.head_dim - third) // 2, (cfg.head_dim - third) // 2)
     transformer = FluxTransformer2DModel(
-        patch_size=1, in_channels=cfg.latent_channels * 4, num_layers=cfg.double_blocks,
-        num_single_layers=cfg.single_blocks, attention_head_dim=cfg.head_dim, num_attention_heads=cfg.heads,
-        joint_attention_dim=cfg.t5_dim, pooled_projection_dim=cfg.clip_dim, guidance_embeds=False,
+        patch_size=1,
+        in_channels=cfg.latent_channels * 4,
+        num_layers=cfg.double_blocks,
+        num_single_layers=cfg.single_blocks,
+        attention_head_dim=cfg.head_dim,
+        num_attention_heads=cfg.heads,
+        joint_attention_dim=cfg.t5_dim,
+        pooled_projection_dim=cfg.clip_dim,
+        guidance_embeds=False,
         axes_dims_rope=axes,
     )
     assert sum(axes) == cfg.head_dim and width == transformer.inner_dim
     tokens = cfg.image_tokens
     scheduler = FlowMatchEulerDiscreteScheduler(
-        num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
-        base_image_seq_len=tokens, max_image_seq_len=tokens * 4,
+        num_train_timesteps=1000,
+        shift=1.0,
+        use_dynamic_shifting=True,
+        base_shift=0.5,
+        max_shift=1.15,
+        base_image_seq_len=tokens,
+        max_image_seq_len=tokens * 4,
     )
     return FluxPipeline(
-        scheduler=scheduler, vae=vae, text_encoder=clip, tokenizer=tok, text_encoder_2=t5, tokenizer_2=tok2,
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=clip,
+        tokenizer=tok,
+        text_encoder_2=t5,
+        tokenizer_2=tok2,
         transformer=transformer,
     )

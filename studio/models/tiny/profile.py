@@ -20,9 +20,16 @@ EXAMPLE_PROMPTS = (
 
 def tiny_profile(cfg) -> ModelProfile:
     return ModelProfile(
-        name="tiny-flux (embedded)", width=cfg.size, height=cfg.size, steps=28, guidance=None,
-        max_sequence_length=cfg.text_len, size_multiple=cfg.vae_scale * 2, min_size=cfg.size // 2,
-        max_size=cfg.size * 2, example_prompts=EXAMPLE_PROMPTS,
+        name="tiny-flux (embedded)",
+        width=cfg.size,
+        height=cfg.size,
+        steps=28,
+        guidance=None,
+        max_sequence_length=cfg.text_len,
+        size_multiple=cfg.vae_scale * 2,
+        min_size=cfg.size // 2,
+        max_size=cfg.size * 2,
+        example_prompts=EXAMPLE_PROMPTS,
         notes="trained by the project on drawn scenes: 'a <colour> <shape> <where>[ and ...], <colour> background'",
     )
 

@@ -113,8 +113,14 @@ def train_denoiser(pipe, cfg, prompts, latents, steps, batch, rng, bar, lr=6e-4)
             prompt=[prompts[i] for i in idx.tolist()], prompt_2=None, device="cpu", max_sequence_length=cfg.text_len
         )
         pred = pipe.transformer(
-            hidden_states=xt, timestep=sig, guidance=None, pooled_projections=pooled, encoder_hidden_states=emb,
-            txt_ids=txt_ids, img_ids=img_ids, return_dict=False,
+            hidden_states=xt,
+            timestep=sig,
+            guidance=None,
+            pooled_projections=pooled,
+            encoder_hidden_states=emb,
+            txt_ids=txt_ids,
+            img_ids=img_ids,
+            return_dict=False,
         )[0]
         loss = (pred - (noise - x0)).pow(2).mean()
         opt.zero_grad(set_to_none=True)
@@ -151,35 +157,57 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     log_path = args.log or args.out / "train_log.txt"
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(message)s",
+        level=logging.INFO,
+        format="%(asctime)s %(message)s",
         handlers=[logging.FileHandler(log_path, mode="w"), logging.StreamHandler()],
     )
     torch.set_num_threads(args.threads)
     rng = random.Random(args.seed)
     cfg = TinyConfig(heads=args.heads)
     pipe = build_pipeline(cfg, seed=args.seed)
-    log.info("config %s, threads %d, vae %d steps, denoiser %d steps x %d", cfg.as_dict(), args.threads,
-             args.vae_steps, args.steps, args.batch)
+    log.info(
+        "config %s, threads %d, vae %d steps, denoiser %d steps x %d",
+        cfg.as_dict(),
+        args.threads,
+        args.vae_steps,
+        args.steps,
+        args.batch,
+    )
     t0 = time.perf_counter()
     with tqdm(total=args.vae_steps + args.steps, desc="training tiny FLUX", mininterval=5) as bar:
         vae_losses = train_vae(pipe, cfg, args.vae_steps, args.vae_batch, rng, bar)
         t_vae = time.perf_counter() - t0
-        log.info("vae done in %.0fs, final loss %.4f", t_vae, np.mean(vae_losses[-50:]) if vae_losses else float("nan"))
+        log.info(
+            "vae done in %.0fs, final loss %.4f", t_vae, np.mean(vae_losses[-50:]) if vae_losses else float("nan")
+        )
         prompts, latents = encode_pool(pipe, cfg, args.pool, rng)
-        log.info("pool of %d latents; vae shift %.4f scale %.4f", len(prompts), pipe.vae.config.shift_factor,
-                 pipe.vae.config.scaling_factor)
+        log.info(
+            "pool of %d latents; vae shift %.4f scale %.4f",
+            len(prompts),
+            pipe.vae.config.shift_factor,
+            pipe.vae.config.scaling_factor,
+        )
         dit_losses = train_denoiser(pipe, cfg, prompts, latents, args.steps, args.batch, rng, bar)
     total = time.perf_counter() - t0
-    log.info("denoiser done; final loss %.4f; total %.0fs", np.mean(dit_losses[-100:]) if dit_losses else float("nan"),
-             total)
+    log.info(
+        "denoiser done; final loss %.4f; total %.0fs",
+        np.mean(dit_losses[-100:]) if dit_losses else float("nan"),
+        total,
+    )
     pipe.to(torch.bfloat16)
     pipe.save_pretrained(args.out, safe_serialization=True)
     stats = {
-        "config": cfg.as_dict(), "seed": args.seed, "threads": args.threads, "vae_steps": args.vae_steps,
-        "steps": args.steps, "batch": args.batch, "pool": args.pool, "vae_seconds": round(t_vae, 1),
+        "config": cfg.as_dict(),
+        "seed": args.seed,
+        "threads": args.threads,
+        "vae_steps": args.vae_steps,
+        "steps": args.steps,
+        "batch": args.batch,
+        "pool": args.pool,
+        "vae_seconds": round(t_vae, 1),
         "total_seconds": round(total, 1),
-        "vae_loss_curve": [round(float(np.mean(vae_losses[i:i + 50])), 5) for i in range(0, len(vae_losses), 50)],
-        "dit_loss_curve": [round(float(np.mean(dit_losses[i:i + 100])), 5) for i in range(0, len(dit_losses), 100)],
+        "vae_loss_curve": [round(float(np.mean(vae_losses[i : i + 50])), 5) for i in range(0, len(vae_losses), 50)],
+        "dit_loss_curve": [round(float(np.mean(dit_losses[i : i + 100])), 5) for i in range(0, len(dit_losses), 100)],
     }
     (args.out / "train_stats.json").write_text(json.dumps(stats, indent=1))
     write_profile(args.out, cfg)

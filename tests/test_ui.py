@@ -1,0 +1,181 @@
+"""The Gradio app over the real engine: named API endpoints through gradio_client, and a real headless browser.
+
+The app runs on 127.0.0.1 with a tiny random FluxPipeline (fast); the browser test uses the embedded model
+as a user would get it from `python app.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from studio.models.manager import ModelManager
+from studio.presets import PresetLibrary
+from studio.runner import Runner
+
+PROMPT = "a red circle in the center, blue background"
+ARTIFACTS = os.environ.get("STUDIO_ARTIFACTS", "artifacts")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(runner, **kw):
+    from studio.ui import CSS, build_app
+
+    demo = build_app(runner, **kw)
+    port = _free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, css=CSS)
+    return demo, f"http://127.0.0.1:{port}/"
+
+
+@pytest.fixture(scope="module")
+def app(random_model_dir, tmp_path_factory):
+    runner = Runner(ModelManager("cpu"), PresetLibrary(user_dir=tmp_path_factory.mktemp("presets")),
+                    model=random_model_dir)
+    demo, url = _launch(runner, default_preset="cache")
+    yield runner, url
+    demo.close()
+    runner.manager.unload()
+
+
+@pytest.fixture(scope="module")
+def client(app):
+    from gradio_client import Client
+
+    return Client(app[1], verbose=False)
+
+
+def _args(**kw):
+    a = dict(prompt=PROMPT, model=None, seed=7, steps=10, width=64, height=64, guidance=None)
+    a.update(kw)
+    return a
+
+
+def test_api_has_the_three_named_endpoints(client):
+    api = client.view_api(print_info=False, return_format="dict")
+    names = set(api["named_endpoints"])
+    assert {"/generate", "/compare", "/matrix"} <= names
+    params = [p["parameter_name"] for p in api["named_endpoints"]["/generate"]["parameters"]]
+    assert params[:10] == ["prompt", "model", "seed", "steps", "width", "height", "guidance", "preset", "cache",
+                           "threshold"]
+
+
+def test_generate_endpoint_with_per_request_cache_switch(client, app):
+    runner, _ = app
+    model = runner.model
+    out = client.predict(**_args(model=model), preset="cache", cache="true", threshold=0.5, api_name="/generate")
+    image_path, card = out[0], out[1]
+    img = np.asarray(Image.open(image_path))
+    assert img.shape[0] >= 64 and img.shape[2] == 3
+    assert "cached" in card and "DBCache" in card and "PSNR" in card
+    m = runner.base_entry(runner.request(PROMPT, model=model, seed=7, steps=10))
+    assert m is not None  # the base image for the comparison was computed and kept
+    off = client.predict(**_args(model=model), preset="cache", cache="false", threshold=None, api_name="/generate")
+    assert "0 cached / 10 full" in off[1] and "identical" in off[1]  # cache off == base, bitwise
+
+
+def test_compare_endpoint(client, app):
+    runner, _ = app
+    out = client.predict(**_args(model=runner.model), preset_a="base", preset_b="cache-int8-sage", cache="unset",
+                         threshold=None, api_name="/compare")
+    slider, a, b, table = out[0], out[1], out[2], out[3]
+    assert len(slider) == 2 and all(os.path.exists(p) for p in slider)
+    assert os.path.exists(a) and os.path.exists(b)
+    headers = table["headers"]
+    assert headers[:6] == ["stack", "denoise", "per-step", "vs base", "PSNR", "cached/full"]
+    rows = table["data"]
+    assert rows[0][0] == "bf16+sdpa" and rows[0][3] == "1.00x" and rows[0][4] == "inf"
+    assert rows[1][0] == "bf16+int8wo+DBCache_F1B0W4R0.24MC3+sage"
+    assert "sage: unavailable on cpu, using sdpa" in rows[1][-1]
+
+
+def test_matrix_endpoint(client, app):
+    runner, _ = app
+    out = client.predict(**_args(model=runner.model), presets=["base", "cache", "int8"], repeats=1,
+                         api_name="/matrix")
+    table, plot, csv_path, md_path = out[0], out[1], out[4], out[5]
+    assert [r[-2] for r in table["data"]] == ["base", "cache", "int8"]
+    assert os.path.exists(plot)
+    assert open(csv_path).read().startswith("stack,denoise,per-step,vs base,PSNR,cached/full")
+    assert "| stack | denoise |" in open(md_path).read()
+
+
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        (dict(prompt="   "), "prompt is empty"),
+        (dict(width=60), "not a multiple of 8"),
+        (dict(steps=500), "Value 500 is greater than maximum value 100"),  # the slider refuses it
+        (dict(preset="warp-speed"), "warp-speed is not in the list of choices"),
+        (dict(cache="sometimes"), "'sometimes' .* is not in the list of choices"),
+        (dict(model="/nowhere/model"), "does not exist"),
+    ],
+)
+def test_generate_endpoint_errors(client, app, kw, message):
+    from gradio_client.exceptions import AppError
+
+    runner, _ = app
+    args = _args(model=runner.model)
+    args.update(preset="base", cache="unset", threshold=None)
+    args.update(kw)
+    with pytest.raises(AppError, match=message):
+        client.predict(**args, api_name="/generate")
+    # the app stays usable after an error
+    ok = client.predict(**_args(model=runner.model), preset="base", cache="unset", threshold=None,
+                        api_name="/generate")
+    assert "identical" in ok[1]
+
+
+# ------------------------------------------------------------------------------------------------- browser
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROME_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync"]
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (apt-get install chromium)")
+def test_browser_generate_and_compare(tmp_path):
+    pytest.importorskip("playwright", reason="the playwright package is not installed")
+    from playwright.sync_api import expect, sync_playwright
+
+    runner = Runner(ModelManager("cpu"), PresetLibrary(user_dir=tmp_path), model="tiny")
+    demo, url = _launch(runner, default_preset="cache")
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROME_ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1300})
+            page.goto(url, wait_until="networkidle")
+            page.get_by_label("Prompt").fill("a yellow triangle on the left, purple background")
+            page.get_by_role("button", name="Generate").click()
+            card = page.locator(".metrics-card")
+            expect(card).to_contain_text("cached /", timeout=180_000)
+            expect(card).to_contain_text("PSNR")
+            text = card.inner_text()
+            assert "vs base" in text and "DBCache" in text
+            img = page.locator("img[src*='file=']").first
+            expect(img).to_be_visible()
+            page.screenshot(path=os.path.join(ARTIFACTS, "ui-generate.png"), full_page=True)
+
+            page.get_by_role("tab", name="A/B compare").click()
+            page.get_by_role("button", name="Compare").click()
+            table = page.locator("table").filter(has_text="cached/full")
+            expect(table.first).to_contain_text("bf16+int8wo+DBCache", timeout=180_000)
+            expect(table.first).to_contain_text("bf16+sdpa")
+            page.wait_for_timeout(500)
+            page.screenshot(path=os.path.join(ARTIFACTS, "ui-compare.png"), full_page=True)
+            browser.close()
+    finally:
+        demo.close()
+        runner.manager.unload()
+    shot = np.asarray(Image.open(os.path.join(ARTIFACTS, "ui-compare.png")).convert("RGB"))
+    assert shot.shape[1] >= 1000 and shot.std() > 10  # a page was drawn, not a blank frame
