@@ -151,7 +151,7 @@ def build_app(
                 model = gr.Dropdown(label="Model", choices=models, value=models[0], allow_custom_value=True)
                 with gr.Row():
                     seed = gr.Number(label="Seed", value=42, precision=0, minimum=0)
-                    dice = gr.Button("🎲 random seed", size="sm")
+                    dice = gr.Button("Random seed", size="sm")
         with gr.Row():
             steps = gr.Slider(label="Steps", minimum=1, maximum=100, step=1, value=prof.steps)
             width = gr.Number(label="Width", value=prof.width, precision=0, minimum=16)
@@ -164,7 +164,7 @@ def build_app(
                     with gr.Column(scale=1):
                         preset = gr.Dropdown(label="Preset", choices=names, value=default_preset)
                         cache_switch = gr.Radio(label="Cache (this request)", choices=CACHE_CHOICES, value="unset")
-                        threshold = gr.Number(label="Cache threshold (empty: preset's)", value=None)
+                        threshold = gr.Number(label="Cache threshold (0: the preset's)", value=0, minimum=0)
                         gen_btn = gr.Button("Generate", variant="primary")
                     with gr.Column(scale=2):
                         image = gr.Image(label="Image", type="numpy", format="png", interactive=False)
@@ -179,7 +179,7 @@ def build_app(
                     preset_a = gr.Dropdown(label="Preset A", choices=names, value=compare_presets[0])
                     preset_b = gr.Dropdown(label="Preset B", choices=names, value=compare_presets[1])
                     ab_switch = gr.Radio(label="Cache (this request)", choices=CACHE_CHOICES, value="unset")
-                    ab_threshold = gr.Number(label="Cache threshold (empty: preset's)", value=None)
+                    ab_threshold = gr.Number(label="Cache threshold (0: the preset's)", value=0, minimum=0)
                     cmp_btn = gr.Button("Compare", variant="primary")
                 ab_flag = gr.HTML()
                 with gr.Row():
@@ -264,6 +264,12 @@ def build_app(
 
             return on_step, on_status
 
+        def _threshold(value):
+            # A browser's empty number field sends 0: 0 (or nothing) means "follow the preset".
+            if value in (None, "") or float(value) <= 0:
+                return None
+            return float(value)
+
         def _run(req, model_v, preset_v, switch_v, thr_v, progress):
             on_step, on_status = _progress_hooks(progress)
             try:
@@ -272,7 +278,7 @@ def build_app(
                     preset_v,
                     model=model_v,
                     cache_enabled=parse_switch(switch_v),
-                    cache_threshold=None if thr_v in (None, "") else float(thr_v),
+                    cache_threshold=_threshold(thr_v),
                     progress=on_step,
                     on_status=on_status,
                 )

@@ -250,3 +250,24 @@ def test_cli_generate_json(random_model_dir, tmp_path):
 def test_cache_spec_rejects_mask_on_fbcache():
     with pytest.raises(ValueError, match="need backend: cache-dit"):
         CacheSpec(backend="fbcache", mask_policy="fast")
+
+
+@pytest.mark.slow
+def test_compile_last_with_fullgraph_off_under_a_cache(runner, tmp_path):
+    """Regional torch.compile on top of a cache: fullgraph forced off, warm-up timed apart, output as eager."""
+    runner.presets.user_dir = tmp_path
+    runner.presets.add("cache-compile", "cache_config: {residual_diff_threshold: 0.5}\ncompile: {enabled: true}\n")
+    r = req()
+    base = runner.generate(r, "base")
+    eager = runner.generate(r, "cache", cache_threshold=0.5)
+    first = runner.generate(r, "cache-compile")
+    m = first.metrics
+    line = next(x for x in m.engaged if x.startswith("compile:"))
+    assert "regional" in line and "fullgraph=False" in line and "a step cache is engaged" in line
+    assert m.compile_s is not None and m.compile_s > 0 and m.reloaded
+    second = runner.generate(r, "cache-compile")
+    assert second.metrics.compile_s is None  # warm: no second warm-up for the same size
+    assert second.metrics.cached_step_indices == eager.metrics.cached_step_indices
+    assert psnr(second.image, eager.image) > 35.0  # compiled is not bitwise eager, but close
+    back = runner.generate(r, "base")
+    assert back.metrics.reloaded and np.array_equal(back.image, base.image)  # compiled graph dropped

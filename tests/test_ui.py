@@ -39,8 +39,9 @@ def _launch(runner, **kw):
 
 @pytest.fixture(scope="module")
 def app(random_model_dir, tmp_path_factory):
-    runner = Runner(ModelManager("cpu"), PresetLibrary(user_dir=tmp_path_factory.mktemp("presets")),
-                    model=random_model_dir)
+    runner = Runner(
+        ModelManager("cpu"), PresetLibrary(user_dir=tmp_path_factory.mktemp("presets")), model=random_model_dir
+    )
     demo, url = _launch(runner, default_preset="cache")
     yield runner, url
     demo.close()
@@ -65,8 +66,18 @@ def test_api_has_the_three_named_endpoints(client):
     names = set(api["named_endpoints"])
     assert {"/generate", "/compare", "/matrix"} <= names
     params = [p["parameter_name"] for p in api["named_endpoints"]["/generate"]["parameters"]]
-    assert params[:10] == ["prompt", "model", "seed", "steps", "width", "height", "guidance", "preset", "cache",
-                           "threshold"]
+    assert params[:10] == [
+        "prompt",
+        "model",
+        "seed",
+        "steps",
+        "width",
+        "height",
+        "guidance",
+        "preset",
+        "cache",
+        "threshold",
+    ]
 
 
 def test_generate_endpoint_with_per_request_cache_switch(client, app):
@@ -85,8 +96,14 @@ def test_generate_endpoint_with_per_request_cache_switch(client, app):
 
 def test_compare_endpoint(client, app):
     runner, _ = app
-    out = client.predict(**_args(model=runner.model), preset_a="base", preset_b="cache-int8-sage", cache="unset",
-                         threshold=None, api_name="/compare")
+    out = client.predict(
+        **_args(model=runner.model),
+        preset_a="base",
+        preset_b="cache-int8-sage",
+        cache="unset",
+        threshold=None,
+        api_name="/compare",
+    )
     slider, a, b, table = out[0], out[1], out[2], out[3]
     assert len(slider) == 2 and all(os.path.exists(p) for p in slider)
     assert os.path.exists(a) and os.path.exists(b)
@@ -100,8 +117,7 @@ def test_compare_endpoint(client, app):
 
 def test_matrix_endpoint(client, app):
     runner, _ = app
-    out = client.predict(**_args(model=runner.model), presets=["base", "cache", "int8"], repeats=1,
-                         api_name="/matrix")
+    out = client.predict(**_args(model=runner.model), presets=["base", "cache", "int8"], repeats=1, api_name="/matrix")
     table, plot, csv_path, md_path = out[0], out[1], out[4], out[5]
     assert [r[-2] for r in table["data"]] == ["base", "cache", "int8"]
     assert os.path.exists(plot)
@@ -130,15 +146,23 @@ def test_generate_endpoint_errors(client, app, kw, message):
     with pytest.raises(AppError, match=message):
         client.predict(**args, api_name="/generate")
     # the app stays usable after an error
-    ok = client.predict(**_args(model=runner.model), preset="base", cache="unset", threshold=None,
-                        api_name="/generate")
+    ok = client.predict(
+        **_args(model=runner.model), preset="base", cache="unset", threshold=None, api_name="/generate"
+    )
     assert "identical" in ok[1]
 
 
 # ------------------------------------------------------------------------------------------------- browser
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROME_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-               "--disable-component-update", "--disable-sync"]
+CHROME_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @pytest.mark.browser
@@ -154,7 +178,8 @@ def test_browser_generate_and_compare(tmp_path):
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROME_ARGS)
             page = browser.new_page(viewport={"width": 1400, "height": 1300})
-            page.goto(url, wait_until="networkidle")
+            page.goto(url, wait_until="domcontentloaded")
+            expect(page.get_by_role("button", name="Generate")).to_be_visible(timeout=60_000)
             page.get_by_label("Prompt").fill("a yellow triangle on the left, purple background")
             page.get_by_role("button", name="Generate").click()
             card = page.locator(".metrics-card")

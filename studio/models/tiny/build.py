@@ -79,7 +79,7 @@ def build_t5_tokenizer() -> T5Tokenizer:
             pieces.append((",", -1.0))
         else:
             pieces.append(("\u2581" + w, -1.0))
-            pieces.append((w, -4.0))  # "left,green" without a space still finds the word
+            pieces.append((w, -4.0))  # "left,green" (no space) tokenizes to known pieces, not <unk>
     return T5Tokenizer(vocab=pieces, extra_ids=0)
 
 

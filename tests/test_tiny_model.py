@@ -1,0 +1,200 @@
+"""The embedded model: its world (grammar, renderer, judge), its files, and how it behaves in the engine."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from studio.config import GenerationRequest
+from studio.metrics import BROKEN
+from studio.models.manager import embedded_model_dir
+from studio.models.profiles import HUB_PROFILES, profile_for
+from studio.models.tiny.build import TinyConfig, build_clip_tokenizer, build_t5_tokenizer
+from studio.models.tiny.eval import held_out_singles, score_pair, score_single
+from studio.models.tiny.scenes import (
+    VOCAB,
+    Scene,
+    is_held_out,
+    parse_prompt,
+    render,
+    sample_scene,
+)
+
+# ---------------------------------------------------------------------------------------------------- world
+
+
+def test_grammar_parses_articles_case_and_pairs():
+    s = parse_prompt("An Orange circle on the left, green background.")
+    assert s.background == "green" and s.objects[0].colour == "orange" and s.objects[0].shape == "circle"
+    assert parse_prompt("a orange circle on the left, green background") == s  # "a orange" works too
+    assert s.prompt == "an orange circle on the left, green background"
+    two = parse_prompt("a red square at the top and a blue triangle at the bottom, white background")
+    assert [o.place for o in two.objects] == ["at the top", "at the bottom"]
+    with pytest.raises(ValueError, match="colour 'pink'"):
+        parse_prompt("a pink circle on the left, green background")
+    with pytest.raises(ValueError, match="does not follow"):
+        parse_prompt("a cat")
+
+
+def test_judge_reads_drawn_scenes_correctly():
+    """The evaluation's judge, on the renderer's own jittered scenes, must be right every time."""
+    rng = random.Random(0)
+    singles = [sample_scene(rng, False) for _ in range(200)]
+    for s in singles:
+        r = score_single(np.asarray(render(s, 64, rng)), s)
+        assert r["background"] and r["colour"] and r["shape"], r
+    for _ in range(100):
+        s = sample_scene(rng, True)
+        assert score_pair(np.asarray(render(s, 64, rng)), s)["pair"]
+
+
+def test_held_out_split_is_fixed_and_never_sampled_for_training():
+    held = [s for s in held_out_singles(1000)]
+    assert 60 < len(held) < 120 and all(is_held_out(s) for s in held)
+    rng = random.Random(1)
+    assert not any(is_held_out(sample_scene(rng, rng.random() < 0.5)) for _ in range(2000))
+
+
+def test_tokenizers_cover_the_grammar():
+    t5 = build_t5_tokenizer()
+    clip = build_clip_tokenizer(32)
+    prompt = "an orange circle on the left and a blue square at the top, green background"
+    toks = t5.convert_ids_to_tokens(t5(prompt).input_ids)
+    assert "<unk>" not in toks and toks[-1] == "</s>" and toks.count("\u2581the") == 2
+    assert "<unk>" not in t5.convert_ids_to_tokens(t5("left,green").input_ids)  # no space: known pieces
+    ids = clip(prompt, padding="max_length", max_length=32).input_ids
+    assert ids[0] == 0 and clip.eos_token_id == 1 and 1 in ids  # EOS id kept away from 2 (CLIP's legacy rule)
+    assert set(VOCAB) >= {"red", "circle", "background", ","}
+
+
+def test_training_smoke(tmp_path):
+    """A few steps of the real training script produce a folder that from_pretrained loads offline."""
+    from diffusers import DiffusionPipeline
+
+    from studio.models.tiny import train
+
+    rc = train.main(
+        [
+            "--out",
+            str(tmp_path),
+            "--vae-steps",
+            "2",
+            "--steps",
+            "2",
+            "--pool",
+            "32",
+            "--batch",
+            "4",
+            "--vae-batch",
+            "4",
+            "--heads",
+            "2",
+            "--threads",
+            "1",
+        ]
+    )
+    assert rc == 0
+    pipe = DiffusionPipeline.from_pretrained(str(tmp_path), dtype=torch.bfloat16)
+    assert type(pipe).__name__ == "FluxPipeline" and pipe.vae.config.shift_factor != 0.0
+    stats = json.loads((tmp_path / "train_stats.json").read_text())
+    assert stats["steps"] == 2 and len(stats["dit_loss_curve"]) == 1
+    assert profile_for(str(tmp_path)).max_sequence_length == 32
+
+
+# ----------------------------------------------------------------------------------------------- the model
+
+
+def test_embedded_model_files():
+    d = embedded_model_dir()
+    files = [p for p in d.rglob("*") if p.is_file()]
+    weights = [p for p in files if p.suffix in (".safetensors", ".bin", ".pt", ".ckpt")]
+    assert weights and all(p.suffix == ".safetensors" for p in weights)
+    assert sum(p.stat().st_size for p in files) <= 20 * 2**20
+    index = json.loads((d / "model_index.json").read_text())
+    assert index["_class_name"] == "FluxPipeline"
+    prof = profile_for(str(d))
+    assert (prof.width, prof.height, prof.steps, prof.max_sequence_length) == (64, 64, 28, 32)
+    assert prof.example_prompts and all(parse_prompt(p) for p in prof.example_prompts)
+    assert {"black-forest-labs/FLUX.1-dev", "Qwen/Qwen-Image", "Tongyi-MAI/Z-Image-Turbo"} <= set(HUB_PROFILES)
+
+
+def _gen(runner, prompt, seed=0, preset="base", **kw):
+    return runner.generate(runner.request(prompt, seed=seed, **kw), preset)
+
+
+def test_embedded_model_draws_held_out_prompts(tiny_runner):
+    """A small slice of `python -m studio.models.tiny.eval`: held-out combinations, judged from pixels."""
+    scenes = held_out_singles(8, seed=5)
+    scores = [score_single(_gen(tiny_runner, s.prompt, seed).image, s) for s in scenes for seed in (0, 1)]
+    assert sum(r["background"] for r in scores) >= 15, scores
+    assert sum(r["colour"] for r in scores) >= 13, scores
+
+
+def test_cache_preset_caches_real_steps_at_024_and_stays_clean(tiny_runner):
+    res = _gen(tiny_runner, "a red circle in the center, blue background", seed=0, preset="cache")
+    m = res.metrics
+    assert m.cache_threshold == 0.24 and m.cached_steps >= 4, m.cached_step_indices
+    assert m.psnr_db >= 30.0 and m.quality == "good"
+    assert all(m.residual_diffs[i] < 0.24 for i in m.cached_step_indices if i in m.residual_diffs)
+
+
+def _miswire(transformer):
+    """A deliberately mis-wired cache: per-layer state keyed by position (always 0), so on 'cached' steps
+    every single block adds the LAST block's residual. The kind of bug HOUSE.md rule 10 warns of."""
+    state = {"step": -1, "residual": {}}
+    handles = [transformer.register_forward_pre_hook(lambda m, a: state.__setitem__("step", state["step"] + 1))]
+
+    def hook(module, args, kwargs, out):
+        hidden_in = kwargs.get("hidden_states", args[0] if args else None)
+        enc, hidden = out
+        if state["step"] < 4 or state["step"] % 2 == 0:
+            state["residual"][0] = hidden - hidden_in  # BUG: keyed by position, not by layer
+            return out
+        return enc, hidden_in + state["residual"][0]
+
+    for block in transformer.single_transformer_blocks:
+        handles.append(block.register_forward_hook(hook, with_kwargs=True))
+    return handles
+
+
+def test_quality_guard_flags_a_miswired_cache(tiny_runner):
+    prompt = "a yellow square at the top, purple background"
+    base = _gen(tiny_runner, prompt, seed=2)
+    good = _gen(tiny_runner, prompt, seed=2, preset="cache")
+    assert good.metrics.quality == "good" and not good.metrics.broken
+    pipe, _, _ = tiny_runner.manager.pipeline(tiny_runner.model, tiny_runner.presets.get("base"), steps=28)
+    handles = _miswire(pipe.transformer)
+    try:
+        bad = _gen(tiny_runner, prompt, seed=2)
+    finally:
+        for h in handles:
+            h.remove()
+    assert bad.metrics.psnr_db < 20 and bad.metrics.hf_ratio > 2
+    assert bad.metrics.quality == BROKEN and bad.metrics.broken
+    again = _gen(tiny_runner, prompt, seed=2)
+    assert np.array_equal(again.image, base.image)  # hooks removed: bitwise back to base
+
+
+def test_same_request_twice_same_image_and_cached_steps(tiny_runner):
+    r = tiny_runner.request("a green triangle on the right, black background", seed=9)
+    a = tiny_runner.generate(r, "cache-int8")
+    b = tiny_runner.generate(r, "cache-int8")
+    assert np.array_equal(a.image, b.image) and a.metrics.cached_step_indices == b.metrics.cached_step_indices
+    assert "R0.24 (set)" in " ".join(a.metrics.engaged)  # an explicit threshold wins over the INT8 default
+    assert a.metrics.psnr_db > 25
+
+
+def test_scene_prompts_round_trip():
+    s = Scene(parse_prompt("a white circle in the center, black background").objects, "black")
+    assert parse_prompt(s.prompt) == s
+    cfg = TinyConfig()
+    assert (cfg.vae_scale, cfg.image_tokens) == (4, 64)  # 64 px -> 16x16 latent -> 8x8 packed tokens
+
+
+def test_request_defaults_come_from_the_profile(tiny_runner):
+    r = tiny_runner.request("a red circle in the center, blue background")
+    assert r == GenerationRequest(prompt=r.prompt, steps=28, width=64, height=64, max_sequence_length=32)
