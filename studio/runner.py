@@ -144,8 +144,7 @@ class Runner:
             kw["negative_prompt"] = request.negative_prompt
         if request.max_sequence_length is not None and "max_sequence_length" in params:
             kw["max_sequence_length"] = request.max_sequence_length
-        out = pipe(**kw).images
-        arr = np.asarray(out[0] if isinstance(out, (list, tuple)) else out[0])
+        arr = np.asarray(pipe(**kw).images[0])
         if arr.dtype != np.uint8:
             arr = (np.clip(arr, 0, 1) * 255).round().astype(np.uint8)
         return arr

@@ -198,6 +198,17 @@ def test_browser_generate_and_compare(tmp_path):
             expect(table.first).to_contain_text("bf16+sdpa")
             page.wait_for_timeout(500)
             page.screenshot(path=os.path.join(ARTIFACTS, "ui-compare.png"), full_page=True)
+
+            page.get_by_role("tab", name="History").click()
+            history = page.locator("table").filter(has_text="prompt")
+            expect(history.first).to_contain_text("bf16+int8wo+DBCache")
+            expect(history.first).to_contain_text("a yellow triangle on the left, purple background")
+
+            page.get_by_role("tab", name="Presets").click()
+            page.get_by_label("New preset name").fill("my-cache")  # the editor starts with cache.yaml's text
+            page.get_by_role("button", name="Validate and save").click()
+            expect(page.get_by_text("Saved my-cache")).to_be_visible(timeout=30_000)
+            assert "my-cache" in runner.presets.names()
             browser.close()
     finally:
         demo.close()

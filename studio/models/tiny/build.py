@@ -29,6 +29,7 @@ class TinyConfig:
     single_blocks: int = 4
     clip_dim: int = 64
     t5_dim: int = 128
+    t5_layers: int = 2
 
     @property
     def vae_scale(self) -> int:
@@ -108,7 +109,7 @@ def build_pipeline(cfg: TinyConfig = TinyConfig(), seed: int = 0) -> FluxPipelin
             d_model=cfg.t5_dim,
             d_kv=cfg.t5_dim // 4,
             d_ff=cfg.t5_dim * 2,
-            num_layers=2,
+            num_layers=cfg.t5_layers,
             num_heads=4,
             relative_attention_num_buckets=16,
             relative_attention_max_distance=32,

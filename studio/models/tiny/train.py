@@ -58,18 +58,18 @@ def train_vae(pipe, cfg: TinyConfig, steps: int, batch: int, rng: random.Random,
         opt.step()
         sched.step()
         losses.append(loss.item())
-        bar.set_postfix(stage="vae", loss=f"{np.mean(losses[-50:]):.4f}")
+        bar.set_postfix(stage="vae", loss=f"{np.mean(losses[-50:]):.4f}", refresh=False)
         bar.update(1)
     vae.eval()
     return losses
 
 
 @torch.no_grad()
-def encode_pool(pipe, cfg: TinyConfig, n: int, rng: random.Random, chunk: int = 64):
+def encode_pool(pipe, cfg: TinyConfig, n: int, rng: random.Random, chunk: int = 64, pair_share: float = 0.45):
     """Latents (posterior means) of a pool of jittered training scenes, and their prompts."""
     prompts, lats = [], []
     for i in range(0, n, chunk):
-        scenes, x = _draw_batch(rng, min(chunk, n - i), cfg.size, 0.45)
+        scenes, x = _draw_batch(rng, min(chunk, n - i), cfg.size, pair_share)
         prompts += [s.prompt for s in scenes]
         lats.append(pipe.vae.encode(x).latent_dist.mean)
     z = torch.cat(lats)
@@ -134,7 +134,7 @@ def train_denoiser(pipe, cfg, prompts, latents, steps, batch, rng, bar, lr=6e-4)
                 for p, q in zip(m.parameters(), e.parameters()):
                     q.lerp_(p, 1 - decay)
         losses.append(loss.item())
-        bar.set_postfix(stage="dit", loss=f"{np.mean(losses[-100:]):.4f}")
+        bar.set_postfix(stage="dit", loss=f"{np.mean(losses[-100:]):.4f}", refresh=False)
         bar.update(1)
     pipe.transformer, pipe.text_encoder, pipe.text_encoder_2 = ema
     return losses
@@ -149,6 +149,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--pool", type=int, default=24000)
     ap.add_argument("--heads", type=int, default=6)
+    ap.add_argument("--t5-layers", type=int, default=2)
+    ap.add_argument("--pair-share", type=float, default=0.45, help="share of two-object scenes in the latent pool")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log", type=Path, default=None, help="log file (default: <out>/train_log.txt)")
@@ -163,7 +165,7 @@ def main(argv=None) -> int:
     )
     torch.set_num_threads(args.threads)
     rng = random.Random(args.seed)
-    cfg = TinyConfig(heads=args.heads)
+    cfg = TinyConfig(heads=args.heads, t5_layers=args.t5_layers)
     pipe = build_pipeline(cfg, seed=args.seed)
     log.info(
         "config %s, threads %d, vae %d steps, denoiser %d steps x %d",
@@ -180,7 +182,7 @@ def main(argv=None) -> int:
         log.info(
             "vae done in %.0fs, final loss %.4f", t_vae, np.mean(vae_losses[-50:]) if vae_losses else float("nan")
         )
-        prompts, latents = encode_pool(pipe, cfg, args.pool, rng)
+        prompts, latents = encode_pool(pipe, cfg, args.pool, rng, pair_share=args.pair_share)
         log.info(
             "pool of %d latents; vae shift %.4f scale %.4f",
             len(prompts),
@@ -204,6 +206,7 @@ def main(argv=None) -> int:
         "steps": args.steps,
         "batch": args.batch,
         "pool": args.pool,
+        "pair_share": args.pair_share,
         "vae_seconds": round(t_vae, 1),
         "total_seconds": round(total, 1),
         "vae_loss_curve": [round(float(np.mean(vae_losses[i : i + 50])), 5) for i in range(0, len(vae_losses), 50)],
