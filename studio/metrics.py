@@ -2,8 +2,9 @@
 
 The guard tells a stack that is lossy from one that is broken. Low PSNR alone is not proof: a cache can flip a
 composition into a different clean picture (about 12 dB on a two-object scene). A mis-wired stack makes
-colour noise, whose high-frequency energy is far above the base image's; a different clean picture keeps about
-the same.
+colour noise, whose fine-scale energy (what a 3x3 median filter removes) is far above the base image's; a
+different clean picture keeps about the same (measured on the embedded model: 0.8-1.2x for other clean
+compositions, 2.9x for a mis-wired cache, ~2000x for pure noise).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ BROKEN = "likely broken, not lossy"
 
 GOOD_DB = 30.0
 LOSSY_DB = 20.0
-NOISE_HF_RATIO = 2.0  # high-frequency energy this many times the base's means noise, not a new picture
+NOISE_HF_RATIO = 2.0  # fine-scale (noise) energy this many times the base's means noise, not a new picture
 
 
 def _as_float(img) -> np.ndarray:
@@ -96,12 +97,27 @@ class Quality:
         return self.verdict == BROKEN
 
 
+def noise_energy(img) -> float:
+    """Mean squared difference from the 3x3 median: the fine-scale energy a median filter removes.
+
+    Noise is removed by a median filter; edges and flat regions are kept, so a clean picture of any
+    composition scores low and colour noise scores high (unlike plain Laplacian energy, which also counts
+    every edge, so that a picture with more objects would look noisier)."""
+    x = _as_float(img)
+    if x.ndim == 2:
+        x = x[..., None]
+    h, w = x.shape[:2]
+    p = np.pad(x, ((1, 1), (1, 1), (0, 0)), mode="edge")
+    med = np.median(np.stack([p[i : i + h, j : j + w] for i in range(3) for j in range(3)]), axis=0)
+    return float(np.mean((x - med) ** 2))
+
+
 def judge(image, base) -> Quality:
     """Compare a run's image with the base image of the same request and give a verdict."""
     p = psnr(image, base)
     s = ssim(image, base)
-    hb = hf_energy(base)
-    ratio = hf_energy(image) / max(hb, 1e-6)
+    # +1 (in 0..255 units squared) keeps flat base images from dividing by ~0.
+    ratio = (noise_energy(image) + 1.0) / (noise_energy(base) + 1.0)
     if math.isinf(p):
         verdict = IDENTICAL
     elif ratio > NOISE_HF_RATIO and p < GOOD_DB:

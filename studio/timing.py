@@ -55,6 +55,42 @@ class _Clock:
         return [m - self.marks[0] for m in self.marks[1:]]
 
 
+COUNTER_ATTR = "_studio_counter"
+
+
+class StepCounter:
+    """Persistent hooks on a transformer, installed once BEFORE torch.compile (a hook added to a compiled block
+    never fires): how many times the transformer was called and its last block really ran."""
+
+    def __init__(self, before_compile: bool):
+        self.calls = 0
+        self.runs = 0
+        self.on_first_call = None  # set by a probe to mark the start of the denoising loop
+        self.before_compile = before_compile
+
+    def _on_call(self, module, args):
+        self.calls += 1
+        if self.on_first_call is not None:
+            fn, self.on_first_call = self.on_first_call, None
+            fn()
+
+    def _on_run(self, module, args, output):
+        self.runs += 1
+
+
+def install_counter(transformer) -> StepCounter:
+    """The transformer's StepCounter, installing it on first use."""
+    counter = getattr(transformer, COUNTER_ATTR, None)
+    if counter is None:
+        counter = StepCounter(before_compile=getattr(transformer, "_studio_compiled", None) is None)
+        transformer.register_forward_pre_hook(counter._on_call)
+        target = last_block_probe_target(transformer)
+        if target is not None:
+            target.register_forward_hook(counter._on_run)
+        setattr(transformer, COUNTER_ATTR, counter)
+    return counter
+
+
 @dataclass
 class StepRecord:
     transformer_calls: int
@@ -67,45 +103,49 @@ class StepRecord:
 
 @dataclass
 class StepProbe:
-    """Attach to a pipeline for one run; pass `probe` as callback_on_step_end (it chains `on_step`)."""
+    """Measures one run; pass it as callback_on_step_end (it chains `on_step` for progress reporting)."""
 
     transformer: torch.nn.Module
     device: torch.device
-    on_step: object | None = None  # callable(step_index, total, record) for progress reporting
+    on_step: object | None = None  # callable(step_index, total, record)
     total_steps: int = 0
     steps: list[StepRecord] = field(default_factory=list)
 
     def __post_init__(self):
         self._clock = _Clock(self.device)
-        self._calls = 0
-        self._runs = 0
-        self._handles = []
+        compiled = getattr(self.transformer, "_studio_compiled", None) or ""
+        self._counter = install_counter(self.transformer)
+        # Block hooks inside a compiled region count only if installed before compile, and not at all under
+        # fullgraph=True (which is only used when no cache can skip a block, so every step is full).
+        self.reliable = self._counter.before_compile and "fullgraph=True" not in compiled
+        # Under whole-model compile the transformer's own pre-hook is compiled too: start at the pipeline call.
+        self.starts_at_call = "whole transformer" in compiled
+        self._last = (0, 0)
 
     def __enter__(self) -> "StepProbe":
-        self._handles.append(self.transformer.register_forward_pre_hook(self._pre_call))
-        target = last_block_probe_target(self.transformer)
-        if target is not None:
-            self._handles.append(target.register_forward_hook(self._block_ran))
+        self._last = (self._counter.calls, self._counter.runs)
+        if self.starts_at_call:
+            _sync(self.device)
+            self._clock.mark()
+        else:
+            self._counter.on_first_call = self._start
         return self
 
     def __exit__(self, *exc) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        self._counter.on_first_call = None
 
-    def _pre_call(self, module, args):
-        if not self._clock.marks:
-            _sync(self.device)
-            self._clock.mark()
-        self._calls += 1
-
-    def _block_ran(self, module, args, output):
-        self._runs += 1
+    def _start(self):
+        _sync(self.device)
+        self._clock.mark()
 
     def __call__(self, pipe, step_index, timestep, callback_kwargs):
         self._clock.mark()
-        self.steps.append(StepRecord(self._calls, self._runs))
-        self._calls = self._runs = 0
+        calls, runs = self._counter.calls, self._counter.runs
+        d_calls, d_runs = calls - self._last[0], runs - self._last[1]
+        self._last = (calls, runs)
+        if not self.reliable:
+            d_runs = d_calls
+        self.steps.append(StepRecord(d_calls, d_runs))
         if self.on_step is not None:
             self.on_step(step_index, self.total_steps, self.steps[-1])
         return callback_kwargs

@@ -186,14 +186,20 @@ def build_app(
                     slider = gr.ImageSlider(label="A | B", type="numpy", format="png", interactive=False)
                     img_a = gr.Image(label="A", type="numpy", format="png", interactive=False)
                     img_b = gr.Image(label="B", type="numpy", format="png", interactive=False)
-                ab_table = gr.Dataframe(headers=list(COLUMNS), label="A/B", interactive=False, wrap=True)
+                ab_table = gr.Dataframe(
+                    headers=list(COLUMNS), label="A/B", interactive=False, wrap=True, elem_id="ab-table"
+                )
             with gr.Tab("Matrix"):
                 with gr.Row():
                     mx_presets = gr.CheckboxGroup(label="Presets", choices=names, value=names)
                     mx_repeats = gr.Slider(label="Timed repeats (median)", minimum=1, maximum=5, step=1, value=1)
                     mx_btn = gr.Button("Run matrix", variant="primary")
                 mx_table = gr.Dataframe(
-                    headers=list(COLUMNS), label="All presets, one request", interactive=False, wrap=True
+                    headers=list(COLUMNS),
+                    label="All presets, one request",
+                    elem_id="matrix-table",
+                    interactive=False,
+                    wrap=True,
                 )
                 with gr.Row():
                     mx_plot = gr.Image(label="Speed-up vs PSNR", type="numpy", interactive=False)
@@ -222,7 +228,11 @@ def build_app(
                         save_msg = gr.Markdown()
             with gr.Tab("History"):
                 hist_table = gr.Dataframe(
-                    headers=HISTORY_COLUMNS, label="Runs this session", interactive=False, wrap=True
+                    headers=HISTORY_COLUMNS,
+                    label="Runs this session",
+                    interactive=False,
+                    elem_id="history-table",
+                    wrap=True,
                 )
                 export_btn = gr.Button("Export CSV")
                 hist_file = gr.File(label="History (CSV)")

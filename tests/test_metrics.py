@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from studio.metrics import BROKEN, DIFFERENT, GOOD, IDENTICAL, LOSSY, hf_energy, judge, psnr, ssim
+from studio.metrics import BROKEN, DIFFERENT, GOOD, IDENTICAL, LOSSY, hf_energy, judge, noise_energy, psnr, ssim
 
 
 def test_psnr_known_answers():
@@ -40,6 +40,14 @@ def test_hf_energy_of_a_checkerboard():
     # Laplacian of a +-v checkerboard is +-8v everywhere inside: mean square 64 v^2.
     assert hf_energy((board[..., None] + 128).astype(np.uint8)) == pytest.approx(64 * v * v)
     assert hf_energy(np.full((8, 8, 3), 7, np.uint8)) == 0.0
+
+
+def test_noise_energy_ignores_edges_and_counts_speckle():
+    img = np.full((8, 8, 1), 50, np.uint8)
+    img[:, 4:] = 200  # a sharp edge: the 3x3 median keeps it
+    assert noise_energy(img) == 0.0
+    img[2, 1] = 90  # one speckle of +40 on the flat side: only that pixel differs from its median
+    assert noise_energy(img) == pytest.approx(40.0**2 / 64)
 
 
 def _scene(cx, colour=(220, 30, 30), size=64):

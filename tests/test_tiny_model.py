@@ -143,20 +143,21 @@ def test_cache_preset_caches_real_steps_at_024_and_stays_clean(tiny_runner):
 
 
 def _miswire(transformer):
-    """A deliberately mis-wired cache: per-layer state keyed by position (always 0), so on 'cached' steps
-    every single block adds the LAST block's residual. The kind of bug HOUSE.md rule 10 warns of."""
+    """A deliberately mis-wired cache with two classic bugs: per-layer state keyed by position (always 0, so
+    every block reuses the LAST block's residual; HOUSE.md rule 10), and on 'cached' steps the residual is
+    returned without the hidden state it should be added to."""
     state = {"step": -1, "residual": {}}
     handles = [transformer.register_forward_pre_hook(lambda m, a: state.__setitem__("step", state["step"] + 1))]
 
     def hook(module, args, kwargs, out):
         hidden_in = kwargs.get("hidden_states", args[0] if args else None)
         enc, hidden = out
-        if state["step"] < 4 or state["step"] % 2 == 0:
+        if state["step"] < 4:  # warm-up: compute and store; afterwards every step is "cached"
             state["residual"][0] = hidden - hidden_in  # BUG: keyed by position, not by layer
             return out
-        return enc, hidden_in + state["residual"][0]
+        return enc, state["residual"][0]  # BUG: the stale residual alone, hidden state not added back
 
-    for block in transformer.single_transformer_blocks:
+    for block in list(transformer.transformer_blocks) + list(transformer.single_transformer_blocks):
         handles.append(block.register_forward_hook(hook, with_kwargs=True))
     return handles
 

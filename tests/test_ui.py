@@ -180,7 +180,7 @@ def test_browser_generate_and_compare(tmp_path):
             page = browser.new_page(viewport={"width": 1400, "height": 1300})
             page.goto(url, wait_until="domcontentloaded")
             expect(page.get_by_role("button", name="Generate")).to_be_visible(timeout=60_000)
-            page.get_by_label("Prompt").fill("a yellow triangle on the left, purple background")
+            page.get_by_label("Prompt", exact=True).fill("a yellow triangle on the left, purple background")
             page.get_by_role("button", name="Generate").click()
             card = page.locator(".metrics-card")
             expect(card).to_contain_text("cached /", timeout=180_000)
@@ -193,16 +193,16 @@ def test_browser_generate_and_compare(tmp_path):
 
             page.get_by_role("tab", name="A/B compare").click()
             page.get_by_role("button", name="Compare").click()
-            table = page.locator("table").filter(has_text="cached/full")
-            expect(table.first).to_contain_text("bf16+int8wo+DBCache", timeout=180_000)
-            expect(table.first).to_contain_text("bf16+sdpa")
+            table = page.locator("#ab-table")
+            expect(table).to_contain_text("bf16+int8wo+DBCache", timeout=180_000)
+            expect(table).to_contain_text("bf16+sdpa")
             page.wait_for_timeout(500)
             page.screenshot(path=os.path.join(ARTIFACTS, "ui-compare.png"), full_page=True)
 
             page.get_by_role("tab", name="History").click()
-            history = page.locator("table").filter(has_text="prompt")
-            expect(history.first).to_contain_text("bf16+int8wo+DBCache")
-            expect(history.first).to_contain_text("a yellow triangle on the left, purple background")
+            history = page.locator("#history-table")
+            expect(history).to_contain_text("bf16+int8wo+DBCache")
+            expect(history).to_contain_text("a yellow triangle on the left, purple background")
 
             page.get_by_role("tab", name="Presets").click()
             page.get_by_label("New preset name").fill("my-cache")  # the editor starts with cache.yaml's text

@@ -18,6 +18,7 @@ from studio.optimize.cache import apply_cache, engaged_backend, prepare_run, rea
 from studio.optimize.compile import apply_compile, effective_fullgraph
 from studio.optimize.engaged import Engaged
 from studio.optimize.quantize import apply_quant, quantized_mode
+from studio.timing import install_counter
 
 STACK_ORDER = ("quantize", "cache", "attention", "compile")
 
@@ -93,6 +94,7 @@ def apply_preset(
         out.order.append("attention")
     out.attention = preset.attention
     if fresh:
+        install_counter(pipe.transformer)  # step-accounting hooks must exist before compile traces the blocks
         out.engaged["compile"] = apply_compile(
             pipe, preset.compile, cache_engaged=preset.cache.enabled or engaged_backend(pipe) is not None
         )
