@@ -271,3 +271,25 @@ def test_compile_last_with_fullgraph_off_under_a_cache(runner, tmp_path):
     assert psnr(second.image, eager.image) > 35.0  # compiled is not bitwise eager, but close
     back = runner.generate(r, "base")
     assert back.metrics.reloaded and np.array_equal(back.image, base.image)  # compiled graph dropped
+
+
+def test_unrecognised_pipeline_runs_uncached_with_reason(runner):
+    """cache-dit only knows registered pipelines: an unknown one runs uncached, it never fails."""
+    from diffusers import FluxPipeline
+
+    from studio.optimize import apply_cache
+    from studio.timing import StepProbe
+
+    pipe, _, _ = runner.manager.pipeline(runner.model, runner.presets.get("base"), steps=12)
+    mystery = type("MysteryDiTPipeline", (FluxPipeline,), {})
+    pipe.__class__ = mystery
+    try:
+        eng = apply_cache(pipe, CacheSpec(backend="cache-dit", threshold=0.5), steps=12)
+        assert not eng.engaged and eng.fell_back
+        assert eng.detail.startswith("cache: transformer blocks not recognised by cache-dit")
+        probe = StepProbe(pipe.transformer, torch.device("cpu"), total_steps=12)
+        with probe:
+            image = runner._call(pipe, req(), probe)
+        assert image.shape == (64, 64, 3) and probe.cached_indices == [] and len(probe.steps) == 12
+    finally:
+        pipe.__class__ = FluxPipeline

@@ -69,6 +69,10 @@ def test_tokenizers_cover_the_grammar():
     ids = clip(prompt, padding="max_length", max_length=32).input_ids
     assert ids[0] == 0 and clip.eos_token_id == 1 and 1 in ids  # EOS id kept away from 2 (CLIP's legacy rule)
     assert set(VOCAB) >= {"red", "circle", "background", ","}
+    # one token per word: the longest two-object prompt fits CLIP's 32 positions with room to spare
+    assert all(len(clip(w).input_ids) == 3 for w in VOCAB)
+    longest = "an orange triangle at the bottom and an orange triangle at the top, purple background"
+    assert len(clip(longest).input_ids) == 18  # 15 words, the comma, BOS and EOS
 
 
 def test_training_smoke(tmp_path):

@@ -43,25 +43,39 @@ class TinyConfig:
         return asdict(self)
 
 
-def build_clip_tokenizer(max_len: int) -> CLIPTokenizer:
-    """A byte-pair tokenizer over the grammar's words. Its merges need not rebuild whole words: train and
-    inference share it, so any deterministic split works."""
+def _bpe_whole_words(words) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Vocab and merges under which every word becomes ONE token.
+
+    Merges are added word by word: first apply the merges so far (in rank order, as BPE does), then append a
+    merge for the leftmost remaining pair until the word is whole. An appended merge has the lowest rank, so it
+    never changes how an earlier word merges."""
     vocab: dict[str, int] = {CLIP_BOS: 0, CLIP_EOS: 1}  # EOS id 1, not 2: CLIP treats eos_token_id == 2 as legacy
-    chars: set[str] = set()
-    for w in VOCAB:
-        chars.update(w[:-1])
-        chars.update({w[-1], w[-1] + "</w>"})
-    for c in sorted(chars):
-        vocab.setdefault(c, len(vocab))
+    for w in words:
+        for c in list(w[:-1]) + [w[-1], w[-1] + "</w>"]:
+            vocab.setdefault(c, len(vocab))
     merges: list[tuple[str, str]] = []
-    for w in VOCAB:
+    rank: dict[tuple[str, str], int] = {}
+    for w in words:
         parts = list(w[:-1]) + [w[-1] + "</w>"]
         while len(parts) > 1:
-            pair = (parts[0], parts[1])
-            if pair not in merges:
+            pairs = [(rank.get((a, b)), i) for i, (a, b) in enumerate(zip(parts, parts[1:]))]
+            known = [(r, i) for r, i in pairs if r is not None]
+            if known:
+                _, i = min(known)
+            else:
+                i = 0
+                pair = (parts[0], parts[1])
+                rank[pair] = len(merges)
                 merges.append(pair)
-            vocab.setdefault(pair[0] + pair[1], len(vocab))
-            parts = [pair[0] + pair[1]] + parts[2:]
+                vocab.setdefault(pair[0] + pair[1], len(vocab))
+            parts = parts[:i] + [parts[i] + parts[i + 1]] + parts[i + 2 :]
+    return vocab, merges
+
+
+def build_clip_tokenizer(max_len: int) -> CLIPTokenizer:
+    """A byte-pair tokenizer over the grammar's words, one token per word (the longest two-object prompt is
+    18 tokens with BOS/EOS, well inside `max_len`)."""
+    vocab, merges = _bpe_whole_words(sorted(VOCAB, key=lambda w: (len(w), w)))
     return CLIPTokenizer(
         vocab=vocab,
         merges=merges,
