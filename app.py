@@ -11,7 +11,11 @@ Environment:
 
 from __future__ import annotations
 
+import importlib.util
 import os
+
+if importlib.util.find_spec("spaces") is not None:  # ZeroGPU: `spaces` must patch CUDA before torch loads
+    import spaces  # noqa: F401
 
 from studio.models.manager import ModelManager
 from studio.presets import PresetLibrary

@@ -20,7 +20,7 @@ from studio.config import GenerationRequest, Preset
 from studio.metrics import RunMetrics, judge
 from studio.models.manager import ModelManager, resolve_model
 from studio.models.profiles import ModelProfile
-from studio.optimize import prepare_run, read_report
+from studio.optimize import prepare_run, quantized_mode, read_report
 from studio.presets import PresetLibrary
 from studio.timing import StepProbe
 
@@ -153,7 +153,7 @@ class Runner:
         t0 = time.perf_counter()
         pipe, stack, reloaded = self.manager.pipeline(model, preset, steps=request.steps, on_status=on_status)
         cur = self.manager.current
-        quantized = preset.quant.enabled
+        quantized = quantized_mode(pipe.transformer) != "none"  # what runs, not what was asked
         compile_s = None
         comp = stack.engaged.get("compile")
         if comp is not None and comp.engaged:
