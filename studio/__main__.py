@@ -38,14 +38,13 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--presets-dir", default=None, help="folder of user presets (also STUDIO_PRESETS_DIR)")
 
 
-def _cache_switch(v: str | None):
-    if v is None:
-        return None
-    if v.lower() in ("true", "on", "1", "yes"):
-        return True
-    if v.lower() in ("false", "off", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"--cache {v!r}: use true or false")
+def _cache_switch(v: str):
+    from studio.config import ConfigError, parse_switch
+
+    try:
+        return parse_switch(v)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main(argv=None) -> int:

@@ -56,6 +56,8 @@ class _Clock:
 
 
 COUNTER_ATTR = "_studio_counter"
+# Set on a transformer by optimize.compile (which imports it from here: timing must not import optimize).
+COMPILE_MARK = "_studio_compiled"
 
 
 class StepCounter:
@@ -82,7 +84,7 @@ def install_counter(transformer) -> StepCounter:
     """The transformer's StepCounter, installing it on first use."""
     counter = getattr(transformer, COUNTER_ATTR, None)
     if counter is None:
-        counter = StepCounter(before_compile=getattr(transformer, "_studio_compiled", None) is None)
+        counter = StepCounter(before_compile=getattr(transformer, COMPILE_MARK, None) is None)
         transformer.register_forward_pre_hook(counter._on_call)
         target = last_block_probe_target(transformer)
         if target is not None:
@@ -113,7 +115,7 @@ class StepProbe:
 
     def __post_init__(self):
         self._clock = _Clock(self.device)
-        compiled = getattr(self.transformer, "_studio_compiled", None) or ""
+        compiled = getattr(self.transformer, COMPILE_MARK, None) or ""
         self._counter = install_counter(self.transformer)
         # Block hooks inside a compiled region count only if installed before compile, and not at all under
         # fullgraph=True (which is only used when no cache can skip a block, so every step is full).

@@ -11,8 +11,7 @@ import os
 
 from studio.config import CompileSpec
 from studio.optimize.engaged import Engaged
-
-COMPILE_MARK = "_studio_compiled"
+from studio.timing import COMPILE_MARK
 
 
 def on_zerogpu() -> bool:
