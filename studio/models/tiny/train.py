@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from studio.models.tiny.build import TinyConfig, build_pipeline
 from studio.models.tiny.profile import DEFAULT_DIR, write_profile
-from studio.models.tiny.scenes import render, sample_scene
+from studio.models.tiny.scenes import COLOURS, PLACES, SHAPES, parse_prompt, render, sample_scene
 
 log = logging.getLogger("studio.tiny.train")
 
@@ -79,12 +79,99 @@ def encode_pool(pipe, cfg: TinyConfig, n: int, rng: random.Random, chunk: int = 
     return prompts, (z - shift) * scale
 
 
-def train_denoiser(pipe, cfg, prompts, latents, steps, batch, rng, bar, lr=6e-4) -> list[float]:
+# ----------------------------------------------------------------------------------------------------------------
+# Binding: every T5 token should say which object it describes. FLUX's text tokens carry no position, and the
+# denoising loss alone taught a 3-layer T5 only a bag of words: a linear probe read the right colour of its
+# object off a place word for 36% of two-object prompts (two colours, so a bag of words caps it near 50%), and
+# two-object prompts came out with the colours swapped. A training-only linear head asks each token of an
+# object's phrase for that object's colour, shape and place (background tokens: the background colour). It is
+# trained first on the text alone, then alongside the denoiser; it is not part of the saved pipeline.
+
+N_COLOURS, N_SHAPES, N_PLACES = len(COLOURS), len(SHAPES), len(PLACES)
+IGNORE = -100
+
+
+def binding_targets(prompts: list[str], tokenizer, text_len: int) -> torch.Tensor:
+    """[n, text_len, 3] long: (colour, shape, place) of the object each T5 token belongs to; IGNORE for "and",
+    ",", EOS and padding; background words get the background colour only."""
+    colours, shapes, places = list(COLOURS), list(SHAPES), list(PLACES)
+    out = torch.full((len(prompts), text_len, 3), IGNORE, dtype=torch.long)
+    for n, prompt in enumerate(prompts):
+        scene = parse_prompt(prompt)
+        segment = 0
+        for i, piece in enumerate(tokenizer.tokenize(prompt)[:text_len]):
+            if piece == "\u2581and":
+                segment = 1
+            elif piece == ",":
+                segment = 2
+            elif segment < len(scene.objects):
+                o = scene.objects[segment]
+                out[n, i] = torch.tensor([colours.index(o.colour), shapes.index(o.shape), places.index(o.place)])
+            else:
+                out[n, i, 0] = colours.index(scene.background)
+    return out
+
+
+def binding_loss(head: torch.nn.Linear, emb: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = head(emb)
+    ce = torch.nn.functional.cross_entropy
+    heads = logits.split([N_COLOURS, N_SHAPES, N_PLACES], dim=-1)
+    return sum(ce(h.flatten(0, 1), targets[..., k].flatten(), ignore_index=IGNORE) for k, h in enumerate(heads)) / 3
+
+
+def pretrain_binding(pipe, cfg, prompts, targets, steps, batch, g, bar, lr=2e-3) -> tuple[torch.nn.Linear, list]:
+    """Train T5 and the binding head on the text alone (cheap: no image), so the denoiser starts from tokens
+    that already know their object."""
+    head = torch.nn.Linear(cfg.t5_dim, N_COLOURS + N_SHAPES + N_PLACES)
+    t5 = pipe.text_encoder_2
+    t5.train()
+    params = list(t5.parameters()) + list(head.parameters())
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
+    losses = []
+    for _ in range(steps):
+        idx = torch.randint(0, len(prompts), (batch,), generator=g)
+        emb = pipe._get_t5_prompt_embeds(
+            prompt=[prompts[i] for i in idx.tolist()], max_sequence_length=cfg.text_len, device="cpu"
+        )
+        loss = binding_loss(head, emb, targets[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(loss.item())
+        bar.set_postfix(stage="text", loss=f"{np.mean(losses[-50:]):.4f}", refresh=False)
+        bar.update(1)
+    return head, losses
+
+
+def train_denoiser(
+    pipe,
+    cfg,
+    prompts,
+    latents,
+    steps,
+    batch,
+    rng,
+    bar,
+    lr=6e-4,
+    head=None,
+    targets=None,
+    aux_weight=0.0,
+    compile=False,
+) -> tuple[list[float], list[float]]:
     modules = [pipe.transformer, pipe.text_encoder, pipe.text_encoder_2]
     params = [p for m in modules for p in m.parameters()]
+    if head is not None:
+        params += list(head.parameters())
     for m in modules:
         m.train()
     ema = [copy.deepcopy(m).eval().requires_grad_(False) for m in modules]
+    # Inductor fuses the many small elementwise ops around the matmuls (RoPE, modulation, GELU): the
+    # transformer's forward + backward ran 17% faster on 2 CPU cores for 50 s of compiling. The compiled wrapper
+    # shares the parameters; the EMA copies and the saved pipeline are the plain modules.
+    net = torch.compile(pipe.transformer) if compile else pipe.transformer
+    live = [p for m in modules for p in m.parameters()]
+    shadow = [q for e in ema for q in e.parameters()]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
     warm = min(200, steps // 10 + 1)
 
@@ -97,7 +184,7 @@ def train_denoiser(pipe, cfg, prompts, latents, steps, batch, rng, bar, lr=6e-4)
     h = w = cfg.size // cfg.vae_scale
     img_ids = pipe._prepare_latent_image_ids(batch, h // 2, w // 2, "cpu", torch.float32)
     g = torch.Generator().manual_seed(rng.randrange(2**31))
-    losses = []
+    losses, aux_losses = [], []
     for step in range(steps):
         idx = torch.randint(0, len(prompts), (batch,), generator=g)
         x0 = pipe._pack_latents(latents[idx], batch, cfg.latent_channels, h, w)
@@ -112,7 +199,7 @@ def train_denoiser(pipe, cfg, prompts, latents, steps, batch, rng, bar, lr=6e-4)
         emb, pooled, txt_ids = pipe.encode_prompt(
             prompt=[prompts[i] for i in idx.tolist()], prompt_2=None, device="cpu", max_sequence_length=cfg.text_len
         )
-        pred = pipe.transformer(
+        pred = net(
             hidden_states=xt,
             timestep=sig,
             guidance=None,
@@ -123,6 +210,11 @@ def train_denoiser(pipe, cfg, prompts, latents, steps, batch, rng, bar, lr=6e-4)
             return_dict=False,
         )[0]
         loss = (pred - (noise - x0)).pow(2).mean()
+        losses.append(loss.item())
+        if head is not None and aux_weight > 0:
+            aux = binding_loss(head, emb, targets[idx])
+            aux_losses.append(aux.item())
+            loss = loss + aux_weight * aux
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -130,27 +222,30 @@ def train_denoiser(pipe, cfg, prompts, latents, steps, batch, rng, bar, lr=6e-4)
         sched.step()
         decay = min(0.999, (1 + step) / (10 + step))
         with torch.no_grad():
-            for m, e in zip(modules, ema):
-                for p, q in zip(m.parameters(), e.parameters()):
-                    q.lerp_(p, 1 - decay)
-        losses.append(loss.item())
+            torch._foreach_lerp_(shadow, live, 1 - decay)
         bar.set_postfix(stage="dit", loss=f"{np.mean(losses[-100:]):.4f}", refresh=False)
         bar.update(1)
     pipe.transformer, pipe.text_encoder, pipe.text_encoder_2 = ema
-    return losses
+    return losses, aux_losses
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_DIR)
     ap.add_argument("--vae-steps", type=int, default=500)
-    ap.add_argument("--steps", type=int, default=5000)
+    ap.add_argument("--steps", type=int, default=5800)
     ap.add_argument("--vae-batch", type=int, default=32)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--pool", type=int, default=24000)
     ap.add_argument("--heads", type=int, default=6)
     ap.add_argument("--t5-layers", type=int, default=3)
+    ap.add_argument("--text-steps", type=int, default=300, help="binding pre-training of T5 on the text alone")
+    ap.add_argument("--text-batch", type=int, default=128)
+    ap.add_argument("--aux-weight", type=float, default=0.1, help="weight of the binding loss in the denoiser stage")
     ap.add_argument("--pair-share", type=float, default=0.6, help="share of two-object scenes in the latent pool")
+    ap.add_argument(
+        "--compile", action=argparse.BooleanOptionalAction, default=True, help="torch.compile the transformer"
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--log", type=Path, default=None, help="log file (default: <out>/train_log.txt)")
@@ -176,7 +271,7 @@ def main(argv=None) -> int:
         args.batch,
     )
     t0 = time.perf_counter()
-    with tqdm(total=args.vae_steps + args.steps, desc="training tiny FLUX", mininterval=5) as bar:
+    with tqdm(total=args.vae_steps + args.text_steps + args.steps, desc="training tiny FLUX", mininterval=5) as bar:
         vae_losses = train_vae(pipe, cfg, args.vae_steps, args.vae_batch, rng, bar)
         t_vae = time.perf_counter() - t0
         log.info(
@@ -189,7 +284,28 @@ def main(argv=None) -> int:
             pipe.vae.config.shift_factor,
             pipe.vae.config.scaling_factor,
         )
-        dit_losses = train_denoiser(pipe, cfg, prompts, latents, args.steps, args.batch, rng, bar)
+        targets = binding_targets(prompts, pipe.tokenizer_2, cfg.text_len)
+        g = torch.Generator().manual_seed(rng.randrange(2**31))
+        head, text_losses = pretrain_binding(pipe, cfg, prompts, targets, args.text_steps, args.text_batch, g, bar)
+        log.info(
+            "text binding pre-training done at %.0fs, final loss %.4f",
+            time.perf_counter() - t0,
+            np.mean(text_losses[-50:]) if text_losses else float("nan"),
+        )
+        dit_losses, aux_losses = train_denoiser(
+            pipe,
+            cfg,
+            prompts,
+            latents,
+            args.steps,
+            args.batch,
+            rng,
+            bar,
+            head=head,
+            targets=targets,
+            aux_weight=args.aux_weight,
+            compile=args.compile,
+        )
     total = time.perf_counter() - t0
     log.info(
         "denoiser done; final loss %.4f; total %.0fs",
@@ -207,10 +323,18 @@ def main(argv=None) -> int:
         "batch": args.batch,
         "pool": args.pool,
         "pair_share": args.pair_share,
+        "text_steps": args.text_steps,
+        "text_batch": args.text_batch,
+        "aux_weight": args.aux_weight,
+        "compile": args.compile,
         "vae_seconds": round(t_vae, 1),
         "total_seconds": round(total, 1),
         "vae_loss_curve": [round(float(np.mean(vae_losses[i : i + 50])), 5) for i in range(0, len(vae_losses), 50)],
+        "text_loss_curve": [round(float(np.mean(text_losses[i : i + 50])), 5) for i in range(0, len(text_losses), 50)],
         "dit_loss_curve": [round(float(np.mean(dit_losses[i : i + 100])), 5) for i in range(0, len(dit_losses), 100)],
+        "binding_loss_curve": [
+            round(float(np.mean(aux_losses[i : i + 100])), 5) for i in range(0, len(aux_losses), 100)
+        ],
     }
     (args.out / "train_stats.json").write_text(json.dumps(stats, indent=1))
     write_profile(args.out, cfg)
