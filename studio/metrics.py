@@ -78,13 +78,6 @@ def ssim(a, b, data_range: float = 255.0) -> float:
     return float(s.mean())
 
 
-def hf_energy(img) -> float:
-    """Mean squared discrete Laplacian over all channels: how much pixel-to-pixel change an image has."""
-    x = _as_float(img)
-    lap = 4 * x[1:-1, 1:-1] - x[:-2, 1:-1] - x[2:, 1:-1] - x[1:-1, :-2] - x[1:-1, 2:]
-    return float(np.mean(lap**2))
-
-
 @dataclass(frozen=True)
 class Quality:
     psnr_db: float

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from studio.metrics import BROKEN, DIFFERENT, GOOD, IDENTICAL, LOSSY, hf_energy, judge, noise_energy, psnr, ssim
+from studio.metrics import BROKEN, DIFFERENT, GOOD, IDENTICAL, LOSSY, judge, noise_energy, psnr, ssim
 
 
 def test_psnr_known_answers():
@@ -32,14 +32,6 @@ def test_ssim_known_answers():
     x = rng.integers(0, 256, (32, 32, 3)).astype(np.uint8)
     assert ssim(x, x) == pytest.approx(1.0, abs=1e-12)
     assert ssim(x, 255 - x) < 0  # an inverted image anti-correlates
-
-
-def test_hf_energy_of_a_checkerboard():
-    v = 10.0
-    board = np.where(np.add.outer(np.arange(8), np.arange(8)) % 2 == 0, v, -v)
-    # Laplacian of a +-v checkerboard is +-8v everywhere inside: mean square 64 v^2.
-    assert hf_energy((board[..., None] + 128).astype(np.uint8)) == pytest.approx(64 * v * v)
-    assert hf_energy(np.full((8, 8, 3), 7, np.uint8)) == 0.0
 
 
 def test_noise_energy_ignores_edges_and_counts_speckle():
