@@ -6,29 +6,47 @@ Environment:
     STUDIO_PRESET       default preset of the Generate tab (default: cache)
     STUDIO_PRESETS_DIR  folder for user presets (default: a temp folder)
     STUDIO_DEVICE       cpu or cuda (default: cuda when present)
+    STUDIO_PREWARM      1 (default): load the model and warm base and the default preset up while the page opens
     GRADIO_SERVER_NAME / GRADIO_SERVER_PORT   where to listen (gradio's own variables)
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
+import threading
 
 if importlib.util.find_spec("spaces") is not None:  # ZeroGPU: `spaces` must patch CUDA before torch loads
     import spaces  # noqa: F401
 
-from studio.models.manager import ModelManager
-from studio.presets import PresetLibrary
-from studio.runner import Runner
-from studio.ui import CSS, build_app
+from studio.app.ui import CSS, build_app
+from studio.engine import ModelManager, Runner
+from studio.spec import PresetLibrary
 
 MODEL = os.environ.get("STUDIO_MODEL", "tiny")
 MODELS = [MODEL] + [
     m.strip() for m in os.environ.get("STUDIO_MODELS", "").split(",") if m.strip() and m.strip() != MODEL
 ]
 
+PRESET = os.environ.get("STUDIO_PRESET", "cache")
+
 runner = Runner(ModelManager(os.environ.get("STUDIO_DEVICE") or None), PresetLibrary(), model=MODEL)
-demo = build_app(runner, models=MODELS, default_preset=os.environ.get("STUDIO_PRESET", "cache"))
+demo = build_app(runner, models=MODELS, default_preset=PRESET)
+
+
+def prewarm() -> None:
+    """The form's first request once, on the default preset: loads the model and runs the untimed warm-ups of base
+    and the preset, so the first click is timed warm and shows its image sooner. A click meanwhile waits for it."""
+    try:
+        prof = runner.profile()
+        prompt = prof.example_prompts[0] if prof.example_prompts else "a photo of a cat"
+        runner.generate(runner.request(prompt, seed=42), PRESET if PRESET in runner.presets.names() else "base")
+    except Exception as e:  # the app still works; the first click will load and warm up instead
+        logging.getLogger("studio").warning("pre-warm failed: %s", e)
+
 
 if __name__ == "__main__":
+    if os.environ.get("STUDIO_PREWARM", "1") != "0":
+        threading.Thread(target=prewarm, name="studio-prewarm", daemon=True).start()
     demo.launch(css=CSS, footer_links=["api", "gradio"])

@@ -10,10 +10,12 @@ os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "error")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from studio.models.manager import ModelManager  # noqa: E402
-from studio.models.tiny.build import TinyConfig, build_pipeline  # noqa: E402
-from studio.presets import PresetLibrary  # noqa: E402
-from studio.runner import Runner  # noqa: E402
+from studio.engine import (
+    ModelManager,  # noqa: E402
+    Runner,  # noqa: E402
+)
+from studio.spec import PresetLibrary  # noqa: E402
+from studio.tiny.build import TinyConfig, build_pipeline  # noqa: E402
 
 # Small and fast: 2 double + 2 single blocks of width 64, 64x64 images.
 RANDOM_CFG = TinyConfig(heads=2, head_dim=32, double_blocks=2, single_blocks=2, vae_channels=(16, 32, 32))
@@ -26,7 +28,7 @@ def random_model_dir(tmp_path_factory):
     pipe = build_pipeline(RANDOM_CFG, seed=0)
     pipe.to(torch.bfloat16)
     pipe.save_pretrained(d, safe_serialization=True)
-    from studio.models.tiny.profile import write_profile
+    from studio.tiny.build import write_profile
 
     write_profile(d, RANDOM_CFG)
     return str(d)

@@ -7,7 +7,15 @@ import math
 import numpy as np
 import pytest
 
-from studio.metrics import BROKEN, DIFFERENT, GOOD, IDENTICAL, LOSSY, judge, noise_energy, psnr, ssim
+from studio.measure.quality import Verdict, judge, noise_energy, psnr, ssim
+
+BROKEN, DIFFERENT, GOOD, IDENTICAL, LOSSY = (
+    Verdict.BROKEN,
+    Verdict.DIFFERENT,
+    Verdict.GOOD,
+    Verdict.IDENTICAL,
+    Verdict.LOSSY,
+)
 
 
 def test_psnr_known_answers():

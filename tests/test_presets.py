@@ -4,28 +4,46 @@ from __future__ import annotations
 
 import pytest
 
-from studio.config import CacheSpec, CompileSpec, ConfigError, GenerationRequest, Preset, QuantSpec
-from studio.presets import PresetLibrary, load_preset, preset_from_text, preset_to_yaml
+from studio.spec import CacheSpec, CompileSpec, ConfigError, GenerationRequest, Preset, PresetLibrary, QuantSpec
+from studio.spec.presets import load_preset, preset_from_text, preset_to_yaml
 
-SHIPPED = ["base", "sage", "int8", "sage-int8", "cache", "cache-int8", "cache-int8-sage"]
+SHIPPED = [
+    "base",
+    "sage",
+    "int8",
+    "sage-int8",
+    "cache",
+    "cache-int8",
+    "cache-int8-sage",
+    "compile",
+    "cache-compile",
+    "cache-int8-sage-compile",
+]
 
 
-def test_library_ships_exactly_the_seven_presets_in_order():
+def test_library_ships_exactly_the_ten_presets_in_order():
     assert PresetLibrary().names() == SHIPPED
 
 
 def test_shipped_stacks():
     lib = PresetLibrary()
     base = lib.get("base")
-    assert (base.dtype, base.quant.enabled, base.cache.enabled, base.attention.backend, base.compile.enabled) == (
-        "bfloat16",
+    assert (base.dtype, base.quant.enabled, base.cache.enabled, base.attention_backend, base.compile.enabled) == (
+        "auto",
         False,
         False,
         "sdpa",
         False,
     )
-    cache = lib.get("cache").cache
-    assert (cache.backend, cache.Fn, cache.Bn, cache.warmup, cache.threshold, cache.max_continuous_cached_steps) == (
+    c = lib.get("cache").cache_config
+    assert (
+        c.backend,
+        c.Fn_compute_blocks,
+        c.Bn_compute_blocks,
+        c.max_warmup_steps,
+        c.residual_diff_threshold,
+        c.max_continuous_cached_steps,
+    ) == (
         "cache-dit",
         1,
         0,
@@ -33,12 +51,28 @@ def test_shipped_stacks():
         0.24,
         3,
     )
-    assert lib.get("int8").quant.mode == "int8_weight_only"
+    assert lib.get("int8").quant.quant_type == "int8_weight_only"
     full = lib.get("cache-int8-sage")
-    assert full.quant.enabled and full.cache.enabled and full.attention.backend == "sage"
-    assert lib.get("sage").attention.diffusers_name == "sage"
-    assert lib.get("cache").tag() == "bf16+DBCache_F1B0W4R0.24MC3+sdpa"
-    assert full.tag() == "bf16+int8wo+DBCache_F1B0W4R0.24MC3+sage"
+    assert full.quant.enabled and full.cache.enabled and full.attention_backend == "sage"
+    assert lib.get("cache").tag("bfloat16") == "bf16+DBCache_F1B0W4R0.24MC3+sdpa"
+    assert lib.get("cache").tag() == "auto+DBCache_F1B0W4R0.24MC3+sdpa"
+    assert full.tag("float32") == "fp32+int8wo+DBCache_F1B0W4R0.24MC3+sage"
+    # the compiled stacks: the same stacks with compile last (fullgraph decided by whether a cache is engaged)
+    for name, like in (
+        ("compile", "base"),
+        ("cache-compile", "cache"),
+        ("cache-int8-sage-compile", "cache-int8-sage"),
+    ):
+        p, q = lib.get(name), lib.get(like)
+        assert p.compile.enabled and p.compile.regional and p.compile.fullgraph is None
+        assert (p.dtype, p.quantize_config, p.cache_config, p.attention_backend) == (
+            q.dtype,
+            q.quantize_config,
+            q.cache_config,
+            q.attention_backend,
+        )
+    assert lib.get("compile").compile.effective_fullgraph(cache_engaged=False) is True
+    assert lib.get("cache-compile").compile.effective_fullgraph(cache_engaged=True) is False
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -51,7 +85,7 @@ def test_yaml_round_trip(name):
 def test_load_from_dict_and_path(tmp_path):
     d = {"description": "x", "cache_config": {"residual_diff_threshold": 0.3}, "attention_backend": "sdpa"}
     p = load_preset(d, name="mine")
-    assert p.cache.backend == "cache-dit" and p.cache.threshold == 0.3  # a cache_config alone means cache-dit
+    assert p.cache.backend == "cache-dit" and p.cache.residual_diff_threshold == 0.3  # a cache_config alone: cache-dit
     f = tmp_path / "mine.yaml"
     f.write_text(preset_to_yaml(p))
     assert load_preset(f) == p
@@ -70,6 +104,8 @@ BAD = [
     ("cache_config: {max_warmup_steps: -1}", "cache_config.max_warmup_steps=-1 is not valid: must be >= 0"),
     ("cache_config: {max_continuous_cached_steps: 0}", "max_continuous_cached_steps=0 is not valid"),
     ("cache_config: {enable_taylorseer: true, enable_dmd: true}", "TaylorSeer and DMD are alternative calibrators"),
+    ("cache_config: {Fn: 1}", "unknown key cache_config.Fn;"),
+    ("dtype: auto\nattention_backend: sdpa\ncompile: {fullgraph: sometimes}", "compile.fullgraph='sometimes'"),
     ("cache_config: {enable_taylorseer: yes please}", "enable_taylorseer='yes please' is not valid"),
     ("cache_config: {taylorseer_order: 9, enable_taylorseer: true}", "taylorseer_order=9 is not valid: must be <= 4"),
     ("cache_config: {steps_computation_mask: turbo}", "steps_computation_mask='turbo' is not valid: use one of"),
@@ -81,7 +117,7 @@ BAD = [
     ("cache_config: {backend: teacache}", "cache_config.backend='teacache' is not valid: use one of"),
     ("quantize_config: {quant_type: int4}", "quantize_config.quant_type='int4' is not valid: use one of"),
     ("quantize_config: {exclude_layers: embedder}", "quantize_config.exclude_layers='embedder' is not valid"),
-    ("attention_backend: turbo", "attention_backend.backend='turbo' is not valid: use one of"),
+    ("attention_backend: turbo", "preset.attention_backend='turbo' is not valid: use one of"),
     ("compile: {enabled: maybe}", "compile.enabled='maybe' is not valid: must be true or false"),
     ("compile: {enabled: true, mode: fastest}", "compile.mode='fastest' is not valid"),
     ("dtype: int4", "preset.dtype='int4' is not valid: use one of"),
@@ -127,19 +163,42 @@ def test_threshold_defaults_raise_for_quantized_and_explicit_wins():
     fb = CacheSpec(backend="fbcache")
     assert fb.effective_threshold(quantized=False) == 0.08
     assert fb.effective_threshold(quantized=True) == 0.12
-    assert CacheSpec(backend="fbcache", threshold=0.05).effective_threshold(quantized=True) == 0.05
-    assert CacheSpec(backend="cache-dit", threshold=0.24).effective_threshold(quantized=True) == 0.24
+    assert CacheSpec(backend="fbcache", residual_diff_threshold=0.05).effective_threshold(quantized=True) == 0.05
+    assert CacheSpec(backend="cache-dit", residual_diff_threshold=0.24).effective_threshold(quantized=True) == 0.24
 
 
-def test_per_request_cache_switch():
+def test_per_request_cache_and_compile_switches():
     lib = PresetLibrary()
     cache = lib.get("cache")
-    assert cache.with_cache_override(None, None) is cache
-    off = cache.with_cache_override(False)
+    assert cache.with_overrides(None, None, None) is cache
+    off = cache.with_overrides(cache=False)
     assert not off.cache.enabled and off.name == "cache.override"
-    on = lib.get("base").with_cache_override(True, 0.5)
-    assert on.cache.backend == "cache-dit" and on.cache.threshold == 0.5
-    assert cache.with_cache_override(None, 0.3).cache.threshold == 0.3
+    on = lib.get("base").with_overrides(True, 0.5)
+    assert on.cache.backend == "cache-dit" and on.cache.residual_diff_threshold == 0.5
+    assert cache.with_overrides(None, 0.3).cache.residual_diff_threshold == 0.3
+    compiled = cache.with_overrides(compile=True)
+    assert compiled.compile.enabled and compiled.cache == cache.cache and compiled.name == "cache.override"
+    eager = lib.get("cache-compile").with_overrides(compile=False)
+    assert not eager.compile.enabled and eager.stack == cache.stack
+    cc = lib.get("cache-compile")
+    assert cc.with_overrides(compile=True) is cc  # asking for what the preset already does changes nothing
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [("true", True), ("on", True), ("false", False), ("off", False), ("unset", None), ("", None), (None, None)],
+)
+def test_switch_parsing(text, expected):
+    from studio.spec import parse_switch
+
+    assert parse_switch(text) is expected
+
+
+def test_switch_parsing_refuses_other_words():
+    from studio.spec import parse_switch
+
+    with pytest.raises(ConfigError, match="compile switch 'sometimes' is not valid: use true, false"):
+        parse_switch("sometimes", "compile switch")
 
 
 def test_request_validation():
@@ -151,9 +210,10 @@ def test_request_validation():
         GenerationRequest(prompt="x", width=True)
     r = GenerationRequest(prompt="x")
     assert r.key("m") == GenerationRequest(prompt="x").key("m") != GenerationRequest(prompt="x", seed=1).key("m")
+    assert r.key("m", "float32") != r.key("m", "bfloat16")  # the base image is kept per dtype
 
 
 def test_spec_defaults_validate():
-    assert QuantSpec().mode == "none" and not CompileSpec().enabled
+    assert QuantSpec().quant_type == "none" and not CompileSpec().enabled
     with pytest.raises(ConfigError):
         CompileSpec(enabled=True, fullgraph="yes")

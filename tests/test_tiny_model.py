@@ -9,13 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from studio.config import GenerationRequest
-from studio.metrics import BROKEN
-from studio.models.manager import embedded_model_dir
-from studio.models.profiles import HUB_PROFILES, profile_for
-from studio.models.tiny.build import TinyConfig, build_clip_tokenizer, build_t5_tokenizer
-from studio.models.tiny.eval import held_out_singles, score_pair, score_single
-from studio.models.tiny.scenes import (
+from studio.measure.quality import Verdict
+from studio.spec import EMBEDDED_DIR, GenerationRequest
+from studio.spec.profiles import HUB_PROFILES, profile_for
+from studio.tiny.build import TinyConfig, build_clip_tokenizer, build_t5_tokenizer
+from studio.tiny.eval import held_out_singles, score_pair, score_single
+from studio.tiny.scenes import (
     VOCAB,
     Scene,
     is_held_out,
@@ -78,8 +77,8 @@ def test_tokenizers_cover_the_grammar():
 def test_binding_targets_name_each_tokens_object():
     """Every T5 token of an object's phrase is labelled with that object's colour, shape and place; "and", ","
     EOS and padding are ignored; background words carry the background colour only."""
-    from studio.models.tiny.scenes import COLOURS, PLACES, SHAPES
-    from studio.models.tiny.train import IGNORE, binding_targets
+    from studio.tiny.scenes import COLOURS, PLACES, SHAPES
+    from studio.tiny.train import IGNORE, binding_targets
 
     tok = build_t5_tokenizer()
     prompt = "an orange circle on the left and a blue square at the top, green background"
@@ -97,8 +96,8 @@ def test_binding_pretraining_teaches_t5_which_object_a_word_belongs_to():
     (a bag of words cannot exceed ~50% here); checked on held-out prompts."""
     from tqdm import tqdm
 
-    from studio.models.tiny.build import build_pipeline
-    from studio.models.tiny.train import IGNORE, N_COLOURS, binding_targets, pretrain_binding
+    from studio.tiny.build import build_pipeline
+    from studio.tiny.train import IGNORE, N_COLOURS, binding_targets, pretrain_binding
 
     steps = 250  # the committed model: 300 steps of batch 128; the turn from bag of words to bound comes first
     torch.set_num_threads(2)
@@ -125,7 +124,7 @@ def test_training_smoke(tmp_path):
     """A few steps of the real training script produce a folder that from_pretrained loads offline."""
     from diffusers import DiffusionPipeline
 
-    from studio.models.tiny import train
+    from studio.tiny import train
 
     rc = train.main(
         [
@@ -164,7 +163,7 @@ def test_training_smoke(tmp_path):
 
 
 def test_embedded_model_files():
-    d = embedded_model_dir()
+    d = EMBEDDED_DIR
     files = [p for p in d.rglob("*") if p.is_file()]
     weights = [p for p in files if p.suffix in (".safetensors", ".bin", ".pt", ".ckpt")]
     assert weights and all(p.suffix == ".safetensors" for p in weights)
@@ -182,7 +181,7 @@ def _gen(runner, prompt, seed=0, preset="base", **kw):
 
 
 def test_embedded_model_draws_held_out_prompts(tiny_runner):
-    """A small slice of `python -m studio.models.tiny.eval`: held-out combinations, judged from pixels."""
+    """A small slice of `python -m studio.tiny.eval`: held-out combinations, judged from pixels."""
     scenes = held_out_singles(8, seed=5)
     scores = [score_single(_gen(tiny_runner, s.prompt, seed).image, s) for s in scenes for seed in (0, 1)]
     assert sum(r["background"] for r in scores) >= 15, scores
@@ -230,7 +229,7 @@ def test_quality_guard_flags_a_miswired_cache(tiny_runner):
         for h in handles:
             h.remove()
     assert bad.metrics.psnr_db < 25 < good.metrics.psnr_db and bad.metrics.hf_ratio > 2
-    assert bad.metrics.quality == BROKEN and bad.metrics.broken
+    assert bad.metrics.quality is Verdict.BROKEN and bad.metrics.broken
     again = _gen(tiny_runner, prompt, seed=2)
     assert np.array_equal(again.image, base.image)  # hooks removed: bitwise back to base
 

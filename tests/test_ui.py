@@ -7,6 +7,7 @@ as a user would get it from `python app.py`.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 
@@ -14,9 +15,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from studio.models.manager import ModelManager
-from studio.presets import PresetLibrary
-from studio.runner import Runner
+from studio.engine import ModelManager, Runner
+from studio.spec import PresetLibrary
+from studio.spec.preset import DTYPE_SHORT
 
 PROMPT = "a red circle in the center, blue background"
 ARTIFACTS = os.environ.get("STUDIO_ARTIFACTS", "artifacts")
@@ -29,7 +30,7 @@ def _free_port() -> int:
 
 
 def _launch(runner, **kw):
-    from studio.ui import CSS, build_app
+    from studio.app.ui import CSS, build_app
 
     demo = build_app(runner, **kw)
     port = _free_port()
@@ -39,9 +40,11 @@ def _launch(runner, **kw):
 
 @pytest.fixture(scope="module")
 def app(random_model_dir, tmp_path_factory):
-    runner = Runner(
-        ModelManager("cpu"), PresetLibrary(user_dir=tmp_path_factory.mktemp("presets")), model=random_model_dir
-    )
+    lib = PresetLibrary(user_dir=tmp_path_factory.mktemp("presets"))
+    # float32: random weights put residual diffs near the threshold, where compiled bf16 rounding can flip a
+    # decision (see test_compile); float32 compiled differs from eager by rounding only.
+    lib.add("c32", "dtype: float32\ncache_config: {residual_diff_threshold: 0.5}\n")
+    runner = Runner(ModelManager("cpu"), lib, model=random_model_dir)
     demo, url = _launch(runner, default_preset="cache")
     yield runner, url
     demo.close()
@@ -66,7 +69,7 @@ def test_api_has_the_three_named_endpoints(client):
     names = set(api["named_endpoints"])
     assert {"/generate", "/compare", "/matrix"} <= names
     params = [p["parameter_name"] for p in api["named_endpoints"]["/generate"]["parameters"]]
-    assert params[:10] == [
+    assert params[:11] == [
         "prompt",
         "model",
         "seed",
@@ -77,6 +80,7 @@ def test_api_has_the_three_named_endpoints(client):
         "preset",
         "cache",
         "threshold",
+        "compile",
     ]
 
 
@@ -92,6 +96,19 @@ def test_generate_endpoint_with_per_request_cache_switch(client, app):
     assert m is not None  # the base image for the comparison was computed and kept
     off = client.predict(**_args(model=model), preset="cache", cache="false", threshold=None, api_name="/generate")
     assert "0 cached / 10 full" in off[1] and "identical" in off[1]  # cache off == base, bitwise
+
+
+@pytest.mark.slow
+def test_generate_endpoint_with_compile_switch(client, app):
+    runner, _ = app
+    args = _args(model=runner.model)
+    eager = client.predict(**args, preset="c32", cache="unset", threshold=0, compile="unset", api_name="/generate")
+    out = client.predict(**args, preset="c32", cache="unset", threshold=0, compile="true", api_name="/generate")
+    card = out[1]
+    assert "compile: regional" in card and "fullgraph=False" in card and "compile warm-up" in card
+    counts = re.search(r"(\d+) cached / (\d+) full", card).groups()
+    assert counts == re.search(r"(\d+) cached / (\d+) full", eager[1]).groups()  # same steps as eager
+    assert int(counts[0]) > 0 and "counted by cache-dit" in card
 
 
 def test_compare_endpoint(client, app):
@@ -110,8 +127,9 @@ def test_compare_endpoint(client, app):
     headers = table["headers"]
     assert headers[:6] == ["stack", "denoise", "per-step", "vs base", "PSNR", "cached/full"]
     rows = table["data"]
-    assert rows[0][0] == "bf16+sdpa" and rows[0][3] == "1.00x" and rows[0][4] == "inf"
-    assert rows[1][0] == "bf16+int8wo+DBCache_F1B0W4R0.24MC3+sage"
+    dt = DTYPE_SHORT[runner.manager.resolve_dtype("auto").name]  # the device's best exact dtype ran
+    assert rows[0][0] == f"{dt}+sdpa" and rows[0][3] == "1.00x" and rows[0][4] == "inf"
+    assert rows[1][0] == f"{dt}+int8wo+DBCache_F1B0W4R0.24MC3+sage"
     assert "sage: unavailable on cpu, using sdpa" in rows[1][-1]
 
 
@@ -172,6 +190,7 @@ def test_browser_generate_and_compare(tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
     runner = Runner(ModelManager("cpu"), PresetLibrary(user_dir=tmp_path), model="tiny")
+    dt = DTYPE_SHORT[runner.manager.resolve_dtype("auto").name]
     demo, url = _launch(runner, default_preset="cache")
     os.makedirs(ARTIFACTS, exist_ok=True)
     try:
@@ -190,18 +209,29 @@ def test_browser_generate_and_compare(tmp_path):
             img = page.locator("img[src*='file=']").first
             expect(img).to_be_visible()
             page.screenshot(path=os.path.join(ARTIFACTS, "ui-generate.png"), full_page=True)
+            eager_counts = re.search(r"(\d+) cached / (\d+) full", text).groups()
+
+            # The same request on the compiled stack: the warm-up compiles (shown apart), the counts stay right.
+            page.get_by_label("Preset", exact=True).click()
+            page.get_by_role("option", name="cache-compile", exact=True).click()
+            page.get_by_role("button", name="Generate").click()
+            expect(card).to_contain_text("compile warm-up", timeout=300_000)
+            compiled = card.inner_text()
+            assert "fullgraph=False" in compiled and "counted by cache-dit" in compiled
+            assert re.search(r"(\d+) cached / (\d+) full", compiled).groups() == eager_counts
+            page.screenshot(path=os.path.join(ARTIFACTS, "ui-cache-compile.png"), full_page=True)
 
             page.get_by_role("tab", name="A/B compare").click()
             page.get_by_role("button", name="Compare").click()
             table = page.locator("#ab-table")
-            expect(table).to_contain_text("bf16+int8wo+DBCache", timeout=180_000)
-            expect(table).to_contain_text("bf16+sdpa")
+            expect(table).to_contain_text(f"{dt}+int8wo+DBCache", timeout=180_000)
+            expect(table).to_contain_text(f"{dt}+sdpa")
             page.wait_for_timeout(500)
             page.screenshot(path=os.path.join(ARTIFACTS, "ui-compare.png"), full_page=True)
 
             page.get_by_role("tab", name="History").click()
             history = page.locator("#history-table")
-            expect(history).to_contain_text("bf16+int8wo+DBCache")
+            expect(history).to_contain_text(f"{dt}+int8wo+DBCache")
             expect(history).to_contain_text("a yellow triangle on the left, purple background")
 
             page.get_by_role("tab", name="Presets").click()

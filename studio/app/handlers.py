@@ -1,0 +1,281 @@
+"""The UI's event handlers: thin translations between form values and the engine, returning {component: value}.
+
+`Handlers` is bound to a facade (`Studio`: the runner, the models offered, a folder for downloads, the preset
+library) and to the laid-out components (`ui`, any object with the component attributes), so the handlers can be
+called in a test with a fake engine and plain objects, no server.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+from PIL import Image
+
+from studio.bench import run_matrix
+from studio.engine import BASE, ModelLoadError, Runner
+from studio.measure.quality import Verdict
+from studio.report.card import metrics_card
+from studio.report.plots import plot_steps, plot_tradeoff
+from studio.report.table import COLUMNS, MatrixRow
+from studio.spec import ConfigError, PresetLibrary, parse_switch
+
+CACHE_CHOICES = [("follow preset", "unset"), ("on", "true"), ("off", "false")]
+COMPILE_CHOICES = CACHE_CHOICES
+HISTORY_COLUMNS = ["#", "prompt", "seed", "steps", "size"] + list(COLUMNS)
+
+
+@dataclass
+class Studio:
+    """The facade the UI talks to."""
+
+    runner: Runner
+    models: list[str]
+    presets: PresetLibrary
+    tmpdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="studio-")))
+
+    def write(self, name: str, text: str) -> str:
+        path = self.tmpdir / name
+        path.write_text(text)
+        return str(path)
+
+
+def png(render) -> np.ndarray:
+    buf = io.BytesIO()
+    render(buf)
+    buf.seek(0)
+    return np.asarray(Image.open(buf).convert("RGB"))
+
+
+def enlarge(img: np.ndarray | None, min_side: int = 384) -> np.ndarray | None:
+    """Small native sizes shown enlarged (nearest neighbour: pixels stay honest)."""
+    if img is None:
+        return None
+    h, w = img.shape[:2]
+    k = max(1, math.ceil(min_side / max(h, w)))
+    return img if k == 1 else np.kron(img, np.ones((k, k, 1), dtype=img.dtype))
+
+
+def notes_md(notes: str) -> str:
+    """A profile's notes as Markdown text: `<colour>` in a grammar is text, not an HTML tag."""
+    return html.escape(notes or "")
+
+
+def threshold_value(value) -> float | None:
+    """A browser's empty number field sends 0: 0 (or nothing) means "follow the preset"."""
+    if value in (None, "") or float(value) <= 0:
+        return None
+    return float(value)
+
+
+def progress_hooks(progress):
+    """(on_step, on_status) callbacks that drive a gr.Progress from the engine."""
+    cached = []
+
+    def on_step(i, total, rec):
+        if rec.cached:
+            cached.append(i)
+        desc = f"denoising step {i + 1}/{total}" + (" — served from cache" if rec.cached else "")
+        if cached:
+            desc += f" (cached so far: {len(cached)})"
+        progress((i + 1, total), desc=desc, unit="steps")
+
+    def on_status(msg):
+        cached.clear()
+        progress(0, desc=msg)
+
+    return on_step, on_status
+
+
+def history_rows(hist: list, req, results) -> list:
+    for res in results:
+        row = [len(hist) + 1, req.prompt, req.seed, req.steps, f"{req.width}x{req.height}"]
+        hist = hist + [row + MatrixRow.from_metrics(res.metrics).cells()]
+    return hist
+
+
+class Handlers:
+    def __init__(self, studio: Studio, ui):
+        self.studio = studio
+        self.ui = ui
+
+    # helpers ---------------------------------------------------------------------------------------------
+    def _request(self, prompt, model, seed, steps, width, height, guidance):
+        if not prompt or not str(prompt).strip():
+            raise gr.Error("Write a prompt first: the prompt is empty.")
+        runner = self.studio.runner
+        try:
+            takes_guidance = runner.profile(model).guidance is not None
+            return runner.request(
+                str(prompt),
+                model=model,
+                seed=int(seed if seed is not None else 0),
+                steps=int(steps),
+                width=int(width),
+                height=int(height),
+                guidance=float(guidance) if guidance is not None and takes_guidance else None,
+            )
+        except (ConfigError, ValueError) as e:
+            raise gr.Error(f"That request can't run: {e}") from None
+
+    def _run(self, req, model, preset, cache, threshold, compile, progress):
+        on_step, on_status = progress_hooks(progress)
+        try:
+            return self.studio.runner.generate(
+                req,
+                preset,
+                model=model,
+                cache_enabled=parse_switch(cache, "cache switch"),
+                cache_threshold=threshold_value(threshold),
+                compile_enabled=parse_switch(compile, "compile switch"),
+                progress=on_step,
+                on_status=on_status,
+                presets=self.studio.presets,
+            )
+        except (ConfigError, ModelLoadError, ValueError) as e:
+            raise gr.Error(str(e)) from None
+
+    def _history(self, hist, req, results) -> dict:
+        hist = history_rows(hist or [], req, results)
+        return {self.ui.hist_table: hist, self.ui.history: hist}
+
+    # events ----------------------------------------------------------------------------------------------
+    def generate(
+        self, prompt, model, seed, steps, width, height, guidance, preset, cache, threshold, compile="unset",
+        hist=None, progress=gr.Progress(),
+    ):  # fmt: skip
+        req = self._request(prompt, model, seed, steps, width, height, guidance)
+        res = self._run(req, model, preset, cache, threshold, compile, progress)
+        ui = self.ui
+        return {
+            ui.image: enlarge(res.image),
+            ui.card: metrics_card(res.metrics),
+            ui.base_image: enlarge(res.base_image),
+            ui.steps_plot: png(lambda buf: plot_steps(res.metrics, buf)),
+            **self._history(hist, req, [res]),
+        }
+
+    def compare(
+        self, prompt, model, seed, steps, width, height, guidance, preset_a, preset_b, cache, threshold,
+        compile="unset", hist=None, progress=gr.Progress(),
+    ):  # fmt: skip
+        req = self._request(prompt, model, seed, steps, width, height, guidance)
+        ra = self._run(req, model, preset_a, cache, threshold, compile, progress)
+        rb = self._run(req, model, preset_b, cache, threshold, compile, progress)
+        rows = [MatrixRow.from_metrics(ra.metrics), MatrixRow.from_metrics(rb.metrics)]
+        broken = [r.preset for r in rows if r.quality == Verdict.BROKEN.value]
+        flag = (
+            f'<span class="flag-broken">⚠ {", ".join(broken)}: likely broken, not lossy '
+            f"(PSNR and high-frequency energy say noise)</span>"
+            if broken
+            else ""
+        )
+        a, b = enlarge(ra.image), enlarge(rb.image)
+        ui = self.ui
+        return {
+            ui.slider: (a, b),
+            ui.img_a: a,
+            ui.img_b: b,
+            ui.ab_table: [r.cells() for r in rows],
+            ui.ab_flag: flag,
+            **self._history(hist, req, [ra, rb]),
+        }
+
+    def matrix(
+        self, prompt, model, seed, steps, width, height, guidance, presets, repeats, cache="unset", compile="unset",
+        hist=None, progress=gr.Progress(),
+    ):  # fmt: skip
+        req = self._request(prompt, model, seed, steps, width, height, guidance)
+        if not presets:
+            raise gr.Error("Choose at least one preset for the matrix.")
+        try:
+            mat = run_matrix(
+                self.studio.runner,
+                req,
+                list(presets),
+                model=model,
+                repeats=int(repeats or 1),
+                on_status=lambda s: progress(0, desc=s),
+                cache_enabled=parse_switch(cache, "cache switch"),
+                compile_enabled=parse_switch(compile, "compile switch"),
+                presets_library=self.studio.presets,
+            )
+        except (ConfigError, ModelLoadError, ValueError) as e:
+            raise gr.Error(str(e)) from None
+        runs = {name: r.metrics.as_dict() for name, r in mat.results.items()}
+        first = next((r.preset for r in mat.rows if r.preset != BASE), mat.rows[0].preset)
+        ui = self.ui
+        return {
+            ui.mx_table: [r.cells() for r in mat.rows],
+            ui.mx_plot: png(lambda buf: plot_tradeoff(mat.rows, buf)),
+            ui.mx_pick: gr.update(choices=list(runs), value=first),
+            ui.mx_steps: png(lambda buf: plot_steps(runs[first], buf)),
+            ui.mx_csv: self.studio.write("matrix.csv", mat.csv()),
+            ui.mx_md: self.studio.write("matrix.md", mat.markdown()),
+            ui.matrix_runs: runs,
+            **self._history(hist, req, list(mat.results.values())),
+        }
+
+    def pick_steps(self, name, runs):
+        if not name or name not in (runs or {}):
+            return {self.ui.mx_steps: None}
+        return {self.ui.mx_steps: png(lambda buf: plot_steps(runs[name], buf))}
+
+    def show_preset(self, name):
+        lib = self.studio.presets
+        try:
+            p = lib.get(name)
+        except ConfigError as e:
+            raise gr.Error(str(e)) from None
+        origin = "built in" if lib.is_builtin(name) else "user preset"
+        desc = f"**{name}** ({origin}) — `{p.tag()}`\n\n{p.description}"
+        return {self.ui.pv_desc: desc, self.ui.pv_yaml: lib.text(name)}
+
+    def load_upload(self, path):
+        if not path:
+            return {}
+        return {self.ui.new_yaml: Path(path).read_text(), self.ui.new_name: Path(path).stem}
+
+    def save_preset(self, name, text):
+        name = (name or "").strip()
+        if not name:
+            raise gr.Error("Give the new preset a name.")
+        try:
+            p = self.studio.presets.add(name, text or "")
+        except ConfigError as e:
+            raise gr.Error(f"Preset not saved: {e}") from None
+        choices = self.studio.presets.names()
+        ui = self.ui
+        out = {c: gr.update(choices=choices) for c in (ui.preset, ui.preset_a, ui.preset_b, ui.mx_presets)}
+        out[ui.pv_name] = gr.update(choices=choices, value=name)
+        out[ui.save_msg] = f"Saved **{name}** — `{p.tag()}`. It is now in every preset list."
+        return out
+
+    def export_history(self, hist):
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(HISTORY_COLUMNS)
+        w.writerows(hist or [])
+        return {self.ui.hist_file: self.studio.write("history.csv", buf.getvalue())}
+
+    def on_model(self, model):
+        try:
+            p = self.studio.runner.profile(model)
+        except Exception as e:  # an unknown name only fails when used; keep the form as it is
+            raise gr.Error(str(e)) from None
+        ui = self.ui
+        return {
+            ui.examples: gr.update(choices=list(p.example_prompts), value=None),
+            ui.model_notes: notes_md(p.notes),
+            ui.steps: p.steps,
+            ui.width: p.width,
+            ui.height: p.height,
+            ui.guidance: gr.update(value=p.guidance, visible=p.guidance is not None),
+        }

@@ -1,0 +1,110 @@
+"""torch.compile, last in the stack: regional (the repeated blocks) where the model has them.
+
+fullgraph must be False whenever a step cache is engaged: caches branch on runtime values (a residual diff
+against a threshold) and call torch.compiler.disable()d code, which a full graph cannot hold.
+
+A compiled variant is switched off and on in place (torch keeps a module's compiled call in `_compiled_call_impl`):
+the base run of a request runs the same weights eagerly, and the next compiled run finds its graphs again instead
+of reloading weights and recompiling on every click.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from studio.engine.state import CompiledVariant, Engaged, stack_state
+from studio.spec.preset import CompileSpec
+
+
+def on_zerogpu() -> bool:
+    """ZeroGPU Spaces: the GPU is attached per call, so run-time compilation is not available."""
+    return importlib.util.find_spec("spaces") is not None and os.environ.get("SPACES_ZERO_GPU", "") not in ("", "0")
+
+
+_UNSET = object()  # "forward" was not an instance attribute before compile
+
+
+def _set(module, attr: str, value) -> None:
+    if value is _UNSET:
+        module.__dict__.pop(attr, None)
+    else:
+        setattr(module, attr, value)
+
+
+def _compile_impls(tr, spec: CompileSpec, kwargs: dict) -> tuple[list, bool]:
+    """[(module, attribute, compiled value, eager value)] for the modules that compile, and whether it is whole."""
+    import torch
+
+    blocks = getattr(tr, "_repeated_blocks", None) or ()
+    if spec.regional and blocks:
+        impls = []
+        for m in tr.modules():
+            if type(m).__name__ in blocks:
+                m.compile(**kwargs)  # lazy: the first call traces and compiles (the stack's warm-up run)
+                impls.append((m, "_compiled_call_impl", m._compiled_call_impl, None))
+        return impls, False
+    # Whole model: compile `forward` rather than the module call, so the step counter's hooks (run by the module
+    # call) stay outside the graph and keep counting calls and marking the start of the loop.
+    eager = tr.__dict__.get("forward", _UNSET)
+    return [(tr, "forward", torch.compile(tr.forward, **kwargs), eager)], True
+
+
+def uncompile(tr) -> None:
+    """Run eagerly from now on; the compiled variant stays saved for the next time it is asked for."""
+    state = stack_state(tr)
+    if state.compiled is not None:
+        for module, attr, _, eager in state.compiled.impls:
+            _set(module, attr, eager)
+        state.compiled = None
+    state.counter.hooks_see_blocks = True
+
+
+# Every block instance, variant (fullgraph on/off), shape and transformer reload is one more entry in Dynamo's cache
+# for the same code object; past the default limit (8) Dynamo silently runs the blocks eagerly, or fails outright
+# under fullgraph=True ("found no compiled frames"). A studio switches stacks all day: give it room.
+RECOMPILE_LIMIT = 256
+
+
+def _activate(tr, spec: CompileSpec, fullgraph: bool) -> CompiledVariant:
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
+    dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)
+    state = stack_state(tr)
+    # A whole-model graph holds the forward it was traced from, which a cache may have patched: key it by the cache.
+    key = (spec.mode, fullgraph, spec.dynamic, spec.regional, state.cache)
+    variant = state.variants.get(key) or state.variants.get(key[:-1])
+    if variant is None:
+        kwargs = {
+            "fullgraph": fullgraph,
+            "mode": None if spec.mode == "default" else spec.mode,
+            "dynamic": spec.dynamic,
+        }
+        impls, whole = _compile_impls(tr, spec, kwargs)
+        how = "whole transformer" if whole else f"regional ({', '.join(tr._repeated_blocks)})"
+        variant = CompiledVariant(key if whole else key[:-1], fullgraph, whole, how, impls)
+        state.variants[variant.key] = variant
+    else:
+        for module, attr, compiled, _ in variant.impls:
+            _set(module, attr, compiled)
+    state.compiled = variant
+    # Hooks inside compiled blocks do not fire; counts then come from the cache backend's own record.
+    state.counter.hooks_see_blocks = False
+    return variant
+
+
+def apply_compile(pipe, spec: CompileSpec, *, cache_engaged: bool) -> Engaged:
+    """Compile (or switch back on) the transformer as `spec` asks; switch compile off when it is not enabled."""
+    tr = pipe.transformer
+    uncompile(tr)
+    if not spec.enabled:
+        return Engaged("compile", "off", False, "compile: off (eager)")
+    if on_zerogpu():
+        return Engaged(
+            "compile", "on", False, "compile: skipped, torch.compile at run time is not available on ZeroGPU"
+        )
+    fullgraph = spec.effective_fullgraph(cache_engaged)
+    note = " (fullgraph off: a step cache is engaged)" if cache_engaged and spec.fullgraph is not False else ""
+    variant = _activate(tr, spec, fullgraph)
+    return Engaged("compile", "on", True, f"compile: {variant.how}, fullgraph={fullgraph}, mode={spec.mode}{note}")

@@ -1,0 +1,298 @@
+"""Runner.generate(request, preset) -> RunResult: one measured generation, compared with the base image.
+
+How a speed-up is measured (the numbers are the product):
+- every (stack, shape) runs once untimed the first time it is used in a process (the warm-up; under torch.compile
+  that run compiles, and its time is reported apart as compile time);
+- the timed run follows; its denoise time runs from the first transformer call to the last scheduler step;
+- the speed-up divides the base timing of the same request (same model, dtype, prompt, seed, size, steps) by it.
+  That base timing must also be warm and taken close to the run: one older than `base_max_age_s` (30 s by
+  default) is taken again in the same call, right before the run.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, replace
+from importlib import metadata
+
+import numpy as np
+import torch
+
+from studio.engine.bases import BaseEntry, BaseStore
+from studio.engine.cache import CacheReport, prepare_run, read_report
+from studio.engine.loader import ModelManager
+from studio.engine.stack import AppliedStack
+from studio.engine.state import stack_state
+from studio.measure.quality import Verdict, judge
+from studio.measure.record import RunMetrics
+from studio.measure.timing import StepCounts, StepProbe, count_steps
+from studio.spec.checks import ConfigError
+from studio.spec.preset import Preset
+from studio.spec.presets import PresetLibrary
+from studio.spec.profiles import ModelProfile, profile_for, resolve_model
+from studio.spec.request import GenerationRequest
+
+BASE = "base"
+BASE_MAX_AGE_S = 30.0
+
+
+def library_versions() -> dict:
+    out = {}
+    for pkg in ("torch", "diffusers", "cache-dit", "torchao", "transformers"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def pipe_kwargs(pipe, request: GenerationRequest, probe=None) -> dict:
+    """The pipeline call for `request`, with only the arguments this pipeline takes."""
+    params = inspect.signature(pipe.__call__).parameters
+    kw = dict(
+        prompt=request.prompt,
+        height=request.height,
+        width=request.width,
+        num_inference_steps=request.steps,
+        generator=torch.Generator("cpu").manual_seed(request.seed),
+        output_type="np",
+    )
+    if probe is not None:
+        kw["callback_on_step_end"] = probe
+    if request.guidance is not None and "guidance_scale" in params:
+        kw["guidance_scale"] = request.guidance
+    if request.true_cfg_scale is not None and request.true_cfg_scale > 1 and "true_cfg_scale" in params:
+        kw["true_cfg_scale"] = request.true_cfg_scale
+        kw["negative_prompt"] = request.negative_prompt or " "
+    elif request.negative_prompt and "negative_prompt" in params:
+        kw["negative_prompt"] = request.negative_prompt
+    if request.max_sequence_length is not None and "max_sequence_length" in params:
+        kw["max_sequence_length"] = request.max_sequence_length
+    return kw
+
+
+def call_pipe(pipe, request: GenerationRequest, probe=None) -> np.ndarray:
+    """Run the pipeline once; the image as HxWx3 uint8."""
+    arr = np.asarray(pipe(**pipe_kwargs(pipe, request, probe)).images[0])
+    if arr.dtype != np.uint8:
+        arr = (np.clip(arr, 0, 1) * 255).round().astype(np.uint8)
+    return arr
+
+
+@dataclass
+class Measured:
+    """One timed run of one stack (after its warm-up, when one was needed)."""
+
+    image: np.ndarray
+    denoise_s: float
+    step_ms: list[float]
+    counts: StepCounts
+    report: CacheReport
+    stack: AppliedStack
+    reloaded: bool
+    warmup_s: float | None  # the untimed warm-up run, when this call made one
+    compiled: bool
+    ended: float  # time.monotonic() at the end of the timed run
+
+
+@dataclass
+class RunResult:
+    image: np.ndarray  # HxWx3 uint8
+    base_image: np.ndarray | None
+    metrics: RunMetrics
+
+    def pil(self):
+        from PIL import Image
+
+        return Image.fromarray(self.image)
+
+
+class Runner:
+    def __init__(
+        self,
+        manager: ModelManager | None = None,
+        presets: PresetLibrary | None = None,
+        model: str | None = None,
+        base_cache_size: int = 16,
+        base_max_age_s: float = BASE_MAX_AGE_S,
+    ):
+        self.manager = manager or ModelManager()
+        self.presets = presets or PresetLibrary()
+        self.model = model or "tiny"
+        self.bases = BaseStore(base_cache_size)
+        self.base_max_age_s = base_max_age_s
+
+    # requests --------------------------------------------------------------------------------------------
+    def resolve_preset(self, preset: str | Preset, library: PresetLibrary | None = None) -> Preset:
+        return preset if isinstance(preset, Preset) else (library or self.presets).get(preset)
+
+    def profile(self, model: str | None = None) -> ModelProfile:
+        return profile_for(resolve_model(model or self.model))
+
+    def request(self, prompt: str, model: str | None = None, **overrides) -> GenerationRequest:
+        """A request with the model profile's defaults for whatever is not given."""
+        prof = self.profile(model)
+        kw = dict(
+            steps=prof.steps,
+            width=prof.width,
+            height=prof.height,
+            guidance=prof.guidance,
+            true_cfg_scale=prof.true_cfg_scale,
+            max_sequence_length=prof.max_sequence_length,
+        )
+        kw.update({k: v for k, v in overrides.items() if v is not None})
+        return GenerationRequest(prompt=prompt, **kw)
+
+    def check_request(self, request: GenerationRequest, model: str | None = None) -> None:
+        """Raise ConfigError with a sentence when the model cannot take this size."""
+        prof = self.profile(model)
+        for name in ("width", "height"):
+            v = getattr(request, name)
+            if v % prof.size_multiple:
+                raise ConfigError(f"{name} {v} is not a multiple of {prof.size_multiple}, which {prof.name} needs")
+            if not prof.min_size <= v <= prof.max_size:
+                raise ConfigError(f"{name} {v} is outside {prof.min_size}..{prof.max_size} for {prof.name}")
+
+    def base_entry(self, request: GenerationRequest, model: str | None = None, dtype: str = "") -> BaseEntry | None:
+        dtype = dtype or self.manager.resolve_dtype(self.presets.get(BASE).dtype).name
+        return self.bases.get(request.key(resolve_model(model or self.model), dtype))
+
+    # runs ------------------------------------------------------------------------------------------------
+    def measure(self, request: GenerationRequest, preset: Preset, model: str, progress=None, on_status=None):
+        """Warm the stack up for this shape if it is its first run in this process, then one timed run."""
+        pipe, stack, reloaded = self.manager.pipeline(model, preset, steps=request.steps, on_status=on_status)
+        state = stack_state(pipe.transformer)
+        quantized = state.quant != "none"
+        warm_key = (stack.signature, request.shape)
+        warmup_s = None
+        if warm_key not in state.warm:
+            if on_status:
+                on_status("compiling (warm-up run)" if state.compiled else "warm-up run (not timed)")
+            prepare_run(pipe, preset.cache_config, quantized=quantized, steps=request.steps)
+            t0 = time.perf_counter()
+            call_pipe(pipe, request)
+            warmup_s = time.perf_counter() - t0
+            state.warm.add(warm_key)
+        prepare_run(pipe, preset.cache_config, quantized=quantized, steps=request.steps)
+        probe = StepProbe(
+            state.counter,
+            self.manager.device,
+            on_step=progress,
+            total_steps=request.steps,
+            starts_at_call=bool(state.compiled and state.compiled.whole_model),
+        )
+        with probe:
+            image = call_pipe(pipe, request, probe)
+        denoise = probe.denoise_seconds()
+        ended = time.monotonic()
+        report = read_report(pipe, preset.cache_config, quantized)
+        counts = count_steps(
+            probe.steps, report.backend, report.cached_steps if report.backend == "cache-dit" else None
+        )
+        step_ms = [s * 1e3 for s in probe.step_seconds()]
+        compiled = state.compiled is not None
+        return Measured(image, denoise, step_ms, counts, report, stack, reloaded, warmup_s, compiled, ended)
+
+    def _base(self, request, base_p, model, key, on_status, refresh: bool) -> BaseEntry:
+        """The base entry of this request; timed again (warm) when missing or older than base_max_age_s."""
+        entry = self.bases.get(key)
+        if entry is not None and (not refresh or entry.age() <= self.base_max_age_s):
+            return entry
+        if on_status:
+            on_status("timing the base image for comparison" if entry else "computing the base image for comparison")
+        m = self.measure(request, base_p, model, on_status=on_status)
+        return self.bases.put(key, BaseEntry(m.image, m.denoise_s, m.step_ms, m.ended))
+
+    def generate(
+        self,
+        request: GenerationRequest,
+        preset: str | Preset = BASE,
+        *,
+        model: str | None = None,
+        cache_enabled: bool | None = None,
+        cache_threshold: float | None = None,
+        compile_enabled: bool | None = None,
+        progress=None,
+        on_status=None,
+        compare: bool = True,
+        refresh_base: bool = True,
+        presets: PresetLibrary | None = None,
+    ) -> RunResult:
+        """One generation with `preset`, measured, and compared with the base image of the same request.
+
+        Args:
+            cache_enabled, cache_threshold, compile_enabled: the per-request switches (None follows the preset).
+            progress: callable(step_index, total_steps, StepRecord) after each denoising step.
+            on_status: callable(str) for slow phases (loading, warm-up, compiling, the base run).
+            compare: compute (or reuse) the base image for PSNR/SSIM and speed-up.
+            refresh_base: re-time a base older than base_max_age_s (a bench that times base itself turns it off).
+            presets: the library to resolve preset names in (a visitor's own presets); the runner's by default.
+        """
+        t0 = time.perf_counter()
+        model = model or self.model
+        p = self.resolve_preset(preset, presets).with_overrides(cache_enabled, cache_threshold, compile_enabled)
+        dtype = self.manager.resolve_dtype(p.dtype)
+        base_p = replace(self.presets.get(BASE), dtype=dtype.name)
+        is_base = replace(p, dtype=dtype.name).stack == base_p.stack
+        with self.manager.lock:
+            self.manager.ensure(model, dtype, on_status)  # a model that cannot load says so before anything else
+            self.check_request(request, model)
+            key = request.key(resolve_model(model), dtype.name)
+            base = None
+            if compare and not is_base:
+                base = self._base(request, base_p, model, key, on_status, refresh_base)
+            run = self.measure(request, p, model, progress, on_status)
+            if is_base:
+                base = self.bases.get(key)
+                # A base run is compared with the kept base image too: it must be bitwise equal (inf dB). Only then
+                # does it refresh the kept timing; one that differs is news, shown against the kept picture.
+                if base is None or np.array_equal(base.image, run.image):
+                    base = self.bases.put(key, BaseEntry(run.image, run.denoise_s, run.step_ms, run.ended))
+        metrics = self._metrics(model, p, request, dtype, run, base, time.perf_counter() - t0)
+        return RunResult(run.image, base.image if base else None, metrics)
+
+    def _metrics(self, model, p: Preset, request, dtype, run: Measured, base: BaseEntry | None, total_s) -> RunMetrics:
+        q = judge(run.image, base.image) if base is not None else None
+        age = (run.ended - base.timed_at) if base is not None else None
+        timing = "warm-up run done" + (" in this call" if run.warmup_s is not None else " earlier") + ", 1 timed run"
+        if base is not None and age is not None:
+            timing += "; base: this run" if age <= 0 else f"; base timed warm {age:.1f} s before"
+        lines = run.stack.lines() + ([f"dtype: {dtype.note}"] if dtype.note else [])
+        counts = run.counts
+        if counts.disagree:
+            lines.append(f"step counts: {counts.check}")
+        return RunMetrics(
+            model=model,
+            preset=p.name,
+            tag=p.tag(dtype.name),
+            device=str(self.manager.device),
+            dtype=dtype.name,
+            request=request.as_dict(),
+            denoise_s=run.denoise_s,
+            step_ms=run.step_ms,
+            mean_step_ms=(run.denoise_s / max(1, len(run.step_ms))) * 1e3,
+            full_steps=counts.full,
+            cached_steps=counts.cached,
+            cached_step_indices=counts.cached_indices,
+            count_source=counts.source,
+            count_check=counts.check,
+            residual_diffs=run.report.residual_diffs,
+            cache_threshold=run.report.threshold if run.stack.is_engaged("cache") else None,
+            backend_cached_steps=run.report.cached_steps if run.report.backend == "cache-dit" else None,
+            speedup=(base.denoise_s / run.denoise_s) if base is not None and run.denoise_s > 0 else None,
+            base_denoise_s=base.denoise_s if base is not None else None,
+            base_age_s=age,
+            psnr_db=q.psnr_db if q else None,
+            ssim=q.ssim if q else None,
+            hf_ratio=q.hf_ratio if q else None,
+            quality=q.verdict if q else Verdict.NOT_COMPARED,
+            timing=timing,
+            compile_s=run.warmup_s if run.compiled else None,
+            warmup_s=run.warmup_s,
+            engaged=lines,
+            fallbacks=run.stack.fallbacks() + ([f"step counts: {counts.check}"] if counts.disagree else []),
+            reloaded=run.reloaded,
+            total_s=total_s,
+            versions=library_versions(),
+        )

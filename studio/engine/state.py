@@ -1,0 +1,71 @@
+"""One typed record of what the studio has applied to a transformer, kept as ONE attribute on it.
+
+Like diffusers keeps one hook registry per module: quantization, the engaged step cache, compiled variants, the
+step counter and the shapes already warmed up all live in `StackState`; every part of the engine reads fields of
+it, never text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from studio.measure.timing import StepCounter
+
+STATE_ATTR = "_studio_state"  # the only attribute of ours on a library object
+
+
+@dataclass(frozen=True)
+class Engaged:
+    """What one optimization step did: engaged as asked, or fell back, with the reason in words."""
+
+    feature: str  # quantize | cache | attention | compile
+    requested: str  # what the preset asked for, e.g. "sage"
+    engaged: bool  # True when what was asked is what runs
+    detail: str  # what runs, or why it fell back ("sage: unavailable on cpu, using sdpa")
+
+    @property
+    def fell_back(self) -> bool:
+        return self.requested not in ("none", "off") and not self.engaged
+
+    def __str__(self) -> str:
+        return self.detail
+
+
+@dataclass
+class CompiledVariant:
+    """One torch.compile of the transformer (regional or whole), kept so it can be switched off and on again
+    without recompiling: the compiled callables are saved per module and restored in place."""
+
+    key: tuple  # (mode, fullgraph, dynamic, regional)
+    fullgraph: bool
+    whole_model: bool
+    how: str  # "regional (FluxTransformerBlock, ...)" or "whole transformer"
+    impls: list = field(default_factory=list)  # [(module, attribute, compiled value, eager value)]
+    compile_s: float | None = None  # the warm-up run that compiled it, once measured
+
+
+@dataclass
+class StackState:
+    quant: str = "none"  # torchao mode applied to the weights
+    cache: str = "none"  # engaged step cache: none | cache-dit | fbcache
+    compiled: CompiledVariant | None = None  # the variant that runs now, None when eager
+    variants: dict = field(default_factory=dict)  # key -> CompiledVariant, every variant compiled so far
+    counter: StepCounter = field(default_factory=StepCounter)
+    warm: set = field(default_factory=set)  # (stack signature, width, height) already run once in this process
+
+    @property
+    def blocks_compiled(self) -> bool:
+        return self.compiled is not None
+
+
+def stack_state(transformer) -> StackState:
+    """The transformer's StackState, created (with its step counter hooks installed) on first use.
+
+    The counter's hooks go on before anything is compiled, so they are part of the module when compile traces it.
+    """
+    state = getattr(transformer, STATE_ATTR, None)
+    if state is None:
+        state = StackState()
+        state.counter.install(transformer)
+        setattr(transformer, STATE_ATTR, state)
+    return state

@@ -1,0 +1,53 @@
+"""RunMetrics: everything one run measured, as one record. Field names are the CLI's and the API's JSON keys."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from studio.measure.quality import Verdict
+
+
+@dataclass
+class RunMetrics:
+    model: str
+    preset: str
+    tag: str
+    device: str
+    dtype: str  # the dtype that ran (a preset's `auto` resolved)
+    request: dict
+    denoise_s: float
+    step_ms: list[float]
+    mean_step_ms: float
+    full_steps: int
+    cached_steps: int
+    cached_step_indices: list[int]
+    count_source: str  # where the cached/full counts came from
+    count_check: str | None  # agreement of a second source, or a disagreement
+    residual_diffs: dict[int, float]
+    cache_threshold: float | None
+    backend_cached_steps: list[int] | None  # the cache backend's own list, where it keeps one
+    speedup: float | None
+    base_denoise_s: float | None
+    base_age_s: float | None  # how long before this run the base timing was taken
+    psnr_db: float | None
+    ssim: float | None
+    hf_ratio: float | None
+    quality: Verdict
+    timing: str  # how the timing was taken (warm-up, repeats, base freshness)
+    compile_s: float | None  # warm-up run that compiled, kept out of denoise time
+    warmup_s: float | None  # untimed warm-up run of this stack and shape, when one ran
+    engaged: list[str]
+    fallbacks: list[str]
+    reloaded: bool
+    total_s: float
+    versions: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["residual_diffs"] = {str(k): v for k, v in self.residual_diffs.items()}
+        d["quality"] = str(self.quality)
+        return d
+
+    @property
+    def broken(self) -> bool:
+        return self.quality is Verdict.BROKEN

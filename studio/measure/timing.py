@@ -1,0 +1,237 @@
+"""Denoise timing and step accounting, measured from the pipeline itself.
+
+The denoise time runs from the first transformer call to the end of the last scheduler step (the pipeline's
+`callback_on_step_end`), so text encoding and VAE decoding are outside it. On CUDA, events are recorded on
+the stream and read after one synchronize at the end; elsewhere `perf_counter` is read directly.
+
+Which steps were really computed is counted independently of any cache backend where it can be (a forward hook on
+the last Linear of the transformer's last block fires only when that block actually runs), and from the backend's
+own record where a compiled block hides the hook; `count_steps` cross-checks the sources it has.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def last_block_probe_target(transformer) -> torch.nn.Module | None:
+    """The last Linear inside the transformer's last block: it runs only when the full stack runs."""
+    lists = [m for _, m in transformer.named_children() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
+    if not lists:
+        return None
+    last_block = lists[-1][-1]
+    linears = [m for m in last_block.modules() if isinstance(m, torch.nn.Linear)]
+    return linears[-1] if linears else last_block
+
+
+class _Clock:
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.marks: list = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.marks.append(ev)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def seconds(self) -> list[float]:
+        """Seconds of each mark after the first, relative to the first."""
+        if len(self.marks) < 2:
+            return []
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            return [self.marks[0].elapsed_time(m) / 1000.0 for m in self.marks[1:]]
+        return [m - self.marks[0] for m in self.marks[1:]]
+
+
+class StepCounter:
+    """Persistent hooks on a transformer, installed once, before any torch.compile.
+
+    - a pre-hook on the transformer counts its calls and marks the start of the denoising loop;
+    - a forward hook on the last Linear of the last block counts the calls that really ran the whole stack. A hook
+      inside a compiled block does not fire (measured: 0 runs under regional compile), so these counts are trusted
+      only while the blocks run eagerly (`hooks_see_blocks`, set by the engine);
+    - `state_reader`, when the engine sets one, is asked after each transformer call whether that call ran the full
+      stack, from the cache backend's own per-call state (First-Block-Cache keeps one; it is written outside the
+      compiled graph, so it is right under compile too).
+    """
+
+    def __init__(self):
+        self.calls = 0
+        self.runs = 0
+        self.state_runs = 0
+        self.on_first_call = None  # set by a probe to mark the start of the denoising loop
+        self.state_reader = None  # callable() -> bool, or None
+        self.hooks_see_blocks = True
+
+    def _on_call(self, module, args):
+        self.calls += 1
+        if self.on_first_call is not None:
+            fn, self.on_first_call = self.on_first_call, None
+            fn()
+
+    def _on_run(self, module, args, output):
+        self.runs += 1
+
+    def _after_call(self, module, args, output):
+        if self.state_reader is not None and self.state_reader():
+            self.state_runs += 1
+
+    def install(self, transformer) -> "StepCounter":
+        transformer.register_forward_pre_hook(self._on_call)
+        transformer.register_forward_hook(self._after_call)
+        target = last_block_probe_target(transformer)
+        if target is not None:
+            target.register_forward_hook(self._on_run)
+        else:
+            self.hooks_see_blocks = False
+        return self
+
+    def snapshot(self) -> tuple[int, int, int]:
+        return (self.calls, self.runs, self.state_runs)
+
+
+@dataclass
+class StepRecord:
+    """One denoising step: transformer calls, and how many of them ran the full stack by each source."""
+
+    transformer_calls: int
+    hook_runs: int | None  # None: the block hooks cannot see this step (compiled blocks)
+    state_runs: int | None  # None: no backend state to read
+
+    @property
+    def cached(self) -> bool | None:
+        runs = self.hook_runs if self.hook_runs is not None else self.state_runs
+        return None if runs is None else runs < self.transformer_calls
+
+
+@dataclass
+class StepProbe:
+    """Measures one run; pass it as callback_on_step_end (it chains `on_step` for progress reporting).
+
+    Args:
+        counter: the transformer's StepCounter (installed by the engine before compile).
+        starts_at_call: start the clock when the probe is entered rather than at the first transformer call (when
+            the transformer's own pre-hook is compiled away, i.e. whole-model compile).
+    """
+
+    counter: StepCounter
+    device: torch.device
+    on_step: object | None = None  # callable(step_index, total, record)
+    total_steps: int = 0
+    starts_at_call: bool = False
+    clock: object | None = None  # injectable for tests: an object with mark() and seconds()
+    steps: list[StepRecord] = field(default_factory=list)
+
+    def __post_init__(self):
+        self._clock = self.clock or _Clock(self.device)
+        self._last = (0, 0, 0)
+
+    def __enter__(self) -> "StepProbe":
+        self._last = self.counter.snapshot()
+        if self.starts_at_call:
+            self._start()
+        else:
+            self.counter.on_first_call = self._start
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.counter.on_first_call = None
+
+    def _start(self):
+        _sync(self.device)
+        self._clock.mark()
+
+    def __call__(self, pipe, step_index, timestep, callback_kwargs):
+        self._clock.mark()
+        now = self.counter.snapshot()
+        calls, runs, state = (b - a for a, b in zip(self._last, now))
+        self._last = now
+        rec = StepRecord(
+            calls,
+            runs if self.counter.hooks_see_blocks else None,
+            state if self.counter.state_reader is not None else None,
+        )
+        self.steps.append(rec)
+        if self.on_step is not None:
+            self.on_step(step_index, self.total_steps, rec)
+        return callback_kwargs
+
+    # results -----------------------------------------------------------------------------------------------
+    def step_seconds(self) -> list[float]:
+        ends = self._clock.seconds()
+        return [b - a for a, b in zip([0.0] + ends[:-1], ends)]
+
+    def denoise_seconds(self) -> float:
+        _sync(self.device)
+        ends = self._clock.seconds()
+        return ends[-1] if ends else 0.0
+
+
+@dataclass(frozen=True)
+class StepCounts:
+    """Which steps were served from the cache, where that count came from, and whether two sources agree."""
+
+    total: int
+    cached_indices: list[int]
+    source: str
+    check: str | None = None  # "agrees with ..." or "DISAGREES: ..."; None when only one source exists
+
+    @property
+    def cached(self) -> int:
+        return len(self.cached_indices)
+
+    @property
+    def full(self) -> int:
+        return self.total - len(self.cached_indices)
+
+    @property
+    def disagree(self) -> bool:
+        return bool(self.check) and self.check.startswith("DISAGREES")
+
+
+def count_steps(steps: list[StepRecord], backend: str, backend_cached: list[int] | None) -> StepCounts:
+    """Cached/full counts from the best source this run has, cross-checked with the other where both exist.
+
+    Args:
+        steps: the probe's per-step records.
+        backend: the engaged step cache ("none", "cache-dit", "fbcache").
+        backend_cached: the cache backend's own list of cached step indices (cache-dit keeps one), else None.
+    """
+    n = len(steps)
+    by_hooks = [i for i, s in enumerate(steps) if s.hook_runs is not None and s.hook_runs < s.transformer_calls]
+    hooks_ok = all(s.hook_runs is not None for s in steps)
+    by_state = [i for i, s in enumerate(steps) if s.state_runs is not None and s.state_runs < s.transformer_calls]
+    state_ok = n > 0 and all(s.state_runs is not None for s in steps)
+    candidates = []  # (name, indices), most direct first
+    if hooks_ok:
+        candidates.append(("block hooks", by_hooks))
+    if backend_cached is not None:
+        candidates.append((backend, sorted(backend_cached)))
+    if state_ok:
+        candidates.append((f"{backend} state", by_state))
+    if not candidates:
+        if backend != "none":
+            return StepCounts(n, [], "unknown", f"DISAGREES: no source can see cached steps of {backend} here")
+        return StepCounts(n, [], "no step cache engaged: every step computed")
+    (name, idx), others = candidates[0], candidates[1:]
+    check = None
+    if others:
+        bad = [(o, i) for o, i in others if i != idx]
+        if bad:
+            check = "DISAGREES: " + "; ".join(f"{o} says {i}" for o, i in bad) + f"; {name} say {idx}"
+        else:
+            check = "agrees with " + ", ".join(o for o, _ in others)
+    return StepCounts(n, idx, name, check)

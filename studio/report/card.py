@@ -1,0 +1,61 @@
+"""The compact HTML card under an image: what the preset bought and what it cost."""
+
+from __future__ import annotations
+
+import html
+
+from studio.report import fmt
+
+CSS = """
+.metrics-card table {border-collapse: collapse; width: 100%; font-size: 0.92em}
+.metrics-card td {padding: 3px 8px; border-bottom: 1px solid var(--border-color-primary)}
+.metrics-card td:first-child {color: var(--body-text-color-subdued); white-space: nowrap}
+.flag-broken {color: #fff; background: #c62828; padding: 2px 8px; border-radius: 4px; font-weight: 600}
+.flag-ok {color: #1b5e20; font-weight: 600}
+.flag-warn {color: #a15c00}
+.stack-lines {font-family: var(--font-mono); font-size: 0.85em; margin: 4px 0 0 0}
+.fallback {color: #a15c00}
+"""
+
+
+def verdict_flag(quality) -> str:
+    level = fmt.verdict_level(quality)
+    text = html.escape(str(quality))
+    return f'<span class="flag-{level}">{"⚠ " if level == "broken" else ""}{text}</span>'
+
+
+def _lines(lines: list[str], css: str = "") -> str:
+    body = "".join(f'<div class="{css}">{html.escape(line)}</div>' for line in lines)
+    return f'<div class="stack-lines">{body}</div>'
+
+
+def metrics_card(m) -> str:
+    """`m` is a RunMetrics."""
+    esc = html.escape
+    steps = fmt.steps(m.cached_steps, m.full_steps)
+    if m.cached_step_indices:
+        steps += f" &nbsp; cached: {m.cached_step_indices}"
+    steps += f"<br><small>counted by {esc(m.count_source)}" + (f"; {esc(m.count_check)}" if m.count_check else "")
+    steps += "</small>"
+    vs = fmt.speedup(m.speedup)
+    if m.base_denoise_s is not None:
+        vs += f" (base {fmt.seconds(m.base_denoise_s)})"
+    rows = [
+        ("stack", f"<code>{esc(m.tag)}</code> ({esc(m.preset)})"),
+        ("denoise", f"{fmt.seconds(m.denoise_s)} &nbsp; ({m.mean_step_ms:.1f} ms/step)"),
+        ("steps", steps),
+        ("vs base", vs),
+        ("PSNR / SSIM", f"{fmt.psnr(m.psnr_db)} / {fmt.ssim(m.ssim)}"),
+        ("quality", verdict_flag(m.quality)),
+        ("timing", esc(m.timing)),
+    ]
+    if m.compile_s is not None:
+        rows.append(("compile warm-up", f"{fmt.seconds(m.compile_s, 1)} (not in denoise time)"))
+    elif m.warmup_s is not None:
+        rows.append(("warm-up run", f"{fmt.seconds(m.warmup_s, 2)} (not in denoise time)"))
+    rows.append(("engaged", _lines(m.engaged)))
+    if m.fallbacks:
+        rows.append(("fell back", _lines(m.fallbacks, "fallback")))
+    rows.append(("device", f"{esc(m.device)}, {esc(m.dtype)}"))
+    body = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows)
+    return f'<div class="metrics-card"><table>{body}</table></div>'

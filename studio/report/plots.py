@@ -1,0 +1,78 @@
+"""Plots: speed-up vs PSNR for a set of runs, and per-step time with the residual diff against the threshold."""
+
+from __future__ import annotations
+
+import math
+
+from studio.measure.quality import Verdict
+from studio.report.table import MatrixRow
+
+
+def plot_tradeoff(rows: list[MatrixRow], path_or_buf, title: str = "speed-up vs PSNR against base"):
+    """One labelled point per preset: speed-up (x) against PSNR (y); broken stacks in red."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    finite = [r.psnr_db for r in rows if r.psnr_db is not None and math.isfinite(r.psnr_db)]
+    top = (max(finite) if finite else 40.0) + 6
+    placed: list[tuple[float, float]] = []
+    xspan = max((r.speedup or 0) for r in rows) - min((r.speedup or 0) for r in rows) or 1.0
+    for r in rows:
+        x = r.speedup or 0
+        y = top if r.psnr_db is None or math.isinf(r.psnr_db) else r.psnr_db
+        colour = "#d62728" if r.quality == Verdict.BROKEN.value else "#1f77b4"
+        ax.scatter([x], [y], s=60, color=colour, zorder=3)
+        # Points that (nearly) coincide get their labels stacked instead of printed over each other.
+        near = sum(abs(x - px) < 0.04 * xspan and abs(y - py) < 1.5 for px, py in placed)
+        placed.append((x, y))
+        ax.annotate(r.preset, (x, y), textcoords="offset points", xytext=(6, 4 - 11 * near), fontsize=8)
+    ax.axhline(30, color="#2ca02c", lw=0.8, ls="--", label="30 dB (good)")
+    ax.axhline(20, color="#ff7f0e", lw=0.8, ls="--", label="20 dB (lossy)")
+    ax.axvline(1.0, color="#888", lw=0.8)
+    ax.set_xlabel("speed-up vs base (denoise time)")
+    ax.set_ylabel(f"PSNR vs base, dB (identical plotted at {top:.0f})")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path_or_buf, format="png")
+    plt.close(fig)
+
+
+def plot_steps(metrics, path_or_buf):
+    """Per-step time and the residual diff against the threshold, cached steps marked.
+
+    `metrics` is a RunMetrics or its as_dict() (the UI keeps the dict)."""
+    if isinstance(metrics, dict):
+        from types import SimpleNamespace
+
+        d = dict(metrics)
+        d["residual_diffs"] = {int(k): v for k, v in (d.get("residual_diffs") or {}).items()}
+        metrics = SimpleNamespace(**d)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=110)
+    steps = list(range(len(metrics.step_ms)))
+    cached = set(metrics.cached_step_indices)
+    colours = ["#ff7f0e" if i in cached else "#1f77b4" for i in steps]
+    ax.bar(steps, metrics.step_ms, color=colours)
+    ax.set_xlabel("step (orange: served from cache)")
+    ax.set_ylabel("step time, ms")
+    if metrics.residual_diffs:
+        ax2 = ax.twinx()
+        xs = sorted(metrics.residual_diffs)
+        ax2.plot(xs, [metrics.residual_diffs[i] for i in xs], "k.-", lw=1, label="residual diff")
+        if metrics.cache_threshold is not None:
+            ax2.axhline(metrics.cache_threshold, color="#d62728", ls="--", lw=1, label="threshold")
+        ax2.set_ylabel("residual diff")
+        ax2.legend(fontsize=7, loc="upper right")
+    ax.set_title(f"{metrics.preset}: {metrics.cached_steps} cached / {metrics.full_steps} full", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path_or_buf, format="png")
+    plt.close(fig)

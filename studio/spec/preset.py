@@ -1,0 +1,254 @@
+"""A preset: the speed stack as validated records whose field names are the YAML keys (cache-dit's own names).
+
+    dtype, quantize_config (QuantSpec), cache_config (CacheSpec), attention_backend, compile (CompileSpec)
+
+A preset file's `cache_config` section is exactly what cache-dit reads (plus the studio's `backend` key, which
+picks cache-dit DBCache or diffusers First-Block-Cache).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from studio.spec.checks import Record, check_bool, check_choice, check_float, check_int, fail
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "auto": "auto"}
+QUANT_TYPES = ("none", "int8_weight_only", "int8_dynamic")
+CACHE_BACKENDS = ("none", "cache-dit", "fbcache")
+MASK_POLICIES = ("none", "slow", "medium", "fast", "ultra")
+MASK_TYPES = ("static", "dynamic")
+# Names as the studio speaks them -> diffusers attention backend names.
+ATTENTION_BACKENDS = {
+    "sdpa": "native",
+    "native": "native",
+    "sage": "sage",
+    "flash": "flash",
+    "flash3": "_flash_3",
+    "xformers": "xformers",
+    "flex": "flex",
+    "math": "_native_math",
+}
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# Residual-diff thresholds when a preset leaves it unset: quantized transformers drift more per step.
+DEFAULT_THRESHOLD = {"dense": 0.08, "quantized": 0.12}
+MIN_CACHE_STEPS = 8  # below this a step cache has no room to gain: warm-up alone eats the run
+
+
+@dataclass(frozen=True)
+class QuantSpec(Record):
+    """torchao INT8 on the transformer; `exclude_layers` lists name fragments of Linear layers kept unquantized."""
+
+    quant_type: str = "none"
+    exclude_layers: tuple[str, ...] = ("embedder", "embed", "norm_out", "proj_out")
+
+    def __post_init__(self):
+        check_choice("quantize_config", "quant_type", self.quant_type, QUANT_TYPES)
+        ex = self.exclude_layers
+        if isinstance(ex, str) or not isinstance(ex, (list, tuple)) or not all(isinstance(x, str) for x in ex):
+            fail("quantize_config", "exclude_layers", ex, "must be a list of strings")
+        object.__setattr__(self, "exclude_layers", tuple(ex))
+
+    @property
+    def enabled(self) -> bool:
+        return self.quant_type != "none"
+
+
+@dataclass(frozen=True)
+class CacheSpec(Record):
+    """A step cache: cache-dit DBCache (with an optional calibrator and step mask) or diffusers First-Block-Cache."""
+
+    backend: str = "none"
+    Fn_compute_blocks: int = 1
+    Bn_compute_blocks: int = 0
+    max_warmup_steps: int = 4
+    residual_diff_threshold: float | None = None  # None: the default (raised for a quantized transformer)
+    max_continuous_cached_steps: int = 3
+    max_cached_steps: int = -1
+    enable_taylorseer: bool = False
+    taylorseer_order: int = 1
+    enable_dmd: bool = False
+    dmd_history: int = 6
+    dmd_rank: int = 0
+    steps_computation_mask: str = "none"  # a policy name of cache_dit.steps_mask
+    steps_computation_policy: str = "static"
+    compute_bins: tuple[int, ...] | None = None
+    cache_bins: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        o = "cache_config"
+        check_choice(o, "backend", self.backend, CACHE_BACKENDS)
+        check_int(o, "Fn_compute_blocks", self.Fn_compute_blocks, 1, 64)
+        check_int(o, "Bn_compute_blocks", self.Bn_compute_blocks, 0, 64)
+        check_int(o, "max_warmup_steps", self.max_warmup_steps, 0, 1000)
+        check_float(o, "residual_diff_threshold", self.residual_diff_threshold, 0.0, 10.0, allow_none=True)
+        if self.residual_diff_threshold is not None and self.residual_diff_threshold <= 0:
+            fail(o, "residual_diff_threshold", self.residual_diff_threshold, "must be > 0 (set backend: none instead)")
+        check_int(o, "max_continuous_cached_steps", self.max_continuous_cached_steps, -1, 1000)
+        if self.max_continuous_cached_steps == 0:
+            fail(o, "max_continuous_cached_steps", 0, "must be >= 1, or -1 for no limit")
+        check_int(o, "max_cached_steps", self.max_cached_steps, -1, 1000)
+        check_bool(o, "enable_taylorseer", self.enable_taylorseer)
+        check_bool(o, "enable_dmd", self.enable_dmd)
+        if self.enable_taylorseer and self.enable_dmd:
+            fail(o, "enable_dmd", True, "TaylorSeer and DMD are alternative calibrators, enable at most one")
+        check_int(o, "taylorseer_order", self.taylorseer_order, 1, 4)
+        check_int(o, "dmd_history", self.dmd_history, 2, 64)
+        check_int(o, "dmd_rank", self.dmd_rank, 0, 64)
+        if self.steps_computation_mask is None:
+            object.__setattr__(self, "steps_computation_mask", "none")
+        check_choice(o, "steps_computation_mask", self.steps_computation_mask, MASK_POLICIES)
+        check_choice(o, "steps_computation_policy", self.steps_computation_policy, MASK_TYPES)
+        self._check_bins(o)
+        if self.backend == "fbcache" and (self.calibrator != "none" or self.has_mask):
+            fail(o, "backend", self.backend, "calibrators and step masks need backend: cache-dit")
+
+    def _check_bins(self, o: str) -> None:
+        if (self.compute_bins is None) != (self.cache_bins is None):
+            fail(o, "compute_bins/cache_bins", (self.compute_bins, self.cache_bins), "give both or neither")
+        for name in ("compute_bins", "cache_bins"):
+            bins = getattr(self, name)
+            if bins is None:
+                continue
+            ok = (
+                isinstance(bins, (list, tuple))
+                and bins
+                and all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in bins)
+            )
+            if not ok:
+                fail(
+                    o,
+                    name,
+                    tuple(bins) if isinstance(bins, list) else bins,
+                    "must be a non-empty list of integers >= 1",
+                )
+            object.__setattr__(self, name, tuple(bins))
+        if self.compute_bins is not None and self.steps_computation_mask != "none":
+            fail(
+                o,
+                "steps_computation_mask",
+                self.steps_computation_mask,
+                "set a mask policy or explicit bins, not both",
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self.backend != "none"
+
+    @property
+    def has_mask(self) -> bool:
+        return self.steps_computation_mask != "none" or self.compute_bins is not None
+
+    @property
+    def calibrator(self) -> str:
+        return "taylorseer" if self.enable_taylorseer else "dmd" if self.enable_dmd else "none"
+
+    def effective_threshold(self, quantized: bool) -> float:
+        if self.residual_diff_threshold is not None:
+            return float(self.residual_diff_threshold)
+        return DEFAULT_THRESHOLD["quantized" if quantized else "dense"]
+
+    def label(self) -> str:
+        """A short tag in cache-dit's style, e.g. DBCache_F1B0W4R0.24MC3_TS1."""
+        r = "auto" if self.residual_diff_threshold is None else f"{self.residual_diff_threshold:g}"
+        if self.backend == "fbcache":
+            return f"FBCache_R{r}"
+        t = f"DBCache_F{self.Fn_compute_blocks}B{self.Bn_compute_blocks}W{self.max_warmup_steps}R{r}"
+        t += f"MC{self.max_continuous_cached_steps}"
+        if self.enable_taylorseer:
+            t += f"_TS{self.taylorseer_order}"
+        elif self.enable_dmd:
+            t += f"_DMD{self.dmd_history}"
+        if self.has_mask:
+            t += f"_mask-{self.steps_computation_mask if self.steps_computation_mask != 'none' else 'bins'}"
+        return t
+
+
+@dataclass(frozen=True)
+class CompileSpec(Record):
+    enabled: bool = False
+    mode: str = "default"
+    fullgraph: bool | None = None  # None: True when nothing is cached, False when a step cache is engaged
+    regional: bool = True  # compile_repeated_blocks where the model has it
+    dynamic: bool | None = None
+
+    def __post_init__(self):
+        check_bool("compile", "enabled", self.enabled)
+        check_choice("compile", "mode", self.mode, COMPILE_MODES)
+        check_bool("compile", "fullgraph", self.fullgraph, allow_none=True)
+        check_bool("compile", "regional", self.regional)
+        check_bool("compile", "dynamic", self.dynamic, allow_none=True)
+
+    def effective_fullgraph(self, cache_engaged: bool) -> bool:
+        """fullgraph is off whenever a step cache is engaged: caches branch on runtime values."""
+        if cache_engaged:
+            return False
+        return True if self.fullgraph is None else self.fullgraph
+
+
+@dataclass(frozen=True)
+class Preset(Record):
+    name: str
+    description: str = ""
+    dtype: str = "auto"  # auto: the device's best exact dtype (see engine.device.resolve_dtype)
+    quantize_config: QuantSpec = field(default_factory=QuantSpec)
+    cache_config: CacheSpec = field(default_factory=CacheSpec)
+    attention_backend: str = "sdpa"
+    compile: CompileSpec = field(default_factory=CompileSpec)
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name.strip():
+            fail("preset", "name", self.name, "must be a non-empty string")
+        if not all(c.isalnum() or c in "-_." for c in self.name):
+            fail("preset", "name", self.name, "use letters, digits, '-', '_' and '.' only")
+        check_choice("preset", "dtype", self.dtype, DTYPES)
+        check_choice("preset", "attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        for name, cls in (("quantize_config", QuantSpec), ("cache_config", CacheSpec), ("compile", CompileSpec)):
+            if not isinstance(getattr(self, name), cls):
+                fail("preset", name, getattr(self, name), f"must be a {cls.__name__}")
+
+    # short names the engine reads
+    @property
+    def quant(self) -> QuantSpec:
+        return self.quantize_config
+
+    @property
+    def cache(self) -> CacheSpec:
+        return self.cache_config
+
+    @property
+    def stack(self) -> tuple:
+        """Everything that decides what runs (not the name or description)."""
+        return (self.dtype, self.quantize_config, self.cache_config, self.attention_backend, self.compile)
+
+    def tag(self, dtype: str | None = None) -> str:
+        """A label derived from the stack, e.g. `bf16+int8wo+DBCache_F1B0W4R0.24MC3+sage+compile`.
+
+        Args:
+            dtype: the dtype that ran (resolves `auto`); the preset's own when not given.
+        """
+        parts = [DTYPE_SHORT[dtype or self.dtype]]
+        if self.quant.enabled:
+            parts.append({"int8_weight_only": "int8wo", "int8_dynamic": "int8dq"}[self.quant.quant_type])
+        if self.cache.enabled:
+            parts.append(self.cache.label())
+        parts.append(self.attention_backend)
+        if self.compile.enabled:
+            parts.append("compile")
+        return "+".join(parts)
+
+    def with_overrides(
+        self, cache: bool | None = None, threshold: float | None = None, compile: bool | None = None
+    ) -> "Preset":
+        """The per-request switches: True/False force the cache or compile on/off, None follows the preset."""
+        c = self.cache_config
+        if cache is False:
+            c = replace(c, backend="none")
+        elif cache is True and not c.enabled:
+            c = replace(c, backend="cache-dit")
+        if threshold is not None:
+            c = replace(c, residual_diff_threshold=threshold)
+        k = self.compile if compile is None else replace(self.compile, enabled=compile)
+        if (c, k) == (self.cache_config, self.compile):
+            return self
+        return replace(self, name=f"{self.name}.override", cache_config=c, compile=k)

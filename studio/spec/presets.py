@@ -1,0 +1,169 @@
+"""Preset files: YAML in cache-dit's own config format, loaded into validated `Preset` records.
+
+description: ...
+dtype: auto
+quantize_config: {quant_type: int8_weight_only, exclude_layers: [embedder, ...]}
+cache_config: {backend: cache-dit, Fn_compute_blocks: 1, Bn_compute_blocks: 0, max_warmup_steps: 4,
+               residual_diff_threshold: 0.24, max_continuous_cached_steps: 3, enable_taylorseer: false, ...}
+attention_backend: sdpa
+compile: {enabled: false, fullgraph: auto}
+
+Section keys are the dataclass field names (written once, in spec/preset.py); so are the error labels.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import fields
+from pathlib import Path
+
+import yaml
+
+from studio.spec.checks import ConfigError
+from studio.spec.preset import CacheSpec, CompileSpec, Preset, QuantSpec
+
+BUILTIN_DIR = Path(__file__).resolve().parent.parent.parent / "presets"
+USER_DIR_ENV = "STUDIO_PRESETS_DIR"
+BUILTIN_ORDER = (
+    "base",
+    "sage",
+    "int8",
+    "sage-int8",
+    "cache",
+    "cache-int8",
+    "cache-int8-sage",
+    "compile",
+    "cache-compile",
+    "cache-int8-sage-compile",
+)
+_SECTIONS = {"quantize_config": QuantSpec, "cache_config": CacheSpec, "compile": CompileSpec}
+_TOP_KEYS = tuple(f.name for f in fields(Preset))
+
+
+def _section(data: dict, key: str, cls) -> object:
+    sec = data.get(key) or {}
+    if not isinstance(sec, dict):
+        raise ConfigError(f"{key} must be a mapping, got {sec!r}")
+    allowed = cls.field_names()
+    unknown = sorted(set(sec) - set(allowed))
+    if unknown:
+        raise ConfigError(f"unknown key {key}.{unknown[0]}; allowed keys: {sorted(allowed)}")
+    sec = dict(sec)
+    if cls is CacheSpec and sec and "backend" not in sec:
+        sec["backend"] = "cache-dit"  # a cache_config section alone means cache-dit, as in cache-dit itself
+    if cls is CompileSpec and sec.get("fullgraph") == "auto":
+        sec["fullgraph"] = None
+    return cls(**sec)
+
+
+def preset_from_dict(data: dict, name: str | None = None, source: str = "<dict>") -> Preset:
+    """Build a Preset from a parsed YAML mapping; errors carry `source`, the key, the value and the fix."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a preset must be a YAML mapping, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(_TOP_KEYS))
+    if unknown:
+        raise ConfigError(f"{source}: unknown key {unknown[0]!r}; allowed keys: {list(_TOP_KEYS)}")
+    try:
+        sections = {key: _section(data, key, cls) for key, cls in _SECTIONS.items()}
+        return Preset(
+            name=str(name or data.get("name") or ""),
+            description=str(data.get("description") or ""),
+            dtype=data.get("dtype", "auto"),
+            attention_backend=data.get("attention_backend", "sdpa"),
+            **sections,
+        )
+    except (ConfigError, TypeError) as e:  # TypeError: a wrong type slipped past a check
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def preset_to_dict(p: Preset) -> dict:
+    """The YAML mapping for a preset (inverse of preset_from_dict): sections only where they are engaged."""
+
+    def plain(v):
+        return list(v) if isinstance(v, tuple) else v
+
+    out: dict = {"description": p.description, "dtype": p.dtype}
+    if p.quantize_config.enabled:
+        out["quantize_config"] = {k: plain(v) for k, v in p.quantize_config.as_dict().items()}
+    if p.cache_config.enabled:
+        out["cache_config"] = {k: plain(v) for k, v in p.cache_config.as_dict().items() if v is not None}
+    out["attention_backend"] = p.attention_backend
+    if p.compile.enabled:
+        d = p.compile.as_dict()
+        d["fullgraph"] = "auto" if d["fullgraph"] is None else d["fullgraph"]
+        out["compile"] = d
+    return out
+
+
+def preset_to_yaml(p: Preset) -> str:
+    return yaml.safe_dump(preset_to_dict(p), sort_keys=False)
+
+
+def preset_from_text(text: str, name: str, source: str | None = None) -> Preset:
+    source = source or f"preset {name!r}"
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{source}: not valid YAML ({e})") from None
+    return preset_from_dict(data if data is not None else {}, name=name, source=source)
+
+
+def load_preset(path_or_dict: str | os.PathLike | dict, name: str | None = None) -> Preset:
+    """Load a preset from a YAML file path or an already-parsed dict."""
+    if isinstance(path_or_dict, dict):
+        return preset_from_dict(path_or_dict, name=name, source=f"preset {name or path_or_dict.get('name', '')!r}")
+    path = Path(path_or_dict)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such preset file")
+    return preset_from_text(path.read_text(), name or path.stem, source=str(path))
+
+
+class PresetLibrary:
+    """The built-in presets plus a user folder (STUDIO_PRESETS_DIR); a user file shadows nothing built in."""
+
+    def __init__(self, builtin_dir: Path = BUILTIN_DIR, user_dir: Path | str | None = None):
+        self.builtin_dir = Path(builtin_dir)
+        env = os.environ.get(USER_DIR_ENV)
+        self.user_dir = Path(user_dir) if user_dir else Path(env) if env else None
+
+    def with_user_dir(self, user_dir: Path | str | None) -> "PresetLibrary":
+        """The same built-ins over another user folder (each visitor of a public app can have their own)."""
+        return PresetLibrary(self.builtin_dir, user_dir)
+
+    def _files(self) -> dict[str, Path]:
+        found: dict[str, Path] = {}
+        for d in (self.user_dir, self.builtin_dir):  # built-ins last so they win a name clash
+            if d is not None and d.is_dir():
+                for f in sorted(d.glob("*.yaml")) + sorted(d.glob("*.yml")):
+                    found[f.stem] = f
+        return found
+
+    def names(self) -> list[str]:
+        names = list(self._files())
+        return [n for n in BUILTIN_ORDER if n in names] + sorted(n for n in names if n not in BUILTIN_ORDER)
+
+    def _file(self, name: str) -> Path:
+        files = self._files()
+        if name not in files:
+            raise ConfigError(f"preset {name!r} not found; available: {self.names()}")
+        return files[name]
+
+    def get(self, name: str) -> Preset:
+        return load_preset(self._file(name))
+
+    def text(self, name: str) -> str:
+        return self._file(name).read_text()
+
+    def is_builtin(self, name: str) -> bool:
+        return (self.builtin_dir / f"{name}.yaml").is_file()
+
+    def add(self, name: str, text: str) -> Preset:
+        """Validate a user's preset text and save it under `name` in the user folder."""
+        if self.user_dir is None:
+            raise ConfigError(f"no user preset folder: set {USER_DIR_ENV}")
+        preset = preset_from_text(text, name)
+        if self.is_builtin(name):
+            raise ConfigError(f"preset name {name!r} is built in; choose another name")
+        self.user_dir.mkdir(parents=True, exist_ok=True)
+        (self.user_dir / f"{name}.yaml").write_text(text)
+        return preset

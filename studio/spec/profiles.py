@@ -1,0 +1,99 @@
+"""Model profiles: the defaults (size, steps, guidance, text length, example prompts) a model is good at.
+
+A local folder may carry its own profile as `studio_profile.json` (the embedded model does); Hub models
+get profiles from the table below, so a user who changes nothing gets sensible pictures. This module also
+names the embedded model's folder and resolves the model names a user may type.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+PROFILE_FILE = "studio_profile.json"
+# The embedded tiny FLUX-architecture model (weights only; the tools that build it live in studio.tiny).
+EMBEDDED_DIR = Path(__file__).resolve().parent.parent / "models" / "tiny" / "pipeline"
+EMBEDDED_ALIASES = ("tiny", "embedded", "tiny-flux")
+
+
+def resolve_model(model: str | None) -> str:
+    """'tiny' (or None) -> the embedded model's folder; anything else is a local folder or a Hub id."""
+    if model is None or model in EMBEDDED_ALIASES:
+        return str(EMBEDDED_DIR)
+    return model
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    name: str
+    width: int = 1024
+    height: int = 1024
+    steps: int = 28
+    guidance: float | None = 3.5  # None: the model takes no guidance input
+    true_cfg_scale: float | None = None  # true CFG (with a negative prompt), where the model wants it
+    max_sequence_length: int | None = None
+    size_multiple: int = 16  # width/height must be multiples of this
+    min_size: int = 256
+    max_size: int = 2048
+    example_prompts: tuple[str, ...] = ()
+    notes: str = ""  # shown under the model picker
+
+    def __post_init__(self):
+        for f in ("width", "height", "steps", "size_multiple", "min_size", "max_size"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v <= 0:
+                raise ValueError(f"ModelProfile.{f}={v!r}: must be a positive integer")
+        object.__setattr__(self, "example_prompts", tuple(self.example_prompts))
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelProfile":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"model profile: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
+        return cls(**d)
+
+
+_FLUX_PROMPTS = (
+    "a tiny astronaut hatching from an egg on the moon, cinematic light",
+    "a red fox in a snowy forest at dawn, photograph",
+    "a bowl of ramen on a wooden table, studio lighting",
+)
+HUB_PROFILES: dict[str, ModelProfile] = {
+    "black-forest-labs/FLUX.1-dev": ModelProfile(
+        "FLUX.1-dev", steps=28, guidance=3.5, max_sequence_length=512, example_prompts=_FLUX_PROMPTS
+    ),
+    "black-forest-labs/FLUX.1-schnell": ModelProfile(
+        "FLUX.1-schnell", steps=4, guidance=0.0, max_sequence_length=256, example_prompts=_FLUX_PROMPTS
+    ),
+    "Qwen/Qwen-Image": ModelProfile(
+        "Qwen-Image",
+        width=1328,
+        height=1328,
+        steps=50,
+        guidance=None,
+        true_cfg_scale=4.0,
+        example_prompts=('a coffee shop sign that reads "Speed Studio", warm evening light',) + _FLUX_PROMPTS[:2],
+    ),
+    "Tongyi-MAI/Z-Image-Turbo": ModelProfile("Z-Image-Turbo", steps=9, guidance=0.0, example_prompts=_FLUX_PROMPTS),
+    "stabilityai/stable-diffusion-3.5-large": ModelProfile(
+        "SD3.5-large", steps=28, guidance=3.5, size_multiple=16, example_prompts=_FLUX_PROMPTS
+    ),
+    "stabilityai/stable-diffusion-3.5-medium": ModelProfile(
+        "SD3.5-medium", steps=40, guidance=4.5, size_multiple=16, example_prompts=_FLUX_PROMPTS
+    ),
+}
+
+
+def profile_for(model: str) -> ModelProfile:
+    """The profile of a local folder (its studio_profile.json), a known Hub id, or generic defaults."""
+    path = Path(model)
+    if (path / PROFILE_FILE).is_file():
+        return ModelProfile.from_dict(json.loads((path / PROFILE_FILE).read_text()))
+    if model in HUB_PROFILES:
+        return HUB_PROFILES[model]
+    return ModelProfile(name=path.name or model)

@@ -1,0 +1,41 @@
+"""A generation request: what picture to make (prompt, seed, size, steps, guidance), validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from studio.spec.checks import Record, check_float, check_int, fail
+
+
+@dataclass(frozen=True)
+class GenerationRequest(Record):
+    prompt: str
+    seed: int = 0
+    steps: int = 28
+    width: int = 64
+    height: int = 64
+    guidance: float | None = None
+    true_cfg_scale: float | None = None
+    negative_prompt: str = ""
+    max_sequence_length: int | None = None
+
+    def __post_init__(self):
+        o = "request"
+        if not isinstance(self.prompt, str) or not self.prompt.strip():
+            fail(o, "prompt", self.prompt, "write a prompt (it is empty)")
+        check_int(o, "seed", self.seed, 0, 2**63 - 1)
+        check_int(o, "steps", self.steps, 1, 200)
+        check_int(o, "width", self.width, 16, 4096)
+        check_int(o, "height", self.height, 16, 4096)
+        check_float(o, "guidance", self.guidance, 0.0, 50.0, allow_none=True)
+        check_float(o, "true_cfg_scale", self.true_cfg_scale, 1.0, 50.0, allow_none=True)
+        if self.max_sequence_length is not None:
+            check_int(o, "max_sequence_length", self.max_sequence_length, 1, 4096)
+
+    def key(self, model: str, dtype: str = "") -> tuple:
+        """Identity of the picture, for matching a run with its base image (same model, dtype and request)."""
+        return (model, dtype) + tuple(self.as_dict().values())
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.width, self.height)

@@ -1,0 +1,209 @@
+"""Fast unit tests of the pure parts: step counting, the probe's clock, dtype resolution, formatting, handlers."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from studio.engine.device import resolve_dtype
+from studio.measure.quality import Verdict
+from studio.measure.record import RunMetrics
+from studio.measure.timing import StepCounter, StepProbe, StepRecord, count_steps
+from studio.report import fmt
+from studio.report.card import metrics_card
+
+CPU = torch.device("cpu")
+
+
+# ------------------------------------------------------------------------------------------- step counting
+def _records(calls, hook_runs=None, state_runs=None):
+    n = len(calls)
+    hook_runs = hook_runs if hook_runs is not None else [None] * n
+    state_runs = state_runs if state_runs is not None else [None] * n
+    return [StepRecord(c, h, s) for c, h, s in zip(calls, hook_runs, state_runs)]
+
+
+def test_count_from_hooks_cross_checked_with_cache_dit():
+    steps = _records([1] * 6, hook_runs=[1, 1, 0, 1, 0, 0])
+    c = count_steps(steps, "cache-dit", [2, 4, 5])
+    assert (c.cached, c.full, c.cached_indices, c.source) == (3, 3, [2, 4, 5], "block hooks")
+    assert c.check == "agrees with cache-dit" and not c.disagree
+
+
+def test_count_disagreement_is_reported_not_hidden():
+    steps = _records([1] * 6, hook_runs=[1, 1, 0, 1, 0, 0])
+    c = count_steps(steps, "cache-dit", [2, 3])
+    assert c.cached_indices == [2, 4, 5] and c.disagree
+    assert c.check == "DISAGREES: cache-dit says [2, 3]; block hooks say [2, 4, 5]"
+
+
+def test_count_under_compile_comes_from_the_backend():
+    blind = _records([1] * 5)  # compiled blocks: the hooks see nothing
+    c = count_steps(blind, "cache-dit", [3, 4])
+    assert (c.cached_indices, c.full, c.source, c.check) == ([3, 4], 3, "cache-dit", None)
+    fb = _records([1] * 5, state_runs=[1, 0, 0, 1, 0])
+    c = count_steps(fb, "fbcache", None)
+    assert (c.cached_indices, c.source) == ([1, 2, 4], "fbcache state")
+    none = count_steps(blind, "none", None)
+    assert (none.cached, none.full) == (0, 5) and none.source.startswith("no step cache engaged")
+    assert count_steps(blind, "fbcache", None).disagree  # a cache nobody can see is said, not guessed
+
+
+def test_two_calls_per_step_count_as_cached_only_when_a_call_skipped():
+    steps = _records([2, 2, 2], hook_runs=[2, 1, 0])
+    assert count_steps(steps, "none", None).cached_indices == [1, 2]
+
+
+class FakeClock:
+    def __init__(self, ticks):
+        self.ticks, self.marks = list(ticks), []
+
+    def mark(self):
+        self.marks.append(self.ticks.pop(0))
+
+    def seconds(self):
+        return [m - self.marks[0] for m in self.marks[1:]]
+
+
+def test_probe_times_from_first_transformer_call_to_last_step():
+    counter = StepCounter()
+    probe = StepProbe(counter, CPU, total_steps=3, clock=FakeClock([10.0, 10.5, 11.0, 12.0]))
+    with probe:
+        counter._on_call(None, ())  # the first transformer call starts the clock (text encoding is before it)
+        counter._on_run(None, (), None)
+        probe(None, 0, None, {})
+        counter._on_call(None, ())
+        probe(None, 1, None, {})  # this call did not reach the last block: cached
+        counter._on_call(None, ())
+        counter._on_run(None, (), None)
+        probe(None, 2, None, {})
+    assert probe.step_seconds() == [0.5, 0.5, 1.0] and probe.denoise_seconds() == 2.0
+    assert [s.cached for s in probe.steps] == [False, True, False]
+
+
+# ------------------------------------------------------------------------------------------------- dtype
+@pytest.mark.parametrize(
+    "asked,flags,expected",
+    [
+        ("auto", {"avx2", "fma"}, "float32"),  # bf16 would be emulated: 2-4x slower
+        ("auto", {"avx2", "avx512_bf16"}, "bfloat16"),
+        ("auto", {"avx2", "amx_bf16", "amx_tile"}, "bfloat16"),
+        ("bfloat16", {"avx2"}, "bfloat16"),  # an explicit dtype wins
+        ("float32", {"amx_bf16"}, "float32"),
+    ],
+)
+def test_dtype_auto_on_cpus(asked, flags, expected):
+    choice = resolve_dtype(asked, CPU, flags=frozenset(flags))
+    assert choice.name == expected
+    if asked == "auto":
+        assert choice.note.startswith(f"auto: {expected}")
+
+
+def test_dtype_auto_on_gpus():
+    cuda = torch.device("cuda")
+    assert resolve_dtype("auto", cuda, cuda_bf16=True).name == "bfloat16"
+    old = resolve_dtype("auto", cuda, cuda_bf16=False)
+    assert old.name == "float16" and "not supported by this GPU" in old.note
+    assert resolve_dtype("float32", cuda, cuda_bf16=True).name == "float32"
+
+
+# ------------------------------------------------------------------------------------------------ report
+def make_metrics(**kw) -> RunMetrics:
+    d = dict(
+        model="m", preset="cache", tag="fp32+DBCache_F1B0W4R0.24MC3+sdpa", device="cpu", dtype="float32",
+        request={"prompt": "p"}, denoise_s=0.5, step_ms=[50.0] * 10, mean_step_ms=50.0, full_steps=6,
+        cached_steps=4, cached_step_indices=[4, 5, 7, 8], count_source="block hooks",
+        count_check="agrees with cache-dit", residual_diffs={4: 0.1}, cache_threshold=0.24,
+        backend_cached_steps=[4, 5, 7, 8], speedup=1.8, base_denoise_s=0.9, base_age_s=2.0, psnr_db=41.234,
+        ssim=0.99123, hf_ratio=1.0, quality=Verdict.GOOD, timing="warm-up run done earlier, 1 timed run",
+        compile_s=None, warmup_s=None, engaged=["cache: cache-dit DBCache"], fallbacks=["sage: unavailable on cpu"],
+        reloaded=False, total_s=1.0,
+    )  # fmt: skip
+    d.update(kw)
+    return RunMetrics(**d)
+
+
+def test_formats():
+    assert (fmt.psnr(math.inf), fmt.psnr(None), fmt.psnr(41.234)) == ("inf", "n/a", "41.23 dB")
+    assert (fmt.speedup(1.8), fmt.ssim(0.99123), fmt.steps(4, 6)) == ("1.80x", "0.9912", "4 cached / 6 full")
+    assert [fmt.verdict_level(v) for v in (Verdict.GOOD, Verdict.LOSSY, Verdict.BROKEN)] == ["ok", "warn", "broken"]
+
+
+def test_card_shows_counts_source_timing_and_fallbacks_apart():
+    html = metrics_card(make_metrics(compile_s=12.5))
+    assert "4 cached / 6 full" in html and "counted by block hooks; agrees with cache-dit" in html
+    assert "1.80x (base 0.900 s)" in html and "41.23 dB / 0.9912" in html
+    assert "compile warm-up</td><td>12.5 s (not in denoise time)" in html
+    assert "fell back" in html and html.index("sage: unavailable") > html.index("fell back")
+    assert "warm-up run done earlier, 1 timed run" in html and "cpu, float32" in html
+    assert "flag-broken" in metrics_card(make_metrics(quality=Verdict.BROKEN))
+
+
+def test_metrics_json_keys():
+    d = make_metrics().as_dict()
+    assert d["quality"] == "good" and d["residual_diffs"] == {"4": 0.1}
+    for key in ("speedup", "psnr_db", "ssim", "denoise_s", "full_steps", "cached_steps", "dtype", "engaged"):
+        assert key in d
+
+
+# ---------------------------------------------------------------------------------------------- handlers
+class FakeRunner:
+    """Stands in for the engine: records what the handler asked for and answers with a fixed run."""
+
+    def __init__(self):
+        self.calls = []
+
+    def profile(self, model):
+        return SimpleNamespace(guidance=None, example_prompts=(), notes="", steps=10, width=64, height=64)
+
+    def request(self, prompt, model=None, **kw):
+        from studio.spec import GenerationRequest
+
+        return GenerationRequest(prompt=prompt, **{k: v for k, v in kw.items() if v is not None})
+
+    def generate(self, req, preset, **kw):
+        from studio.engine.session import RunResult
+
+        self.calls.append((req, preset, kw))
+        img = np.zeros((64, 64, 3), np.uint8)
+        return RunResult(img, img, make_metrics(preset=preset))
+
+
+def _handlers():
+    from studio.app.handlers import Handlers, Studio
+    from studio.spec import PresetLibrary
+
+    names = "image card base_image steps_plot hist_table history slider img_a img_b ab_table ab_flag".split()
+    ui = SimpleNamespace(**{n: n for n in names})  # components are plain keys here
+    runner = FakeRunner()
+    return Handlers(Studio(runner, ["m"], PresetLibrary()), ui), runner
+
+
+def test_generate_handler_passes_switches_and_returns_components():
+    h, runner = _handlers()
+    out = h.generate(
+        "a red circle", "m", 7, 10, 64, 64, None, "cache", "true", 0, "false", [], progress=lambda *a, **k: 0
+    )
+    req, preset, kw = runner.calls[0]
+    assert (req.seed, req.steps, preset) == (7, 10, "cache")
+    assert (kw["cache_enabled"], kw["cache_threshold"], kw["compile_enabled"]) == (True, None, False)
+    assert set(out) == {"image", "card", "base_image", "steps_plot", "hist_table", "history"}
+    assert out["image"].shape == (384, 384, 3)  # 64 px shown enlarged x6, nearest neighbour
+    assert "4 cached / 6 full" in out["card"] and len(out["history"]) == 1
+
+
+def test_compare_handler_flags_broken_stacks():
+    import gradio as gr
+
+    h, runner = _handlers()
+    out = h.compare(
+        "p", "m", 1, 10, 64, 64, None, "base", "cache", "unset", 0.3, "unset", [], progress=lambda *a, **k: 0
+    )
+    assert [c[1] for c in runner.calls] == ["base", "cache"] and runner.calls[0][2]["cache_threshold"] == 0.3
+    assert out["ab_flag"] == "" and len(out["ab_table"]) == 2 and len(out["history"]) == 2
+    with pytest.raises(gr.Error, match="prompt is empty"):
+        h.generate("  ", "m", 1, 10, 64, 64, None, "base", "unset", 0, "unset", [], progress=lambda *a, **k: 0)
