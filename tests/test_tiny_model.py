@@ -198,8 +198,8 @@ def test_cache_preset_caches_real_steps_at_024_and_stays_clean(tiny_runner):
 
 def _miswire(transformer):
     """A deliberately mis-wired cache with two classic bugs: per-layer state keyed by position (always 0, so
-    every block reuses the LAST block's residual; HOUSE.md rule 10), and on 'cached' steps the residual is
-    returned without the hidden state it should be added to."""
+    every block reuses the LAST block's residual; it must be keyed by a layer id), and on 'cached' steps the
+    residual is returned without the hidden state it should be added to."""
     state = {"step": -1, "residual": {}}
     handles = [transformer.register_forward_pre_hook(lambda m, a: state.__setitem__("step", state["step"] + 1))]
 

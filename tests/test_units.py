@@ -85,6 +85,23 @@ def test_probe_times_from_first_transformer_call_to_last_step():
     assert [s.cached for s in probe.steps] == [False, True, False]
 
 
+def test_progress_reporting_is_kept_out_of_denoise_time():
+    import time
+
+    counter = StepCounter()
+    probe = StepProbe(
+        counter, CPU, on_step=lambda *a: time.sleep(0.05), total_steps=3, clock=FakeClock([0.0, 1.0, 2.0, 3.0])
+    )
+    with probe:
+        for i in range(3):
+            counter._on_call(None, ())
+            probe(None, i, None, {})
+    steps = probe.step_seconds()
+    # the clock says 1 s per step; the 50 ms of progress after steps 0 and 1 came out of steps 1 and 2
+    assert steps[0] == 1.0 and 0.93 < steps[1] < 0.951 and 0.93 < steps[2] < 0.951
+    assert probe.denoise_seconds() == pytest.approx(sum(steps))
+
+
 # ------------------------------------------------------------------------------------------------- dtype
 @pytest.mark.parametrize(
     "asked,flags,expected",
@@ -101,6 +118,15 @@ def test_dtype_auto_on_cpus(asked, flags, expected):
     assert choice.name == expected
     if asked == "auto":
         assert choice.note.startswith(f"auto: {expected}")
+
+
+def test_dtype_env_replaces_auto_only(monkeypatch):
+    monkeypatch.setenv("STUDIO_DTYPE", "float32")
+    assert resolve_dtype("auto", CPU, flags=frozenset({"amx_bf16"})).note == "auto: float32 (STUDIO_DTYPE)"
+    assert resolve_dtype("bfloat16", CPU, flags=frozenset()).name == "bfloat16"
+    monkeypatch.setenv("STUDIO_DTYPE", "fp8")
+    with pytest.raises(ValueError, match="STUDIO_DTYPE='fp8' is not valid"):
+        resolve_dtype("auto", CPU)
 
 
 def test_dtype_auto_on_gpus():

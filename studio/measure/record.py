@@ -28,7 +28,7 @@ class RunMetrics:
     backend_cached_steps: list[int] | None  # the cache backend's own list, where it keeps one
     speedup: float | None
     base_denoise_s: float | None
-    base_age_s: float | None  # how long before this run the base timing was taken
+    base_age_s: float | None  # seconds between the end of the base timing and the end of this run's
     psnr_db: float | None
     ssim: float | None
     hf_ratio: float | None

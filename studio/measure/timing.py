@@ -137,6 +137,8 @@ class StepProbe:
 
     def __post_init__(self):
         self._clock = self.clock or _Clock(self.device)
+        self._clock_is_async = getattr(self._clock, "cuda", False)
+        self._excluded: list[tuple[int, float]] = []  # (marks taken before it, seconds of progress reporting)
         self._last = (0, 0, 0)
 
     def __enter__(self) -> "StepProbe":
@@ -166,17 +168,27 @@ class StepProbe:
         )
         self.steps.append(rec)
         if self.on_step is not None:
+            t0 = time.perf_counter()
             self.on_step(step_index, self.total_steps, rec)
+            if not self._clock_is_async:
+                # Progress reporting is not denoising: keep its host time out of the next step's time. (A CUDA
+                # clock runs on the stream, where host-side callbacks overlap queued work: nothing to take out.)
+                self._excluded.append((len(self._clock.marks), time.perf_counter() - t0))
         return callback_kwargs
 
     # results -----------------------------------------------------------------------------------------------
-    def step_seconds(self) -> list[float]:
+    def _ends(self) -> list[float]:
+        """End of each step relative to the start, less the progress reporting that ran before it."""
         ends = self._clock.seconds()
+        return [e - sum(x for n, x in self._excluded if n <= i + 1) for i, e in enumerate(ends)]
+
+    def step_seconds(self) -> list[float]:
+        ends = self._ends()
         return [b - a for a, b in zip([0.0] + ends[:-1], ends)]
 
     def denoise_seconds(self) -> float:
         _sync(self.device)
-        ends = self._clock.seconds()
+        ends = self._ends()
         return ends[-1] if ends else 0.0
 
 
