@@ -57,13 +57,14 @@ def uncompile(tr) -> None:
         for module, attr, _, eager in state.compiled.impls:
             _set(module, attr, eager)
         state.compiled = None
-    state.counter.hooks_see_blocks = True
+    state.counter.see_blocks(True)
 
 
 # Every block instance, variant (fullgraph on/off), shape and transformer reload is one more entry in Dynamo's cache
 # for the same code object; past the default limit (8) Dynamo silently runs the blocks eagerly, or fails outright
-# under fullgraph=True ("found no compiled frames"). A studio switches stacks all day: give it room.
-RECOMPILE_LIMIT = 256
+# under fullgraph=True ("found no compiled frames"). A studio switches stacks all day: give it room, but not so
+# much that a graph that recompiles on every call (a guard on a changing value) is not cut off in time.
+RECOMPILE_LIMIT = 64
 
 
 def _activate(tr, spec: CompileSpec, fullgraph: bool) -> CompiledVariant:
@@ -72,6 +73,7 @@ def _activate(tr, spec: CompileSpec, fullgraph: bool) -> CompiledVariant:
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
     dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)
     state = stack_state(tr)
+    state.counter.see_blocks(False)  # before any graph is traced or switched back on
     # A whole-model graph holds the forward it was traced from, which a cache may have patched: key it by the cache.
     key = (spec.mode, fullgraph, spec.dynamic, spec.regional, state.cache)
     variant = state.variants.get(key) or state.variants.get(key[:-1])
@@ -88,9 +90,7 @@ def _activate(tr, spec: CompileSpec, fullgraph: bool) -> CompiledVariant:
     else:
         for module, attr, compiled, _ in variant.impls:
             _set(module, attr, compiled)
-    state.compiled = variant
-    # Hooks inside compiled blocks do not fire; counts then come from the cache backend's own record.
-    state.counter.hooks_see_blocks = False
+    state.compiled = variant  # counts now come from the cache backend's own record
     return variant
 
 
@@ -103,6 +103,23 @@ def apply_compile(pipe, spec: CompileSpec, *, cache_engaged: bool) -> Engaged:
     if on_zerogpu():
         return Engaged(
             "compile", "on", False, "compile: skipped, torch.compile at run time is not available on ZeroGPU"
+        )
+    whole = not (spec.regional and getattr(tr, "_repeated_blocks", None))
+    if whole and cache_engaged:
+        # Measured on the embedded model: cache-dit under a whole-transformer graph cached 0 of 28 steps (the
+        # picture of the uncached compile, 55 dB) while its config said DBCache. Only regional compile keeps the
+        # cache's decisions outside the graphs.
+        why = (
+            "set compile.regional: true"
+            if not spec.regional
+            else f"{type(tr).__name__} has no _repeated_blocks for regional compile"
+        )
+        return Engaged(
+            "compile",
+            "on",
+            False,
+            f"compile: skipped, a whole-transformer graph bypasses the step cache (measured: nothing cached); {why}; "
+            "running eager",
         )
     fullgraph = spec.effective_fullgraph(cache_engaged)
     note = " (fullgraph off: a step cache is engaged)" if cache_engaged and spec.fullgraph is not False else ""

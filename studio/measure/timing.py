@@ -92,12 +92,20 @@ class StepCounter:
     def install(self, transformer) -> "StepCounter":
         transformer.register_forward_pre_hook(self._on_call)
         transformer.register_forward_hook(self._after_call)
-        target = last_block_probe_target(transformer)
-        if target is not None:
-            target.register_forward_hook(self._on_run)
-        else:
-            self.hooks_see_blocks = False
+        self._target = last_block_probe_target(transformer)
+        self._handle = None
+        self.see_blocks(True)
         return self
+
+    def see_blocks(self, on: bool) -> None:
+        """Attach the last-block hook (eager blocks) or take it off (before the blocks are compiled: inside a graph
+        it cannot count, and Dynamo would guard on the counter's value and recompile on every call)."""
+        if on and self._handle is None and self._target is not None:
+            self._handle = self._target.register_forward_hook(self._on_run)
+        elif not on and self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        self.hooks_see_blocks = self._handle is not None
 
     def snapshot(self) -> tuple[int, int, int]:
         return (self.calls, self.runs, self.state_runs)

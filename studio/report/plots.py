@@ -18,17 +18,18 @@ def plot_tradeoff(rows: list[MatrixRow], path_or_buf, title: str = "speed-up vs 
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
     finite = [r.psnr_db for r in rows if r.psnr_db is not None and math.isfinite(r.psnr_db)]
     top = (max(finite) if finite else 40.0) + 6
-    placed: list[tuple[float, float]] = []
+    placed: list[tuple[float, float, int]] = []  # (x, y, label row)
     xspan = max((r.speedup or 0) for r in rows) - min((r.speedup or 0) for r in rows) or 1.0
     for r in rows:
         x = r.speedup or 0
         y = top if r.psnr_db is None or math.isinf(r.psnr_db) else r.psnr_db
         colour = "#d62728" if r.quality == Verdict.BROKEN.value else "#1f77b4"
         ax.scatter([x], [y], s=60, color=colour, zorder=3)
-        # Points that (nearly) coincide get their labels stacked instead of printed over each other.
-        near = sum(abs(x - px) < 0.04 * xspan and abs(y - py) < 1.5 for px, py in placed)
-        placed.append((x, y))
-        ax.annotate(r.preset, (x, y), textcoords="offset points", xytext=(6, 4 - 11 * near), fontsize=8)
+        # Labels run right of their point: a point whose label would cross a nearby one's takes the next free row.
+        used = {row for px, py, row in placed if abs(x - px) < 0.3 * xspan and abs(y - py) < 1.5}
+        row = min(set(range(len(used) + 1)) - used)
+        placed.append((x, y, row))
+        ax.annotate(r.preset, (x, y), textcoords="offset points", xytext=(6, 4 - 11 * row), fontsize=8)
     ax.axhline(30, color="#2ca02c", lw=0.8, ls="--", label="30 dB (good)")
     ax.axhline(20, color="#ff7f0e", lw=0.8, ls="--", label="20 dB (lossy)")
     ax.axvline(1.0, color="#888", lw=0.8)
