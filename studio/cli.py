@@ -64,7 +64,53 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--repeats", type=int, default=1)
     s.add_argument("--out", default=None, help="write the table: .md, .csv or .json by extension")
     sub.add_parser("presets", help="list presets and their stacks")
+    d = sub.add_parser("doctor", help="every shipped preset on a tiny instance of every DiT family, on this machine")
+    d.add_argument("--families", default=None, help="comma-separated (default: flux,qwen-image,sd3,z-image)")
+    d.add_argument("--presets", default=None, help="comma-separated preset names (default: all shipped)")
+    d.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    d.add_argument("--json", action="store_true", help="print one JSON object")
+    d.add_argument("--no-kernels", action="store_true", help="on a GPU, skip timing a FLUX-sized random transformer")
     return ap
+
+
+def _doctor(args) -> int:
+    from dataclasses import asdict
+
+    from studio.bench import doctor
+    from studio.engine.device import default_device
+    from studio.report import fmt
+    from studio.tiny.families import FAMILIES
+
+    def say(msg):
+        print(msg, file=sys.stderr)
+
+    fams = args.families.split(",") if args.families else list(FAMILIES)
+    names = args.presets.split(",") if args.presets else None
+    rows = doctor.run_doctor(fams, names, args.device, on_status=say)
+    device = str(args.device or default_device())
+    kernels = []
+    if device.startswith("cuda") and not args.no_kernels:
+        say("timing the non-cache stacks on a random-weight FLUX.1-dev-sized transformer at 1024x1024")
+        kernels = doctor.time_kernels(device=device)
+    if args.json:
+        out = json.loads(doctor.as_json(rows, device))
+        out["kernels"] = [asdict(k) for k in kernels]
+        print(json.dumps(out, indent=1))
+        return 0 if doctor.healthy(rows) else 1
+    print(
+        f"device {device}; tiny random-weight instances, 64x64; cached presets at R="
+        f"{doctor.CACHING_THRESHOLD['cache-dit']} (random weights do not cache at 0.24)"
+    )
+    print(doctor.markdown(rows))
+    if kernels:
+        print("\n| stack | ms per transformer call | vs sdpa | engaged |\n|---|---|---|---|")
+        for k in kernels:
+            print(f"| {k.stack} | {'n/a' if k.ms is None else f'{k.ms:.1f}'} | {fmt.speedup(k.speedup)} | {k.note} |")
+    ok = doctor.healthy(rows)
+    print(
+        "healthy: counts agree with the cache's own lists, nothing broken" if ok else "NOT healthy: see DISAGREE rows"
+    )
+    return 0 if ok else 1
 
 
 def _generate(runner, req, args) -> int:
@@ -131,6 +177,8 @@ def main(argv=None) -> int:
     from studio.engine import ModelLoadError, ModelManager, Runner
     from studio.spec import ConfigError, PresetLibrary
 
+    if args.cmd == "doctor":
+        return _doctor(args)
     lib = PresetLibrary(user_dir=getattr(args, "presets_dir", None))
     if args.cmd == "presets":
         for name in lib.names():

@@ -102,11 +102,16 @@ def test_whole_model_compile_counts_and_refuses_to_hide_a_cache(runner, tmp_path
         "whole-c32",
         "dtype: float32\ncache_config: {residual_diff_threshold: 0.5}\ncompile: {enabled: true, regional: false}\n",
     )
+    from torch._dynamo.utils import counters
+
     r = req()
     base = runner.generate(r, "b32")
+    graphs_before = counters["stats"]["unique_graphs"]
     whole = runner.generate(r, "whole32")
     assert any(line.startswith("compile: whole transformer, fullgraph=True") for line in whole.metrics.engaged)
     assert whole.metrics.full_steps == 12 and psnr(whole.image, base.image) > 35.0
+    # the warm-up really traced and compiled a graph (a first version never switched the compiled forward on)
+    assert counters["stats"]["unique_graphs"] > graphs_before and whole.metrics.compile_s > 1.0
     counter = stack_state(runner.manager.current.pipe.transformer).counter
     # the last-block hook is off while blocks are compiled: inside a graph it cannot count, and Dynamo would guard
     # on the counter and recompile on every call (measured: 53 s per run instead of 0.4 s)

@@ -142,9 +142,10 @@ def make_metrics(**kw) -> RunMetrics:
     d = dict(
         model="m", preset="cache", tag="fp32+DBCache_F1B0W4R0.24MC3+sdpa", device="cpu", dtype="float32",
         request={"prompt": "p"}, denoise_s=0.5, step_ms=[50.0] * 10, mean_step_ms=50.0, full_steps=6,
-        cached_steps=4, cached_step_indices=[4, 5, 7, 8], count_source="block hooks",
+        cached_steps=4, transformer_calls=10, cached_step_indices=[4, 5, 7, 8], count_source="block hooks",
         count_check="agrees with cache-dit", residual_diffs={4: 0.1}, cache_threshold=0.24,
-        backend_cached_steps=[4, 5, 7, 8], speedup=1.8, base_denoise_s=0.9, base_age_s=2.0, psnr_db=41.234,
+        backend_cached_steps=[4, 5, 7, 8], backend_cfg_cached_steps=None, speedup=1.8, base_denoise_s=0.9,
+        base_age_s=2.0, psnr_db=41.234,
         ssim=0.99123, hf_ratio=1.0, quality=Verdict.GOOD, timing="warm-up run done earlier, 1 timed run",
         compile_s=None, warmup_s=None, engaged=["cache: cache-dit DBCache"], fallbacks=["sage: unavailable on cpu"],
         reloaded=False, total_s=1.0,
@@ -233,3 +234,59 @@ def test_compare_handler_flags_broken_stacks():
     assert out["ab_flag"] == "" and len(out["ab_table"]) == 2 and len(out["history"]) == 2
     with pytest.raises(gr.Error, match="prompt is empty"):
         h.generate("  ", "m", 1, 10, 64, 64, None, "base", "unset", 0, "unset", [], progress=lambda *a, **k: 0)
+
+
+# ------------------------------------------------------------------------------------------------ profiles
+def _folder(tmp_path, cls, transformer=None, vae=None):
+    import json
+
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "transformer").mkdir()
+    (tmp_path / "vae").mkdir()
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": cls}))
+    (tmp_path / "transformer" / "config.json").write_text(json.dumps(transformer or {}))
+    (tmp_path / "vae" / "config.json").write_text(json.dumps(vae or {}))
+    return tmp_path
+
+
+def test_a_folder_copy_of_a_hub_model_gets_the_hub_models_profile(tmp_path):
+    from dataclasses import replace
+
+    from studio.spec.profiles import HUB_PROFILES, profile_for
+
+    d = _folder(tmp_path, "FluxPipeline", {"guidance_embeds": True, "patch_size": 1}, {"block_out_channels": [1] * 4})
+    dev = HUB_PROFILES["black-forest-labs/FLUX.1-dev"]
+    # FLUX packs 2x2 latents itself (patch_size 1 in its config): the multiple is 8 x 2 = 16, as for the Hub id
+    got = profile_for(str(d))
+    assert replace(got, name=dev.name) == dev and got.name.endswith("(FluxPipeline)")
+    schnell = _folder(tmp_path / "s", "FluxPipeline", {"guidance_embeds": False}, {"block_out_channels": [1] * 4})
+    assert profile_for(str(schnell)).steps == HUB_PROFILES["black-forest-labs/FLUX.1-schnell"].steps == 4
+
+
+@pytest.mark.parametrize(
+    "cls,transformer,vae,hub,multiple",
+    [
+        ("QwenImagePipeline", {"patch_size": 2}, {"temperal_downsample": [False, True, True]}, "Qwen/Qwen-Image", 16),
+        ("ZImagePipeline", {}, {"block_out_channels": [1] * 4}, "Tongyi-MAI/Z-Image-Turbo", 16),
+        (
+            "StableDiffusion3Pipeline",
+            {"patch_size": 2},
+            {"block_out_channels": [1] * 4},
+            "stabilityai/stable-diffusion-3.5-large",
+            16,
+        ),
+    ],
+)
+def test_folder_profiles_follow_the_pipeline_class(tmp_path, cls, transformer, vae, hub, multiple):
+    from studio.spec.profiles import HUB_PROFILES, profile_for
+
+    p = profile_for(str(_folder(tmp_path, cls, transformer, vae)))
+    h = HUB_PROFILES[hub]
+    assert (p.steps, p.guidance, p.true_cfg_scale, p.width, p.size_multiple) == (
+        h.steps,
+        h.guidance,
+        h.true_cfg_scale,
+        h.width,
+        multiple,
+    )
+    assert cls in p.name

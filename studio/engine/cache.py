@@ -25,9 +25,10 @@ class CacheReport:
     cached_steps: list[int] = field(default_factory=list)
     residual_diffs: dict[int, float] = field(default_factory=dict)
     threshold: float | None = None
+    cfg_cached_steps: list[int] | None = None  # the unconditional branch's, where it is cached apart
 
 
-def _dbcache_configs(spec: CacheSpec, threshold: float, steps: int | None):
+def _dbcache_configs(spec: CacheSpec, threshold: float, steps: int | None, separate_cfg: bool = False):
     import cache_dit
     from cache_dit import DBCacheConfig, DMDCalibratorConfig, TaylorSeerCalibratorConfig
 
@@ -52,6 +53,11 @@ def _dbcache_configs(spec: CacheSpec, threshold: float, steps: int | None):
         num_inference_steps=steps if mask is not None else None,
         steps_computation_mask=mask,
         steps_computation_policy=spec.steps_computation_policy,
+        # How the run really calls the transformer: two calls per step (cond, uncond) only with true CFG. cache-dit's
+        # Qwen-Image adapter assumes two by default; on a one-call run it then counts in pairs, caches 6 steps in a
+        # row under "3" and compares each residual with the wrong branch (measured: [4, 5, 6, 8, 9] by its list
+        # against [8..13, 16..19] by the block hooks).
+        enable_separate_cfg=separate_cfg,
     )
     cal = None
     if spec.enable_taylorseer:
@@ -74,12 +80,15 @@ def remove_cache(pipe) -> None:
     state.counter.state_reader = None
 
 
-def apply_cache(pipe, spec: CacheSpec, *, quantized: bool = False, steps: int | None = None) -> Engaged:
+def apply_cache(
+    pipe, spec: CacheSpec, *, quantized: bool = False, steps: int | None = None, separate_cfg: bool = False
+) -> Engaged:
     """Engage the preset's step cache on `pipe` (after any previous one is removed).
 
     Args:
         quantized: the transformer is INT8; an unset threshold then takes the backend's raised default.
         steps: number of inference steps of the coming run (needed for step masks; refreshed per run).
+        separate_cfg: the run calls the transformer twice per step (true CFG: conditional, then unconditional).
     """
     remove_cache(pipe)
     if not spec.enabled:
@@ -98,7 +107,7 @@ def apply_cache(pipe, spec: CacheSpec, *, quantized: bool = False, steps: int | 
     try:
         import cache_dit
 
-        cfg, cal = _dbcache_configs(spec, threshold, steps)
+        cfg, cal = _dbcache_configs(spec, threshold, steps, separate_cfg)
         cache_dit.enable_cache(pipe, cache_config=cfg, calibrator_config=cal)
     except Exception as e:  # not a registered pipeline / blocks not recognised
         log.warning("cache-dit could not engage: %s", e)
@@ -123,7 +132,8 @@ def apply_cache(pipe, spec: CacheSpec, *, quantized: bool = False, steps: int | 
         spec.backend,
         True,
         f"cache: cache-dit DBCache F{spec.Fn_compute_blocks}B{spec.Bn_compute_blocks} W{spec.max_warmup_steps} "
-        f"R{threshold:g} ({src}) MC{spec.max_continuous_cached_steps}{extra}",
+        f"R{threshold:g} ({src}) MC{spec.max_continuous_cached_steps}{extra}"
+        + (", CFG branches cached apart" if separate_cfg else ""),
     )
 
 
@@ -161,12 +171,12 @@ def _fbcache_reader(transformer):
     return lambda: bool(head.state_manager.get_state().should_compute)
 
 
-def prepare_run(pipe, spec: CacheSpec, *, quantized: bool, steps: int) -> None:
+def prepare_run(pipe, spec: CacheSpec, *, quantized: bool, steps: int, separate_cfg: bool = False) -> None:
     """Per-run refresh: a step mask is sized to this run's step count."""
     if stack_state(pipe.transformer).cache == "cache-dit" and spec.has_mask:
         import cache_dit
 
-        cfg, cal = _dbcache_configs(spec, spec.effective_threshold(quantized), steps)
+        cfg, cal = _dbcache_configs(spec, spec.effective_threshold(quantized), steps, separate_cfg)
         cache_dit.refresh_context(pipe.transformer, cache_config=cfg, calibrator_config=cal)
 
 
@@ -192,4 +202,5 @@ def read_report(pipe, spec: CacheSpec, quantized: bool) -> CacheReport:
             continue
         if v >= 0:  # cache-dit writes -1 where it skipped computing the diff
             diffs[k] = v
-    return CacheReport(backend, sorted(int(x) for x in s.cached_steps), diffs, threshold)
+    cfg = sorted(int(x) for x in (s.cfg_cached_steps or []))
+    return CacheReport(backend, sorted(int(x) for x in s.cached_steps), diffs, threshold, cfg or None)

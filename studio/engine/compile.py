@@ -87,9 +87,8 @@ def _activate(tr, spec: CompileSpec, fullgraph: bool) -> CompiledVariant:
         how = "whole transformer" if whole else f"regional ({', '.join(tr._repeated_blocks)})"
         variant = CompiledVariant(key if whole else key[:-1], fullgraph, whole, how, impls)
         state.variants[variant.key] = variant
-    else:
-        for module, attr, compiled, _ in variant.impls:
-            _set(module, attr, compiled)
+    for module, attr, compiled, _ in variant.impls:  # switch it on (a new regional variant already is)
+        _set(module, attr, compiled)
     state.compiled = variant  # counts now come from the cache backend's own record
     return variant
 

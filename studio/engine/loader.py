@@ -188,7 +188,9 @@ class ModelManager:
         return loaded
 
     # presets ---------------------------------------------------------------------------------------------
-    def pipeline(self, model: str | None, preset: Preset, steps: int | None = None, on_status=None):
+    def pipeline(
+        self, model: str | None, preset: Preset, steps: int | None = None, on_status=None, separate_cfg: bool = False
+    ):
         """The pipeline for `model` with `preset` applied, loading only the weights that must change.
 
         Returns (pipe, stack, reloaded) where reloaded says whether weights were (re)loaded for this call.
@@ -203,7 +205,9 @@ class ModelManager:
             quant = preset.quantize_config if preset.quantize_config.enabled else QuantSpec()
             loaded = self._switch_variant(cur, (dtype.name, quant), on_status)
             variant = cur.variants[cur.active]
-            variant.stack = apply_preset(cur.pipe, preset, steps=steps, applied=variant.stack)
+            variant.stack = apply_preset(
+                cur.pipe, preset, steps=steps, separate_cfg=separate_cfg, applied=variant.stack
+            )
             return cur.pipe, variant.stack, fresh or loaded
 
     @property

@@ -53,6 +53,12 @@ def library_versions() -> dict:
     return out
 
 
+def true_cfg(pipe, request: GenerationRequest) -> bool:
+    """Whether this run uses true CFG: two transformer calls per step (conditional, then unconditional)."""
+    takes = "true_cfg_scale" in inspect.signature(pipe.__call__).parameters
+    return takes and request.true_cfg_scale is not None and request.true_cfg_scale > 1
+
+
 def pipe_kwargs(pipe, request: GenerationRequest, probe=None) -> dict:
     """The pipeline call for `request`, with only the arguments this pipeline takes."""
     params = inspect.signature(pipe.__call__).parameters
@@ -68,11 +74,14 @@ def pipe_kwargs(pipe, request: GenerationRequest, probe=None) -> dict:
         kw["callback_on_step_end"] = probe
     if request.guidance is not None and "guidance_scale" in params:
         kw["guidance_scale"] = request.guidance
-    if request.true_cfg_scale is not None and request.true_cfg_scale > 1 and "true_cfg_scale" in params:
+    if true_cfg(pipe, request):
         kw["true_cfg_scale"] = request.true_cfg_scale
         kw["negative_prompt"] = request.negative_prompt or " "
-    elif request.negative_prompt and "negative_prompt" in params:
-        kw["negative_prompt"] = request.negative_prompt
+    else:
+        if "true_cfg_scale" in params:
+            kw["true_cfg_scale"] = 1.0  # said, not left to a pipeline default (Qwen-Image's is 4.0)
+        if request.negative_prompt and "negative_prompt" in params:
+            kw["negative_prompt"] = request.negative_prompt
     if request.max_sequence_length is not None and "max_sequence_length" in params:
         kw["max_sequence_length"] = request.max_sequence_length
     return kw
@@ -100,6 +109,7 @@ class Measured:
     warmup_s: float | None  # the untimed warm-up run, when this call made one
     compiled: bool
     ended: float  # time.monotonic() at the end of the timed run
+    calls: int = 0  # transformer calls in the timed run
 
 
 @dataclass
@@ -177,10 +187,16 @@ class Runner:
         with self.manager.lock:
             for name in presets:
                 p = self.resolve_preset(name)
-                pipe, stack, _ = self.manager.pipeline(model, p, steps=request.steps)
+                pipe, stack, _ = self._pipeline(model, p, request)
                 state = stack_state(pipe.transformer)
                 out.append(self._warm(pipe, state, stack, p, request) or 0.0)
         return out
+
+    def _pipeline(self, model: str, preset: Preset, request: GenerationRequest, on_status=None):
+        """The model's pipeline with `preset` applied, its cache wired to how this request calls the transformer."""
+        cur = self.manager.ensure(model, self.manager.resolve_dtype(preset.dtype), on_status)
+        separate = true_cfg(cur.pipe, request)
+        return self.manager.pipeline(model, preset, steps=request.steps, on_status=on_status, separate_cfg=separate)
 
     def _warm(self, pipe, state, stack, preset: Preset, request, on_status=None) -> float | None:
         """The untimed warm-up run of this stack at this shape, once per process; its seconds, or None if warm."""
@@ -189,7 +205,10 @@ class Runner:
             return None
         if on_status:
             on_status("compiling (warm-up run)" if state.compiled else "warm-up run (not timed)")
-        prepare_run(pipe, preset.cache_config, quantized=state.quant != "none", steps=request.steps)
+        prepare_run(
+            pipe, preset.cache_config, quantized=state.quant != "none", steps=request.steps,
+            separate_cfg=true_cfg(pipe, request),
+        )  # fmt: skip
         t0 = time.perf_counter()
         call_pipe(pipe, request)
         state.warm.add(warm_key)
@@ -197,11 +216,13 @@ class Runner:
 
     def measure(self, request: GenerationRequest, preset: Preset, model: str, progress=None, on_status=None):
         """Warm the stack up for this shape if it is its first run in this process, then one timed run."""
-        pipe, stack, reloaded = self.manager.pipeline(model, preset, steps=request.steps, on_status=on_status)
+        pipe, stack, reloaded = self._pipeline(model, preset, request, on_status)
         state = stack_state(pipe.transformer)
         quantized = state.quant != "none"
         warmup_s = self._warm(pipe, state, stack, preset, request, on_status)
-        prepare_run(pipe, preset.cache_config, quantized=quantized, steps=request.steps)
+        prepare_run(
+            pipe, preset.cache_config, quantized=quantized, steps=request.steps, separate_cfg=true_cfg(pipe, request)
+        )
         probe = StepProbe(
             state.counter,
             self.manager.device,
@@ -214,12 +235,14 @@ class Runner:
         denoise = probe.denoise_seconds()
         ended = time.monotonic()
         report = read_report(pipe, preset.cache_config, quantized)
-        counts = count_steps(
-            probe.steps, report.backend, report.cached_steps if report.backend == "cache-dit" else None
-        )
+        backend_list = None
+        if report.backend == "cache-dit":  # with true CFG a step is cached when either branch was served
+            backend_list = sorted(set(report.cached_steps) | set(report.cfg_cached_steps or []))
+        counts = count_steps(probe.steps, report.backend, backend_list)
         step_ms = [s * 1e3 for s in probe.step_seconds()]
         compiled = state.compiled is not None
-        return Measured(image, denoise, step_ms, counts, report, stack, reloaded, warmup_s, compiled, ended)
+        calls = sum(s.transformer_calls for s in probe.steps)
+        return Measured(image, denoise, step_ms, counts, report, stack, reloaded, warmup_s, compiled, ended, calls)
 
     def _base(self, request, base_p, model, key, on_status, refresh: bool) -> tuple[BaseEntry, bool]:
         """The base entry of this request, timed again (warm, now) unless its timing may be reused (module doc)."""
@@ -321,8 +344,11 @@ class Runner:
         timing = "warm-up run done" + (" in this call" if run.warmup_s is not None else " earlier") + ", 1 timed run"
         lines = run.stack.lines() + ([f"dtype: {dtype.note}"] if dtype.note else [])
         counts = run.counts
-        if counts.disagree:
-            lines.append(f"step counts: {counts.check}")
+        if run.stack.is_engaged("cache") and counts.cached == 0 and run.report.threshold is not None:
+            lines.append(
+                f"cache: engaged, but no step came under R{run.report.threshold:g} on this run "
+                "(python -m studio sweep finds the threshold where this model starts caching)"
+            )
         return RunMetrics(
             model=model,
             preset=p.name,
@@ -335,12 +361,14 @@ class Runner:
             mean_step_ms=(run.denoise_s / max(1, len(run.step_ms))) * 1e3,
             full_steps=counts.full,
             cached_steps=counts.cached,
+            transformer_calls=run.calls,
             cached_step_indices=counts.cached_indices,
             count_source=counts.source,
             count_check=counts.check,
             residual_diffs=run.report.residual_diffs,
             cache_threshold=run.report.threshold if run.stack.is_engaged("cache") else None,
             backend_cached_steps=run.report.cached_steps if run.report.backend == "cache-dit" else None,
+            backend_cfg_cached_steps=run.report.cfg_cached_steps,
             speedup=(base.denoise_s / run.denoise_s) if base is not None and run.denoise_s > 0 else None,
             base_denoise_s=base.denoise_s if base is not None else None,
             base_age_s=age,

@@ -22,9 +22,10 @@ from studio.spec.preset import MIN_CACHE_STEPS, CacheSpec, Preset
 STACK_ORDER = ("quantize", "cache", "attention", "compile")
 
 
-def cache_key(spec: CacheSpec, quantized: bool, steps: int | None) -> tuple:
-    """What decides the cache's wiring: its spec, the threshold default's input, and whether the run is too short."""
-    return (spec, quantized, steps is not None and steps < MIN_CACHE_STEPS)
+def cache_key(spec: CacheSpec, quantized: bool, steps: int | None, separate_cfg: bool = False) -> tuple:
+    """What decides the cache's wiring: its spec, the threshold default's input, whether the run is too short,
+    and how many transformer calls a step makes."""
+    return (spec, quantized, steps is not None and steps < MIN_CACHE_STEPS, separate_cfg)
 
 
 @dataclass
@@ -52,12 +53,18 @@ class AppliedStack:
 
 
 def apply_preset(
-    pipe, preset: Preset, *, steps: int | None = None, applied: AppliedStack | None = None
+    pipe,
+    preset: Preset,
+    *,
+    steps: int | None = None,
+    separate_cfg: bool = False,
+    applied: AppliedStack | None = None,
 ) -> AppliedStack:
     """Apply `preset` to `pipe` in STACK_ORDER.
 
     Args:
         steps: the coming run's step count (a run too short to gain runs uncached; step masks are sized by it).
+        separate_cfg: the coming run calls the transformer twice per step (true CFG); the cache is wired for it.
         applied: the stack already on this same transformer; only steps whose settings changed are re-applied.
             Quantization never changes in place: the model manager hands over a transformer with the right weights.
     """
@@ -68,12 +75,14 @@ def apply_preset(
         out.order.append("quantize")
     state = stack_state(pipe.transformer)
     quantized = state.quant != "none"
-    key = cache_key(preset.cache_config, quantized, steps)
+    key = cache_key(preset.cache_config, quantized, steps, separate_cfg)
     changed = applied is None or key != prev.cache or preset.attention_backend != prev.attention
     if changed or preset.compile != prev.preset.compile:
         uncompile(pipe.transformer)  # hooks and backends change on eager modules; compile is re-activated last
     if applied is None or key != prev.cache:
-        out.engaged["cache"] = apply_cache(pipe, preset.cache_config, quantized=quantized, steps=steps)
+        out.engaged["cache"] = apply_cache(
+            pipe, preset.cache_config, quantized=quantized, steps=steps, separate_cfg=separate_cfg
+        )
         out.order.append("cache")
     out.cache = key
     if applied is None or preset.attention_backend != prev.attention:

@@ -20,12 +20,14 @@ class RunMetrics:
     mean_step_ms: float
     full_steps: int
     cached_steps: int
+    transformer_calls: int  # over the whole run: steps x calls per step (2 with true CFG)
     cached_step_indices: list[int]
     count_source: str  # where the cached/full counts came from
     count_check: str | None  # agreement of a second source, or a disagreement
     residual_diffs: dict[int, float]
     cache_threshold: float | None
     backend_cached_steps: list[int] | None  # the cache backend's own list, where it keeps one
+    backend_cfg_cached_steps: list[int] | None  # its list for the unconditional branch, when CFG is cached apart
     speedup: float | None
     base_denoise_s: float | None
     base_age_s: float | None  # seconds between the end of the base timing and the end of this run's

@@ -8,7 +8,7 @@ names the embedded model's folder and resolves the model names a user may type.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 PROFILE_FILE = "studio_profile.json"
@@ -89,11 +89,58 @@ HUB_PROFILES: dict[str, ModelProfile] = {
 }
 
 
+# A pipeline folder without a studio_profile.json behaves like the Hub model of its class.
+_CLASS_PROFILES = {
+    "QwenImagePipeline": "Qwen/Qwen-Image",
+    "ZImagePipeline": "Tongyi-MAI/Z-Image-Turbo",
+    "StableDiffusion3Pipeline": "stabilityai/stable-diffusion-3.5-large",
+}
+
+
+def _config(folder: Path, name: str) -> dict:
+    path = folder / name
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _vae_scale(vae: dict) -> int | None:
+    if "temperal_downsample" in vae:  # AutoencoderKLQwenImage / Wan: one 2x per stage
+        return 2 ** len(vae["temperal_downsample"])
+    if "block_out_channels" in vae:  # AutoencoderKL
+        return 2 ** (len(vae["block_out_channels"]) - 1)
+    return None
+
+
+def profile_from_folder(folder: Path) -> ModelProfile | None:
+    """A profile from a diffusers folder's own config: its pipeline class picks the family's defaults (CFG mode,
+    guidance, steps, size), its VAE and patch size the size multiple. None when the folder holds no pipeline."""
+    index = _config(folder, "model_index.json")
+    cls = index.get("_class_name")
+    if not cls:
+        return None
+    if cls == "FluxPipeline":
+        distilled = not _config(folder, "transformer/config.json").get("guidance_embeds", True)
+        hub = "black-forest-labs/FLUX.1-schnell" if distilled else "black-forest-labs/FLUX.1-dev"
+    else:
+        hub = _CLASS_PROFILES.get(cls)
+    base = HUB_PROFILES[hub] if hub else ModelProfile(name=cls)
+    scale = _vae_scale(_config(folder, "vae/config.json"))
+    patch = _config(folder, "transformer/config.json").get("patch_size", 2)
+    # FLUX's config says patch 1 but its pipeline packs 2x2 latents: every family needs at least 2 latent pixels.
+    patch = max(patch, 2) if isinstance(patch, int) else 2
+    multiple = scale * patch if scale else base.size_multiple
+    return replace(base, name=f"{folder.name} ({cls})", size_multiple=multiple)
+
+
 def profile_for(model: str) -> ModelProfile:
-    """The profile of a local folder (its studio_profile.json), a known Hub id, or generic defaults."""
+    """The profile of a local folder (its studio_profile.json, else one from its own config), a known Hub id, or
+    generic defaults."""
     path = Path(model)
     if (path / PROFILE_FILE).is_file():
         return ModelProfile.from_dict(json.loads((path / PROFILE_FILE).read_text()))
     if model in HUB_PROFILES:
         return HUB_PROFILES[model]
+    if path.is_dir():
+        derived = profile_from_folder(path)
+        if derived is not None:
+            return derived
     return ModelProfile(name=path.name or model)

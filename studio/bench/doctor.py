@@ -1,0 +1,211 @@
+"""`python -m studio doctor`: every shipped preset on a tiny instance of every DiT family, on this machine.
+
+For each family (studio.tiny.families) and preset: what engaged or fell back and why, cached/full steps by the
+studio's count and by the cache's own list (they must agree), PSNR against the family's base image, and the
+broken/lossy verdict. Weights are random, so cached presets run at a threshold that caches on random weights
+(CACHING_THRESHOLD) instead of the preset's own, and the table says so.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from studio.engine import ModelManager, Runner
+from studio.report import fmt
+from studio.spec import PresetLibrary
+from studio.tiny.families import CACHING_THRESHOLD, FAMILIES, save_family
+
+PROMPT = "a red circle in the center, blue background"
+COLUMNS = ("family", "preset", "stack", "cached/full", "cache's own list", "counts", "PSNR", "verdict", "fell back")
+
+
+@dataclass
+class DoctorRow:
+    family: str
+    preset: str
+    tag: str
+    cached_steps: int
+    full_steps: int
+    cached_step_indices: list[int]
+    backend_cached_steps: list[int] | None
+    counts_agree: bool | None  # None: no second source to check against
+    count_check: str | None
+    psnr_db: float | None
+    quality: str
+    engaged: list[str]
+    fallbacks: list[str]
+
+    def cells(self) -> list[str]:
+        agree = {True: "agree", False: "DISAGREE", None: "-"}[self.counts_agree]
+        own = "-" if self.backend_cached_steps is None else str(self.backend_cached_steps)
+        return [
+            self.family, self.preset, self.tag, f"{self.cached_steps}/{self.full_steps}", own, agree,
+            fmt.psnr(self.psnr_db), self.quality, "; ".join(self.fallbacks),
+        ]  # fmt: skip
+
+
+def _row(family: str, preset: str, m) -> DoctorRow:
+    agree = None if m.count_check is None else not m.count_check.startswith("DISAGREES")
+    return DoctorRow(
+        family, preset, m.tag, m.cached_steps, m.full_steps, m.cached_step_indices, m.backend_cached_steps, agree,
+        m.count_check, m.psnr_db, str(m.quality), list(m.engaged), list(m.fallbacks),
+    )  # fmt: skip
+
+
+def check_family(family: str, folder: Path, presets: list[str], device=None, on_status=None) -> list[DoctorRow]:
+    lib = PresetLibrary()
+    runner = Runner(ModelManager(device), lib, model=str(folder), cheap_pairs=1)
+    rows, eager_rows = [], {}
+    try:
+        req = runner.request(PROMPT, model=str(folder), seed=0)
+        for name in presets:
+            if on_status:
+                on_status(f"{family}: {name}")
+            p = lib.get(name)
+            if p.cache_config.enabled:
+                t = CACHING_THRESHOLD[p.cache_config.backend]
+                p = replace(p, cache_config=replace(p.cache_config, residual_diff_threshold=t))
+            m = runner.generate(req, p).metrics
+            row = _row(family, name, m)
+            eager = eager_rows.get((p.quantize_config, p.cache_config))
+            if p.compile.enabled and row.counts_agree is None and eager is not None and p.cache_config.enabled:
+                # Under compile the block hooks are blind: check against the same cache run eagerly instead.
+                row.counts_agree = row.cached_step_indices == eager.cached_step_indices
+                row.count_check = f"{'same' if row.counts_agree else 'DIFFERENT'} steps as eager {eager.preset}"
+            if not p.compile.enabled:
+                eager_rows.setdefault((p.quantize_config, p.cache_config), row)
+            rows.append(row)
+    finally:
+        runner.manager.unload()
+    return rows
+
+
+def run_doctor(families=FAMILIES, presets=None, device=None, on_status=None) -> list[DoctorRow]:
+    """Build each family's tiny instance in a temporary folder and run the presets on it."""
+    presets = list(presets or PresetLibrary().names())
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="studio-doctor-") as tmp:
+        for family in families:
+            if on_status:
+                on_status(f"{family}: building a tiny random-weight instance")
+            folder = save_family(family, Path(tmp) / family)
+            rows += check_family(family, folder, presets, device, on_status)
+    return rows
+
+
+def markdown(rows: list[DoctorRow]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(r.cells()) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def as_json(rows: list[DoctorRow], device: str) -> str:
+    return json.dumps(
+        {"device": device, "caching_threshold": CACHING_THRESHOLD, "rows": [asdict(r) for r in rows]}, indent=1
+    )
+
+
+def healthy(rows: list[DoctorRow]) -> bool:
+    """Every count agrees with the cache's own list and no stack is broken."""
+    return all(r.counts_agree is not False and r.quality != "likely broken, not lossy" for r in rows)
+
+
+# The non-cache techniques on a transformer of real size (GPU only): random weights do not cache, but their kernels
+# time like trained ones. FLUX.1-dev's transformer config; 1024x1024 is 4096 image tokens.
+FLUX_DEV = dict(
+    patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128, num_attention_heads=24,
+    joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=(16, 56, 56),
+)  # fmt: skip
+KERNEL_STACKS = ("sdpa", "sage", "int8", "compile")
+
+
+@dataclass
+class KernelRow:
+    stack: str
+    ms: float | None  # median ms per transformer call, None when it could not run here
+    speedup: float | None
+    note: str
+
+
+def _flux_inputs(cfg: dict, tokens: int, text: int, device, dtype):
+    import torch
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(device, dtype)
+
+    side = int(tokens**0.5)
+    img_ids = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij"), -1).reshape(-1, 2)
+    img_ids = torch.cat([torch.zeros(tokens, 1), img_ids.float()], 1).to(device)
+    return dict(
+        hidden_states=rnd(1, tokens, cfg["in_channels"]),
+        encoder_hidden_states=rnd(1, text, cfg["joint_attention_dim"]),
+        pooled_projections=rnd(1, cfg["pooled_projection_dim"]),
+        timestep=torch.tensor([0.5], device=device, dtype=dtype),
+        img_ids=img_ids,
+        txt_ids=torch.zeros(text, 3, device=device),
+        guidance=torch.tensor([3.5], device=device, dtype=dtype) if cfg.get("guidance_embeds") else None,
+        return_dict=False,
+    )
+
+
+def _time_calls(tr, inputs: dict, repeats: int, device) -> float:
+    import statistics
+    import time
+
+    import torch
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    with torch.inference_mode():
+        tr(**inputs)  # warm-up (compiles under torch.compile)
+        times = []
+        for _ in range(repeats):
+            sync()
+            t0 = time.perf_counter()
+            tr(**inputs)
+            sync()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def time_kernels(cfg: dict = FLUX_DEV, tokens: int = 4096, text: int = 512, device=None, repeats: int = 5):
+    """Median ms per transformer call for each non-cache stack on a random-weight FluxTransformer2DModel built with
+    `cfg` directly on `device` (bf16 on CUDA, float32 elsewhere), each against plain SDPA."""
+    import torch
+    from diffusers import FluxTransformer2DModel
+
+    from studio.engine.attention import apply_attention
+    from studio.engine.compile import apply_compile
+    from studio.engine.quantize import apply_quant
+    from studio.spec.preset import CompileSpec, QuantSpec
+
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    inputs = _flux_inputs(cfg, tokens, text, device, dtype)
+    rows, base = [], None
+    for stack in KERNEL_STACKS:
+        with torch.device(device):
+            tr = FluxTransformer2DModel(**cfg).to(dtype).eval()
+        holder = type("Pipe", (), {"transformer": tr})()
+        if stack == "sage":
+            e = apply_attention(holder, "sage")
+        elif stack == "int8":
+            e = apply_quant(holder, QuantSpec(quant_type="int8_weight_only"))
+        elif stack == "compile":
+            e = apply_compile(holder, CompileSpec(enabled=True), cache_engaged=False)
+        else:
+            e = apply_attention(holder, "sdpa")
+        ms = _time_calls(tr, inputs, repeats, device) if e.engaged or stack == "sdpa" else None
+        base = ms if stack == "sdpa" else base
+        rows.append(KernelRow(stack, ms, (base / ms) if ms and base else None, e.detail))
+        del tr, holder
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows

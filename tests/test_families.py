@@ -1,0 +1,102 @@
+"""Every DiT family the studio names, on a tiny random-weight instance built offline from its own classes:
+FLUX, Qwen-Image (true CFG: two transformer calls per step), SD3.5 (CFG batched in one call), Z-Image (few steps,
+CFG-free). The three-run check, the quantize and compile stacks, counts against cache-dit's own list, no false alarm
+from the guard.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from studio.engine import ModelManager, Runner
+from studio.measure.quality import Verdict, psnr
+from studio.spec import PresetLibrary
+from studio.tiny.families import CACHING_THRESHOLD, FAMILIES, save_family
+
+pytestmark = pytest.mark.slow
+PROMPT = "a red circle in the center, blue background"
+R = CACHING_THRESHOLD["cache-dit"]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request, tmp_path_factory):
+    folder = save_family(request.param, tmp_path_factory.mktemp(request.param))
+    runner = Runner(ModelManager("cpu"), PresetLibrary(), model=str(folder), cheap_pairs=1)
+    yield request.param, runner
+    runner.manager.unload()
+
+
+def test_three_run_check_and_counts_agree_with_cache_dit(family):
+    name, runner = family
+    req = runner.request(PROMPT, seed=1)
+    base = runner.generate(req, "base")
+    on = runner.generate(req, "cache", cache_threshold=R)
+    off = runner.generate(req, "cache", cache_enabled=False)
+    m = on.metrics
+    assert m.cached_steps > 0 and m.cached_steps + m.full_steps == req.steps, (name, m.cached_step_indices)
+    assert m.count_source == "block hooks" and m.count_check == "agrees with cache-dit", (name, m.count_check)
+    assert m.backend_cached_steps == m.cached_step_indices
+    # the guard raises no false alarm on a correct cache (telling noise from a picture needs a clean base image,
+    # which random weights do not draw: that half of the guard is checked on the embedded model)
+    assert 30.0 < m.psnr_db < np.inf and m.quality in (Verdict.GOOD, Verdict.LOSSY) and not m.broken
+    assert np.array_equal(off.image, base.image) and off.metrics.cached_steps == 0
+
+
+def test_quantize_and_compile_stacks(family):
+    name, runner = family
+    req = runner.request(PROMPT, seed=1)
+    eager = runner.generate(req, "cache", cache_threshold=R)
+    q = runner.generate(req, "int8")
+    assert q.metrics.psnr_db > 30.0 and not q.metrics.fallbacks, (name, q.metrics.fallbacks)
+    cc = runner.generate(req, "cache-compile", cache_threshold=R)
+    line = next(x for x in cc.metrics.engaged + cc.metrics.fallbacks if x.startswith("compile:"))
+    if line.startswith("compile: regional"):  # compiled: counted from cache-dit's list, the eager stack's steps
+        assert cc.metrics.count_source == "cache-dit" and cc.metrics.compile_s is not None
+    else:  # no repeated blocks (SD3): refused with the reason, eager
+        assert "has no _repeated_blocks" in line and cc.metrics.fallbacks == [line]
+    assert cc.metrics.cached_step_indices == eager.metrics.cached_step_indices, name
+    assert psnr(cc.image, eager.image) > 35.0
+
+
+def test_qwen_image_cache_follows_the_cfg_mode_of_each_request(tmp_path):
+    folder = save_family("qwen-image", tmp_path / "q")
+    runner = Runner(ModelManager("cpu"), PresetLibrary(), model=str(folder), cheap_pairs=1)
+    try:
+        for cfg, calls in ((1.0, 1), (4.0, 2)):  # no CFG: one call per step; true CFG: cond + uncond
+            req = runner.request(PROMPT, seed=1, steps=20, true_cfg_scale=cfg)
+            m = runner.generate(req, "cache", cache_threshold=R).metrics
+            assert m.transformer_calls == calls * 20
+            # cache-dit wired for the run's real calls: its list and the block hooks agree (with the adapter's
+            # default of two calls per step, the one-call run gave [4, 5, 6, 8, 9] against [8..13, 16..19])
+            assert m.count_check == "agrees with cache-dit" and m.cached_steps > 0, (cfg, m.count_check)
+            assert ("CFG branches cached apart" in " ".join(m.engaged)) == (calls == 2)
+    finally:
+        runner.manager.unload()
+
+
+def test_doctor_on_one_family():
+    from studio.bench import doctor
+
+    rows = doctor.run_doctor(["z-image"], ["base", "cache", "cache-int8-sage"])
+    assert [r.preset for r in rows] == ["base", "cache", "cache-int8-sage"] and doctor.healthy(rows)
+    assert rows[1].counts_agree is True and rows[1].cached_steps > 0
+    assert "sage: unavailable on cpu, using sdpa" in rows[2].fallbacks
+    table = doctor.markdown(rows)
+    assert table.startswith("| family | preset | stack | cached/full | cache's own list | counts |")
+
+
+def test_kernel_timing_runs_each_non_cache_stack_on_a_small_flux_transformer():
+    """The doctor's GPU table (FLUX.1-dev size at 1024x1024 on a GPU), run here on a small config on the CPU."""
+    from studio.bench.doctor import KERNEL_STACKS, time_kernels
+
+    small = dict(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=32, pooled_projection_dim=16, guidance_embeds=True, axes_dims_rope=(4, 6, 6),
+    )  # fmt: skip
+    rows = time_kernels(small, tokens=64, text=8, device="cpu", repeats=2)
+    assert [r.stack for r in rows] == list(KERNEL_STACKS)
+    by = {r.stack: r for r in rows}
+    assert by["sdpa"].ms > 0 and by["sdpa"].speedup == 1.0
+    assert by["sage"].ms is None and by["sage"].note == "sage: unavailable on cpu, using sdpa"
+    assert by["int8"].ms > 0 and by["compile"].ms > 0 and "fullgraph=True" in by["compile"].note
