@@ -35,6 +35,8 @@ def metrics_card(m) -> str:
     steps = fmt.steps(m.cached_steps, m.full_steps)
     if m.cached_step_indices:
         steps += f" &nbsp; cached: {m.cached_step_indices}"
+    if m.backend_cfg_cached_steps:
+        steps += f"<br><small>unconditional (CFG) branch cached apart: {m.backend_cfg_cached_steps}</small>"
     steps += f"<br><small>counted by {esc(m.count_source)}" + (f"; {esc(m.count_check)}" if m.count_check else "")
     steps += "</small>"
     vs = fmt.speedup(m.speedup)
