@@ -39,8 +39,7 @@ def prewarm() -> None:
     """Load the model and run the untimed warm-ups of base and the default preset at the profile's size while the
     page opens, so the first click times warm stacks sooner. A click meanwhile waits for it."""
     try:
-        prof = runner.profile()
-        prompt = prof.example_prompts[0] if prof.example_prompts else "a photo of a cat"
+        prompt = runner.profile().first_prompt
         presets = ["base"] + ([PRESET] if PRESET in runner.presets.names() and PRESET != "base" else [])
         runner.warm_up(runner.request(prompt, seed=42), presets)
     except Exception as e:  # the app still works; the first click will load and warm up instead

@@ -188,7 +188,7 @@ def main(argv=None) -> int:
     runner = Runner(ModelManager(args.device), lib, model=args.model)
     try:
         prof = runner.profile(args.model)
-        prompt = args.prompt or (prof.example_prompts[0] if prof.example_prompts else "a photo of a cat")
+        prompt = args.prompt or prof.first_prompt
         req = runner.request(
             prompt,
             model=args.model,

@@ -37,9 +37,7 @@ def _request_form(ui, studio: Studio) -> None:
     prof = studio.runner.profile(studio.models[0])
     with gr.Row():
         with gr.Column(scale=3):
-            ui.prompt = gr.Textbox(
-                label="Prompt", value=prof.example_prompts[0] if prof.example_prompts else "", lines=2
-            )
+            ui.prompt = gr.Textbox(label="Prompt", value=prof.first_prompt, lines=2)
             ui.examples = gr.Dropdown(label="Example prompts", choices=list(prof.example_prompts), value=None)
         with gr.Column(scale=2):
             ui.model = gr.Dropdown(

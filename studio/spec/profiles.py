@@ -46,6 +46,11 @@ class ModelProfile:
                 raise ValueError(f"ModelProfile.{f}={v!r}: must be a positive integer")
         object.__setattr__(self, "example_prompts", tuple(self.example_prompts))
 
+    @property
+    def first_prompt(self) -> str:
+        """The prompt a request starts from when none is given: the first example, or a generic one."""
+        return self.example_prompts[0] if self.example_prompts else "a photo of a cat"
+
     def as_dict(self) -> dict:
         return asdict(self)
 
