@@ -111,6 +111,20 @@ def test_generate_endpoint_with_compile_switch(client, app):
     assert int(counts[0]) > 0 and "counted by cache-dit" in card
 
 
+def test_api_defaults_and_numbers_as_data(client, app):
+    runner, _ = app
+    # every parameter but the prompt has a default: the form's (here the random test model's profile)
+    out = client.predict(prompt=PROMPT, model=runner.model, preset="cache", threshold=0.5, api_name="/generate")
+    m = out[-1]
+    assert m["preset"] == "cache.override"  # the per-request threshold overrides the preset's
+    assert m["cached_steps"] + m["full_steps"] == m["request"]["steps"]
+    for key in ("speedup", "psnr_db", "ssim", "denoise_s", "cached_step_indices", "dtype", "engaged"):
+        assert key in m
+    assert f"{m['cached_steps']} cached / {m['full_steps']} full" in out[1]  # the card and the data agree
+    base = client.predict(prompt=PROMPT, model=runner.model, preset="base", api_name="/generate")[-1]
+    assert base["psnr_db"] == "inf" and base["speedup"] == 1.0  # JSON has no Infinity
+
+
 def test_compare_endpoint(client, app):
     runner, _ = app
     out = client.predict(

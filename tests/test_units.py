@@ -204,7 +204,10 @@ def _handlers():
     from studio.app.handlers import Handlers, Studio
     from studio.spec import PresetLibrary
 
-    names = "image card base_image steps_plot hist_table history slider img_a img_b ab_table ab_flag".split()
+    names = (
+        "image card base_image steps_plot hist_table history slider img_a img_b ab_table ab_flag metrics_json ab_json"
+    )
+    names = names.split()
     ui = SimpleNamespace(**{n: n for n in names})  # components are plain keys here
     runner = FakeRunner()
     return Handlers(Studio(runner, ["m"], PresetLibrary()), ui), runner
@@ -218,7 +221,8 @@ def test_generate_handler_passes_switches_and_returns_components():
     req, preset, kw = runner.calls[0]
     assert (req.seed, req.steps, preset) == (7, 10, "cache")
     assert (kw["cache_enabled"], kw["cache_threshold"], kw["compile_enabled"]) == (True, None, False)
-    assert set(out) == {"image", "card", "base_image", "steps_plot", "hist_table", "history"}
+    assert set(out) == {"image", "card", "base_image", "steps_plot", "hist_table", "history", "metrics_json"}
+    assert out["metrics_json"]["cached_step_indices"] == [4, 5, 7, 8] and out["metrics_json"]["speedup"] == 1.8
     assert out["image"].shape == (384, 384, 3)  # 64 px shown enlarged x6, nearest neighbour
     assert "4 cached / 6 full" in out["card"] and len(out["history"]) == 1
 

@@ -69,6 +69,17 @@ def notes_md(notes: str) -> str:
     return html.escape(notes or "")
 
 
+def json_safe(value):
+    """JSON has no Infinity: an identical picture's PSNR (inf) is sent as the string "inf"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "inf" if value > 0 else ("-inf" if value < 0 else "nan")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def threshold_value(value) -> float | None:
     """A browser's empty number field sends 0: 0 (or nothing) means "follow the preset"."""
     if value in (None, "") or float(value) <= 0:
@@ -175,6 +186,7 @@ class Handlers:
             ui.card: metrics_card(res.metrics),
             ui.base_image: enlarge(res.base_image),
             ui.steps_plot: png(lambda buf: plot_steps(res.metrics, buf)),
+            ui.metrics_json: json_safe(res.metrics.as_dict()),
             **self._history(hist, req, [res]),
         }
 
@@ -201,6 +213,7 @@ class Handlers:
             ui.img_b: b,
             ui.ab_table: [r.cells() for r in rows],
             ui.ab_flag: flag,
+            ui.ab_json: json_safe({"a": ra.metrics.as_dict(), "b": rb.metrics.as_dict()}),
             **self._history(hist, req, [ra, rb]),
         }
 
@@ -236,6 +249,7 @@ class Handlers:
             ui.mx_csv: self.studio.write("matrix.csv", mat.csv()),
             ui.mx_md: self.studio.write("matrix.md", mat.markdown()),
             ui.matrix_runs: runs,
+            ui.mx_json: json_safe([r.as_dict() for r in mat.rows]),
             **self._history(hist, req, list(mat.results.values())),
         }
 
@@ -293,5 +307,7 @@ class Handlers:
             ui.steps: p.steps,
             ui.width: p.width,
             ui.height: p.height,
-            ui.guidance: gr.update(value=p.guidance, visible=p.guidance is not None),
+            ui.guidance: gr.update(
+                value=p.guidance if p.guidance is not None else 0.0, visible=p.guidance is not None
+            ),
         }

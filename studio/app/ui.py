@@ -51,7 +51,12 @@ def _request_form(ui, studio: Studio) -> None:
         ui.steps = gr.Slider(label="Steps", minimum=1, maximum=100, step=1, value=prof.steps)
         ui.width = gr.Number(label="Width", value=prof.width, precision=0, minimum=16)
         ui.height = gr.Number(label="Height", value=prof.height, precision=0, minimum=16)
-        ui.guidance = gr.Number(label="Guidance", value=prof.guidance, visible=prof.guidance is not None)
+        # A value of None would make `guidance` a required API parameter: a model without guidance gets 0 (ignored).
+        ui.guidance = gr.Number(
+            label="Guidance",
+            value=prof.guidance if prof.guidance is not None else 0.0,
+            visible=prof.guidance is not None,
+        )
 
 
 def _switches(ui, prefix: str) -> None:
@@ -70,6 +75,8 @@ def _generate_tab(ui, names: list[str], default_preset: str) -> None:
             with gr.Column(scale=2):
                 ui.image = gr.Image(label="Image", type="numpy", format="png", interactive=False)
                 ui.card = gr.HTML(label="Metrics")
+                with gr.Accordion("Metrics as JSON (what the API returns)", open=False):
+                    ui.metrics_json = gr.JSON(label="metrics")
             with gr.Column(scale=2):
                 ui.base_image = gr.Image(
                     label="base image (same request)", type="numpy", format="png", interactive=False
@@ -92,6 +99,8 @@ def _compare_tab(ui, names: list[str], pair: tuple[str, str]) -> None:
         ui.ab_table = gr.Dataframe(
             headers=list(COLUMNS), label="A/B", interactive=False, wrap=True, elem_id="ab-table"
         )
+        with gr.Accordion("A and B metrics as JSON (what the API returns)", open=False):
+            ui.ab_json = gr.JSON(label="metrics")
 
 
 def _matrix_tab(ui, names: list[str]) -> None:
@@ -118,6 +127,8 @@ def _matrix_tab(ui, names: list[str]) -> None:
         with gr.Row():
             ui.mx_csv = gr.File(label="Table (CSV)")
             ui.mx_md = gr.File(label="Table (Markdown)")
+        with gr.Accordion("Rows as JSON (what the API returns)", open=False):
+            ui.mx_json = gr.JSON(label="rows")
 
 
 def _presets_tab(ui, studio: Studio, names: list[str], default_preset: str) -> None:
@@ -162,14 +173,14 @@ def _wire(ui, h: Handlers, demo) -> None:
     ui.gen_btn.click(
         _gpu(h.generate),
         req + [ui.preset, ui.cache, ui.threshold, ui.compile, ui.history],
-        [ui.image, ui.card, ui.base_image, ui.steps_plot] + hist_out,
+        [ui.image, ui.card, ui.base_image, ui.steps_plot] + hist_out + [ui.metrics_json],
         api_name="generate",
         **device,
     )
     ui.cmp_btn.click(
         _gpu(h.compare),
         req + [ui.preset_a, ui.preset_b, ui.ab_cache, ui.ab_threshold, ui.ab_compile, ui.history],
-        [ui.slider, ui.img_a, ui.img_b, ui.ab_table, ui.ab_flag] + hist_out,
+        [ui.slider, ui.img_a, ui.img_b, ui.ab_table, ui.ab_flag] + hist_out + [ui.ab_json],
         api_name="compare",
         **device,
     )
@@ -177,7 +188,7 @@ def _wire(ui, h: Handlers, demo) -> None:
     ui.mx_btn.click(
         _gpu(h.matrix),
         req + [ui.mx_presets, ui.mx_repeats, ui.mx_cache, ui.mx_compile, ui.history],
-        mx_out + hist_out,
+        mx_out + hist_out + [ui.mx_json],
         api_name="matrix",
         **device,
     )
