@@ -7,6 +7,10 @@ Environment:
     STUDIO_PRESETS_DIR  folder for user presets (default: a temp folder)
     STUDIO_DEVICE       cpu or cuda (default: cuda when present)
     STUDIO_PREWARM      1 (default): load the model and warm base and the default preset up while the page opens
+    STUDIO_PUBLIC       1: public mode (also on when SPACE_ID is set, i.e. on a Space): only STUDIO_MODEL and
+                        STUDIO_MODELS load; any other Hub id or folder a visitor names is refused
+    STUDIO_DTYPE        bfloat16, float16 or float32 in place of what `dtype: auto` picks
+    STUDIO_TRANSFORMER_SLOTS  transformer weight sets kept loaded (2 on the CPU, 1 on a GPU by default)
     GRADIO_SERVER_NAME / GRADIO_SERVER_PORT   where to listen (gradio's own variables)
 """
 
@@ -31,7 +35,12 @@ MODELS = [MODEL] + [
 
 PRESET = os.environ.get("STUDIO_PRESET", "cache")
 
-runner = Runner(ModelManager(os.environ.get("STUDIO_DEVICE") or None), PresetLibrary(), model=MODEL)
+# Public (a Space, or STUDIO_PUBLIC=1): models load only from the operator's list above, never from a name a visitor
+# types (a local folder or another Hub id).
+PUBLIC = bool(os.environ.get("SPACE_ID")) or os.environ.get("STUDIO_PUBLIC", "") not in ("", "0")
+
+manager = ModelManager(os.environ.get("STUDIO_DEVICE") or None, allowed=MODELS if PUBLIC else None)
+runner = Runner(manager, PresetLibrary(), model=MODEL)
 demo = build_app(runner, models=MODELS, default_preset=PRESET)
 
 

@@ -327,3 +327,17 @@ def test_warm_up_runs_each_stack_once_untimed(runner):
     assert len(first) == 2 and all(t > 0 for t in first)
     assert runner.warm_up(r, ["base", "cache"]) == [0.0, 0.0]  # already warm: nothing runs
     assert runner.generate(r, "base").metrics.warmup_s is None
+
+
+def test_a_public_manager_loads_only_its_allow_list(random_model_dir):
+    from studio.engine import ModelManager
+
+    m = ModelManager("cpu", allowed=["tiny"])
+    with pytest.raises(ModelLoadError, match=r"is not served here; this studio serves: tiny"):
+        m.load(random_model_dir)  # a valid pipeline folder, but not on the operator's list
+    with pytest.raises(ModelLoadError, match="not served here"):
+        m.load("someone/some-model")
+    assert m.current is None
+    ok = ModelManager("cpu", allowed=[random_model_dir])
+    assert ok.load(random_model_dir).source == random_model_dir
+    ok.unload()

@@ -217,3 +217,14 @@ def test_spec_defaults_validate():
     assert QuantSpec().quant_type == "none" and not CompileSpec().enabled
     with pytest.raises(ConfigError):
         CompileSpec(enabled=True, fullgraph="yes")
+
+
+def test_prompt_length_is_bounded_and_not_echoed():
+    from studio.spec.request import MAX_PROMPT_CHARS
+
+    GenerationRequest(prompt="x" * MAX_PROMPT_CHARS)
+    with pytest.raises(ConfigError) as e:
+        GenerationRequest(prompt="y" * 20_000)
+    assert str(e.value) == "request.prompt is 20000 characters long: at most 2000 are allowed"
+    with pytest.raises(ConfigError, match="guidance=-5 is not valid: must be >= 0.0"):
+        GenerationRequest(prompt="x", guidance=-5)

@@ -259,3 +259,22 @@ def test_browser_generate_and_compare(tmp_path):
         runner.manager.unload()
     shot = np.asarray(Image.open(os.path.join(ARTIFACTS, "ui-compare.png")).convert("RGB"))
     assert shot.shape[1] >= 1000 and shot.std() > 10  # a page was drawn, not a blank frame
+
+
+def test_public_app_refuses_models_off_the_operators_list(random_model_dir, tmp_path):
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    runner = Runner(
+        ModelManager("cpu", allowed=[random_model_dir]), PresetLibrary(user_dir=tmp_path), model=random_model_dir
+    )
+    demo, url = _launch(runner)
+    try:
+        c = Client(url, verbose=False)
+        with pytest.raises(AppError, match=r"model '/etc' is not served here; this studio serves: "):
+            c.predict(prompt=PROMPT, model="/etc", api_name="/generate")
+        ok = c.predict(prompt=PROMPT, model=random_model_dir, preset="base", steps=10, api_name="/generate")
+        assert ok[-1]["psnr_db"] == "inf" and runner.manager.current.source == random_model_dir
+    finally:
+        demo.close()
+        runner.manager.unload()

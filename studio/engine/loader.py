@@ -60,8 +60,14 @@ class Loaded:
 class ModelManager:
     """Holds the current pipeline and the stack applied to it. Thread-safe for one caller at a time."""
 
-    def __init__(self, device: torch.device | str | None = None):
+    def __init__(self, device: torch.device | str | None = None, allowed: list[str] | None = None):
+        """
+        Args:
+            allowed: the only models this manager may load (names as a user types them; the embedded model is
+                always allowed). None: any Hub id or local folder. A public studio passes its operator's list.
+        """
         self.device = torch.device(device) if device is not None else default_device()
+        self.allowed = None if allowed is None else {resolve_model(m) for m in allowed} | {resolve_model(None)}
         self.current: Loaded | None = None
         self.lock = threading.RLock()
 
@@ -104,6 +110,9 @@ class ModelManager:
         """Load `model`; on failure the previously loaded model stays loaded and working."""
         with self.lock:
             source = resolve_model(model)
+            if self.allowed is not None and source not in self.allowed:
+                served = sorted("tiny" if s == resolve_model(None) else s for s in self.allowed)
+                raise ModelLoadError(f"model {model!r} is not served here; this studio serves: {', '.join(served)}")
             dtype = dtype or self.resolve_dtype("auto")
             pipe = self._from_pretrained(source, dtype.torch)
             pipe.set_progress_bar_config(disable=True)  # progress goes to the UI and the CLI's own bar

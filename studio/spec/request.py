@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from studio.spec.checks import Record, check_float, check_int, fail
+from studio.spec.checks import ConfigError, Record, check_float, check_int, fail
+
+MAX_PROMPT_CHARS = 2000  # far past any DiT's text window (FLUX: 512 T5 tokens); refuses junk before model work
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,15 @@ class GenerationRequest(Record):
         o = "request"
         if not isinstance(self.prompt, str) or not self.prompt.strip():
             fail(o, "prompt", self.prompt, "write a prompt (it is empty)")
+        if len(self.prompt) > MAX_PROMPT_CHARS:  # the message does not echo a huge prompt back
+            raise ConfigError(
+                f"request.prompt is {len(self.prompt)} characters long: at most {MAX_PROMPT_CHARS} are allowed"
+            )
+        for name in ("negative_prompt",):
+            v = getattr(self, name)
+            if not isinstance(v, str) or len(v) > MAX_PROMPT_CHARS:
+                fail(o, name, v if isinstance(v, str) and len(v) < 80 else type(v).__name__,
+                     f"a string of at most {MAX_PROMPT_CHARS} characters")  # fmt: skip
         check_int(o, "seed", self.seed, 0, 2**63 - 1)
         check_int(o, "steps", self.steps, 1, 200)
         check_int(o, "width", self.width, 16, 4096)
