@@ -41,7 +41,7 @@ PUBLIC = bool(os.environ.get("SPACE_ID")) or os.environ.get("STUDIO_PUBLIC", "")
 
 manager = ModelManager(os.environ.get("STUDIO_DEVICE") or None, allowed=MODELS if PUBLIC else None)
 runner = Runner(manager, PresetLibrary(), model=MODEL)
-demo = build_app(runner, models=MODELS, default_preset=PRESET)
+demo = build_app(runner, models=MODELS, default_preset=PRESET, public=PUBLIC)
 
 
 def prewarm() -> None:

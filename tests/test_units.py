@@ -15,6 +15,7 @@ from studio.measure.record import RunMetrics
 from studio.measure.timing import StepCounter, StepProbe, StepRecord, count_steps
 from studio.report import fmt
 from studio.report.card import metrics_card
+from studio.spec import ConfigError
 
 CPU = torch.device("cpu")
 
@@ -294,3 +295,30 @@ def test_folder_profiles_follow_the_pipeline_class(tmp_path, cls, transformer, v
         multiple,
     )
     assert cls in p.name
+
+
+def test_public_mode_keeps_each_visitors_presets_to_themselves(tmp_path):
+    from studio.app.handlers import Studio
+    from studio.spec import PresetLibrary
+
+    shared = PresetLibrary(user_dir=tmp_path / "shared")
+    studio = Studio(FakeRunner(), ["m"], shared, public=True, tmpdir=tmp_path / "tmp")
+    alice, bob = SimpleNamespace(session_hash="alice1"), SimpleNamespace(session_hash="../bob")
+    studio.library(alice).add("mine", "cache_config: {residual_diff_threshold: 0.3}\n")
+    assert "mine" in studio.library(alice).names()
+    assert "mine" not in studio.library(bob).names() and "mine" not in shared.names()
+    assert studio.library(bob).user_dir == tmp_path / "tmp" / "sessions" / "bob"  # no path tricks in a session id
+    assert studio.library(None).user_dir is None  # no session: built-ins only
+    private = Studio(FakeRunner(), ["m"], shared, public=False, tmpdir=tmp_path / "tmp2")
+    assert private.library(alice) is shared  # one local user: one folder
+
+
+def test_preset_files_are_bounded_and_written_whole(tmp_path):
+    from studio.spec import PresetLibrary
+    from studio.spec.presets import MAX_PRESET_BYTES
+
+    lib = PresetLibrary(user_dir=tmp_path)
+    with pytest.raises(ConfigError, match="more than a preset's 65536 bytes"):
+        lib.add("huge", "description: " + "x" * MAX_PRESET_BYTES + "\n")
+    lib.add("ok", "attention_backend: sdpa\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ok.yaml"]  # no temp file left beside it

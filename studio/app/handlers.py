@@ -11,6 +11,7 @@ import csv
 import html
 import io
 import math
+import os
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from studio.report.card import metrics_card
 from studio.report.plots import plot_steps, plot_tradeoff
 from studio.report.table import COLUMNS, MatrixRow
 from studio.spec import ConfigError, PresetLibrary, parse_switch
+from studio.spec.presets import MAX_PRESET_BYTES
 
 CACHE_CHOICES = [("follow preset", "unset"), ("on", "true"), ("off", "false")]
 COMPILE_CHOICES = CACHE_CHOICES
@@ -35,17 +37,34 @@ HISTORY_COLUMNS = ["#", "prompt", "seed", "steps", "size"] + list(COLUMNS)
 
 @dataclass
 class Studio:
-    """The facade the UI talks to."""
+    """The facade the UI talks to.
+
+    In public mode each visitor's presets live in a folder of their own session (under `tmpdir`), so what one
+    visitor saves no other visitor sees; otherwise the one user folder of `presets` is shared."""
 
     runner: Runner
     models: list[str]
     presets: PresetLibrary
+    public: bool = False
     tmpdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="studio-")))
 
     def write(self, name: str, text: str) -> str:
+        """Write a download atomically (a crash leaves the old file or the new one, never half of one)."""
         path = self.tmpdir / name
-        path.write_text(text)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
         return str(path)
+
+    def library(self, request=None) -> PresetLibrary:
+        """The presets this visitor sees: built-ins plus their own (public mode) or the shared user folder."""
+        session = getattr(request, "session_hash", None) if self.public else None
+        if not self.public:
+            return self.presets
+        if not session:
+            return self.presets.with_user_dir(None)
+        safe = "".join(c for c in str(session) if c.isalnum())[:64] or "anonymous"
+        return self.presets.with_user_dir(self.tmpdir / "sessions" / safe)
 
 
 def png(render) -> np.ndarray:
@@ -152,7 +171,7 @@ class Handlers:
         except (ConfigError, ValueError) as e:
             raise gr.Error(f"That request can't run: {e}") from None
 
-    def _run(self, req, model, preset, cache, threshold, compile, progress):
+    def _run(self, req, model, preset, cache, threshold, compile, progress, request=None):
         on_step, on_status = progress_hooks(progress)
         try:
             return self.studio.runner.generate(
@@ -164,7 +183,7 @@ class Handlers:
                 compile_enabled=parse_switch(compile, "compile switch"),
                 progress=on_step,
                 on_status=on_status,
-                presets=self.studio.presets,
+                presets=self.studio.library(request),
             )
         except (ConfigError, ModelLoadError, ValueError) as e:
             raise gr.Error(str(e)) from None
@@ -176,10 +195,10 @@ class Handlers:
     # events ----------------------------------------------------------------------------------------------
     def generate(
         self, prompt, model, seed, steps, width, height, guidance, preset, cache, threshold, compile="unset",
-        hist=None, progress=gr.Progress(),
+        hist=None, request: gr.Request = None, progress=gr.Progress(),
     ):  # fmt: skip
         req = self._request(prompt, model, seed, steps, width, height, guidance)
-        res = self._run(req, model, preset, cache, threshold, compile, progress)
+        res = self._run(req, model, preset, cache, threshold, compile, progress, request)
         ui = self.ui
         return {
             ui.image: enlarge(res.image),
@@ -192,11 +211,11 @@ class Handlers:
 
     def compare(
         self, prompt, model, seed, steps, width, height, guidance, preset_a, preset_b, cache, threshold,
-        compile="unset", hist=None, progress=gr.Progress(),
+        compile="unset", hist=None, request: gr.Request = None, progress=gr.Progress(),
     ):  # fmt: skip
         req = self._request(prompt, model, seed, steps, width, height, guidance)
-        ra = self._run(req, model, preset_a, cache, threshold, compile, progress)
-        rb = self._run(req, model, preset_b, cache, threshold, compile, progress)
+        ra = self._run(req, model, preset_a, cache, threshold, compile, progress, request)
+        rb = self._run(req, model, preset_b, cache, threshold, compile, progress, request)
         rows = [MatrixRow.from_metrics(ra.metrics), MatrixRow.from_metrics(rb.metrics)]
         broken = [r.preset for r in rows if r.quality == Verdict.BROKEN.value]
         flag = (
@@ -219,7 +238,7 @@ class Handlers:
 
     def matrix(
         self, prompt, model, seed, steps, width, height, guidance, presets, repeats, cache="unset", compile="unset",
-        hist=None, progress=gr.Progress(),
+        hist=None, request: gr.Request = None, progress=gr.Progress(),
     ):  # fmt: skip
         req = self._request(prompt, model, seed, steps, width, height, guidance)
         if not presets:
@@ -234,7 +253,7 @@ class Handlers:
                 on_status=lambda s: progress(0, desc=s),
                 cache_enabled=parse_switch(cache, "cache switch"),
                 compile_enabled=parse_switch(compile, "compile switch"),
-                presets_library=self.studio.presets,
+                presets_library=self.studio.library(request),
             )
         except (ConfigError, ModelLoadError, ValueError) as e:
             raise gr.Error(str(e)) from None
@@ -258,8 +277,8 @@ class Handlers:
             return {self.ui.mx_steps: None}
         return {self.ui.mx_steps: png(lambda buf: plot_steps(runs[name], buf))}
 
-    def show_preset(self, name):
-        lib = self.studio.presets
+    def show_preset(self, name, request: gr.Request = None):
+        lib = self.studio.library(request)
         try:
             p = lib.get(name)
         except ConfigError as e:
@@ -271,17 +290,22 @@ class Handlers:
     def load_upload(self, path):
         if not path:
             return {}
-        return {self.ui.new_yaml: Path(path).read_text(), self.ui.new_name: Path(path).stem}
+        size = Path(path).stat().st_size
+        if size > MAX_PRESET_BYTES:
+            raise gr.Error(f"That preset file is {size} bytes: a preset is at most {MAX_PRESET_BYTES} bytes of YAML.")
+        stem = "".join(c for c in Path(path).stem if c.isalnum() or c in "-_.")[:64]
+        return {self.ui.new_yaml: Path(path).read_text(errors="replace"), self.ui.new_name: stem}
 
-    def save_preset(self, name, text):
+    def save_preset(self, name, text, request: gr.Request = None):
         name = (name or "").strip()
         if not name:
             raise gr.Error("Give the new preset a name.")
         try:
-            p = self.studio.presets.add(name, text or "")
+            lib = self.studio.library(request)
+            p = lib.add(name, text or "")
         except ConfigError as e:
             raise gr.Error(f"Preset not saved: {e}") from None
-        choices = self.studio.presets.names()
+        choices = lib.names()
         ui = self.ui
         out = {c: gr.update(choices=choices) for c in (ui.preset, ui.preset_a, ui.preset_b, ui.mx_presets)}
         out[ui.pv_name] = gr.update(choices=choices, value=name)

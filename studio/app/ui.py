@@ -144,7 +144,7 @@ def _presets_tab(ui, studio: Studio, names: list[str], default_preset: str) -> N
                     label="New preset YAML (paste or upload)",
                     language="yaml",
                     interactive=True,
-                    value=studio.presets.text("cache"),
+                    value=studio.library().text("cache"),
                 )
                 ui.upload = gr.File(label="Upload a .yaml preset", file_types=[".yaml", ".yml"], type="filepath")
                 ui.save_btn = gr.Button("Validate and save", variant="primary")
@@ -207,14 +207,16 @@ def build_app(
     models: list[str] | None = None,
     default_preset: str | None = None,
     compare_presets: tuple[str, str] = (BASE, "cache-int8-sage"),
+    public: bool = False,
 ) -> gr.Blocks:
+    """The studio. public: each visitor's saved presets stay in their own session (a public Space)."""
     runner = runner or Runner()
     # User presets need somewhere to live; the runner's library is not changed (the engine stays as it was given).
     presets = runner.presets
     if presets.user_dir is None:
         presets = presets.with_user_dir(Path(tempfile.gettempdir()) / "dit-speed-studio-presets")
-    studio = Studio(runner, models or [runner.model], presets)
-    names = presets.names()
+    studio = Studio(runner, models or [runner.model], presets, public=public)
+    names = studio.library().names()
     default_preset = default_preset if default_preset in names else ("cache" if "cache" in names else BASE)
     ui = SimpleNamespace()
     with gr.Blocks(title="DiT Speed Studio") as demo:

@@ -24,6 +24,7 @@ from studio.spec.preset import CacheSpec, CompileSpec, Preset, QuantSpec
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent.parent / "presets"
 USER_DIR_ENV = "STUDIO_PRESETS_DIR"
+MAX_PRESET_BYTES = 64 * 1024  # a preset is a few hundred bytes of YAML; anything near this is not one
 BUILTIN_ORDER = (
     "base",
     "sage",
@@ -101,6 +102,8 @@ def preset_to_yaml(p: Preset) -> str:
 
 def preset_from_text(text: str, name: str, source: str | None = None) -> Preset:
     source = source or f"preset {name!r}"
+    if len(text.encode("utf-8", "replace")) > MAX_PRESET_BYTES:
+        raise ConfigError(f"{source}: {len(text)} characters of YAML, more than a preset's {MAX_PRESET_BYTES} bytes")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -127,8 +130,11 @@ class PresetLibrary:
         self.user_dir = Path(user_dir) if user_dir else Path(env) if env else None
 
     def with_user_dir(self, user_dir: Path | str | None) -> "PresetLibrary":
-        """The same built-ins over another user folder (each visitor of a public app can have their own)."""
-        return PresetLibrary(self.builtin_dir, user_dir)
+        """The same built-ins over another user folder (each visitor of a public app can have their own); None
+        means no user folder at all (not STUDIO_PRESETS_DIR)."""
+        lib = PresetLibrary(self.builtin_dir)
+        lib.user_dir = Path(user_dir) if user_dir else None
+        return lib
 
     def _files(self) -> dict[str, Path]:
         found: dict[str, Path] = {}
@@ -165,5 +171,8 @@ class PresetLibrary:
         if self.is_builtin(name):
             raise ConfigError(f"preset name {name!r} is built in; choose another name")
         self.user_dir.mkdir(parents=True, exist_ok=True)
-        (self.user_dir / f"{name}.yaml").write_text(text)
+        path = self.user_dir / f"{name}.yaml"
+        tmp = path.with_name(f".{name}.yaml.tmp")  # not *.yaml: never listed, even if a crash leaves it
+        tmp.write_text(text)
+        os.replace(tmp, path)  # atomic: a reader sees the old preset or the new one, never half of it
         return preset
