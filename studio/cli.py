@@ -174,7 +174,7 @@ def _bench(runner, req, args) -> int:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from studio.engine import ModelLoadError, ModelManager, Runner
+    from studio.engine import ModelLoadError, ModelManager, Runner, RunError
     from studio.spec import ConfigError, PresetLibrary
 
     if args.cmd == "doctor":
@@ -199,6 +199,6 @@ def main(argv=None) -> int:
             guidance=args.guidance,
         )
         return _generate(runner, req, args) if args.cmd == "generate" else _bench(runner, req, args)
-    except (ConfigError, ModelLoadError, ValueError) as e:
+    except (ConfigError, ModelLoadError, RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -341,3 +341,49 @@ def test_a_public_manager_loads_only_its_allow_list(random_model_dir):
     ok = ModelManager("cpu", allowed=[random_model_dir])
     assert ok.load(random_model_dir).source == random_model_dir
     ok.unload()
+
+
+def test_a_failure_inside_the_pipeline_is_one_sentence_and_changes_nothing(runner):
+    from studio.engine import RunError
+
+    r = req()
+    before = runner.generate(r, "cache", cache_threshold=0.5)
+    tr = runner.manager.current.pipe.transformer
+
+    def oom(module, args):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB\nlong internal details")
+
+    handle = tr.register_forward_pre_hook(oom)
+    try:
+        with pytest.raises(RunError) as e:
+            runner.generate(r, "cache", cache_threshold=0.5)
+    finally:
+        handle.remove()
+    assert str(e.value).startswith("the run failed inside the pipeline (RuntimeError: CUDA out of memory.")
+    assert "\n" not in str(e.value) and not runner.manager.lock._is_owned()
+    after = runner.generate(r, "cache", cache_threshold=0.5)
+    assert np.array_equal(after.image, before.image)
+    assert after.metrics.cached_step_indices == before.metrics.cached_step_indices
+
+
+def test_a_compile_that_fails_on_its_first_run_falls_back_to_eager_with_the_reason(runner, monkeypatch):
+    import studio.engine.compile as comp
+
+    def broken(tr, spec, kwargs):
+        impls, whole = real(tr, spec, kwargs)
+
+        def fail(*a, **k):
+            raise RuntimeError("InductorError: C++ compile error\n<details>")
+
+        return [(m, attr, fail, eager) for m, attr, _, eager in impls], whole
+
+    real = comp._compile_impls
+    monkeypatch.setattr(comp, "_compile_impls", broken)
+    r = req()
+    eager = runner.generate(r, "cache", cache_threshold=0.5)
+    res = runner.generate(r, "cache-compile", cache_threshold=0.5)
+    line = "compile: failed on its first run (RuntimeError: InductorError: C++ compile error), running eager"
+    assert res.metrics.fallbacks == [line] and res.metrics.compile_s is None
+    assert np.array_equal(res.image, eager.image)  # it ran the eager stack, and says so
+    again = runner.generate(r, "cache-compile", cache_threshold=0.5)
+    assert again.metrics.fallbacks == [line]  # not retried on every click

@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from studio.bench import run_matrix
-from studio.engine import BASE, ModelLoadError, Runner
+from studio.engine import BASE, ModelLoadError, Runner, RunError
 from studio.measure.quality import Verdict
 from studio.report.card import metrics_card
 from studio.report.plots import plot_steps, plot_tradeoff
@@ -185,7 +185,7 @@ class Handlers:
                 on_status=on_status,
                 presets=self.studio.library(request),
             )
-        except (ConfigError, ModelLoadError, ValueError) as e:
+        except (ConfigError, ModelLoadError, RunError, ValueError) as e:
             raise gr.Error(str(e)) from None
 
     def _history(self, hist, req, results) -> dict:
@@ -255,7 +255,7 @@ class Handlers:
                 compile_enabled=parse_switch(compile, "compile switch"),
                 presets_library=self.studio.library(request),
             )
-        except (ConfigError, ModelLoadError, ValueError) as e:
+        except (ConfigError, ModelLoadError, RunError, ValueError) as e:
             raise gr.Error(str(e)) from None
         runs = {name: r.metrics.as_dict() for name, r in mat.results.items()}
         first = next((r.preset for r in mat.rows if r.preset != BASE), mat.rows[0].preset)

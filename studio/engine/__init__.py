@@ -5,7 +5,7 @@ Imports `measure` and `spec` from the studio, nothing above.
 """
 
 from studio.engine.loader import ModelLoadError, ModelManager
-from studio.engine.session import BASE, Runner, RunResult
+from studio.engine.session import BASE, Runner, RunError, RunResult
 from studio.engine.stack import STACK_ORDER, AppliedStack, apply_preset
 from studio.engine.state import Engaged, StackState, stack_state
 
@@ -16,6 +16,7 @@ __all__ = [
     "Engaged",
     "ModelLoadError",
     "ModelManager",
+    "RunError",
     "RunResult",
     "Runner",
     "StackState",

@@ -50,6 +50,29 @@ def _compile_impls(tr, spec: CompileSpec, kwargs: dict) -> tuple[list, bool]:
     return [(tr, "forward", torch.compile(tr.forward, **kwargs), eager)], True
 
 
+def variant_key(tr, spec: CompileSpec, fullgraph: bool) -> tuple:
+    """What identifies a compiled variant. A whole-model graph holds the forward it was traced from, which a cache
+    may have patched: it is keyed by the engaged cache too."""
+    whole = not (spec.regional and getattr(tr, "_repeated_blocks", None))
+    key = (spec.mode, fullgraph, spec.dynamic, spec.regional)
+    return key + (stack_state(tr).cache,) if whole else key
+
+
+def compile_failed(tr, error: Exception) -> str:
+    """The compiled variant now running failed on its first run: run eagerly, drop it, and never try it again."""
+    state = stack_state(tr)
+    reason = f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
+    if state.compiled is not None:
+        state.compile_failed[state.compiled.key] = reason
+        state.variants.pop(state.compiled.key, None)
+    uncompile(tr)
+    return reason
+
+
+def failed_to_compile(reason: str) -> Engaged:
+    return Engaged("compile", "on", False, f"compile: failed on its first run ({reason}), running eager")
+
+
 def uncompile(tr) -> None:
     """Run eagerly from now on; the compiled variant stays saved for the next time it is asked for."""
     state = stack_state(tr)
@@ -74,9 +97,8 @@ def _activate(tr, spec: CompileSpec, fullgraph: bool) -> CompiledVariant:
     dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)
     state = stack_state(tr)
     state.counter.see_blocks(False)  # before any graph is traced or switched back on
-    # A whole-model graph holds the forward it was traced from, which a cache may have patched: key it by the cache.
-    key = (spec.mode, fullgraph, spec.dynamic, spec.regional, state.cache)
-    variant = state.variants.get(key) or state.variants.get(key[:-1])
+    key = variant_key(tr, spec, fullgraph)
+    variant = state.variants.get(key)
     if variant is None:
         kwargs = {
             "fullgraph": fullgraph,
@@ -85,7 +107,7 @@ def _activate(tr, spec: CompileSpec, fullgraph: bool) -> CompiledVariant:
         }
         impls, whole = _compile_impls(tr, spec, kwargs)
         how = "whole transformer" if whole else f"regional ({', '.join(tr._repeated_blocks)})"
-        variant = CompiledVariant(key if whole else key[:-1], fullgraph, whole, how, impls)
+        variant = CompiledVariant(key, fullgraph, whole, how, impls)
         state.variants[variant.key] = variant
     for module, attr, compiled, _ in variant.impls:  # switch it on (a new regional variant already is)
         _set(module, attr, compiled)
@@ -121,6 +143,9 @@ def apply_compile(pipe, spec: CompileSpec, *, cache_engaged: bool) -> Engaged:
             "running eager",
         )
     fullgraph = spec.effective_fullgraph(cache_engaged)
+    failed = stack_state(tr).compile_failed.get(variant_key(tr, spec, fullgraph))
+    if failed:
+        return failed_to_compile(failed)
     note = " (fullgraph off: a step cache is engaged)" if cache_engaged and spec.fullgraph is not False else ""
     variant = _activate(tr, spec, fullgraph)
     return Engaged("compile", "on", True, f"compile: {variant.how}, fullgraph={fullgraph}, mode={spec.mode}{note}")

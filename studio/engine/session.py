@@ -25,7 +25,8 @@ import torch
 
 from studio.engine.bases import BaseEntry, BaseStore
 from studio.engine.cache import CacheReport, prepare_run, read_report
-from studio.engine.loader import ModelManager
+from studio.engine.compile import compile_failed, failed_to_compile
+from studio.engine.loader import ModelLoadError, ModelManager
 from studio.engine.stack import AppliedStack
 from studio.engine.state import stack_state
 from studio.measure.quality import Verdict, judge
@@ -110,6 +111,10 @@ class Measured:
     compiled: bool
     ended: float  # time.monotonic() at the end of the timed run
     calls: int = 0  # transformer calls in the timed run
+
+
+class RunError(RuntimeError):
+    """A run failed inside the pipeline; the message is one sentence a person can read."""
 
 
 @dataclass
@@ -210,7 +215,15 @@ class Runner:
             separate_cfg=true_cfg(pipe, request),
         )  # fmt: skip
         t0 = time.perf_counter()
-        call_pipe(pipe, request)
+        try:
+            call_pipe(pipe, request)
+        except Exception as e:
+            if state.compiled is None:
+                raise
+            # torch.compile compiles on the first run: a failure there runs the stack eagerly, with the reason.
+            stack.engaged["compile"] = failed_to_compile(compile_failed(pipe.transformer, e))
+            stack.signature = stack.signature[:-1] + (None,)
+            return self._warm(pipe, state, stack, preset, request, on_status)
         state.warm.add(warm_key)
         return time.perf_counter() - t0
 
@@ -311,20 +324,35 @@ class Runner:
         with self.manager.lock:
             self.manager.ensure(model, dtype, on_status)  # a model that cannot load says so before anything else
             self.check_request(request, model)
-            key = request.key(resolve_model(model), dtype.name)
-            base, base_now, pairs = None, is_base, 1
-            if compare and not is_base:
-                base, base_now, run, pairs = self._side_by_side(
-                    request, base_p, p, model, key, progress, on_status, refresh_base
+            try:
+                return self._generate(
+                    request, p, base_p, is_base, model, dtype, t0, progress, on_status, compare, refresh_base
                 )
-            else:
-                run = self.measure(request, p, model, progress, on_status)
-            if is_base:
-                base = self.bases.get(key)
-                # A base run is compared with the kept base image too: it must be bitwise equal (inf dB). Only then
-                # does it refresh the kept timing; one that differs is news, shown against the kept picture.
-                if base is None or np.array_equal(base.image, run.image):
-                    base = self.bases.put(key, BaseEntry(run.image, run.denoise_s, run.step_ms, run.ended))
+            except (ConfigError, ModelLoadError):
+                raise
+            except Exception as e:  # out of memory, a kernel that fails, a broken hook: one sentence, nothing changed
+                msg = str(e).splitlines()[0][:200] if str(e) else ""
+                raise RunError(
+                    f"the run failed inside the pipeline ({type(e).__name__}: {msg}); the loaded model, its stack "
+                    "and the kept base images are as they were, so the next request runs as before"
+                ) from e
+
+    def _generate(self, request, p, base_p, is_base, model, dtype, t0, progress, on_status, compare, refresh_base):
+        """generate()'s body, under the manager's lock: the base (when compared), the timed run, the record."""
+        key = request.key(resolve_model(model), dtype.name)
+        base, base_now, pairs = None, is_base, 1
+        if compare and not is_base:
+            base, base_now, run, pairs = self._side_by_side(
+                request, base_p, p, model, key, progress, on_status, refresh_base
+            )
+        else:
+            run = self.measure(request, p, model, progress, on_status)
+        if is_base:
+            base = self.bases.get(key)
+            # A base run is compared with the kept base image too: it must be bitwise equal (inf dB). Only then
+            # does it refresh the kept timing; one that differs is news, shown against the kept picture.
+            if base is None or np.array_equal(base.image, run.image):
+                base = self.bases.put(key, BaseEntry(run.image, run.denoise_s, run.step_ms, run.ended))
         metrics = self._metrics(model, p, request, dtype, run, base, time.perf_counter() - t0)
         if pairs > 1:
             metrics.timing = metrics.timing.replace(

@@ -52,6 +52,7 @@ class StackState:
     variants: dict = field(default_factory=dict)  # key -> CompiledVariant, every variant compiled so far
     counter: StepCounter = field(default_factory=StepCounter)
     warm: set = field(default_factory=set)  # (stack signature, width, height) already run once in this process
+    compile_failed: dict = field(default_factory=dict)  # variant key -> why its first run failed (never retried)
 
     @property
     def blocks_compiled(self) -> bool:
