@@ -174,7 +174,7 @@ def _bench(runner, req, args) -> int:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from studio.engine import ModelLoadError, ModelManager, Runner, RunError
+    from studio.engine import ModelLoadError, ModelManager, RunError, Runner
     from studio.spec import ConfigError, PresetLibrary
 
     if args.cmd == "doctor":

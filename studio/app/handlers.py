@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from studio.bench import run_matrix
-from studio.engine import BASE, ModelLoadError, Runner, RunError
+from studio.engine import BASE, ModelLoadError, RunError, Runner
 from studio.measure.quality import Verdict
 from studio.report.card import metrics_card
 from studio.report.plots import plot_steps, plot_tradeoff

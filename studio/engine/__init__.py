@@ -5,7 +5,7 @@ Imports `measure` and `spec` from the studio, nothing above.
 """
 
 from studio.engine.loader import ModelLoadError, ModelManager
-from studio.engine.session import BASE, Runner, RunError, RunResult
+from studio.engine.session import BASE, RunError, Runner, RunResult
 from studio.engine.stack import STACK_ORDER, AppliedStack, apply_preset
 from studio.engine.state import Engaged, StackState, stack_state
 
