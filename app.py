@@ -9,6 +9,7 @@ Environment:
     STUDIO_PREWARM      1 (default): load the model and warm base and the default preset up while the page opens
     STUDIO_PUBLIC       1: public mode (also on when SPACE_ID is set, i.e. on a Space): only STUDIO_MODEL and
                         STUDIO_MODELS load; any other Hub id or folder a visitor names is refused
+    STUDIO_MAX_STEPS, STUDIO_MAX_SIDE   an operator's caps on steps and on width/height (e.g. for a public Space)
     STUDIO_DTYPE        bfloat16, float16 or float32 in place of what `dtype: auto` picks
     STUDIO_TRANSFORMER_SLOTS  transformer weight sets kept loaded (2 on the CPU, 1 on a GPU by default)
     GRADIO_SERVER_NAME / GRADIO_SERVER_PORT   where to listen (gradio's own variables)
@@ -40,7 +41,16 @@ PRESET = os.environ.get("STUDIO_PRESET", "cache")
 PUBLIC = bool(os.environ.get("SPACE_ID")) or os.environ.get("STUDIO_PUBLIC", "") not in ("", "0")
 
 manager = ModelManager(os.environ.get("STUDIO_DEVICE") or None, allowed=MODELS if PUBLIC else None)
-runner = Runner(manager, PresetLibrary(), model=MODEL)
+
+
+def _cap(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    return int(value) if value else None
+
+
+runner = Runner(
+    manager, PresetLibrary(), model=MODEL, max_steps=_cap("STUDIO_MAX_STEPS"), max_side=_cap("STUDIO_MAX_SIDE")
+)
 demo = build_app(runner, models=MODELS, default_preset=PRESET, public=PUBLIC)
 
 

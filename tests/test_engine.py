@@ -387,3 +387,12 @@ def test_a_compile_that_fails_on_its_first_run_falls_back_to_eager_with_the_reas
     assert np.array_equal(res.image, eager.image)  # it ran the eager stack, and says so
     again = runner.generate(r, "cache-compile", cache_threshold=0.5)
     assert again.metrics.fallbacks == [line]  # not retried on every click
+
+
+def test_operator_caps_refuse_with_a_sentence_before_any_model_work(runner):
+    runner.max_steps, runner.max_side = 10, 64
+    with pytest.raises(ValueError, match="steps 12 is over this studio's limit of 10"):
+        runner.generate(req(), "base")
+    with pytest.raises(ValueError, match="width 80 is over this studio's limit of 64"):
+        runner.generate(req(steps=10, width=80), "base")
+    assert runner.generate(req(steps=10), "base").metrics.full_steps == 10

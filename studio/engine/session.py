@@ -139,7 +139,14 @@ class Runner:
         base_max_age_s: float = BASE_MAX_AGE_S,
         base_retime_under_s: float = BASE_RETIME_UNDER_S,
         cheap_pairs: int = CHEAP_PAIRS,
+        max_steps: int | None = None,
+        max_side: int | None = None,
     ):
+        """
+        Args:
+            max_steps, max_side: an operator's caps on steps and on width/height (a public Space), on top of what
+                the model's profile allows.
+        """
         self.manager = manager or ModelManager()
         self.presets = presets or PresetLibrary()
         self.model = model or "tiny"
@@ -147,6 +154,7 @@ class Runner:
         self.base_max_age_s = base_max_age_s
         self.base_retime_under_s = base_retime_under_s
         self.cheap_pairs = cheap_pairs
+        self.max_steps, self.max_side = max_steps, max_side
 
     # requests --------------------------------------------------------------------------------------------
     def resolve_preset(self, preset: str | Preset, library: PresetLibrary | None = None) -> Preset:
@@ -172,8 +180,12 @@ class Runner:
     def check_request(self, request: GenerationRequest, model: str | None = None) -> None:
         """Raise ConfigError with a sentence when the model cannot take this size."""
         prof = self.profile(model)
+        if self.max_steps is not None and request.steps > self.max_steps:
+            raise ConfigError(f"steps {request.steps} is over this studio's limit of {self.max_steps}")
         for name in ("width", "height"):
             v = getattr(request, name)
+            if self.max_side is not None and v > self.max_side:
+                raise ConfigError(f"{name} {v} is over this studio's limit of {self.max_side}")
             if v % prof.size_multiple:
                 raise ConfigError(f"{name} {v} is not a multiple of {prof.size_multiple}, which {prof.name} needs")
             if not prof.min_size <= v <= prof.max_size:

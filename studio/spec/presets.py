@@ -64,6 +64,9 @@ def preset_from_dict(data: dict, name: str | None = None, source: str = "<dict>"
     unknown = sorted(set(data) - set(_TOP_KEYS))
     if unknown:
         raise ConfigError(f"{source}: unknown key {unknown[0]!r}; allowed keys: {list(_TOP_KEYS)}")
+    for key in ("name", "description"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise ConfigError(f"{source}: {key} must be text, got {type(data[key]).__name__}")
     try:
         sections = {key: _section(data, key, cls) for key, cls in _SECTIONS.items()}
         return Preset(

@@ -1,0 +1,73 @@
+"""Property-based: junk thrown at the preset loader and the request validator gives only the project's own errors."""
+
+from __future__ import annotations
+
+import math
+
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from studio.spec import ConfigError, GenerationRequest
+from studio.spec.presets import preset_from_dict, preset_from_text
+
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20), st.sampled_from(["auto", "sdpa", "sage", "cache-dit", "fbcache", "int8_weight_only"]),
+)  # fmt: skip
+values = st.recursive(
+    scalars,
+    lambda c: st.one_of(st.lists(c, max_size=4), st.dictionaries(st.text(max_size=8), c, max_size=4)),
+    max_leaves=12,
+)
+keys = st.sampled_from(
+    ["description", "dtype", "attention_backend", "quantize_config", "cache_config", "compile", "name", "junk"]
+)
+sections = st.fixed_dictionaries(
+    {},
+    optional={
+        "Fn_compute_blocks": values, "residual_diff_threshold": values, "max_warmup_steps": values,
+        "enable_taylorseer": values, "enable_dmd": values, "steps_computation_mask": values, "compute_bins": values,
+        "cache_bins": values, "backend": values, "quant_type": values, "exclude_layers": values, "enabled": values,
+        "fullgraph": values, "mode": values,
+    },
+)  # fmt: skip
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(st.dictionaries(keys, st.one_of(values, sections), max_size=6))
+def test_preset_loader_raises_only_config_errors(data):
+    try:
+        p = preset_from_dict(data, name="junk")
+    except ConfigError as e:
+        assert str(e).startswith("<dict>: ") and "\n" not in str(e).strip()
+    else:  # whatever it accepted is a whole, valid preset
+        assert preset_from_text(yaml.safe_dump(data), "junk") == p
+
+
+@SETTINGS
+@given(st.text(max_size=300))
+def test_preset_text_raises_only_config_errors(text):
+    try:
+        preset_from_text(text, "junk")
+    except ConfigError:
+        pass
+
+
+@SETTINGS
+@given(
+    prompt=st.one_of(st.text(max_size=50), st.integers(), st.none()),
+    seed=values, steps=values, width=values, height=values, guidance=values, true_cfg_scale=values,
+)  # fmt: skip
+def test_request_validator_raises_only_config_errors(prompt, seed, steps, width, height, guidance, true_cfg_scale):
+    try:
+        r = GenerationRequest(
+            prompt=prompt, seed=seed, steps=steps, width=width, height=height, guidance=guidance,
+            true_cfg_scale=true_cfg_scale,
+        )  # fmt: skip
+    except ConfigError as e:
+        assert str(e).startswith("request.")
+    else:
+        assert 1 <= r.steps <= 200 and 16 <= r.width <= 4096 and r.prompt.strip()
+        assert r.guidance is None or (math.isfinite(r.guidance) and r.guidance >= 0)
