@@ -11,6 +11,7 @@ import math
 import shutil
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -360,7 +361,18 @@ def test_a_failure_inside_the_pipeline_is_one_sentence_and_changes_nothing(runne
     finally:
         handle.remove()
     assert str(e.value).startswith("the run failed inside the pipeline (RuntimeError: CUDA out of memory.")
-    assert "\n" not in str(e.value) and not runner.manager.lock._is_owned()
+    assert "\n" not in str(e.value)
+    free = []  # the device lock was let go on the way out: another thread can take it
+
+    def take():
+        free.append(runner.manager.lock.acquire(timeout=5))
+        if free[-1]:
+            runner.manager.lock.release()
+
+    t = threading.Thread(target=take)
+    t.start()
+    t.join()
+    assert free == [True]
     after = runner.generate(r, "cache", cache_threshold=0.5)
     assert np.array_equal(after.image, before.image)
     assert after.metrics.cached_step_indices == before.metrics.cached_step_indices
@@ -396,3 +408,26 @@ def test_operator_caps_refuse_with_a_sentence_before_any_model_work(runner):
     with pytest.raises(ValueError, match="width 80 is over this studio's limit of 64"):
         runner.generate(req(steps=10, width=80), "base")
     assert runner.generate(req(steps=10), "base").metrics.full_steps == 10
+
+
+def test_a_prompt_past_the_text_window_says_what_was_dropped(runner):
+    long = " ".join(["a red circle in the center, blue background"] * 6)  # ~50 T5 tokens; the profile reads 32
+    res = runner.generate(req(prompt=long), "base")
+    line = next(x for x in res.metrics.engaged if x.startswith("prompt: "))
+    n = int(line.split()[1])
+    assert n > 32 and line == f"prompt: {n} tokens, the model reads 32; the rest was dropped"
+    assert not any(x.startswith("prompt: ") for x in runner.generate(req(), "base").metrics.engaged)
+
+
+def test_a_preset_corrupted_on_disk_is_refused_by_name_and_the_others_work(runner, tmp_path):
+    runner.presets.user_dir = tmp_path
+    runner.presets.add("mine", "cache_config: {residual_diff_threshold: 0.5}\n")
+    r = req()
+    good = runner.generate(r, "mine")
+    (tmp_path / "mine.yaml").write_text("cache_config: {residual_diff_threshold: [0.5\n")  # cut off mid-write
+    with pytest.raises(ValueError, match=r"mine.yaml: not valid YAML"):
+        runner.generate(r, "mine")
+    assert runner.generate(r, "cache", cache_threshold=0.5).metrics.cached_step_indices == (
+        good.metrics.cached_step_indices
+    )
+    assert "mine" in runner.presets.names()  # still listed, so the user sees which one to fix

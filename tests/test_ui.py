@@ -312,3 +312,16 @@ def test_eight_clients_with_mixed_requests_get_what_they_would_get_alone(client,
         ref_img, ref_cached, ref_preset = alone[tuple(sorted(kw.items()))]
         assert np.array_equal(img, ref_img) and cached == ref_cached and preset == ref_preset, kw
     assert len(runner.bases) <= runner.bases.size  # kept base images stay bounded
+
+
+def test_a_cancelled_request_leaves_the_app_serving_the_same_pixels(client, app):
+    runner, _ = app
+    kw = dict(prompt=PROMPT, model=runner.model, preset="cache", threshold=0.5, steps=10, seed=11)
+    alone = client.predict(api_name="/generate", **kw)
+    job = client.submit(api_name="/generate", **dict(kw, seed=12))
+    job.cancel()  # a visitor who closes the tab mid-run
+    again = client.predict(api_name="/generate", **kw)
+    assert np.array_equal(np.asarray(Image.open(again[0])), np.asarray(Image.open(alone[0])))
+    assert again[-1]["cached_step_indices"] == alone[-1]["cached_step_indices"]
+    assert runner.manager.lock.acquire(timeout=60)  # nothing holds the device lock: no stuck run
+    runner.manager.lock.release()

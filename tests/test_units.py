@@ -322,3 +322,16 @@ def test_preset_files_are_bounded_and_written_whole(tmp_path):
         lib.add("huge", "description: " + "x" * MAX_PRESET_BYTES + "\n")
     lib.add("ok", "attention_backend: sdpa\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ok.yaml"]  # no temp file left beside it
+
+
+def test_history_is_bounded_per_session():
+    from studio.app.handlers import HISTORY_MAX, history_rows
+    from studio.engine.session import RunResult
+    from studio.spec import GenerationRequest
+
+    img = np.zeros((8, 8, 3), np.uint8)
+    res = RunResult(img, img, make_metrics())
+    hist = []
+    for _ in range(HISTORY_MAX + 5):
+        hist = history_rows(hist, GenerationRequest(prompt="p" * 1500), [res])
+    assert len(hist) == HISTORY_MAX and hist[-1][0] == HISTORY_MAX + 5 and len(hist[-1][1]) == 200

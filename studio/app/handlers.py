@@ -140,11 +140,15 @@ def progress_hooks(progress, every_s: float = PROGRESS_EVERY_S):
     return on_step, on_status
 
 
+HISTORY_MAX = 200  # rows kept per session: a visitor's history never grows without bound
+
+
 def history_rows(hist: list, req, results) -> list:
     for res in results:
-        row = [len(hist) + 1, req.prompt, req.seed, req.steps, f"{req.width}x{req.height}"]
+        number = hist[-1][0] + 1 if hist else 1
+        row = [number, req.prompt[:200], req.seed, req.steps, f"{req.width}x{req.height}"]
         hist = hist + [row + MatrixRow.from_metrics(res.metrics).cells()]
-    return hist
+    return hist[-HISTORY_MAX:]
 
 
 class Handlers:

@@ -88,6 +88,20 @@ def pipe_kwargs(pipe, request: GenerationRequest, probe=None) -> dict:
     return kw
 
 
+def dropped_tokens(pipe, request: GenerationRequest) -> tuple[int, int] | None:
+    """(tokens in the prompt, tokens the model reads) when the long-text encoder will cut the prompt, else None."""
+    limit = request.max_sequence_length
+    # the tokenizer of the long-text encoder: T5 for FLUX (tokenizer_2) and SD3 (tokenizer_3), else the only one
+    tok = getattr(pipe, "tokenizer_3", None) or getattr(pipe, "tokenizer_2", None) or getattr(pipe, "tokenizer", None)
+    if limit is None or tok is None:
+        return None
+    try:
+        n = len(tok(request.prompt).input_ids)
+    except Exception:  # a tokenizer that cannot count this way: say nothing rather than guess
+        return None
+    return (n, limit) if n > limit else None
+
+
 def call_pipe(pipe, request: GenerationRequest, probe=None) -> np.ndarray:
     """Run the pipeline once; the image as HxWx3 uint8."""
     arr = np.asarray(pipe(**pipe_kwargs(pipe, request, probe)).images[0])
@@ -111,6 +125,7 @@ class Measured:
     compiled: bool
     ended: float  # time.monotonic() at the end of the timed run
     calls: int = 0  # transformer calls in the timed run
+    dropped: tuple[int, int] | None = None  # (prompt tokens, tokens the model reads) when the prompt was cut
 
 
 class RunError(RuntimeError):
@@ -267,7 +282,10 @@ class Runner:
         step_ms = [s * 1e3 for s in probe.step_seconds()]
         compiled = state.compiled is not None
         calls = sum(s.transformer_calls for s in probe.steps)
-        return Measured(image, denoise, step_ms, counts, report, stack, reloaded, warmup_s, compiled, ended, calls)
+        return Measured(
+            image, denoise, step_ms, counts, report, stack, reloaded, warmup_s, compiled, ended, calls,
+            dropped_tokens(pipe, request),
+        )  # fmt: skip
 
     def _base(self, request, base_p, model, key, on_status, refresh: bool) -> tuple[BaseEntry, bool]:
         """The base entry of this request, timed again (warm, now) unless its timing may be reused (module doc)."""
@@ -383,6 +401,8 @@ class Runner:
         age = abs(run.ended - base.timed_at) if base is not None else None
         timing = "warm-up run done" + (" in this call" if run.warmup_s is not None else " earlier") + ", 1 timed run"
         lines = run.stack.lines() + ([f"dtype: {dtype.note}"] if dtype.note else [])
+        if run.dropped:
+            lines.append(f"prompt: {run.dropped[0]} tokens, the model reads {run.dropped[1]}; the rest was dropped")
         counts = run.counts
         if run.stack.is_engaged("cache") and counts.cached == 0 and run.report.threshold is not None:
             lines.append(
