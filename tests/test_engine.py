@@ -431,3 +431,20 @@ def test_a_preset_corrupted_on_disk_is_refused_by_name_and_the_others_work(runne
         good.metrics.cached_step_indices
     )
     assert "mine" in runner.presets.names()  # still listed, so the user sees which one to fix
+
+
+def test_a_backend_that_fails_its_first_forward_falls_back_with_the_reason(runner, monkeypatch):
+    import studio.engine.attention as attn
+
+    def probe_fails(backend, device, dtype):
+        raise RuntimeError("No viable backend for scaled_dot_product_attention")
+
+    monkeypatch.setattr(attn, "_probe", probe_fails)
+    monkeypatch.setattr(attn, "unavailable_reason", lambda backend, device: None)  # as if listed and installed
+    r = req()
+    base = runner.generate(r, "base")
+    sage = runner.generate(r, "sage")
+    assert sage.metrics.fallbacks == [
+        "sage: failed a test call (RuntimeError: No viable backend for scaled_dot_product_attention), using sdpa"
+    ]
+    assert np.array_equal(sage.image, base.image)
