@@ -98,8 +98,9 @@ def test_progress_reporting_is_kept_out_of_denoise_time():
             counter._on_call(None, ())
             probe(None, i, None, {})
     steps = probe.step_seconds()
-    # the clock says 1 s per step; the 50 ms of progress after steps 0 and 1 came out of steps 1 and 2
-    assert steps[0] == 1.0 and 0.93 < steps[1] < 0.951 and 0.93 < steps[2] < 0.951
+    # the clock says 1 s per step; the >= 50 ms of progress after steps 0 and 1 came out of steps 1 and 2 (a sleep
+    # may overrun on a loaded machine, never undershoot)
+    assert steps[0] == 1.0 and 0.5 < steps[1] <= 0.951 and 0.5 < steps[2] <= 0.951
     assert probe.denoise_seconds() == pytest.approx(sum(steps))
 
 
