@@ -58,9 +58,9 @@ class Studio:
 
     def library(self, request=None) -> PresetLibrary:
         """The presets this visitor sees: built-ins plus their own (public mode) or the shared user folder."""
-        session = getattr(request, "session_hash", None) if self.public else None
         if not self.public:
             return self.presets
+        session = getattr(request, "session_hash", None)
         if not session:
             return self.presets.with_user_dir(None)
         safe = "".join(c for c in str(session) if c.isalnum())[:64] or "anonymous"

@@ -110,6 +110,16 @@ def call_pipe(pipe, request: GenerationRequest, probe=None) -> np.ndarray:
     return arr
 
 
+def _median(timed: list):
+    """The middle one by denoise time (an odd count gives a real run, whose step times add up to it)."""
+    return sorted(timed, key=lambda t: t.denoise_s)[len(timed) // 2]
+
+
+def _median_run(runs: list["Measured"]) -> "Measured":
+    """The median run of a call; a load and the warm-up (or compile) came before its first run: they belong to it."""
+    return replace(_median(runs), warmup_s=runs[0].warmup_s, reloaded=runs[0].reloaded)
+
+
 @dataclass
 class Measured:
     """One timed run of one stack (after its warm-up, when one was needed)."""
@@ -310,11 +320,7 @@ class Runner:
             if base.denoise_s >= self.base_retime_under_s:
                 break
             self.bases.put(key, replace(base, timed_at=-math.inf))  # the next pair re-times it
-        base = sorted(bases, key=lambda b: b.denoise_s)[len(bases) // 2]
-        run = sorted(runs, key=lambda r: r.denoise_s)[len(runs) // 2]
-        # A load and the warm-up (or compile) came before the first timed run of this call: they belong to its result.
-        run = replace(run, warmup_s=runs[0].warmup_s, reloaded=runs[0].reloaded)
-        return self.bases.put(key, base), True, run, len(runs)
+        return self.bases.put(key, _median(bases)), True, _median_run(runs), len(runs)
 
     def base_timing_reusable(self, entry: BaseEntry, now: float | None = None) -> bool:
         """Whether a kept base timing may divide a new run's: only for expensive runs, and only while recent."""
@@ -383,12 +389,7 @@ class Runner:
                 runs = [run] + [
                     self.measure(request, p, model, progress, on_status) for _ in range(self.cheap_pairs - 1)
                 ]
-                run = replace(
-                    sorted(runs, key=lambda r: r.denoise_s)[len(runs) // 2],
-                    warmup_s=run.warmup_s,
-                    reloaded=run.reloaded,
-                )
-                pairs = len(runs)
+                run, pairs = _median_run(runs), len(runs)
         if is_base:
             base = self.bases.get(key)
             # A base run is compared with the kept base image too: it must be bitwise equal (inf dB). Only then
