@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 
@@ -55,15 +56,43 @@ def parser() -> argparse.ArgumentParser:
     _common(b)
     b.add_argument("--presets", default=None, help="comma-separated preset names (default: all)")
     b.add_argument("--repeats", type=int, default=3)
-    b.add_argument("--out", default=None, help="write the table: .md, .csv or .json by extension")
+    b.add_argument("--prompts", default=None, help="a file of prompts, one per line: one rotation per prompt")
+    b.add_argument("--vs-raw", action="store_true", help="time each preset through plain diffusers too")
+    b.add_argument("--json", action="store_true", help="print the rows and the run's settings as JSON")
+    b.add_argument("--csv", action="store_true", help="print the rows as CSV")
+    b.add_argument("--out", default=None, help="write the report: .md, .csv or .json by extension")
     b.add_argument("--plot", default=None, help="write the speed-up vs PSNR plot (PNG)")
-    s = sub.add_parser("sweep", help="the cache preset at several thresholds, side by side with base")
+    s = sub.add_parser("sweep", help="one cache knob over a prompt set: speed-up and worst PSNR, the cliff marked")
     _common(s)
     s.add_argument("--preset", default="cache")
-    s.add_argument("--thresholds", default="0.08,0.12,0.16,0.24,0.32,0.5")
+    s.add_argument(
+        "--knob",
+        default="residual_diff_threshold",
+        help="residual_diff_threshold, Fn_compute_blocks, "
+        "Bn_compute_blocks, max_continuous_cached_steps, max_warmup_steps or steps_computation_mask",
+    )
+    s.add_argument("--values", default=None, help="comma-separated (default: a range for the knob)")
+    s.add_argument("--thresholds", default=None, help="same as --knob residual_diff_threshold --values ...")
+    s.add_argument("--prompts", default=None, help="a file of prompts, one per line (default: the profile's examples)")
     s.add_argument("--repeats", type=int, default=1)
-    s.add_argument("--out", default=None, help="write the table: .md, .csv or .json by extension")
-    sub.add_parser("presets", help="list presets and their stacks")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--out", default=None, help="write the table: .md or .json by extension")
+    s.add_argument("--plot", default=None, help="write the curve (PNG)")
+    t = sub.add_parser("tune", help="the fastest stack whose worst PSNR over the prompts stays above a floor")
+    _common(t)
+    t.add_argument("--min-psnr", type=float, required=True, help="the floor, dB, for the worst prompt")
+    t.add_argument("--prompts", default=None, help="a file of prompts, one per line (default: the profile's examples)")
+    t.add_argument("--name", default=None, help="the tuned preset's name (default tuned-<floor>db)")
+    t.add_argument("--out", default=None, help="write the preset YAML here (default: into --presets-dir when given)")
+    t.add_argument("--plot", default=None, help="write the search's threshold curve (PNG)")
+    t.add_argument("--json", action="store_true")
+    ps = sub.add_parser("presets", help="list presets and their stacks; export one for cache-dit")
+    ps.add_argument("action", nargs="?", default="list", choices=("list", "export"))
+    ps.add_argument("name", nargs="?", default=None)
+    ps.add_argument("--format", default="cache-dit", choices=("cache-dit", "studio"))
+    ps.add_argument("--steps", type=int, default=None, help="steps a step mask is sized to (default: the model's)")
+    ps.add_argument("--out", default=None, help="write here (default: print)")
+    ps.add_argument("--presets-dir", default=None, help="folder of user presets (also STUDIO_PRESETS_DIR)")
     d = sub.add_parser("doctor", help="every shipped preset on a tiny instance of every DiT family, on this machine")
     d.add_argument("--families", default=None, help="comma-separated (default: flux,qwen-image,sd3,z-image)")
     d.add_argument("--presets", default=None, help="comma-separated preset names (default: all shipped)")
@@ -138,42 +167,199 @@ def _generate(runner, req, args) -> int:
     return 0
 
 
+def read_prompts(path: str | None) -> list[str] | None:
+    """Prompts from a file, one per line; blank lines and lines starting with # are skipped."""
+    if not path:
+        return None
+    lines = [x.strip() for x in Path(path).read_text(encoding="utf-8").splitlines()]
+    prompts = [x for x in lines if x and not x.startswith("#")]
+    if not prompts:
+        raise ValueError(f"--prompts {path}: no prompts in the file (one per line)")
+    return prompts
+
+
+def quiet_libraries() -> None:
+    """Keep stderr for the progress bar: no per-pipeline bars, no library chatter below errors."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import torch  # noqa: F401  (torch sets its loggers' levels on import: quiet them after)
+
+    for name in ("torch", "torch.utils._pytree", "torchao", "diffusers", "transformers", "cache_dit", "accelerate"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        import torchao  # noqa: F401  (imported here, quietly, rather than in the middle of the progress bar)
+    except Exception:
+        pass
+    try:
+        import diffusers
+        import transformers
+
+        diffusers.utils.logging.set_verbosity_error()
+        diffusers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+    except Exception:
+        pass
+
+
+def progress_bar(desc: str):
+    """A tqdm bar on stderr; returns (callback(done, total, label), close)."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=1, desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True)
+
+    def tick(done, total, label):
+        bar.total = total
+        bar.set_postfix_str(str(label)[:40])
+        bar.update(done - bar.n)
+
+    return tick, bar.close
+
+
+def _requests(runner, req, args) -> list:
+    prompts = read_prompts(getattr(args, "prompts", None))
+    return [replace(req, prompt=p) for p in prompts] if prompts else [req]
+
+
 def _bench(runner, req, args) -> int:
-    from studio.bench import run_matrix, threshold_sweep
+    from studio.bench.bench import run_bench
     from studio.report.plots import plot_tradeoff
 
-    if args.cmd == "bench":
-        names = args.presets.split(",") if args.presets else None
-        mat = run_matrix(
-            runner,
-            req,
-            names,
-            model=args.model,
-            repeats=args.repeats,
-            on_status=lambda s: print(s, file=sys.stderr),
-            cache_enabled=args.cache,
-            compile_enabled=args.compile,
-        )
+    names = args.presets.split(",") if args.presets else None
+    tick, close = progress_bar("bench")
+    try:
+        rep = run_bench(
+            runner, _requests(runner, req, args), names, model=args.model, repeats=args.repeats, progress=tick,
+            cache_enabled=args.cache, compile_enabled=args.compile, vs_raw=args.vs_raw,
+        )  # fmt: skip
+    finally:
+        close()
+    if args.json:
+        print(json.dumps(rep.as_dict(), indent=1))
+    elif args.csv:
+        print(rep.matrix.csv(), end="")
     else:
-        ths = tuple(float(x) for x in args.thresholds.split(","))
-        mat = threshold_sweep(runner, req, args.preset, ths, model=args.model, repeats=args.repeats)
-    print(
-        f"model {mat.model}, prompt {req.prompt!r}, seed {req.seed}, {req.steps} steps, "
-        f"{req.width}x{req.height}, median of {mat.repeats} round-robin repeats after each stack's warm-up, "
-        f"device {runner.manager.device}"
-    )
-    print(mat.markdown())
+        print(bench_header(runner, req, rep))
+        print(rep.markdown())
     if args.out:
         out = Path(args.out)
-        out.write_text({".csv": mat.csv, ".json": mat.json}.get(out.suffix, mat.markdown)())
-    if getattr(args, "plot", None):
-        plot_tradeoff(mat.rows, args.plot)
+        text = {".csv": rep.matrix.csv, ".json": lambda: json.dumps(rep.as_dict(), indent=1)}.get(out.suffix)
+        out.write_text(text() if text else bench_header(runner, req, rep) + "\n\n" + rep.markdown() + "\n")
+    if args.plot:
+        plot_tradeoff(rep.matrix.rows, args.plot)
+    return 0
+
+
+def bench_header(runner, req, rep) -> str:
+    m = rep.meta
+    prompts = f"{len(m['prompts'])} prompts" if len(m["prompts"]) > 1 else f"prompt {req.prompt!r}"
+    return (
+        f"model {m['model']}, {prompts}, seed {req.seed}, {req.steps} steps, {req.width}x{req.height}, "
+        f"device {m['device']}, dtype {m['dtype']}; median of {m['repeats']} round-robin repeats after each stack's "
+        f"warm-up; torch {m['versions'].get('torch')}, diffusers {m['versions'].get('diffusers')}, cache-dit "
+        f"{m['versions'].get('cache-dit')}, torchao {m['versions'].get('torchao')}"
+    )
+
+
+def _prompt_requests(runner, req, args) -> list:
+    """--prompts FILE, else the model profile's example prompts (sweep, tune), each with the request's settings."""
+    prompts = read_prompts(args.prompts) or list(runner.profile(args.model).example_prompts) or [req.prompt]
+    return [replace(req, prompt=p) for p in prompts]
+
+
+def _sweep(runner, req, args) -> int:
+    from studio.bench.sweep import parse_values, run_sweep
+    from studio.report.plots import plot_sweep
+
+    knob, text = (args.knob, args.values) if args.thresholds is None else ("residual_diff_threshold", args.thresholds)
+    values = parse_values(knob, text)
+    tick, close = progress_bar("sweep")
+    try:
+        res = run_sweep(runner, _prompt_requests(runner, req, args), args.preset, knob, values,
+                        model=args.model, repeats=args.repeats, progress=tick)  # fmt: skip
+    finally:
+        close()
+    text = json.dumps(res.as_dict(), indent=1) if args.json else res.markdown()
+    print(text)
+    if args.out:
+        Path(args.out).write_text(
+            json.dumps(res.as_dict(), indent=1) if args.out.endswith(".json") else res.markdown()
+        )
+    if args.plot:
+        rows = res.rows()
+        plot_sweep(knob, values, [r.speedup for r in rows], [r.worst_psnr_db for r in rows],
+                   res.cliff[0] if res.cliff else None, args.plot)  # fmt: skip
+    return 0
+
+
+def _tune(runner, req, args) -> int:
+    from studio.bench.tune import tune
+    from studio.report.plots import plot_sweep
+    from studio.spec.presets import preset_to_yaml
+
+    res = tune(runner, _prompt_requests(runner, req, args), args.min_psnr, name=args.name, model=args.model,
+               progress=lambda m: print(m, file=sys.stderr))  # fmt: skip
+    text = preset_to_yaml(res.preset)
+    out = args.out or (str(Path(args.presets_dir) / f"{res.preset.name}.yaml") if args.presets_dir else None)
+    if out:
+        Path(out).write_text(text)
+    summary = {
+        "preset": res.preset.name, "floor_db": res.floor_db, "worst_psnr_db": res.worst_db, "speedup": res.speedup,
+        "vs_cache": res.vs_cache, "non_cache": res.non_cache, "screening_runs": res.screened,
+        "timed_runs": res.timed, "runs": res.runs, "written": out, "knobs": res.preset.as_dict(),
+    }  # fmt: skip
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print(text)
+        print(
+            f"# worst PSNR {res.worst_db:.2f} dB (floor {res.floor_db:g}), {res.speedup:.2f}x vs base, "
+            f"{res.vs_cache:.2f}x the cache preset's; {res.runs} runs ({res.screened} screening, {res.timed} timed)"
+            + (f"; written to {out}" if out else "")
+        )
+    if args.plot and res.curve:
+        plot_sweep(
+            "residual_diff_threshold (search, no calibrator)",
+            [c[0] for c in res.curve],
+            [c[1] for c in res.curve],
+            [c[2] for c in res.curve],
+            None,
+            args.plot,
+            floor_db=res.floor_db,
+        )
+    return 0
+
+
+def _presets(lib, args) -> int:
+    if args.action == "list":
+        for name in lib.names():
+            p = lib.get(name)
+            print(f"{name:24s} {p.tag():55s} {p.description}")
+        return 0
+    if not args.name:
+        raise ValueError("presets export needs a preset NAME")
+    p = lib.get(args.name)
+    if args.format == "studio":
+        from studio.spec.presets import preset_to_yaml
+
+        text = preset_to_yaml(p)
+    else:
+        from studio.spec.export import cache_dit_yaml
+
+        text = cache_dit_yaml(p, steps=args.steps)
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        print(text, end="")
     return 0
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.cmd in ("bench", "sweep", "tune"):
+        quiet_libraries()
     from studio.engine import ModelLoadError, ModelManager, RunError, Runner
     from studio.spec import ConfigError, PresetLibrary
 
@@ -181,10 +367,11 @@ def main(argv=None) -> int:
         return _doctor(args)
     lib = PresetLibrary(user_dir=getattr(args, "presets_dir", None))
     if args.cmd == "presets":
-        for name in lib.names():
-            p = lib.get(name)
-            print(f"{name:24s} {p.tag():55s} {p.description}")
-        return 0
+        try:
+            return _presets(lib, args)
+        except (ConfigError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     runner = Runner(ModelManager(args.device), lib, model=args.model)
     try:
         prof = runner.profile(args.model)
@@ -198,7 +385,9 @@ def main(argv=None) -> int:
             height=args.height,
             guidance=args.guidance,
         )
-        return _generate(runner, req, args) if args.cmd == "generate" else _bench(runner, req, args)
+        if args.cmd == "generate":
+            return _generate(runner, req, args)
+        return {"bench": _bench, "sweep": _sweep, "tune": _tune}[args.cmd](runner, req, args)
     except (ConfigError, ModelLoadError, RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

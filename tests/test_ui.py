@@ -154,7 +154,7 @@ def test_matrix_endpoint(client, app):
     table, plot, csv_path, md_path = out[0], out[1], out[4], out[5]
     assert [r[-2] for r in table["data"]] == ["base", "cache", "int8"]
     assert os.path.exists(plot)
-    assert open(csv_path).read().startswith("stack,denoise,per-step,vs base,PSNR,cached/full")
+    assert open(csv_path).read().startswith("preset,tag,denoise_s,step_ms,speedup,psnr_db,ssim,cached_steps,full_steps")
     assert "| stack | denoise |" in open(md_path).read()
 
 

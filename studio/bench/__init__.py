@@ -1,5 +1,5 @@
-"""bench: the preset matrix and the threshold sweep, measured side by side through the engine."""
+"""Benchmarks: the preset matrix (UI), the bench with its noise floor and costs, the knob sweep, the tuner."""
 
-from studio.bench.matrix import run_matrix, threshold_sweep
+from studio.bench.matrix import run_matrix
 
-__all__ = ["run_matrix", "threshold_sweep"]
+__all__ = ["run_matrix"]

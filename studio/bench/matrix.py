@@ -7,7 +7,6 @@ warm-up of each stack, so machine noise hits every preset alike; speed-ups are r
 from __future__ import annotations
 
 import statistics
-from dataclasses import replace
 
 from studio.engine.session import BASE, Runner
 from studio.report.table import Matrix, MatrixRow
@@ -75,22 +74,3 @@ def run_matrix(
             )
         )
     return Matrix(request, model or runner.model, rows, last, repeats)
-
-
-def threshold_sweep(
-    runner: Runner,
-    request: GenerationRequest,
-    preset: str = "cache",
-    thresholds=(0.08, 0.12, 0.16, 0.24, 0.32, 0.5),
-    *,
-    model: str | None = None,
-    repeats: int = 1,
-) -> Matrix:
-    """The cache preset at several residual-diff thresholds, side by side with base."""
-    p = runner.resolve_preset(preset)
-    p = p.with_overrides(cache=True)
-    variants = [
-        replace(p, name=f"{p.name}@R{t:g}", cache_config=replace(p.cache_config, residual_diff_threshold=t))
-        for t in thresholds
-    ]
-    return run_matrix(runner, request, variants, model=model, repeats=repeats)

@@ -31,7 +31,7 @@ from studio.engine.stack import AppliedStack
 from studio.engine.state import stack_state
 from studio.measure.quality import Verdict, judge
 from studio.measure.record import RunMetrics
-from studio.measure.timing import StepCounts, StepProbe, count_steps
+from studio.measure.timing import StepCounts, StepProbe, block_count, count_steps, ideal_speedup
 from studio.spec.checks import ConfigError
 from studio.spec.preset import Preset
 from studio.spec.presets import PresetLibrary
@@ -136,6 +136,7 @@ class Measured:
     ended: float  # time.monotonic() at the end of the timed run
     calls: int = 0  # transformer calls in the timed run
     dropped: tuple[int, int] | None = None  # (prompt tokens, tokens the model reads) when the prompt was cut
+    blocks: int = 0  # transformer blocks one full call runs
 
 
 class RunError(RuntimeError):
@@ -264,12 +265,15 @@ class Runner:
         state.warm.add(warm_key)
         return time.perf_counter() - t0
 
-    def measure(self, request: GenerationRequest, preset: Preset, model: str, progress=None, on_status=None):
-        """Warm the stack up for this shape if it is its first run in this process, then one timed run."""
+    def measure(
+        self, request: GenerationRequest, preset: Preset, model: str, progress=None, on_status=None, warm=True
+    ):
+        """Warm the stack up for this shape if it is its first run in this process, then one timed run.
+        `warm=False` skips the warm-up: for a screening run whose time is not reported (the tuner's)."""
         pipe, stack, reloaded = self._pipeline(model, preset, request, on_status)
         state = stack_state(pipe.transformer)
         quantized = state.quant != "none"
-        warmup_s = self._warm(pipe, state, stack, preset, request, on_status)
+        warmup_s = self._warm(pipe, state, stack, preset, request, on_status) if warm else None
         prepare_run(
             pipe, preset.cache_config, quantized=quantized, steps=request.steps, separate_cfg=true_cfg(pipe, request)
         )
@@ -294,8 +298,24 @@ class Runner:
         calls = sum(s.transformer_calls for s in probe.steps)
         return Measured(
             image, denoise, step_ms, counts, report, stack, reloaded, warmup_s, compiled, ended, calls,
-            dropped_tokens(pipe, request),
+            dropped_tokens(pipe, request), block_count(pipe.transformer),
         )  # fmt: skip
+
+    def screen(self, request: GenerationRequest, preset: str | Preset, model: str | None = None) -> RunMetrics:
+        """One run of `preset` without a warm-up, for its picture and step counts judged against the base image
+        (computed first when there is none). Its time is not a measurement: the tuner ranks by the counts and times
+        its finalists with the bench."""
+        model = model or self.model
+        p = self.resolve_preset(preset)
+        dtype = self.manager.resolve_dtype(p.dtype)
+        key = request.key(resolve_model(model), dtype.name)
+        with self.manager.lock:
+            if self.bases.get(key) is None:
+                self.generate(request, replace(self.presets.get(BASE), dtype=dtype.name), model=model)
+            run = self.measure(request, p, model, warm=False)
+            m = self._metrics(model, p, request, dtype, run, self.bases.get(key), 0.0)
+        m.timing = "screening run: not warmed up, not a measurement"
+        return m
 
     def _base(self, request, base_p, model, key, on_status, refresh: bool) -> tuple[BaseEntry, bool]:
         """The base entry of this request, timed again (warm, now) unless its timing may be reused (module doc)."""
@@ -383,7 +403,7 @@ class Runner:
             )
         else:
             run = self.measure(request, p, model, progress, on_status)
-            if is_base and compare and run.denoise_s < self.base_retime_under_s:
+            if is_base and compare and refresh_base and run.denoise_s < self.base_retime_under_s:
                 # timed like the base beside any other stack (median of cheap_pairs), so an A/B of base against a
                 # stack shows the same base time in both rows, within the noise, not one lone run against a median
                 runs = [run] + [
@@ -421,6 +441,11 @@ class Runner:
                 f"cache: engaged, but no step came under R{run.report.threshold:g} on this run "
                 "(python -m studio sweep finds the threshold where this model starts caching)"
             )
+        ideal = None
+        if run.stack.is_engaged("cache"):
+            c = p.cache_config
+            computed = 1 if c.backend == "fbcache" else c.Fn_compute_blocks + c.Bn_compute_blocks
+            ideal = ideal_speedup(counts.full, counts.cached, computed, run.blocks)
         return RunMetrics(
             model=model,
             preset=p.name,
@@ -456,4 +481,6 @@ class Runner:
             reloaded=run.reloaded,
             total_s=total_s,
             versions=library_versions(),
+            blocks=run.blocks,
+            ideal_speedup=ideal,
         )

@@ -43,11 +43,21 @@ class RunMetrics:
     reloaded: bool
     total_s: float
     versions: dict = field(default_factory=dict)
+    blocks: int = 0  # transformer blocks one full call runs
+    ideal_speedup: float | None = None  # what the cached/full counts would give if a cached step cost only Fn+Bn
+
+    @property
+    def of_ideal(self) -> float | None:
+        """Measured speed-up over the ideal one: what the caching machinery itself costs (1.0: nothing)."""
+        if self.speedup is None or not self.ideal_speedup:
+            return None
+        return self.speedup / self.ideal_speedup
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["residual_diffs"] = {str(k): v for k, v in self.residual_diffs.items()}
         d["quality"] = str(self.quality)
+        d["of_ideal"] = self.of_ideal
         return d
 
     @property

@@ -32,6 +32,20 @@ def last_block_probe_target(transformer) -> torch.nn.Module | None:
     return linears[-1] if linears else last_block
 
 
+def block_count(transformer) -> int:
+    """How many transformer blocks one full call runs: every block of every block list (FLUX: double + single)."""
+    return sum(len(m) for _, m in transformer.named_children() if isinstance(m, torch.nn.ModuleList))
+
+
+def ideal_speedup(full: int, cached: int, computed_blocks: int, blocks: int) -> float | None:
+    """The speed-up a step cache would give if a cached step cost only its computed blocks (Fn+Bn of all blocks)
+    and nothing else: steps / (full + cached * computed/blocks). None when there is nothing to divide."""
+    steps = full + cached
+    if blocks <= 0 or steps == 0:
+        return None
+    return steps / (full + cached * min(1.0, computed_blocks / blocks))
+
+
 class _Clock:
     def __init__(self, device: torch.device):
         self.device = device

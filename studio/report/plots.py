@@ -77,3 +77,37 @@ def plot_steps(metrics, path_or_buf):
     fig.tight_layout()
     fig.savefig(path_or_buf, format="png")
     plt.close(fig)
+
+
+def plot_sweep(knob: str, values: list, speedups: list, worst_db: list, cliff_value, path_or_buf, floor_db=None):
+    """Speed-up and worst PSNR over prompts against one knob's values; the cliff (steepest PSNR drop) marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = list(range(len(values)))
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
+    top = max([min(v, 100.0) for v in worst_db if v is not None and math.isfinite(v)] or [40.0]) + 6
+    ys = [None if v is None else (top if math.isinf(v) else v) for v in worst_db]
+    ax.plot(xs, ys, "o-", color="#1f77b4", label="worst PSNR over prompts (dB)")
+    ax.set_ylabel(f"worst PSNR vs base, dB (identical at {top:.0f})", color="#1f77b4")
+    ax2 = ax.twinx()
+    ax2.plot(xs, [s or 0 for s in speedups], "s--", color="#ff7f0e", label="speed-up (median over prompts)")
+    ax2.set_ylabel("speed-up vs base", color="#ff7f0e")
+    if cliff_value is not None and cliff_value in values:
+        i = values.index(cliff_value)
+        ax.axvline(i, color="#d62728", lw=1.2, ls=":")
+        ax.annotate("cliff", (i, ys[i] if ys[i] is not None else 0), color="#d62728", xytext=(5, 8),
+                    textcoords="offset points", fontsize=9)  # fmt: skip
+    if floor_db is not None:
+        ax.axhline(floor_db, color="#2ca02c", lw=0.8, ls="--", label=f"floor {floor_db:g} dB")
+    ax.set_xticks(xs, [str(v) for v in values])
+    ax.set_xlabel(knob)
+    ax.grid(alpha=0.3)
+    lines = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    labels = ax.get_legend_handles_labels()[1] + ax2.get_legend_handles_labels()[1]
+    ax.legend(lines, labels, fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path_or_buf, format="png")
+    plt.close(fig)

@@ -5,13 +5,19 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from studio.report import fmt
 from studio.spec.request import GenerationRequest
 
 # The shape people publish first (stack | denoise | per-step | vs base | PSNR | cached/full), then the rest.
 COLUMNS = ("stack", "denoise", "per-step", "vs base", "PSNR", "cached/full", "SSIM", "quality", "preset", "notes")
+# Columns a bench adds where it has them, after "cached/full": (heading, MatrixRow field, format)
+OPTIONAL = (
+    ("of ideal", "of_ideal", lambda v: f"{v:.2f}"),
+    ("worst PSNR", "worst_psnr_db", fmt.psnr),
+    ("studio/raw", "studio_over_raw", lambda v: f"{v:.3f}"),
+)
 
 
 @dataclass
@@ -28,8 +34,23 @@ class MatrixRow:
     quality: str
     fallbacks: list[str] = field(default_factory=list)
     runs: list[float] = field(default_factory=list)  # every timed denoise, seconds
+    # a bench's extras (None where it did not measure them)
+    ideal_speedup: float | None = None  # what the cached/full counts would give if a cached step cost only Fn+Bn
+    of_ideal: float | None = None  # speedup / ideal_speedup: what the caching machinery costs
+    mean_psnr_db: float | None = None  # over prompts
+    worst_psnr_db: float | None = None  # over prompts
+    prompts: int = 1
+    cached_by_prompt: list[int] = field(default_factory=list)
+    compile_s: float | None = None  # the cold run that compiled
+    studio_over_raw: float | None = None  # studio denoise / plain diffusers (+ cache-dit) denoise, same request
+    raw_denoise_s: float | None = None
+    raw_psnr_db: float | None = None  # studio image against the plain run's image
 
-    def cells(self) -> list[str]:
+    def cells(self, optional: tuple = ()) -> list[str]:
+        extra = [("-" if getattr(self, f) is None else show(getattr(self, f))) for _, f, show in optional]
+        return self._cells()[:6] + extra + self._cells()[6:]
+
+    def _cells(self) -> list[str]:
         return [
             self.tag,
             fmt.seconds(self.denoise_s),
@@ -73,17 +94,37 @@ class Matrix:
     results: dict  # preset name -> its last RunResult (images for the UI)
     repeats: int
 
+    def optional(self) -> tuple:
+        """The bench's extra columns that some row has a value for (worst PSNR only over several prompts)."""
+        return tuple(
+            c
+            for c in OPTIONAL
+            if any(getattr(r, c[1]) is not None for r in self.rows) and (c[1] != "worst_psnr_db" or self.prompts > 1)
+        )
+
+    @property
+    def prompts(self) -> int:
+        return max((r.prompts for r in self.rows), default=1)
+
+    def columns(self) -> tuple:
+        opt = self.optional()
+        return COLUMNS[:6] + tuple(c[0] for c in opt) + COLUMNS[6:]
+
     def markdown(self) -> str:
-        lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-        lines += ["| " + " | ".join(r.cells()) + " |" for r in self.rows]
+        cols, opt = self.columns(), self.optional()
+        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(r.cells(opt)) + " |" for r in self.rows]
         return "\n".join(lines)
 
     def csv(self) -> str:
+        """Every row with every number (not the formatted cells): one column per MatrixRow field."""
         buf = io.StringIO()
-        w = csv.writer(buf)
-        w.writerow(COLUMNS)
+        names = [f.name for f in fields(MatrixRow)]
+        w = csv.DictWriter(buf, fieldnames=names)
+        w.writeheader()
         for r in self.rows:
-            w.writerow(r.cells())
+            d = r.as_dict()
+            w.writerow({k: (";".join(map(str, v)) if isinstance(v, list) else v) for k, v in d.items()})
         return buf.getvalue()
 
     def json(self) -> str:

@@ -1,0 +1,298 @@
+"""`python -m studio bench`: the stack table in one command, with its noise floor and compile's cost.
+
+Method (the engine's own loading, timing and measuring; nothing here times anything itself):
+- every preset's stack is warmed up untimed by the engine on its first run; then the presets are timed round-robin
+  (base A B C base' base A B C base' ...), so machine noise hits every preset alike; rows hold medians of repeats;
+- `base'` is base run a second time in the same rotation: base against itself is the noise floor of a speed-up;
+- a compiled preset is timed beside its eager twin (the same stack without compile, added when not asked for):
+  their PSNR is the noise floor of compile, and the twin's time gives compile's saving per image;
+- with several prompts, each prompt is a rotation of its own; a row's speed-up is the median over prompts and its
+  PSNR the mean and the worst, so one lucky prompt cannot hide a bad stack.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field, replace
+
+from studio.engine.session import BASE, Runner, RunResult, library_versions
+from studio.measure.quality import psnr
+from studio.report.table import Matrix, MatrixRow
+from studio.spec.preset import Preset
+from studio.spec.request import GenerationRequest
+
+AGAIN = "base (again)"  # base's second run in each rotation: the noise floor of a speed-up
+EAGER_SUFFIX = "-eager"
+
+
+def _graphs_compiled() -> int:
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:  # a torch without dynamo counters: no count rather than a wrong one
+        return 0
+
+
+def eager_twin(p: Preset) -> Preset:
+    """The same stack without torch.compile."""
+    return replace(p, name=p.name + EAGER_SUFFIX, compile=replace(p.compile, enabled=False))
+
+
+def with_twins(presets: list[Preset]) -> tuple[list[Preset], dict[str, str]]:
+    """The presets plus an eager twin for each compiled one that has none among them; {compiled: twin name}."""
+    out, twins = list(presets), {}
+    for p in presets:
+        if not p.compile.enabled:
+            continue
+        twin = eager_twin(p)
+        found = next((q for q in out if not q.compile.enabled and q.stack[:4] == twin.stack[:4]), None)
+        if found is None:
+            out.append(twin)
+            found = twin
+        twins[p.name] = found.name
+    return out, twins
+
+
+@dataclass
+class Rotation:
+    """One prompt's round-robin: every timed denoise per preset, the first and last result, graphs compiled."""
+
+    request: GenerationRequest
+    times: dict[str, list[float]] = field(default_factory=dict)
+    first: dict[str, RunResult] = field(default_factory=dict)
+    last: dict[str, RunResult] = field(default_factory=dict)
+    cold_graphs: dict[str, int] = field(default_factory=dict)  # graphs compiled by the first (warm-up) call
+    recompiles: dict[str, int] = field(default_factory=dict)  # graphs compiled by later, timed calls
+    raw_times: dict[str, list[float]] = field(default_factory=dict)  # --vs-raw: the plain pipeline's
+    raw_images: dict[str, object] = field(default_factory=dict)
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.times[name])
+
+
+def _studio(rot: Rotation, runner: Runner, request, name: str, p: Preset, model, first: bool) -> None:
+    g0 = _graphs_compiled()
+    res = runner.generate(request, p, model=model, refresh_base=False)
+    new = _graphs_compiled() - g0
+    if first:
+        rot.first[name], rot.cold_graphs[name] = res, new
+    else:
+        rot.recompiles[name] = rot.recompiles.get(name, 0) + new
+    rot.times.setdefault(name, []).append(res.metrics.denoise_s)
+    rot.last[name] = res
+
+
+def _plain(rot: Rotation, raw, name: str, p: Preset, request, tick) -> None:
+    denoise, _, image = raw.run(p, request)
+    rot.raw_times.setdefault(name, []).append(denoise)
+    rot.raw_images[name] = image
+    if tick:
+        tick(name + " (plain)")
+
+
+def rotate(runner: Runner, request, presets: list[Preset], repeats: int, model=None, tick=None, raw=None) -> Rotation:
+    """Round-robin timing of `presets` (base first, then base again last) on one request; with `raw` (a RawPool),
+    each preset's plain run follows its studio run."""
+    rot = Rotation(request)
+    order = [(p.name, p) for p in presets] + [(AGAIN, presets[0])]
+    for r in range(repeats):
+        for name, p in order:
+            plain_first = raw is not None and name != AGAIN and r % 2 == 1
+            if plain_first:  # the pair's order alternates between repeats: neither side always runs second
+                _plain(rot, raw, name, p, request, tick)
+            _studio(rot, runner, request, name, p, model, first=r == 0 and name not in rot.first)
+            if tick:
+                tick(name)
+            if raw is not None and name != AGAIN and not plain_first:
+                _plain(rot, raw, name, p, request, tick)
+    return rot
+
+
+@dataclass
+class NoiseFloor:
+    base_vs_itself: float  # median over prompts of base's speed-up over its own second run (1.00 ideally)
+    spread: dict[str, float]  # per preset: (max - min) / median of its timed runs, worst over prompts
+    compile_vs_eager_db: dict[str, float]  # per compiled preset: PSNR against its eager twin, worst over prompts
+
+    def lines(self) -> list[str]:
+        out = [
+            f"base against itself (same stack, same rotation): {self.base_vs_itself:.3f}x; a speed-up within "
+            f"{abs(self.base_vs_itself - 1) * 100:.1f}% of 1.00 is noise",
+            "run-to-run spread (max-min)/median: " + ", ".join(f"{k} {v * 100:.0f}%" for k, v in self.spread.items()),
+        ]
+        if self.compile_vs_eager_db:
+            out.append(
+                "compile vs eager, same stack, PSNR: "
+                + ", ".join(f"{k} {_db(v)}" for k, v in self.compile_vs_eager_db.items())
+            )
+        return out
+
+
+@dataclass
+class CostRow:
+    preset: str
+    compile_s: float | None  # the cold warm-up run that compiled (first prompt)
+    graphs: int  # graphs compiled by that run
+    recompiles: int  # graphs compiled after it, during timed runs (0 is what you want)
+    saving_s: float | None  # per image: eager twin's denoise minus the compiled one's (median over prompts)
+    payoff_images: float | None  # images before compile pays for itself; inf when it never does
+
+    def line(self) -> str:
+        pay = (
+            "never (no saving)"
+            if self.payoff_images is None or math.isinf(self.payoff_images)
+            else (f"{math.ceil(self.payoff_images)} images")
+        )
+        saving = "-" if self.saving_s is None else f"{self.saving_s * 1e3:.1f} ms/image"
+        cold = "-" if self.compile_s is None else f"{self.compile_s:.1f} s"
+        return f"| {self.preset} | {cold} | {self.graphs} | {self.recompiles} | {saving} | {pay} |"
+
+
+def _db(v: float | None) -> str:
+    return "-" if v is None else ("identical" if math.isinf(v) else f"{v:.2f} dB")
+
+
+@dataclass
+class BenchReport:
+    matrix: Matrix  # one row per preset, aggregated over prompts
+    rotations: list[Rotation]
+    noise: NoiseFloor
+    cost: list[CostRow]
+    twins: dict[str, str]
+    meta: dict
+
+    def as_dict(self) -> dict:
+        return {
+            **self.meta,
+            "rows": [r.as_dict() for r in self.matrix.rows],
+            "noise_floor": self.noise.__dict__,
+            "compile_cost": [c.__dict__ for c in self.cost],
+        }
+
+    def markdown(self) -> str:
+        parts = [self.matrix.markdown(), "", "Noise floor:"] + [f"- {x}" for x in self.noise.lines()]
+        if self.cost:
+            parts += [
+                "",
+                "Compile cost:",
+                "",
+                "| preset | cold compile | graphs | recompiles seen | saving vs eager twin | pays off after |",
+                "|---|---|---|---|---|---|",
+            ]
+            parts += [c.line() for c in self.cost]
+        return "\n".join(parts)
+
+
+def _row(name: str, rots: list[Rotation], base_name: str = BASE) -> MatrixRow:
+    """One preset's row over every prompt's rotation."""
+    ms = [rot.last[name].metrics for rot in rots]
+    meds = [rot.median(name) for rot in rots]
+    speedups = [rot.median(base_name) / rot.median(name) for rot in rots if rot.median(name) > 0]
+    psnrs = [m.psnr_db for m in ms if m.psnr_db is not None]
+    ideal = [m.ideal_speedup for m in ms if m.ideal_speedup]
+    m0 = ms[0]
+    denoise = statistics.median(meds)
+    row = MatrixRow(
+        preset=name, tag=m0.tag, denoise_s=denoise, step_ms=denoise / max(1, len(m0.step_ms)) * 1e3,
+        speedup=statistics.median(speedups) if speedups else None,
+        psnr_db=statistics.mean(psnrs) if psnrs else None,
+        ssim=statistics.mean([m.ssim for m in ms if m.ssim is not None]) if psnrs else None,
+        cached_steps=m0.cached_steps, full_steps=m0.full_steps, quality=str(m0.quality),
+        fallbacks=list(m0.fallbacks), runs=[t for rot in rots for t in rot.times[name]],
+    )  # fmt: skip
+    row.worst_psnr_db = min(psnrs) if psnrs else None
+    row.mean_psnr_db = row.psnr_db
+    row.prompts = len(rots)
+    row.cached_by_prompt = [m.cached_steps for m in ms]
+    if ideal and row.speedup:
+        row.ideal_speedup = statistics.median(ideal)
+        row.of_ideal = row.speedup / row.ideal_speedup
+    row.compile_s = rots[0].first[name].metrics.compile_s
+    if all(name in rot.raw_times for rot in rots):
+        row.raw_denoise_s = statistics.median(statistics.median(rot.raw_times[name]) for rot in rots)
+        row.studio_over_raw = statistics.median(
+            rot.median(name) / statistics.median(rot.raw_times[name]) for rot in rots
+        )
+        row.raw_psnr_db = min(psnr(rot.last[name].image, rot.raw_images[name]) for rot in rots)
+    return row
+
+
+def _noise(rots: list[Rotation], names: list[str], twins: dict[str, str]) -> NoiseFloor:
+    aa = statistics.median(rot.median(BASE) / rot.median(AGAIN) for rot in rots)
+    spread = {}
+    for n in names + [AGAIN]:
+        spread[n] = max((max(rot.times[n]) - min(rot.times[n])) / rot.median(n) for rot in rots)
+    cve = {}
+    for c, t in twins.items():
+        cve[c] = min(psnr(rot.last[c].image, rot.last[t].image) for rot in rots)
+    return NoiseFloor(aa, spread, cve)
+
+
+def _cost(rots: list[Rotation], twins: dict[str, str]) -> list[CostRow]:
+    out = []
+    for c, t in twins.items():
+        first = rots[0].first[c].metrics
+        saving = statistics.median(rot.median(t) - rot.median(c) for rot in rots)
+        cold = first.compile_s
+        pay = (cold / saving if saving > 0 else math.inf) if cold is not None else None
+        graphs = sum(rot.cold_graphs.get(c, 0) for rot in rots)
+        out.append(CostRow(c, cold, graphs, sum(rot.recompiles.get(c, 0) for rot in rots), saving, pay))
+    return out
+
+
+def run_bench(
+    runner: Runner,
+    requests: list[GenerationRequest],
+    presets: list[str | Preset] | None = None,
+    *,
+    model: str | None = None,
+    repeats: int = 3,
+    progress=None,
+    cache_enabled: bool | None = None,
+    compile_enabled: bool | None = None,
+    presets_library=None,
+    vs_raw: bool = False,
+) -> BenchReport:
+    """The bench (module doc). `progress(done, total, label)` after each timed run; `vs_raw` runs each preset
+    through plain diffusers too (studio.bench.raw) for the studio_over_raw column."""
+    lib = presets_library or runner.presets
+    resolved = [runner.resolve_preset(p, lib) for p in (list(presets) if presets else lib.names())]
+    resolved = [p for p in resolved if p.name != BASE]
+    resolved = [p.with_overrides(cache_enabled, None, compile_enabled) for p in resolved]
+    resolved, twins = with_twins([runner.resolve_preset(BASE)] + resolved)
+    total = len(requests) * repeats * (len(resolved) * (2 if vs_raw else 1) + 1)
+    done = [0]
+
+    def tick(label):
+        done[0] += 1
+        if progress:
+            progress(done[0], total, label)
+
+    raw = None
+    if vs_raw:
+        from studio.bench.vsraw import RawPool
+
+        raw = RawPool(runner, model)
+    try:
+        rots = [rotate(runner, req, resolved, repeats, model, tick, raw) for req in requests]
+    finally:
+        if raw is not None:
+            raw.close()
+    names = [p.name for p in resolved]
+    rows = [_row(n, rots) for n in names]
+    mat = Matrix(requests[0], model or runner.model, rows, rots[0].last, repeats)
+    meta = {
+        "model": model or runner.model,
+        "device": str(runner.manager.device),
+        "dtype": rots[0].last[BASE].metrics.dtype,
+        "versions": library_versions(),
+        "repeats": repeats,
+        "prompts": [r.prompt for r in requests],
+        "request": requests[0].as_dict(),
+        "presets": {p.name: p.as_dict() for p in resolved},
+        "eager_twins": twins,
+        "vs_raw": vs_raw,
+    }
+    return BenchReport(mat, rots, _noise(rots, names, twins), _cost(rots, twins), twins, meta)

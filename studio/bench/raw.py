@@ -1,0 +1,187 @@
+"""`bench --vs-raw`: the same request through plain diffusers (and plain cache-dit / torchao calls), without the
+studio, to measure what the studio's own machinery costs.
+
+Each preset's plain pipeline lives in a worker process of its own (`python -m studio.bench.raw`), written the way a
+user would write it from the libraries' docs; the worker imports nothing of the studio. It times the denoising loop
+as a user would: a clock read at the transformer's first call (a forward pre-hook) and at the end of the last step
+(`callback_on_step_end`), with CUDA events on a GPU. A separate process per preset keeps cache-dit's patching of the
+pipeline class and torch.compile's caches apart from the studio's and from each other; a worker waits idle on its
+stdin while the others run, so runs still alternate one at a time (studio A, plain A, studio B, plain B, ...).
+
+Protocol: one JSON object per line on stdin ({"cmd": "run", "request": {...}, "out": path} or {"cmd": "quit"}),
+one JSON answer per line on stdout. The first message is the recipe (model folder, dtype, device, stack knobs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+RAW_WORKER_TIMEOUT_S = 600
+
+
+# ---- the plain recipe (worker side) -------------------------------------------------------------------------------
+def build_pipeline(recipe: dict):
+    import torch
+    from diffusers import DiffusionPipeline
+
+    dtype = getattr(torch, recipe["dtype"])
+    pipe = DiffusionPipeline.from_pretrained(recipe["model"], torch_dtype=dtype).to(recipe["device"])
+    pipe.set_progress_bar_config(disable=True)
+    tr = pipe.transformer
+    if recipe.get("quant_type"):
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
+
+        config = {"int8_weight_only": Int8WeightOnlyConfig, "int8_dynamic": Int8DynamicActivationInt8WeightConfig}
+        skip = recipe.get("exclude_layers") or []
+        quantize_(
+            tr,
+            config[recipe["quant_type"]](),
+            filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear) and not any(x in fqn for x in skip),
+        )
+    cache = recipe.get("dbcache")
+    if cache is not None:
+        import cache_dit
+        from cache_dit import DBCacheConfig, DMDCalibratorConfig, TaylorSeerCalibratorConfig
+
+        cal = recipe.get("calibrator") or {}
+        calibrator = None
+        if "taylorseer_order" in cal:
+            calibrator = TaylorSeerCalibratorConfig(taylorseer_order=cal["taylorseer_order"])
+        elif "dmd_history" in cal:
+            calibrator = DMDCalibratorConfig(dmd_history=cal["dmd_history"], dmd_rank=cal["dmd_rank"])
+        cache_dit.enable_cache(pipe, cache_config=DBCacheConfig(**cache), calibrator_config=calibrator)
+    if recipe.get("fbcache_threshold") is not None:
+        from diffusers import FirstBlockCacheConfig
+
+        tr.enable_cache(FirstBlockCacheConfig(threshold=recipe["fbcache_threshold"]))
+    if recipe.get("attention") and recipe["attention"] != "native":
+        tr.set_attention_backend(recipe["attention"])
+    if recipe.get("compile"):
+        tr.compile_repeated_blocks(fullgraph=recipe.get("fullgraph", False))
+    return pipe
+
+
+def _call(pipe, recipe: dict, req: dict, timed: bool):
+    import numpy as np
+    import torch
+
+    device = torch.device(recipe["device"])
+    cuda = device.type == "cuda"
+    marks = []
+
+    def mark():
+        if cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            marks.append(ev)
+        else:
+            marks.append(time.perf_counter())
+
+    def first_call(module, args, kwargs):
+        if not marks:
+            if cuda:
+                torch.cuda.synchronize(device)
+            mark()
+
+    def step_end(p, i, t, kw):
+        mark()
+        return kw
+
+    hook = pipe.transformer.register_forward_pre_hook(first_call, with_kwargs=True)
+    kw = dict(req["kwargs"], generator=torch.Generator("cpu").manual_seed(req["seed"]), output_type="np")
+    t0 = time.perf_counter()
+    try:
+        image = pipe(**kw, callback_on_step_end=step_end).images[0]
+    finally:
+        hook.remove()
+    if cuda:
+        torch.cuda.synchronize(device)
+    call_s = time.perf_counter() - t0
+    denoise = marks[0].elapsed_time(marks[-1]) / 1e3 if cuda else marks[-1] - marks[0]
+    image = (np.clip(image, 0, 1) * 255).round().astype(np.uint8)
+    return denoise, call_s, image
+
+
+def worker_main() -> int:
+    import numpy as np
+
+    out = sys.stdout
+    sys.stdout = sys.stderr  # library prints must not corrupt the answers
+    recipe = json.loads(sys.stdin.readline())
+    pipe = build_pipeline(recipe)
+    warm = set()
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if msg.get("cmd") == "quit":
+            break
+        req = msg["request"]
+        shape = (req["kwargs"].get("width"), req["kwargs"].get("height"), req["kwargs"].get("num_inference_steps"))
+        warmup_s = None
+        if shape not in warm:  # untimed warm-up per shape, as the studio does (compiles under torch.compile)
+            t0 = time.perf_counter()
+            _call(pipe, recipe, req, timed=False)
+            warm.add(shape)
+            warmup_s = time.perf_counter() - t0
+        denoise, call_s, image = _call(pipe, recipe, req, timed=True)
+        np.save(msg["out"], image)
+        out.write(json.dumps({"denoise_s": denoise, "call_s": call_s, "warmup_s": warmup_s}) + "\n")
+        out.flush()
+    return 0
+
+
+# ---- the studio side ----------------------------------------------------------------------------------------------
+class RawWorker:
+    """One plain pipeline in a worker process; `run(request_kwargs, seed)` -> (denoise_s, call_s, image)."""
+
+    def __init__(self, recipe: dict):
+        self.recipe = recipe
+        self._dir = tempfile.TemporaryDirectory(prefix="studio-raw-")
+        self._log = open(os.path.join(self._dir.name, "worker.log"), "w")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "studio.bench.raw"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, env=env,
+        )  # fmt: skip
+        self._send(recipe)
+        self._read()
+
+    def _send(self, msg: dict) -> None:
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            self._log.flush()
+            tail = open(self._log.name).read().strip().splitlines()[-3:]
+            raise RuntimeError(f"the plain-diffusers worker for {self.recipe.get('name')} died: {' | '.join(tail)}")
+        return json.loads(line)
+
+    def run(self, kwargs: dict, seed: int):
+        import numpy as np
+
+        path = os.path.join(self._dir.name, "image.npy")
+        self._send({"cmd": "run", "request": {"kwargs": kwargs, "seed": seed}, "out": path})
+        ans = self._read()
+        return ans["denoise_s"], ans["call_s"], np.load(path)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self._send({"cmd": "quit"})
+                self.proc.wait(timeout=30)
+            except Exception:
+                self.proc.kill()
+        self._log.close()
+        self._dir.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main())

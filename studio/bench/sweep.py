@@ -1,0 +1,127 @@
+"""`python -m studio sweep`: one cache knob varied over a prompt set, speed-up and worst PSNR against it, the cliff
+marked (the value where worst PSNR drops the most from the one before). Timed and measured by the bench."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from studio.bench.bench import BenchReport, run_bench
+from studio.spec.checks import ConfigError
+from studio.spec.preset import Preset
+
+# knob -> how a value is read from the command line
+KNOBS = {
+    "residual_diff_threshold": float,
+    "Fn_compute_blocks": int,
+    "Bn_compute_blocks": int,
+    "max_continuous_cached_steps": int,
+    "max_warmup_steps": int,
+    "steps_computation_mask": str,
+}
+DEFAULT_VALUES = {
+    "residual_diff_threshold": "0.08,0.12,0.16,0.24,0.32,0.5",
+    "Fn_compute_blocks": "1,2,3",
+    "Bn_compute_blocks": "0,1,2",
+    "max_continuous_cached_steps": "1,2,3,4,6",
+    "max_warmup_steps": "0,2,4,8",
+    "steps_computation_mask": "none,slow,medium,fast",
+}
+SHORT = {
+    "residual_diff_threshold": "R",
+    "Fn_compute_blocks": "F",
+    "Bn_compute_blocks": "B",
+    "max_continuous_cached_steps": "MC",
+    "max_warmup_steps": "W",
+    "steps_computation_mask": "mask-",
+}
+PSNR_CAP_DB = 100.0  # an identical picture counts as this much when finding the steepest drop
+
+
+def parse_values(knob: str, text: str | None) -> list:
+    if knob not in KNOBS:
+        raise ConfigError(f"sweep knob {knob!r} is not one of: {', '.join(KNOBS)}")
+    try:
+        return [KNOBS[knob](x.strip()) for x in (text or DEFAULT_VALUES[knob]).split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(
+            f"sweep values {text!r} for {knob} must be {KNOBS[knob].__name__}s, comma-separated"
+        ) from None
+
+
+def variant(p: Preset, knob: str, value) -> Preset:
+    """The preset with one cache knob set (the cache turned on if it was off)."""
+    p = p.with_overrides(cache=True)
+    name = f"{p.name}.{SHORT[knob]}{value:g}" if isinstance(value, float) else f"{p.name}.{SHORT[knob]}{value}"
+    return replace(p, name=name, cache_config=replace(p.cache_config, **{knob: value}))
+
+
+def cliff(values: list, worst_db: list[float | None]) -> tuple[object, float] | None:
+    """(the value where worst PSNR drops the most from the value before, the drop in dB), or None."""
+    capped = [None if v is None else min(v, PSNR_CAP_DB) for v in worst_db]
+    drops = [
+        (capped[i - 1] - capped[i], values[i])
+        for i in range(1, len(values))
+        if capped[i - 1] is not None and capped[i] is not None
+    ]
+    if not drops:
+        return None
+    drop, value = max(drops, key=lambda d: d[0])
+    return (value, drop) if drop > 0 else None
+
+
+@dataclass
+class SweepResult:
+    knob: str
+    values: list
+    report: BenchReport  # its rows: base, then one per value (in order)
+    cliff: tuple | None
+    names: list[str]  # the variant of each value
+
+    def rows(self):
+        by_name = {r.preset: r for r in self.report.matrix.rows}
+        return [by_name[n] for n in self.names]
+
+    def markdown(self) -> str:
+        lines = [
+            f"| {self.knob} | vs base | worst PSNR | mean PSNR | cached (by prompt) | of ideal |",
+            "|---" * 6 + "|",
+        ]
+        for v, r in zip(self.values, self.rows()):
+            mark = " **cliff**" if self.cliff and self.cliff[0] == v else ""
+            lines.append(
+                f"| {v}{mark} | {_x(r.speedup)} | {_db(r.worst_psnr_db)} | {_db(r.mean_psnr_db)} | "
+                f"{','.join(map(str, r.cached_by_prompt))} | {'-' if r.of_ideal is None else f'{r.of_ideal:.2f}'} |"
+            )
+        if self.cliff:
+            lines.append(
+                f"\nCliff: at {self.knob}={self.cliff[0]} worst PSNR drops {self.cliff[1]:.1f} dB "
+                "from the value before."
+            )
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict:
+        d = self.report.as_dict()
+        d.update(knob=self.knob, values=self.values, cliff=list(self.cliff) if self.cliff else None)
+        return d
+
+
+def _x(v):
+    return "n/a" if v is None else f"{v:.2f}x"
+
+
+def _db(v):
+    return "n/a" if v is None else ("inf" if math.isinf(v) else f"{v:.2f} dB")
+
+
+def run_sweep(
+    runner, requests, preset="cache", knob="residual_diff_threshold", values=None, *, model=None, repeats=1,
+    progress=None,
+) -> SweepResult:  # fmt: skip
+    values = values if values is not None else parse_values(knob, None)
+    base_p = runner.resolve_preset(preset)
+    variants = [variant(base_p, knob, v) for v in values]
+    rep = run_bench(runner, requests, variants, model=model, repeats=repeats, progress=progress)
+    names = [v.name for v in variants]
+    by_name = {r.preset: r for r in rep.matrix.rows}
+    return SweepResult(knob, values, rep, cliff(values, [by_name[n].worst_psnr_db for n in names]), names)

@@ -1,0 +1,200 @@
+"""`python -m studio tune --min-psnr 35`: the fastest stack whose worst PSNR over the prompts stays above a floor.
+
+1. The device's best non-cache options: the shipped non-cache presets timed by the bench on the first prompt; the
+   fastest whose worst PSNR keeps a margin above the floor (on a CPU: often compile alone; INT8 weight-only and Sage
+   do not pay there).
+2. Cache knobs, screened eagerly (the engine's `screen`: pictures and step counts, no warm-up): for each calibrator
+   (none, TaylorSeer, DMD), run length cap and warm-up, a binary search for the largest residual threshold whose
+   worst PSNR over the prompts meets the floor (a prompt that fails ends a candidate early); then the step-mask
+   policies. Candidates are ranked by the speed-up their counts predict (cached steps costing Fn+Bn of the blocks).
+3. The best few, stacked on the options of step 1, timed by the bench side by side (with `cache`, the shipped
+   preset, as the bar to beat); the fastest that still meets the floor on every prompt is the result.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field, replace
+
+from studio.bench.bench import run_bench
+from studio.engine.session import BASE
+from studio.measure.timing import ideal_speedup
+from studio.spec.preset import CacheSpec, Preset
+
+THRESHOLDS = (0.04, 0.06, 0.08, 0.12, 0.16, 0.2, 0.24, 0.3, 0.36, 0.44, 0.52, 0.64, 0.8, 1.0, 1.5, 2.0)
+CALIBRATORS = {"none": {}, "taylorseer": {"enable_taylorseer": True}, "dmd": {"enable_dmd": True}}
+RUN_CAPS = (3, 5)
+WARMUPS = (4, 2)
+MASKS = ("medium", "fast")
+NON_CACHE = ("base", "compile", "int8", "sage", "sage-int8")
+MARGIN_DB = 3.0  # a non-cache option must keep this much above the floor, to leave room for the cache
+FINALISTS = 3
+
+
+@dataclass
+class Candidate:
+    cache: CacheSpec
+    worst_db: float | None = None
+    passed: bool = False
+    predicted: float = 1.0  # speed-up the counts predict
+    cached: list[int] = field(default_factory=list)
+
+
+@dataclass
+class TuneResult:
+    preset: Preset
+    floor_db: float
+    worst_db: float | None
+    speedup: float | None
+    vs_cache: float | None  # tuned speed-up over the shipped `cache` preset's, same bench
+    screened: int  # screening runs
+    timed: int  # timed runs (the bench's)
+    candidates: list[Candidate]
+    non_cache: str
+    curve: list[tuple[float, float, float | None]]  # (threshold, predicted speed-up, worst dB): the search's sweep
+
+    @property
+    def runs(self) -> int:
+        return self.screened + self.timed
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    thresholds: tuple = THRESHOLDS
+    calibrators: tuple = tuple(CALIBRATORS)
+    run_caps: tuple = RUN_CAPS
+    warmups: tuple = WARMUPS
+    masks: tuple = MASKS
+    non_cache: tuple = NON_CACHE
+    finalists: int = FINALISTS
+    repeats: int = 3
+
+
+class Tuner:
+    def __init__(self, runner, requests, floor_db: float, model=None, progress=None, space: SearchSpace | None = None):
+        self.runner, self.requests, self.floor, self.model = runner, list(requests), floor_db, model
+        self.space = space or SearchSpace()
+        self.progress = progress or (lambda msg: None)
+        self.screened = 0
+        self.timed = 0
+        self.curve: list[tuple[float, float, float | None]] = []
+        self.order = list(range(len(self.requests)))  # prompts, the worst so far first
+
+    # 1 -----------------------------------------------------------------------------------------------------------
+    def best_non_cache(self) -> Preset:
+        lib = self.runner.presets
+        names = [n for n in self.space.non_cache if n in lib.names()]
+        self.progress(f"timing the non-cache options: {', '.join(names)}")
+        rep = run_bench(self.runner, self.requests[:1], names, model=self.model, repeats=self.space.repeats)
+        self.timed += sum(len(r.runs) for r in rep.matrix.rows)
+        ok = [r for r in rep.matrix.rows if r.preset in names and (r.psnr_db or 0) >= self.floor + MARGIN_DB]
+        best = max(ok, key=lambda r: r.speedup or 0)
+        return lib.get(best.preset)
+
+    # 2 -----------------------------------------------------------------------------------------------------------
+    def evaluate(self, stack: Preset, cache: CacheSpec) -> Candidate:
+        """Worst PSNR over the prompts (stopping at the first that fails) and the predicted speed-up."""
+        cand = Candidate(cache)
+        p = replace(stack, name="tuning", cache_config=cache, compile=replace(stack.compile, enabled=False))
+        worst, preds = None, []
+        for i in list(self.order):
+            m = self.runner.screen(self.requests[i], p, self.model)
+            self.screened += 1
+            cand.cached.append(m.cached_steps)
+            db = m.psnr_db if m.psnr_db is not None else float("inf")
+            worst = db if worst is None else min(worst, db)
+            computed = cache.Fn_compute_blocks + cache.Bn_compute_blocks
+            preds.append(ideal_speedup(m.full_steps, m.cached_steps, computed, m.blocks) or 1.0)
+            if db < self.floor:
+                self.order.remove(i)
+                self.order.insert(0, i)  # this prompt first next time: failures end candidates sooner
+                break
+        cand.worst_db, cand.passed = worst, worst is not None and worst >= self.floor
+        cand.predicted = statistics.mean(preds) if cand.passed else 1.0
+        return cand
+
+    def search_threshold(self, stack: Preset, cache: CacheSpec) -> Candidate | None:
+        """The largest threshold of THRESHOLDS that meets the floor (binary search: quality falls as it rises)."""
+        ths, sp = self.space.thresholds, self.space
+        lo, hi, best = 0, len(ths) - 1, None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            c = self.evaluate(stack, replace(cache, residual_diff_threshold=ths[mid]))
+            first = (cache.max_warmup_steps, cache.max_continuous_cached_steps) == (sp.warmups[0], sp.run_caps[0])
+            if cache.calibrator == "none" and first:  # the search's own sweep, shown as the tuner's curve
+                self.curve.append((ths[mid], c.predicted, c.worst_db))
+            if c.passed:
+                best, lo = c, mid + 1
+            else:
+                hi = mid - 1
+        return best
+
+    def candidates(self, stack: Preset) -> list[Candidate]:
+        base_cache = self.runner.presets.get("cache").cache_config
+        out = []
+        for cal in self.space.calibrators:
+            knobs = CALIBRATORS[cal]
+            for cap in self.space.run_caps:
+                for w in self.space.warmups:
+                    self.progress(
+                        f"searching the threshold: calibrator {cal}, at most {cap} cached in a row, warm-up {w}"
+                    )
+                    spec = replace(base_cache, max_continuous_cached_steps=cap, max_warmup_steps=w, **knobs)
+                    c = self.search_threshold(stack, spec)
+                    if c:
+                        out.append(c)
+        best = max(out, key=lambda c: c.predicted, default=None)
+        if best is not None:
+            for (
+                mask
+            ) in self.space.masks:  # a step mask on top of the best: computes fixed steps, caches where R allows
+                self.progress(f"trying step mask {mask}")
+                c = self.evaluate(
+                    stack, replace(best.cache, steps_computation_mask=mask, steps_computation_policy="dynamic")
+                )
+                if c.passed:
+                    out.append(c)
+        return sorted(out, key=lambda c: -c.predicted)
+
+    # 3 -----------------------------------------------------------------------------------------------------------
+    def run(self, name: str) -> TuneResult:
+        stack = self.best_non_cache()
+        self.progress(f"non-cache options: {stack.name} ({stack.tag()})")
+        cands = self.candidates(stack)
+        finalists = [
+            replace(stack, name=f"{name}-{i + 1}", cache_config=c.cache, description="")
+            for i, c in enumerate(cands[: self.space.finalists])
+        ]
+        if not finalists:
+            raise ValueError(f"no cache setting keeps every prompt above {self.floor:g} dB; lower --min-psnr")
+        self.progress(f"timing {len(finalists)} finalists beside base and cache")
+        rep = run_bench(
+            self.runner, self.requests, ["cache"] + finalists, model=self.model, repeats=self.space.repeats
+        )
+        self.timed += sum(len(r.runs) for r in rep.matrix.rows)
+        rows = {r.preset: r for r in rep.matrix.rows}
+        ok = [f for f in finalists if (rows[f.name].worst_psnr_db or 0) >= self.floor]
+        if not ok:
+            raise ValueError(f"no finalist kept every prompt above {self.floor:g} dB once timed; lower --min-psnr")
+        win = max(ok, key=lambda f: rows[f.name].speedup or 0)
+        r, cache_row = rows[win.name], rows["cache"]
+        desc = (
+            f"Tuned by `python -m studio tune --min-psnr {self.floor:g}` on {len(self.requests)} prompts: worst PSNR "
+            f"{r.worst_psnr_db:.2f} dB, {r.speedup:.2f}x vs base ({r.speedup / cache_row.speedup:.2f}x the cache "
+            f"preset's) on {rep.meta['device']} {rep.meta['dtype']}."
+        )
+        preset = replace(win, name=name, description=desc)
+        vs_cache = r.speedup / cache_row.speedup if cache_row.speedup else None
+        return TuneResult(
+            preset, self.floor, r.worst_psnr_db, r.speedup, vs_cache,
+            self.screened, self.timed, cands, stack.name, sorted(self.curve),
+        )  # fmt: skip
+
+
+def tune(
+    runner, requests, floor_db: float, *, name: str | None = None, model=None, progress=None, space=None
+) -> TuneResult:
+    """See the module doc. `name`: the tuned preset's (default tuned-<floor>db); `space`: what is searched."""
+    name = name or f"tuned-{floor_db:g}db".replace(".", "_")
+    runner.generate(requests[0], BASE, model=model)  # load and fail early on a model that cannot run
+    return Tuner(runner, requests, floor_db, model, progress, space).run(name)

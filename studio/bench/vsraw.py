@@ -1,0 +1,73 @@
+"""`bench --vs-raw`, the studio's side: a preset as the plain recipe a user would write (studio.bench.raw), built
+from what the studio really ran (its dtype, the attention backend it could use, the threshold it applied)."""
+
+from __future__ import annotations
+
+from studio.bench.raw import RawWorker
+from studio.engine.attention import unavailable_reason
+from studio.engine.cache import _dbcache_configs
+from studio.engine.session import pipe_kwargs, true_cfg
+from studio.spec.preset import ATTENTION_BACKENDS, Preset
+from studio.spec.profiles import resolve_model
+
+DBCACHE_FIELDS = (
+    "Fn_compute_blocks", "Bn_compute_blocks", "max_warmup_steps", "residual_diff_threshold",
+    "max_continuous_cached_steps", "max_cached_steps", "num_inference_steps", "steps_computation_mask",
+    "steps_computation_policy", "enable_separate_cfg",
+)  # fmt: skip
+
+
+def recipe(runner, preset: Preset, request, model=None) -> dict:
+    """The plain recipe of `preset` for this request, as the worker builds it."""
+    import torch
+
+    pipe = runner.manager.current.pipe  # the studio's pipeline of this model: only read, for the call's arguments
+    dtype = runner.manager.resolve_dtype(preset.dtype)
+    device = runner.manager.device
+    q, c = preset.quantize_config, preset.cache_config
+    out = {"name": preset.name, "model": resolve_model(model or runner.model), "dtype": dtype.name}
+    out["device"] = str(device)
+    if q.enabled:
+        out.update(quant_type=q.quant_type, exclude_layers=list(q.exclude_layers))
+    quantized = q.enabled
+    if c.backend == "cache-dit":
+        cfg, cal = _dbcache_configs(c, c.effective_threshold(quantized), request.steps, true_cfg(pipe, request))
+        out["dbcache"] = {k: getattr(cfg, k) for k in DBCACHE_FIELDS}
+        if out["dbcache"]["steps_computation_mask"] is not None:
+            out["dbcache"]["steps_computation_mask"] = [int(x) for x in out["dbcache"]["steps_computation_mask"]]
+        if c.enable_taylorseer:
+            out["calibrator"] = {"taylorseer_order": c.taylorseer_order}
+        elif c.enable_dmd:
+            out["calibrator"] = {"dmd_history": c.dmd_history, "dmd_rank": c.dmd_rank}
+    elif c.backend == "fbcache":
+        out["fbcache_threshold"] = c.effective_threshold(quantized)
+    name = ATTENTION_BACKENDS[preset.attention_backend]
+    out["attention"] = name if unavailable_reason(name, torch.device(device)) is None else "native"
+    if preset.compile.enabled:
+        out.update(compile=True, fullgraph=preset.compile.effective_fullgraph(c.enabled))
+    return out
+
+
+def call_kwargs(runner, request) -> dict:
+    """The pipeline call's arguments for `request`, less what each side sets itself (generator, callback, output)."""
+    kw = pipe_kwargs(runner.manager.current.pipe, request)
+    for k in ("generator", "callback_on_step_end", "output_type"):
+        kw.pop(k, None)
+    return kw
+
+
+class RawPool:
+    """One plain worker per preset, started on first use and closed together."""
+
+    def __init__(self, runner, model=None):
+        self.runner, self.model, self.workers = runner, model, {}
+
+    def run(self, preset: Preset, request):
+        if preset.name not in self.workers:
+            self.workers[preset.name] = RawWorker(recipe(self.runner, preset, request, self.model))
+        return self.workers[preset.name].run(call_kwargs(self.runner, request), request.seed)
+
+    def close(self) -> None:
+        for w in self.workers.values():
+            w.close()
+        self.workers.clear()

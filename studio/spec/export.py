@@ -1,0 +1,62 @@
+"""A preset as the YAML that `cache_dit.load_configs` reads (cache, calibrator, quantization, attention and
+parallelism sections with cache-dit's own keys), so a studio-tuned stack can be served by any cache-dit user."""
+
+from __future__ import annotations
+
+import yaml
+
+from studio.spec.preset import ATTENTION_BACKENDS, Preset
+
+CACHE_KEYS = (
+    "Fn_compute_blocks", "Bn_compute_blocks", "max_warmup_steps", "residual_diff_threshold",
+    "max_continuous_cached_steps", "max_cached_steps",
+)  # fmt: skip
+DEFAULT_STEPS = 28
+
+
+def cache_dit_dict(p: Preset, steps: int | None = None) -> dict:
+    """The preset's cache-dit configuration. `steps`: the run's step count, which a step mask policy is sized to."""
+    out: dict = {}
+    c = p.cache_config
+    if c.backend == "cache-dit":
+        cc = {k: getattr(c, k) for k in CACHE_KEYS}
+        if cc["residual_diff_threshold"] is None:
+            from studio.spec.preset import DEFAULT_THRESHOLD
+
+            cc["residual_diff_threshold"] = DEFAULT_THRESHOLD["quantized" if p.quant.enabled else "dense"]
+        if c.enable_taylorseer:
+            cc.update(enable_taylorseer=True, taylorseer_order=c.taylorseer_order)
+        elif c.enable_dmd:
+            cc.update(enable_dmd=True, dmd_history=c.dmd_history, dmd_rank=c.dmd_rank)
+        if c.has_mask:
+            cc["num_inference_steps"] = steps or DEFAULT_STEPS
+            cc["steps_computation_policy"] = c.steps_computation_policy
+            if c.compute_bins is not None:
+                import cache_dit
+
+                mask = cache_dit.steps_mask(
+                    compute_bins=list(c.compute_bins),
+                    cache_bins=list(c.cache_bins),
+                    total_steps=cc["num_inference_steps"],
+                )
+                cc["steps_computation_mask"] = [int(x) for x in list(mask)[: cc["num_inference_steps"]]]
+            else:
+                cc["steps_computation_mask"] = c.steps_computation_mask  # a policy name, sized by num_inference_steps
+        out["cache_config"] = cc
+    if p.quant.enabled:
+        out["quantize_config"] = {"quant_type": p.quant.quant_type, "exclude_layers": list(p.quant.exclude_layers)}
+    if p.attention_backend != "sdpa":
+        out["attention_backend"] = ATTENTION_BACKENDS[p.attention_backend]
+    par = getattr(p, "parallel", None)
+    if par is not None and getattr(par, "enabled", False):
+        out["parallelism_config"] = par.cache_dit_dict()
+    return out
+
+
+def cache_dit_yaml(p: Preset, steps: int | None = None) -> str:
+    head = f"# DiT Speed Studio preset {p.name!r} ({p.tag()}), for cache_dit.load_configs\n"
+    if p.description:
+        head += "".join(f"# {line}\n" for line in p.description.splitlines())
+    if p.compile.enabled:
+        head += "# compile: torch.compile after enable_cache (regional: transformer.compile_repeated_blocks())\n"
+    return head + yaml.safe_dump(cache_dit_dict(p, steps), sort_keys=False)
