@@ -1,0 +1,135 @@
+"""bench, sweep, tune and export on the embedded model: the structure of what each command reports, with numbers a
+reader can check (base against itself is 1.00 and identical; the ideal speed-up follows from the counts; a tuned
+preset meets its floor; exported YAML loads in cache-dit with the same values). No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from studio.bench.bench import AGAIN, run_bench
+from studio.bench.sweep import cliff, run_sweep
+from studio.bench.tune import SearchSpace, tune
+from studio.spec.export import cache_dit_dict, cache_dit_yaml
+from studio.spec.presets import load_preset, preset_to_yaml
+
+PROMPTS = ["a red circle in the center, blue background", "an orange triangle on the left, black background"]
+ROW_KEYS = {"preset", "denoise_s", "step_ms", "speedup", "psnr_db", "ssim", "full_steps", "cached_steps", "of_ideal"}
+
+
+def test_bench_rows_noise_floor_and_compile_cost(tiny_runner):
+    req = tiny_runner.request(PROMPTS[0], seed=42)
+    rep = run_bench(tiny_runner, [req], ["cache", "compile"], repeats=1)
+    rows = {r.preset: r for r in rep.matrix.rows}
+    assert list(rows) == ["base", "cache", "compile"]
+    assert rows["base"].speedup == 1.0 and math.isinf(rows["base"].psnr_db)
+    c = rows["cache"]
+    assert c.cached_steps > 0 and c.cached_steps + c.full_steps == req.steps
+    # of ideal: the counts' speed-up if a cached step cost only F1B0 = 1 of the model's 6 blocks
+    assert c.ideal_speedup == pytest.approx(req.steps / (c.full_steps + c.cached_steps / 6))
+    assert c.of_ideal == pytest.approx(c.speedup / c.ideal_speedup)
+    assert rows["base"].of_ideal is None and rows["compile"].of_ideal is None
+    # compile's eager twin is base itself; its PSNR against it is the noise floor of compile
+    assert rep.twins == {"compile": "base"}
+    assert rep.noise.compile_vs_eager_db["compile"] > 30
+    assert set(rep.noise.spread) == {"base", "cache", "compile", AGAIN} and rep.noise.base_vs_itself > 0
+    (cost,) = rep.cost
+    assert cost.preset == "compile" and cost.compile_s > 0 and cost.graphs >= 1
+    d = json.loads(json.dumps(rep.as_dict()))  # reloads
+    assert ROW_KEYS <= set(d["rows"][0]) and d["device"] == "cpu" and d["dtype"] in ("bfloat16", "float32")
+    assert d["presets"]["cache"]["cache_config"]["residual_diff_threshold"] == 0.24
+    assert {"torch", "diffusers", "cache-dit", "torchao"} <= set(d["versions"])
+    assert "Noise floor" in rep.markdown() and "pays off after" in rep.markdown()
+
+
+def test_vs_raw_gives_the_plain_diffusers_picture(tiny_runner):
+    """The studio's base and cache runs draw the same pixels as plain diffusers / plain cache-dit calls."""
+    req = tiny_runner.request(PROMPTS[0], seed=42)
+    rep = run_bench(tiny_runner, [req], ["cache"], repeats=1, vs_raw=True)
+    for r in rep.matrix.rows:
+        assert math.isinf(r.raw_psnr_db), r.preset
+        assert r.studio_over_raw > 0 and r.raw_denoise_s > 0
+    assert "studio/raw" in rep.matrix.markdown()
+
+
+def test_cli_bench_over_prompts_json_and_csv(tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("# two scenes\n" + "\n".join(PROMPTS) + "\n\n")
+    csv_path = tmp_path / "bench.csv"
+    cmd = [sys.executable, "-m", "studio", "bench", "--presets", "base,cache", "--repeats", "1", "--prompts",
+           str(prompts), "--json", "--out", str(csv_path)]  # fmt: skip
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    d = json.loads(p.stdout)
+    assert d["prompts"] == PROMPTS
+    cache = next(r for r in d["rows"] if r["preset"] == "cache")
+    assert cache["prompts"] == 2 and len(cache["cached_by_prompt"]) == 2
+    assert cache["worst_psnr_db"] <= cache["mean_psnr_db"]
+    assert csv_path.read_text().startswith("preset,tag,denoise_s,step_ms,speedup")
+    assert "Loading pipeline components" not in p.stderr  # the progress bar alone on stderr
+
+
+def test_cliff_is_the_steepest_drop():
+    assert cliff([0.1, 0.2, 0.3], [math.inf, 45.0, 30.0]) == (0.2, 55.0)  # identical counts as 100 dB
+    assert cliff([1, 2, 3], [40.0, 39.0, 20.0]) == (3, 19.0)
+    assert cliff([1, 2], [30.0, 31.0]) is None
+
+
+def test_sweep_over_the_run_length_cap(tiny_runner):
+    req = tiny_runner.request(PROMPTS[0], seed=42)
+    res = run_sweep(tiny_runner, [req], "cache", "max_continuous_cached_steps", [1, 3])
+    one, three = res.rows()
+    assert one.preset == "cache.MC1" and three.preset == "cache.MC3"
+    assert 0 < one.cached_steps <= three.cached_steps
+    assert "| max_continuous_cached_steps |" in res.markdown()
+
+
+def test_tuned_preset_meets_its_floor_and_loads(tiny_runner, tmp_path):
+    reqs = [tiny_runner.request(p, seed=42) for p in PROMPTS]
+    space = SearchSpace(calibrators=("none",), run_caps=(3,), warmups=(4,), masks=(), non_cache=("base",),
+                        finalists=1, repeats=1)  # fmt: skip
+    res = tune(tiny_runner, reqs, 35.0, space=space)
+    assert res.worst_db >= 35.0 and res.screened > 0 and res.runs == res.screened + res.timed
+    assert res.preset.cache_config.enabled and res.preset.name == "tuned-35db"
+    path = tmp_path / "tuned-35db.yaml"
+    path.write_text(preset_to_yaml(res.preset))
+    loaded = load_preset(path)
+    assert loaded.stack == res.preset.stack
+    for req in reqs:  # on its own prompts, run again as any preset runs
+        assert tiny_runner.generate(req, loaded).metrics.psnr_db >= 35.0
+
+
+def test_export_loads_in_cache_dit_with_the_same_values(tmp_path):
+    import cache_dit
+
+    from studio.spec import PresetLibrary
+
+    lib = PresetLibrary()
+    full = lib.get("cache-int8-sage-compile")
+    ts = replace(
+        lib.get("cache"),
+        name="ts-mask",
+        cache_config=replace(
+            lib.get("cache").cache_config, enable_taylorseer=True, taylorseer_order=2, steps_computation_mask="fast"
+        ),
+    )
+    for p in (lib.get("cache"), full, ts):
+        path = tmp_path / f"{p.name}.yaml"
+        path.write_text(cache_dit_yaml(p, steps=28))
+        got = cache_dit.load_configs(str(path))
+        cc, want = got["cache_config"], p.cache_config
+        for k in ("Fn_compute_blocks", "Bn_compute_blocks", "max_warmup_steps", "max_continuous_cached_steps"):
+            assert getattr(cc, k) == getattr(want, k), (p.name, k)
+        assert cc.residual_diff_threshold == want.residual_diff_threshold
+    got = cache_dit.load_configs(str(tmp_path / "cache-int8-sage-compile.yaml"))
+    assert got["quantize_config"].quant_type == "int8_weight_only" and got["attention_backend"] == "sage"
+    got = cache_dit.load_configs(str(tmp_path / "ts-mask.yaml"))
+    assert type(got["calibrator_config"]).__name__ == "TaylorSeerCalibratorConfig"
+    assert got["calibrator_config"].taylorseer_order == 2
+    assert len(got["cache_config"].steps_computation_mask) == 28
+    assert cache_dit_dict(lib.get("base")) == {}
