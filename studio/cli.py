@@ -99,6 +99,7 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     d.add_argument("--json", action="store_true", help="print one JSON object")
     d.add_argument("--no-kernels", action="store_true", help="on a GPU, skip timing a FLUX-sized random transformer")
+    d.add_argument("--kernel-stacks", default=None, help="comma-separated subset of sdpa,sage,int8,compile")
     return ap
 
 
@@ -120,7 +121,8 @@ def _doctor(args) -> int:
     kernels = []
     if device.startswith("cuda") and not args.no_kernels:
         say("timing the non-cache stacks on a random-weight FLUX.1-dev-sized transformer at 1024x1024")
-        kernels = doctor.time_kernels(device=device)
+        stacks = tuple(args.kernel_stacks.split(",")) if args.kernel_stacks else doctor.KERNEL_STACKS
+        kernels = doctor.time_kernels(device=device, stacks=stacks)
     if args.json:
         out = json.loads(doctor.as_json(rows, device))
         out["kernels"] = [asdict(k) for k in kernels]

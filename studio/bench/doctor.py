@@ -175,7 +175,9 @@ def _time_calls(tr, inputs: dict, repeats: int, device) -> float:
     return statistics.median(times)
 
 
-def time_kernels(cfg: dict = FLUX_DEV, tokens: int = 4096, text: int = 512, device=None, repeats: int = 5):
+def time_kernels(
+    cfg: dict = FLUX_DEV, tokens: int = 4096, text: int = 512, device=None, repeats: int = 5, stacks=KERNEL_STACKS
+):
     """Median ms per transformer call for each non-cache stack on a random-weight FluxTransformer2DModel built with
     `cfg` directly on `device` (bf16 on CUDA, float32 elsewhere), each against plain SDPA."""
     import torch
@@ -190,7 +192,7 @@ def time_kernels(cfg: dict = FLUX_DEV, tokens: int = 4096, text: int = 512, devi
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     inputs = _flux_inputs(cfg, tokens, text, device, dtype)
     rows, base = [], None
-    for stack in KERNEL_STACKS:
+    for stack in ("sdpa",) + tuple(s for s in stacks if s != "sdpa"):
         with torch.device(device):
             tr = FluxTransformer2DModel(**cfg).to(dtype).eval()
         holder = type("Pipe", (), {"transformer": tr})()
