@@ -67,6 +67,7 @@ class Rotation:
     recompiles: dict[str, int] = field(default_factory=dict)  # graphs compiled by later, timed calls
     raw_times: dict[str, list[float]] = field(default_factory=dict)  # --vs-raw: the plain pipeline's
     raw_images: dict[str, object] = field(default_factory=dict)
+    raw_errors: dict[str, str] = field(default_factory=dict)
 
     def median(self, name: str) -> float:
         return statistics.median(self.times[name])
@@ -85,7 +86,11 @@ def _studio(rot: Rotation, runner: Runner, request, name: str, p: Preset, model,
 
 
 def _plain(rot: Rotation, raw, name: str, p: Preset, request, tick) -> None:
-    denoise, _, image = raw.run(p, request)
+    try:
+        denoise, _, image = raw.run(p, request)
+    except RuntimeError as e:  # a plain recipe that cannot run here: the row says so, the bench goes on
+        rot.raw_errors[name] = str(e)
+        return
     rot.raw_times.setdefault(name, []).append(denoise)
     rot.raw_images[name] = image
     if tick:
@@ -210,6 +215,7 @@ def _row(name: str, rots: list[Rotation], base_name: str = BASE) -> MatrixRow:
         row.ideal_speedup = statistics.median(ideal)
         row.of_ideal = row.speedup / row.ideal_speedup
     row.compile_s = rots[0].first[name].metrics.compile_s
+    row.fallbacks += sorted({f"plain run: {rot.raw_errors[name]}" for rot in rots if name in rot.raw_errors})
     if all(name in rot.raw_times for rot in rots):
         row.raw_denoise_s = statistics.median(statistics.median(rot.raw_times[name]) for rot in rots)
         row.studio_over_raw = statistics.median(

@@ -4,7 +4,7 @@ from what the studio really ran (its dtype, the attention backend it could use, 
 from __future__ import annotations
 
 from studio.bench.raw import RawWorker
-from studio.engine.attention import unavailable_reason
+from studio.engine.attention import usable
 from studio.engine.cache import _dbcache_configs
 from studio.engine.session import pipe_kwargs, true_cfg
 from studio.spec.preset import ATTENTION_BACKENDS, Preset
@@ -42,7 +42,8 @@ def recipe(runner, preset: Preset, request, model=None) -> dict:
     elif c.backend == "fbcache":
         out["fbcache_threshold"] = c.effective_threshold(quantized)
     name = ATTENTION_BACKENDS[preset.attention_backend]
-    out["attention"] = name if unavailable_reason(name, torch.device(device)) is None else "native"
+    # what the studio could run here (it falls back to sdpa where a backend cannot run, and says so)
+    out["attention"] = name if usable(name, torch.device(device), dtype.torch) is None else "native"
     if preset.compile.enabled:
         out.update(compile=True, fullgraph=preset.compile.effective_fullgraph(c.enabled))
     return out
@@ -60,12 +61,21 @@ class RawPool:
     """One plain worker per preset, started on first use and closed together."""
 
     def __init__(self, runner, model=None):
-        self.runner, self.model, self.workers = runner, model, {}
+        self.runner, self.model, self.workers, self.failed = runner, model, {}, {}
 
     def run(self, preset: Preset, request):
-        if preset.name not in self.workers:
-            self.workers[preset.name] = RawWorker(recipe(self.runner, preset, request, self.model))
-        return self.workers[preset.name].run(call_kwargs(self.runner, request), request.seed)
+        if preset.name in self.failed:
+            raise RuntimeError(self.failed[preset.name])
+        try:
+            if preset.name not in self.workers:
+                self.workers[preset.name] = RawWorker(recipe(self.runner, preset, request, self.model))
+            return self.workers[preset.name].run(call_kwargs(self.runner, request), request.seed)
+        except RuntimeError as e:
+            self.failed[preset.name] = str(e)[:300]
+            w = self.workers.pop(preset.name, None)
+            if w is not None:
+                w.close()
+            raise
 
     def close(self) -> None:
         for w in self.workers.values():

@@ -40,7 +40,27 @@ def unavailable_reason(backend: str, device: torch.device) -> str | None:
         return f"unavailable on {device.type}"
     if importlib.util.find_spec(pkg) is None:
         return f"package {pkg} not installed"
+    try:  # diffusers' own check: the package's version (sage needs sageattention>=2.1.1, which PyPI's 1.x is not)
+        from diffusers.models.attention_dispatch import AttentionBackendName, _check_attention_backend_requirements
+
+        _check_attention_backend_requirements(AttentionBackendName(backend))
+    except (ImportError, AttributeError, ValueError):
+        pass  # a diffusers without that check: the test call decides
+    except RuntimeError as e:
+        msg = str(e).splitlines()[0]
+        return msg.split("because of ")[-1].rstrip(".")[:160] if "because of " in msg else msg[:160]
     return None
+
+
+def usable(backend: str, device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why `backend` (a diffusers dispatcher name) cannot be used here, or None when it passed a test call."""
+    reason = unavailable_reason(backend, device)
+    if reason is None and backend != "native":
+        try:
+            _probe(backend, device, dtype)
+        except Exception as e:
+            reason = f"failed a test call ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+    return reason
 
 
 def apply_attention(pipe, backend: str) -> Engaged:
@@ -56,12 +76,7 @@ def apply_attention(pipe, backend: str) -> Engaged:
         )
     device = next(tr.parameters()).device
     dtype = next(tr.parameters()).dtype
-    reason = unavailable_reason(name, device)
-    if reason is None and name != "native":
-        try:
-            _probe(name, device, dtype)
-        except Exception as e:
-            reason = f"failed a test call ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+    reason = usable(name, device, dtype)
     if reason is not None:
         tr.set_attention_backend("native")
         return Engaged("attention", backend, False, f"{backend}: {reason}, using sdpa")
