@@ -67,7 +67,7 @@ def _args(**kw):
 def test_api_has_the_three_named_endpoints(client):
     api = client.view_api(print_info=False, return_format="dict")
     names = set(api["named_endpoints"])
-    assert {"/generate", "/compare", "/matrix"} <= names
+    assert {"/generate", "/compare", "/matrix", "/tune"} <= names
     params = [p["parameter_name"] for p in api["named_endpoints"]["/generate"]["parameters"]]
     assert "request" not in params and "progress" not in params  # injected by gradio, not API parameters
     assert params[:11] == [
@@ -156,6 +156,21 @@ def test_matrix_endpoint(client, app):
     assert os.path.exists(plot)
     assert open(csv_path).read().startswith("preset,tag,denoise_s,step_ms,speedup,psnr_db,ssim,cached_steps,full_steps")
     assert "| stack | denoise |" in open(md_path).read()
+
+
+def test_tune_endpoint_returns_a_preset_that_meets_its_target(client, app):
+    from studio.spec.presets import preset_from_text
+
+    runner, _ = app
+    out = client.predict(
+        **_args(model=runner.model), floor=30, prompts_text=PROMPT, size="quick", api_name="/tune"
+    )
+    text, plot, yaml_text, name, data = out
+    assert data["worst_psnr_db"] == "inf" or data["worst_psnr_db"] >= 30
+    assert data["runs"] == data["screening_runs"] + data["timed_runs"] > 0
+    assert name == "tuned-30db" and "worst PSNR" in text
+    p = preset_from_text(yaml_text, name)  # the YAML the tab shows loads like any preset
+    assert p.cache_config.enabled and p.stack == preset_from_text(yaml_text, "again").stack
 
 
 @pytest.mark.parametrize(

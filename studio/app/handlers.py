@@ -33,6 +33,8 @@ from studio.spec.presets import MAX_PRESET_BYTES
 CACHE_CHOICES = [("follow preset", "unset"), ("on", "true"), ("off", "false")]
 COMPILE_CHOICES = CACHE_CHOICES
 HISTORY_COLUMNS = ["#", "prompt", "seed", "steps", "size"] + list(COLUMNS)
+MAX_PUBLIC_TUNE_PROMPTS = 3
+PREDICTED = "speed-up the counts predict (screening, not timed)"
 
 
 @dataclass
@@ -275,6 +277,56 @@ class Handlers:
             ui.mx_json: json_safe([r.as_dict() for r in mat.rows]),
             **self._history(hist, req, list(mat.results.values())),
         }
+
+    def tune(
+        self, prompt, model, seed, steps, width, height, guidance, floor, prompts_text, size="quick",
+        request: gr.Request = None, progress=gr.Progress(),
+    ):  # fmt: skip
+        """The tuner (studio.bench.tune) on the form's request with each prompt; a public studio runs the quick
+        search on at most MAX_PUBLIC_TUNE_PROMPTS prompts (one tuner holds the device for minutes)."""
+        from dataclasses import replace as _replace
+
+        from studio.bench.tune import QUICK, tune
+        from studio.report.plots import plot_sweep
+        from studio.spec.presets import preset_to_yaml
+
+        req = self._request(prompt, model, seed, steps, width, height, guidance)
+        prompts = [x.strip() for x in (prompts_text or "").splitlines() if x.strip()] or [req.prompt]
+        if self.studio.public:
+            prompts, size = prompts[:MAX_PUBLIC_TUNE_PROMPTS], "quick"
+        try:
+            floor = float(floor)
+            res = tune(
+                self.studio.runner, [_replace(req, prompt=p) for p in prompts], floor, model=model,
+                progress=lambda m: progress(0, desc=m), space=QUICK if size != "full" else None,
+            )  # fmt: skip
+        except (ConfigError, ModelLoadError, RunError, ValueError, TypeError) as e:
+            raise gr.Error(str(e)) from None
+        xs, ys, dbs = ([c[i] for c in res.curve] for i in range(3))
+        label = "residual_diff_threshold (no calibrator)"
+        plot = png(lambda buf: plot_sweep(label, xs, ys, dbs, None, buf, floor, PREDICTED)) if res.curve else None
+        summary = {
+            "preset": res.preset.name, "floor_db": floor, "worst_psnr_db": res.worst_db, "speedup": res.speedup,
+            "vs_cache": res.vs_cache, "runs": res.runs, "screening_runs": res.screened, "timed_runs": res.timed,
+            "prompts": prompts, "knobs": res.preset.as_dict(),
+        }  # fmt: skip
+        text = (
+            f"**{res.preset.name}** — `{res.preset.tag()}`: worst PSNR **{res.worst_db:.2f} dB** over "
+            f"{len(prompts)} prompts (target {floor:g}), **{res.speedup:.2f}x** vs base, "
+            f"{res.vs_cache:.2f}x the `cache` preset's; {res.runs} runs ({res.screened} screening, {res.timed} timed)."
+        )
+        ui = self.ui
+        return {
+            ui.tn_result: text, ui.tn_plot: plot, ui.tn_yaml: preset_to_yaml(res.preset),
+            ui.tn_name: res.preset.name, ui.tn_json: json_safe(summary),
+        }  # fmt: skip
+
+    def save_tuned(self, name, text, request: gr.Request = None):
+        if not (text or "").strip():
+            raise gr.Error("Run the tuner first: there is no tuned preset to save yet.")
+        out = self.save_preset(name, text, request)
+        out[self.ui.tn_msg] = out.pop(self.ui.save_msg)
+        return out
 
     def pick_steps(self, name, runs):
         if not name or name not in (runs or {}):

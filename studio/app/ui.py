@@ -1,6 +1,6 @@
 """The Gradio studio: a layout function per tab, then the events wired to module-level handlers (app.handlers).
 
-Named API endpoints (gradio_client): /generate, /compare, /matrix. Each takes the request fields, the preset
+Named API endpoints (gradio_client): /generate, /compare, /matrix, /tune. Each takes the request fields, the preset
 name(s), the per-request cache switch ("true", "false", or "unset" to follow the preset), threshold (empty or 0 to
 follow the preset) and compile switch (like the cache switch).
 """
@@ -131,6 +131,35 @@ def _matrix_tab(ui, names: list[str]) -> None:
             ui.mx_json = gr.JSON(label="rows")
 
 
+def _tune_tab(ui, studio: Studio) -> None:
+    prof = studio.runner.profile(studio.models[0])
+    with gr.Tab("Tune"):
+        gr.Markdown(
+            "The fastest stack whose **worst** PSNR over the prompts stays at or above the target: cache knobs, "
+            "calibrators and step masks searched on this device's best non-cache options, finalists timed side "
+            "by side with `cache`. Uses the request settings above (seed, size, steps) with each prompt."
+        )
+        with gr.Row():
+            with gr.Column(scale=1):
+                ui.tn_floor = gr.Number(label="Fastest stack at >= N dB (worst prompt)", value=35, minimum=10)
+                ui.tn_size = gr.Radio(label="Search", choices=["quick", "full"], value="quick")
+                ui.tn_btn = gr.Button("Find the fastest stack", variant="primary")
+            with gr.Column(scale=2):
+                ui.tn_prompts = gr.Textbox(
+                    label="Prompts (one per line)", lines=5, value="\n".join(prof.example_prompts)
+                )
+        ui.tn_result = gr.Markdown()
+        with gr.Row():
+            ui.tn_plot = gr.Image(label="The search's threshold curve", type="numpy", interactive=False)
+            with gr.Column():
+                ui.tn_yaml = gr.Code(label="Tuned preset", language="yaml", interactive=False)
+                ui.tn_name = gr.Textbox(label="Save as preset named")
+                ui.tn_save = gr.Button("Save as preset")
+                ui.tn_msg = gr.Markdown()
+        with gr.Accordion("Result as JSON (what the API returns)", open=False):
+            ui.tn_json = gr.JSON(label="tuned")
+
+
 def _presets_tab(ui, studio: Studio, names: list[str], default_preset: str) -> None:
     with gr.Tab("Presets"):
         with gr.Row():
@@ -193,11 +222,19 @@ def _wire(ui, h: Handlers, demo) -> None:
         **device,
     )
     ui.mx_pick.change(h.pick_steps, [ui.mx_pick, ui.matrix_runs], ui.mx_steps, **private)
+    ui.tn_btn.click(
+        _gpu(h.tune),
+        req + [ui.tn_floor, ui.tn_prompts, ui.tn_size],
+        [ui.tn_result, ui.tn_plot, ui.tn_yaml, ui.tn_name, ui.tn_json],
+        api_name="tune",
+        **device,
+    )
     ui.pv_name.change(h.show_preset, ui.pv_name, [ui.pv_desc, ui.pv_yaml], **private)
     demo.load(h.show_preset, ui.pv_name, [ui.pv_desc, ui.pv_yaml], **private)
     ui.upload.upload(h.load_upload, ui.upload, [ui.new_yaml, ui.new_name], **private)
     lists = [ui.preset, ui.preset_a, ui.preset_b, ui.mx_presets, ui.pv_name]
     ui.save_btn.click(h.save_preset, [ui.new_name, ui.new_yaml], [ui.save_msg] + lists, **private)
+    ui.tn_save.click(h.save_tuned, [ui.tn_name, ui.tn_yaml], [ui.tn_msg] + lists, **private)
     ui.export_btn.click(h.export_history, ui.history, ui.hist_file, **private)
 
 
@@ -231,6 +268,7 @@ def build_app(
             _generate_tab(ui, names, default_preset)
             _compare_tab(ui, names, compare_presets)
             _matrix_tab(ui, names)
+            _tune_tab(ui, studio)
             _presets_tab(ui, studio, names, default_preset)
             _history_tab(ui)
         _wire(ui, Handlers(studio, ui), demo)

@@ -70,6 +70,10 @@ class SearchSpace:
     repeats: int = 3
 
 
+# The UI's quick search: no DMD, one run-length cap and warm-up, no masks, two finalists, single timed repeats.
+QUICK = SearchSpace(calibrators=("none", "taylorseer"), run_caps=(3,), warmups=(4,), masks=(), finalists=2, repeats=1)
+
+
 class Tuner:
     def __init__(self, runner, requests, floor_db: float, model=None, progress=None, space: SearchSpace | None = None):
         self.runner, self.requests, self.floor, self.model = runner, list(requests), floor_db, model

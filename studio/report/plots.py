@@ -79,7 +79,10 @@ def plot_steps(metrics, path_or_buf):
     plt.close(fig)
 
 
-def plot_sweep(knob: str, values: list, speedups: list, worst_db: list, cliff_value, path_or_buf, floor_db=None):
+def plot_sweep(
+    knob: str, values: list, speedups: list, worst_db: list, cliff_value, path_or_buf, floor_db=None,
+    speed_label: str = "speed-up (median over prompts)",
+):  # fmt: skip
     """Speed-up and worst PSNR over prompts against one knob's values; the cliff (steepest PSNR drop) marked."""
     import matplotlib
 
@@ -93,7 +96,7 @@ def plot_sweep(knob: str, values: list, speedups: list, worst_db: list, cliff_va
     ax.plot(xs, ys, "o-", color="#1f77b4", label="worst PSNR over prompts (dB)")
     ax.set_ylabel(f"worst PSNR vs base, dB (identical at {top:.0f})", color="#1f77b4")
     ax2 = ax.twinx()
-    ax2.plot(xs, [s or 0 for s in speedups], "s--", color="#ff7f0e", label="speed-up (median over prompts)")
+    ax2.plot(xs, [s or 0 for s in speedups], "s--", color="#ff7f0e", label=speed_label)
     ax2.set_ylabel("speed-up vs base", color="#ff7f0e")
     if cliff_value is not None and cliff_value in values:
         i = values.index(cliff_value)
