@@ -1,0 +1,86 @@
+"""Regenerate docs/benchmarks.md: run every command it shows, on this machine, and paste their output under them.
+
+    python docs/make_benchmarks.py            # about 15 minutes on 2 CPU cores; run it on an otherwise idle machine
+
+The text between the commands is written here; every number in the document comes from the commands' output.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "benchmarks.md"
+PY = "python"  # as shown; run with this interpreter
+
+SECTIONS = [
+    (
+        "## Every shipped preset, one request",
+        "All ten shipped presets on the embedded model (28 steps, 64x64), timed round-robin after each stack's "
+        "warm-up, median of 5. `of ideal` is the measured speed-up over the one the cached/full counts would give if "
+        "a cached step cost only its computed blocks (F1B0: 1 of the 6 blocks): what the caching machinery costs.",
+        "-m studio bench --repeats 5 --out docs/bench/bench-all.json --plot docs/bench/bench-all.png",
+    ),
+    (
+        "## The studio against plain diffusers (`--vs-raw`)",
+        "Each preset run again through plain diffusers (and plain cache-dit / torchao calls), in a worker process, "
+        "timed the same way (first transformer call to the last step's end), each pair's order alternating. "
+        "`studio/raw` is the studio's median over the plain one's; the plain run's picture is compared with the "
+        "studio's (inf: the same pixels).",
+        "-m studio bench --presets base,cache,int8 --repeats 9 --vs-raw --out docs/bench/vs-raw.json",
+    ),
+    (
+        "## Threshold sweep over the example prompts",
+        "The `cache` preset at each residual threshold over the profile's five example prompts: median speed-up, "
+        "worst and mean PSNR; the cliff is where worst PSNR drops the most from the value before.",
+        "-m studio sweep --values 0.04,0.08,0.12,0.16,0.24,0.32,0.5,1.0 --plot docs/bench/sweep-threshold.png",
+    ),
+    (
+        "## Tuning at 35 dB",
+        "The tuner on the profile's five example prompts (its default), written as a preset.",
+        "-m studio tune --min-psnr 35 --out docs/bench/tuned-35db.yaml --plot docs/bench/tune-curve.png",
+    ),
+    (
+        "## The tuned preset on prompts it was not tuned on",
+        "`docs/prompts-heldout.txt`: five other scenes of the grammar. One rotation per prompt; `vs base` is the "
+        "median over prompts and `worst PSNR` the worst prompt's.",
+        "-m studio bench --presets-dir docs/bench --presets base,cache,cache-compile,tuned-35db "
+        "--prompts docs/prompts-heldout.txt --repeats 3",
+    ),
+]
+
+
+def run(args: str) -> str:
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    p = subprocess.run([sys.executable] + args.split(), cwd=ROOT, capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        raise SystemExit(f"{args} failed:\n{p.stderr[-3000:]}")
+    return p.stdout
+
+
+def main() -> None:
+    head = (ROOT / "docs" / "benchmarks-head.md").read_text()
+    cpu = next((x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name")), "?")
+    out = [head.rstrip(), "", f"Generated {datetime.date.today()} by `python docs/make_benchmarks.py` on {cpu}, "
+           f"{os.cpu_count()} cores, Python {platform.python_version()}.", ""]  # fmt: skip
+    for title, text, args in SECTIONS:
+        print(title, file=sys.stderr)
+        body = run(args)
+        out += [title, "", text, "", "```bash", f"{PY} {args}", "```", "", body.rstrip(), ""]
+        if "--plot" in args:
+            png = args.split("--plot ")[1].split()[0]
+            out += [f"![{title[3:]}]({Path(png).relative_to('docs')})", ""]
+    tail = ROOT / "docs" / "benchmarks-tail.md"
+    if tail.exists():
+        out += [tail.read_text().rstrip(), ""]
+    DOC.write_text("\n".join(out))
+    print(f"wrote {DOC}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
