@@ -17,6 +17,7 @@ Environment:
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import logging
 import os
@@ -40,7 +41,10 @@ PRESET = os.environ.get("STUDIO_PRESET", "cache")
 # types (a local folder or another Hub id).
 PUBLIC = bool(os.environ.get("SPACE_ID")) or os.environ.get("STUDIO_PUBLIC", "") not in ("", "0")
 
+if PUBLIC:  # a visitor's click must not start worker processes on a shared Space unless the operator says so
+    os.environ.setdefault("STUDIO_PARALLEL", "0")
 manager = ModelManager(os.environ.get("STUDIO_DEVICE") or None, allowed=MODELS if PUBLIC else None)
+atexit.register(manager.unload)  # parallel workers and a Ray runtime started for them end with the app
 
 
 def _cap(name: str) -> int | None:

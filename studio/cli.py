@@ -393,3 +393,5 @@ def main(argv=None) -> int:
     except (ConfigError, ModelLoadError, RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    finally:
+        runner.manager.unload()  # parallel workers, and a Ray runtime started for them, end with the command

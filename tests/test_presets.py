@@ -19,10 +19,31 @@ SHIPPED = [
     "cache-compile",
     "cache-int8-sage-compile",
 ]
+PARALLEL = ["ulysses2", "cache-ulysses2"]
 
 
-def test_library_ships_exactly_the_ten_presets_in_order():
-    assert PresetLibrary().names() == SHIPPED
+def test_library_ships_exactly_the_twelve_presets_in_order():
+    lib = PresetLibrary()
+    assert lib.names() == SHIPPED + PARALLEL
+    assert lib.one_process_names() == SHIPPED  # what bench, matrix and doctor run unless told otherwise
+
+
+def test_parallel_section_is_validated_with_cache_dits_names():
+    from studio.spec.export import cache_dit_dict
+
+    p = PresetLibrary().get("cache-ulysses2")
+    assert p.parallelism_config.ulysses_size == 2 and p.parallelism_config.world_size == 2
+    assert p.tag("bfloat16").endswith("+ulysses2") and p.cache_config.residual_diff_threshold == 0.24
+    assert cache_dit_dict(p)["parallelism_config"] == {"ulysses_size": 2, "use_ray": True}
+    assert preset_from_text(preset_to_yaml(p), "again").stack == p.stack
+    with pytest.raises(ConfigError, match="parallelism_config.ulysses_size.*0"):
+        preset_from_text("parallelism_config: {ulysses_size: 0}", "x")
+    with pytest.raises(ConfigError, match="ray_worker_options.*numbers"):
+        preset_from_text("parallelism_config: {ulysses_size: 2, ray_worker_options: {num_gpus: lots}}", "x")
+    with pytest.raises(ConfigError, match="quantize_config.*drop quantize_config"):
+        preset_from_text("quantize_config: {quant_type: int8_weight_only}\nparallelism_config: {ulysses_size: 2}", "x")
+    with pytest.raises(ConfigError, match="unknown key parallelism_config.ulysses"):
+        preset_from_text("parallelism_config: {ulysses: 2}", "x")
 
 
 def test_shipped_stacks():

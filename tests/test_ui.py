@@ -154,7 +154,9 @@ def test_matrix_endpoint(client, app):
     table, plot, csv_path, md_path = out[0], out[1], out[4], out[5]
     assert [r[-2] for r in table["data"]] == ["base", "cache", "int8"]
     assert os.path.exists(plot)
-    assert open(csv_path).read().startswith("preset,tag,denoise_s,step_ms,speedup,psnr_db,ssim,cached_steps,full_steps")
+    assert (
+        open(csv_path).read().startswith("preset,tag,denoise_s,step_ms,speedup,psnr_db,ssim,cached_steps,full_steps")
+    )
     assert "| stack | denoise |" in open(md_path).read()
 
 
@@ -162,9 +164,7 @@ def test_tune_endpoint_returns_a_preset_that_meets_its_target(client, app):
     from studio.spec.presets import preset_from_text
 
     runner, _ = app
-    out = client.predict(
-        **_args(model=runner.model), floor=30, prompts_text=PROMPT, size="quick", api_name="/tune"
-    )
+    out = client.predict(**_args(model=runner.model), floor=30, prompts_text=PROMPT, size="quick", api_name="/tune")
     text, plot, yaml_text, name, data = out
     assert data["worst_psnr_db"] == "inf" or data["worst_psnr_db"] >= 30
     assert data["runs"] == data["screening_runs"] + data["timed_runs"] > 0

@@ -103,10 +103,10 @@ def _compare_tab(ui, names: list[str], pair: tuple[str, str]) -> None:
             ui.ab_json = gr.JSON(label="metrics")
 
 
-def _matrix_tab(ui, names: list[str]) -> None:
+def _matrix_tab(ui, names: list[str], default: list[str]) -> None:
     with gr.Tab("Matrix"):
         with gr.Row():
-            ui.mx_presets = gr.CheckboxGroup(label="Presets", choices=names, value=names)
+            ui.mx_presets = gr.CheckboxGroup(label="Presets", choices=names, value=default)
             with gr.Column():
                 ui.mx_repeats = gr.Slider(label="Timed repeats (median)", minimum=1, maximum=5, step=1, value=1)
                 ui.mx_cache = gr.Radio(label="Cache (all but base)", choices=CACHE_CHOICES, value="unset")
@@ -267,7 +267,7 @@ def build_app(
         with gr.Tabs():
             _generate_tab(ui, names, default_preset)
             _compare_tab(ui, names, compare_presets)
-            _matrix_tab(ui, names)
+            _matrix_tab(ui, names, studio.library().one_process_names())
             _tune_tab(ui, studio)
             _presets_tab(ui, studio, names, default_preset)
             _history_tab(ui)

@@ -264,7 +264,7 @@ def run_bench(
     """The bench (module doc). `progress(done, total, label)` after each timed run; `vs_raw` runs each preset
     through plain diffusers too (studio.bench.raw) for the studio_over_raw column."""
     lib = presets_library or runner.presets
-    resolved = [runner.resolve_preset(p, lib) for p in (list(presets) if presets else lib.names())]
+    resolved = [runner.resolve_preset(p, lib) for p in (list(presets) if presets else lib.one_process_names())]
     resolved = [p for p in resolved if p.name != BASE]
     resolved = [p.with_overrides(cache_enabled, None, compile_enabled) for p in resolved]
     resolved, twins = with_twins([runner.resolve_preset(BASE)] + resolved)

@@ -85,7 +85,7 @@ def check_family(family: str, folder: Path, presets: list[str], device=None, on_
 
 def run_doctor(families=FAMILIES, presets=None, device=None, on_status=None) -> list[DoctorRow]:
     """Build each family's tiny instance in a temporary folder and run the presets on it."""
-    presets = list(presets or PresetLibrary().names())
+    presets = list(presets or PresetLibrary().one_process_names())
     rows = []
     with tempfile.TemporaryDirectory(prefix="studio-doctor-") as tmp:
         for family in families:

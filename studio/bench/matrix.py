@@ -33,7 +33,7 @@ def run_matrix(
         presets_library: where preset names are looked up (a visitor's own library); the runner's by default.
     """
     lib = presets_library or runner.presets
-    names = list(presets) if presets else lib.names()
+    names = list(presets) if presets else lib.one_process_names()
     resolved = [runner.resolve_preset(p, lib) for p in names]
     if not any(p.name == BASE for p in resolved):
         resolved.insert(0, runner.resolve_preset(BASE))

@@ -21,6 +21,7 @@ import torch
 
 from studio.engine.cache import remove_cache
 from studio.engine.device import DtypeChoice, default_device, resolve_dtype
+from studio.engine.parallel import remove_parallel
 from studio.engine.stack import AppliedStack, apply_preset
 from studio.spec.preset import Preset, QuantSpec
 from studio.spec.profiles import ModelProfile, profile_for, resolve_model
@@ -140,6 +141,10 @@ class ModelManager:
             if self.current is None:
                 return
             try:
+                remove_parallel(self.current.pipe)  # no worker outlives its model
+            except Exception as e:
+                log.warning("stopping parallel workers on unload: %s", e)
+            try:
                 remove_cache(self.current.pipe)
             except Exception as e:  # never let a failed unhook keep memory alive
                 log.warning("removing cache on unload: %s", e)
@@ -158,6 +163,7 @@ class ModelManager:
 
     def _set_dtype(self, cur: Loaded, dtype: DtypeChoice) -> None:
         """Every component in another dtype: the transformer variants are dropped and reloaded in it."""
+        remove_parallel(cur.pipe)
         remove_cache(cur.pipe)
         for name in ("text_encoder", "text_encoder_2", "text_encoder_3", "vae"):
             comp = getattr(cur.pipe, name, None)
@@ -179,6 +185,7 @@ class ModelManager:
         """Put the transformer for `key` (dtype, quantization) in the pipeline; True when weights were loaded."""
         if cur.active == key:
             return False
+        remove_parallel(cur.pipe)  # the workers belong to the outgoing weights
         remove_cache(cur.pipe)  # cache-dit patched the pipeline around the outgoing transformer's blocks
         if cur.active in cur.variants and cur.variants[cur.active].stack is not None:
             cur.variants[cur.active].stack.cache = None  # its cache is off now: re-apply on the way back
@@ -214,10 +221,12 @@ class ModelManager:
             quant = preset.quantize_config if preset.quantize_config.enabled else QuantSpec()
             loaded = self._switch_variant(cur, (dtype.name, quant), on_status)
             variant = cur.variants[cur.active]
-            variant.stack = apply_preset(
-                cur.pipe, preset, steps=steps, separate_cfg=separate_cfg, applied=variant.stack
+            stack = apply_preset(
+                cur.pipe, preset, steps=steps, separate_cfg=separate_cfg, applied=variant.stack, source=cur.source
             )
-            return cur.pipe, variant.stack, fresh or loaded
+            if not stack.is_engaged("parallel"):  # parallel workers leave the main process's own stack as it was
+                variant.stack = stack
+            return cur.pipe, stack, fresh or loaded
 
     @property
     def profile(self) -> ModelProfile | None:

@@ -27,11 +27,12 @@ from studio.engine.bases import BaseEntry, BaseStore
 from studio.engine.cache import CacheReport, prepare_run, read_report
 from studio.engine.compile import compile_failed, failed_to_compile
 from studio.engine.loader import ModelLoadError, ModelManager
+from studio.engine.parallel import attached, proxy, run_remote
 from studio.engine.stack import AppliedStack
 from studio.engine.state import stack_state
 from studio.measure.quality import Verdict, judge
 from studio.measure.record import RunMetrics
-from studio.measure.timing import StepCounts, StepProbe, block_count, count_steps, ideal_speedup
+from studio.measure.timing import StepCounts, StepProbe, StepRecord, block_count, count_steps, ideal_speedup
 from studio.spec.checks import ConfigError
 from studio.spec.preset import Preset
 from studio.spec.presets import PresetLibrary
@@ -54,15 +55,21 @@ def library_versions() -> dict:
     return out
 
 
+def call_params(pipe) -> dict:
+    """The pipeline call's parameters (the pipeline's own class's, also when parallel workers proxy the call)."""
+    cls = getattr(pipe, "_cache_dit_ray_pipeline_original_class", type(pipe))
+    return inspect.signature(cls.__call__).parameters
+
+
 def true_cfg(pipe, request: GenerationRequest) -> bool:
     """Whether this run uses true CFG: two transformer calls per step (conditional, then unconditional)."""
-    takes = "true_cfg_scale" in inspect.signature(pipe.__call__).parameters
+    takes = "true_cfg_scale" in call_params(pipe)
     return takes and request.true_cfg_scale is not None and request.true_cfg_scale > 1
 
 
 def pipe_kwargs(pipe, request: GenerationRequest, probe=None) -> dict:
     """The pipeline call for `request`, with only the arguments this pipeline takes."""
-    params = inspect.signature(pipe.__call__).parameters
+    params = call_params(pipe)
     kw = dict(
         prompt=request.prompt,
         height=request.height,
@@ -104,7 +111,11 @@ def dropped_tokens(pipe, request: GenerationRequest) -> tuple[int, int] | None:
 
 def call_pipe(pipe, request: GenerationRequest, probe=None) -> np.ndarray:
     """Run the pipeline once; the image as HxWx3 uint8."""
-    arr = np.asarray(pipe(**pipe_kwargs(pipe, request, probe)).images[0])
+    return as_uint8(pipe(**pipe_kwargs(pipe, request, probe)).images[0])
+
+
+def as_uint8(image) -> np.ndarray:
+    arr = np.asarray(image)
     if arr.dtype != np.uint8:
         arr = (np.clip(arr, 0, 1) * 255).round().astype(np.uint8)
     return arr
@@ -239,7 +250,14 @@ class Runner:
         """The model's pipeline with `preset` applied, its cache wired to how this request calls the transformer."""
         cur = self.manager.ensure(model, self.manager.resolve_dtype(preset.dtype), on_status)
         separate = true_cfg(cur.pipe, request)
-        return self.manager.pipeline(model, preset, steps=request.steps, on_status=on_status, separate_cfg=separate)
+        pipe, stack, reloaded = self.manager.pipeline(
+            model, preset, steps=request.steps, on_status=on_status, separate_cfg=separate
+        )
+        if stack.is_engaged("parallel"):
+            if on_status:
+                on_status("running on the parallel workers")
+            pipe = proxy(pipe)  # the pipeline object whose calls go to the workers
+        return pipe, stack, reloaded
 
     def _warm(self, pipe, state, stack, preset: Preset, request, on_status=None) -> float | None:
         """The untimed warm-up run of this stack at this shape, once per process; its seconds, or None if warm."""
@@ -274,6 +292,8 @@ class Runner:
         state = stack_state(pipe.transformer)
         quantized = state.quant != "none"
         warmup_s = self._warm(pipe, state, stack, preset, request, on_status) if warm else None
+        if attached(pipe):
+            return self._measure_parallel(pipe, state, stack, preset, request, reloaded, warmup_s)
         prepare_run(
             pipe, preset.cache_config, quantized=quantized, steps=request.steps, separate_cfg=true_cfg(pipe, request)
         )
@@ -316,6 +336,29 @@ class Runner:
             m = self._metrics(model, p, request, dtype, run, self.bases.get(key), 0.0)
         m.timing = "screening run: not warmed up, not a measurement"
         return m
+
+    def _measure_parallel(self, pipe, state, stack, preset: Preset, request, reloaded, warmup_s) -> "Measured":
+        """One run on the parallel workers, timed and counted inside them (rank 0's clock and hooks)."""
+        out, rec = run_remote(pipe, pipe_kwargs(pipe, request))
+        image = as_uint8(out.images[0])
+        ended = time.monotonic()
+        steps = [StepRecord(calls, runs, None) for calls, runs in rec["per_step"]]
+        ends = rec["ends"]
+        step_ms = [(b - a) * 1e3 for a, b in zip([0.0] + ends[:-1], ends)]
+        c = preset.cache_config
+        backend = "cache-dit" if c.backend == "cache-dit" else "none"
+        report = CacheReport(
+            backend, list(rec["cached_steps"] or []), threshold=c.effective_threshold(False) if c.enabled else None,
+            cfg_cached_steps=rec["cfg_cached_steps"],
+        )  # fmt: skip
+        listed = None
+        if backend == "cache-dit":
+            listed = sorted(set(report.cached_steps) | set(report.cfg_cached_steps or []))
+        counts = count_steps(steps, backend, listed)
+        return Measured(
+            image, ends[-1] if ends else 0.0, step_ms, counts, report, stack, reloaded, warmup_s, False, ended,
+            sum(s.transformer_calls for s in steps), dropped_tokens(pipe, request), block_count(pipe.transformer),
+        )  # fmt: skip
 
     def _base(self, request, base_p, model, key, on_status, refresh: bool) -> tuple[BaseEntry, bool]:
         """The base entry of this request, timed again (warm, now) unless its timing may be reused (module doc)."""
@@ -388,10 +431,26 @@ class Runner:
                 raise
             except Exception as e:  # out of memory, a kernel that fails, a broken hook: one sentence, nothing changed
                 msg = str(e).splitlines()[0][:200] if str(e) else ""
+                if self._parallel_failed(p):
+                    raise RunError(
+                        f"a parallel worker failed during the run ({type(e).__name__}: {msg}); the workers are "
+                        "stopped and the next request starts them again"
+                    ) from e
                 raise RunError(
                     f"the run failed inside the pipeline ({type(e).__name__}: {msg}); the loaded model, its stack "
                     "and the kept base images are as they were, so the next request runs as before"
                 ) from e
+
+    def _parallel_failed(self, p: Preset) -> bool:
+        """After a failed run of `p`: whether parallel workers ran it (they are marked broken, to be rebuilt)."""
+        cur = self.manager.current
+        if cur is None or not p.parallelism_config.enabled:
+            return False
+        state = stack_state(cur.pipe.transformer)
+        if state.parallel is None:
+            return False
+        state.parallel_broken = True
+        return True
 
     def _generate(self, request, p, base_p, is_base, model, dtype, t0, progress, on_status, compare, refresh_base):
         """generate()'s body, under the manager's lock: the base (when compared), the timed run, the record."""
@@ -432,6 +491,11 @@ class Runner:
         q = judge(run.image, base.image) if base is not None else None
         age = abs(run.ended - base.timed_at) if base is not None else None
         timing = "warm-up run done" + (" in this call" if run.warmup_s is not None else " earlier") + ", 1 timed run"
+        info = stack_state(self.manager.current.pipe.transformer).parallel_info if self.manager.current else None
+        if info is not None and run.stack.is_engaged("parallel"):
+            timing += " (timed inside parallel worker rank 0)"
+        else:
+            info = None
         lines = run.stack.lines() + ([f"dtype: {dtype.note}"] if dtype.note else [])
         if run.dropped:
             lines.append(f"prompt: {run.dropped[0]} tokens, the model reads {run.dropped[1]}; the rest was dropped")
@@ -483,4 +547,5 @@ class Runner:
             versions=library_versions(),
             blocks=run.blocks,
             ideal_speedup=ideal,
+            parallel=info,
         )

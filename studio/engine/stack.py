@@ -1,25 +1,28 @@
 """The speed stack, applied in one fixed order.
 
-    quantize -> step cache -> attention backend -> torch.compile
+    quantize -> step cache -> attention backend -> torch.compile -> (parallel workers)
 
 Why this order: quantization swaps Linear weights, so everything that wraps modules (cache hooks, compiled
 graphs) must see the final weights; the cache wraps block calls and must exist before compile traces them;
 the attention backend is a dispatcher setting read at trace time; compile comes last and uses
-fullgraph=False whenever a step cache is engaged.
+fullgraph=False whenever a step cache is engaged. A parallel preset (engine.parallel) hands the whole pipeline to
+cache-dit's Ray workers last, with its step cache and attention backend applied inside them by cache-dit (which
+wires the cache before the parallel planners); the main process then runs nothing of its own stack.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from studio.engine.attention import apply_attention
 from studio.engine.cache import apply_cache
 from studio.engine.compile import apply_compile, uncompile
+from studio.engine.parallel import apply_parallel, remove_parallel, unavailable_reason
 from studio.engine.quantize import apply_quant
 from studio.engine.state import Engaged, stack_state
-from studio.spec.preset import MIN_CACHE_STEPS, CacheSpec, Preset
+from studio.spec.preset import MIN_CACHE_STEPS, CacheSpec, ParallelSpec, Preset
 
-STACK_ORDER = ("quantize", "cache", "attention", "compile")
+STACK_ORDER = ("quantize", "cache", "attention", "compile", "parallel")
 
 
 def cache_key(spec: CacheSpec, quantized: bool, steps: int | None, separate_cfg: bool = False) -> tuple:
@@ -52,6 +55,33 @@ class AppliedStack:
         return e is not None and e.engaged
 
 
+def _parallel(pipe, preset: Preset, steps, separate_cfg, source) -> AppliedStack | None:
+    """A parallel preset's stack (its workers started, or kept when they run the same thing), or None when the
+    preset is not parallel. One that cannot run here comes back without a preset, with the reason."""
+    state = stack_state(pipe.transformer)
+    par = preset.parallelism_config
+    want = (par, preset.cache_config, preset.attention_backend, steps, separate_cfg) if par.enabled else None
+    if state.parallel is not None and want is not None and (state.parallel != want or state.parallel_broken):
+        remove_parallel(pipe)  # workers that run something else, or died (a non-parallel run leaves them up)
+    if want is None:
+        return None
+    device = next(pipe.transformer.parameters()).device
+    reason = unavailable_reason(par, pipe, device) or (None if source else "no model source to load workers from")
+    if reason is not None:
+        return AppliedStack(engaged={"parallel": Engaged("parallel", par.label(), False, f"parallel: {reason}; "
+                                                         "running in one process")})  # fmt: skip
+    out = AppliedStack(preset=preset)
+    if state.parallel is None:
+        apply_parallel(pipe, preset, source=source, steps=steps, separate_cfg=separate_cfg)
+    out.engaged = {"parallel": state.parallel_engaged}
+    if preset.compile.enabled:
+        out.engaged["compile"] = Engaged(
+            "compile", "on", False, "compile: not carried into the parallel workers here, they run eagerly"
+        )
+    out.signature = ("parallel", state.parallel_gen) + state.parallel
+    return out
+
+
 def apply_preset(
     pipe,
     preset: Preset,
@@ -59,6 +89,8 @@ def apply_preset(
     steps: int | None = None,
     separate_cfg: bool = False,
     applied: AppliedStack | None = None,
+    source: str | None = None,
+    _one_process: bool = False,
 ) -> AppliedStack:
     """Apply `preset` to `pipe` in STACK_ORDER.
 
@@ -67,9 +99,19 @@ def apply_preset(
         separate_cfg: the coming run calls the transformer twice per step (true CFG); the cache is wired for it.
         applied: the stack already on this same transformer; only steps whose settings changed are re-applied.
             Quantization never changes in place: the model manager hands over a transformer with the right weights.
+        source: where the model came from (a parallel preset's workers load it from there).
     """
+    par = None if _one_process else _parallel(pipe, preset, steps, separate_cfg, source)
+    if par is not None and par.preset is not None:
+        return par
+    if par is not None:  # a parallel preset that cannot run here: its stack in one process, with the reason
+        out = apply_preset(pipe, replace(preset, parallelism_config=ParallelSpec()), steps=steps,
+                           separate_cfg=separate_cfg, applied=applied, _one_process=True)  # fmt: skip
+        out.preset = preset
+        out.engaged["parallel"] = par.engaged["parallel"]
+        return out
     prev = applied or AppliedStack()
-    out = AppliedStack(preset=preset, engaged=dict(prev.engaged))
+    out = AppliedStack(preset=preset, engaged={k: v for k, v in prev.engaged.items() if k != "parallel"})
     out.engaged["quantize"] = apply_quant(pipe, preset.quantize_config)
     if applied is None:
         out.order.append("quantize")

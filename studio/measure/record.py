@@ -45,6 +45,7 @@ class RunMetrics:
     versions: dict = field(default_factory=dict)
     blocks: int = 0  # transformer blocks one full call runs
     ideal_speedup: float | None = None  # what the cached/full counts would give if a cached step cost only Fn+Bn
+    parallel: dict | None = None  # parallel workers: kind, world_size, ray, workers [{rank, device, host, pid}]
 
     @property
     def of_ideal(self) -> float | None:

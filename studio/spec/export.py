@@ -47,9 +47,8 @@ def cache_dit_dict(p: Preset, steps: int | None = None) -> dict:
         out["quantize_config"] = {"quant_type": p.quant.quant_type, "exclude_layers": list(p.quant.exclude_layers)}
     if p.attention_backend != "sdpa":
         out["attention_backend"] = ATTENTION_BACKENDS[p.attention_backend]
-    par = getattr(p, "parallel", None)
-    if par is not None and getattr(par, "enabled", False):
-        out["parallelism_config"] = par.cache_dit_dict()
+    if p.parallelism_config.enabled:
+        out["parallelism_config"] = p.parallelism_config.cache_dit_dict()
     return out
 
 

@@ -1,6 +1,7 @@
 """A preset: the speed stack as validated records whose field names are the YAML keys (cache-dit's own names).
 
-    dtype, quantize_config (QuantSpec), cache_config (CacheSpec), attention_backend, compile (CompileSpec)
+    dtype, quantize_config (QuantSpec), cache_config (CacheSpec), attention_backend, compile (CompileSpec),
+    parallelism_config (ParallelSpec: cache-dit's context/tensor parallelism on Ray workers)
 
 A preset file's `cache_config` section is exactly what cache-dit reads (plus the studio's `backend` key, which
 picks cache-dit DBCache or diffusers First-Block-Cache).
@@ -187,6 +188,64 @@ class CompileSpec(Record):
 
 
 @dataclass(frozen=True)
+class ParallelSpec(Record):
+    """cache-dit's ParallelismConfig, run through Ray: the whole pipeline on `ulysses_size x ring_size x tp_size`
+    worker processes (one per rank), started on demand or placed on the Ray cluster at `ray_address`
+    (RAY_ADDRESS when not set). `ray_worker_options` go to each worker actor (default: one GPU each on a GPU
+    machine, `num_gpus: 0, num_cpus: 1` on a CPU one)."""
+
+    ulysses_size: int = 1
+    ring_size: int = 1
+    tp_size: int = 1
+    ray_address: str | None = None
+    ray_worker_options: dict | None = None
+
+    def __post_init__(self):
+        o = "parallelism_config"
+        for name in ("ulysses_size", "ring_size", "tp_size"):
+            check_int(o, name, getattr(self, name), 1, 64)
+        if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address.strip()):
+            fail(o, "ray_address", self.ray_address, "must be an address such as 'ray://host:10001', or left out")
+        opts = self.ray_worker_options
+        if opts is not None:
+            ok = isinstance(opts, dict) and all(
+                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+                for k, v in opts.items()
+            )
+            if not ok:
+                fail(o, "ray_worker_options", opts, "must map resource names to numbers >= 0, e.g. {num_gpus: 1}")
+            object.__setattr__(self, "ray_worker_options", dict(opts))
+
+    def __hash__(self):  # a dict field: hash what identifies the placement
+        opts = tuple(sorted((self.ray_worker_options or {}).items()))
+        return hash((self.ulysses_size, self.ring_size, self.tp_size, self.ray_address, opts))
+
+    @property
+    def world_size(self) -> int:
+        return self.ulysses_size * self.ring_size * self.tp_size
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    def label(self) -> str:
+        parts = [
+            f"{k}{v}" for k, v in (("ulysses", self.ulysses_size), ("ring", self.ring_size), ("tp", self.tp_size))
+        ]
+        return "+".join(p for p, v in zip(parts, (self.ulysses_size, self.ring_size, self.tp_size)) if v > 1)
+
+    def cache_dit_dict(self) -> dict:
+        """The `parallelism_config` section as cache_dit.load_configs reads it."""
+        out = {k: getattr(self, k) for k in ("ulysses_size", "ring_size", "tp_size") if getattr(self, k) > 1}
+        out["use_ray"] = True
+        if self.ray_address:
+            out["ray_address"] = self.ray_address
+        if self.ray_worker_options:
+            out["ray_worker_options"] = dict(self.ray_worker_options)
+        return out
+
+
+@dataclass(frozen=True)
 class Preset(Record):
     name: str
     description: str = ""
@@ -195,6 +254,7 @@ class Preset(Record):
     cache_config: CacheSpec = field(default_factory=CacheSpec)
     attention_backend: str = "sdpa"
     compile: CompileSpec = field(default_factory=CompileSpec)
+    parallelism_config: ParallelSpec = field(default_factory=ParallelSpec)
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.strip():
@@ -203,9 +263,19 @@ class Preset(Record):
             fail("preset", "name", self.name, "use letters, digits, '-', '_' and '.' only")
         check_choice("preset", "dtype", self.dtype, DTYPES)
         check_choice("preset", "attention_backend", self.attention_backend, ATTENTION_BACKENDS)
-        for name, cls in (("quantize_config", QuantSpec), ("cache_config", CacheSpec), ("compile", CompileSpec)):
+        for name, cls in (
+            ("quantize_config", QuantSpec), ("cache_config", CacheSpec), ("compile", CompileSpec),
+            ("parallelism_config", ParallelSpec),
+        ):  # fmt: skip
             if not isinstance(getattr(self, name), cls):
                 fail("preset", name, getattr(self, name), f"must be a {cls.__name__}")
+        if self.parallelism_config.enabled and self.quantize_config.enabled:
+            fail(
+                "preset", "quantize_config", self.quantize_config.quant_type,
+                "parallel workers load the model's own weights: drop quantize_config from a parallel preset",
+            )  # fmt: skip
+        if self.parallelism_config.enabled and self.cache_config.backend == "fbcache":
+            fail("preset", "cache_config.backend", "fbcache", "parallel workers run cache-dit: use backend: cache-dit")
 
     # short names the engine reads
     @property
@@ -219,7 +289,10 @@ class Preset(Record):
     @property
     def stack(self) -> tuple:
         """Everything that decides what runs (not the name or description)."""
-        return (self.dtype, self.quantize_config, self.cache_config, self.attention_backend, self.compile)
+        return (
+            self.dtype, self.quantize_config, self.cache_config, self.attention_backend, self.compile,
+            self.parallelism_config,
+        )  # fmt: skip
 
     def tag(self, dtype: str | None = None) -> str:
         """A label derived from the stack, e.g. `bf16+int8wo+DBCache_F1B0W4R0.24MC3+sage+compile`.
@@ -235,6 +308,8 @@ class Preset(Record):
         parts.append(self.attention_backend)
         if self.compile.enabled:
             parts.append("compile")
+        if self.parallelism_config.enabled:
+            parts.append(self.parallelism_config.label())
         return "+".join(parts)
 
     def with_overrides(

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from studio.spec.checks import ConfigError
-from studio.spec.preset import CacheSpec, CompileSpec, Preset, QuantSpec
+from studio.spec.preset import CacheSpec, CompileSpec, ParallelSpec, Preset, QuantSpec
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent.parent / "presets"
 USER_DIR_ENV = "STUDIO_PRESETS_DIR"
@@ -36,8 +36,15 @@ BUILTIN_ORDER = (
     "compile",
     "cache-compile",
     "cache-int8-sage-compile",
+    "ulysses2",
+    "cache-ulysses2",
 )
-_SECTIONS = {"quantize_config": QuantSpec, "cache_config": CacheSpec, "compile": CompileSpec}
+_SECTIONS = {
+    "quantize_config": QuantSpec,
+    "cache_config": CacheSpec,
+    "compile": CompileSpec,
+    "parallelism_config": ParallelSpec,
+}
 _TOP_KEYS = tuple(f.name for f in fields(Preset))
 
 
@@ -96,6 +103,8 @@ def preset_to_dict(p: Preset) -> dict:
         d = p.compile.as_dict()
         d["fullgraph"] = "auto" if d["fullgraph"] is None else d["fullgraph"]
         out["compile"] = d
+    if p.parallelism_config.enabled:
+        out["parallelism_config"] = {k: v for k, v in p.parallelism_config.as_dict().items() if v is not None}
     return out
 
 
@@ -150,6 +159,19 @@ class PresetLibrary:
     def names(self) -> list[str]:
         names = list(self._files())
         return [n for n in BUILTIN_ORDER if n in names] + sorted(n for n in names if n not in BUILTIN_ORDER)
+
+    def one_process_names(self) -> list[str]:
+        """The presets that run in this process: what a bench, matrix or doctor runs when none are named
+        (parallel presets start worker processes, so they run when asked for by name)."""
+        out = []
+        for n in self.names():
+            try:
+                if self.get(n).parallelism_config.enabled:
+                    continue
+            except ConfigError:
+                pass  # a broken file is listed, and says what is wrong when it is used
+            out.append(n)
+        return out
 
     def _file(self, name: str) -> Path:
         files = self._files()

@@ -1,0 +1,231 @@
+"""Parallel presets: cache-dit's ParallelismConfig (Ulysses / ring context parallelism, tensor parallelism) with
+Ray placing one worker per rank. No process management of our own: cache-dit starts the actors, wires
+torch.distributed between them (NCCL on GPUs, gloo on CPUs) and proxies the pipeline call.
+
+Pipeline level, by choice: each worker loads the whole pipeline from the model's own source (`ray_transfer_fn`:
+no snapshot is written anywhere, and the studio's hooks on the main process's modules never travel) and runs the
+whole call, so text encoding, the denoising loop and the VAE all run where the transformer runs, with no tensor
+round trip through the main process per step. (cache-dit 1.5's transformer-level Ray path failed to apply a cache
+inside the workers on FLUX: "'list' object has no attribute 'transformer'".) The step cache and the attention
+backend are applied inside the workers by cache-dit; the main process keeps its pipeline uncached and eager.
+Timing and counts come from the workers (studio.measure.remote), rank 0's clock.
+
+A Ray runtime this module starts (no RAY_ADDRESS / ray_address) is shut down with the workers: on a preset
+change, on unload, or on the next request after a worker died.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from studio.engine.state import Engaged, stack_state
+from studio.spec.preset import ATTENTION_BACKENDS, ParallelSpec, Preset
+
+log = logging.getLogger(__name__)
+ADDRESS_ENV = "RAY_ADDRESS"
+SWITCH_ENV = "STUDIO_PARALLEL"  # 0: parallel presets run in one process (a public Space's default)
+_STUDIO_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding the `studio` package
+
+
+def load_for_worker(source: str, dtype: str):
+    """What each worker runs to get its pipeline (importable, so Ray sends it by reference)."""
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained(source, torch_dtype=getattr(torch, dtype))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def worker_options(spec: ParallelSpec, device: torch.device) -> dict:
+    """Ray resources per worker: a GPU each on a GPU machine, one CPU and no GPU on a CPU one (Ray's default of
+    num_gpus=1 would wait forever there)."""
+    opts = {"num_gpus": 1} if device.type == "cuda" else {"num_gpus": 0, "num_cpus": 1}
+    opts.update(spec.ray_worker_options or {})
+    return opts
+
+
+def address(spec: ParallelSpec) -> str | None:
+    return spec.ray_address or os.environ.get(ADDRESS_ENV) or None
+
+
+def _planner_missing(spec: ParallelSpec, transformer) -> str | None:
+    name = type(transformer).__name__
+    try:  # cache-dit registers its planners on first use; ask its registry the way its dispatcher does
+        from cache_dit.distributed.transformers import dispatch
+        from cache_dit.distributed.transformers.register import ContextParallelismPlannerRegister as Reg
+        from cache_dit.distributed.transformers.register import TensorParallelismPlannerRegister as TReg
+
+        if spec.ulysses_size > 1 or spec.ring_size > 1:
+            dispatch._ensure_cp_planners_activated()
+            Reg.get_planner(name)
+        if spec.tp_size > 1:
+            dispatch._ensure_tp_planners_activated()
+            TReg.get_planner(name)
+    except ValueError:
+        return f"cache-dit has no parallelism planner for {name}"
+    except ImportError as e:
+        return f"cache-dit's parallelism is not importable ({e})"
+    return None
+
+
+def unavailable_reason(spec: ParallelSpec, pipe, device: torch.device) -> str | None:
+    """Why this parallel preset cannot run here, or None."""
+    if os.environ.get(SWITCH_ENV, "1").strip() == "0":
+        return f"parallel workers are off in this studio ({SWITCH_ENV}=0)"
+    for pkg, why in (("ray", "pip install ray"), ("einops", "cache-dit's parallelism planners import it")):
+        if importlib.util.find_spec(pkg) is None:
+            return f"package {pkg} not installed ({why})"
+    missing = _planner_missing(spec, pipe.transformer)
+    if missing:
+        return missing
+    if address(spec) is None:  # a local Ray: the workers must fit on this machine
+        if device.type == "cuda" and torch.cuda.device_count() < spec.world_size:
+            return (
+                f"{spec.world_size} workers need {spec.world_size} GPUs, this machine has {torch.cuda.device_count()}"
+            )
+        if device.type != "cuda" and (os.cpu_count() or 1) < spec.world_size:
+            return f"{spec.world_size} workers need {spec.world_size} CPU cores, this machine has {os.cpu_count()}"
+    return None
+
+
+def _engine(pipe):
+    return getattr(pipe, "_cache_dit_ray_pipeline_engine", None)
+
+
+def actors(pipe) -> list:
+    eng = _engine(pipe)
+    return list(getattr(eng, "_actors", []) or []) if eng is not None else []
+
+
+def attached(pipe) -> bool:
+    """Whether calls to `pipe` go to parallel workers (it is the proxy pipeline of a parallel stack)."""
+    return getattr(pipe, "_cache_dit_ray_pipeline_enabled", False)
+
+
+def proxy(pipe):
+    """The pipeline object whose calls go to the running workers, or None."""
+    return stack_state(pipe.transformer).parallel_pipe
+
+
+def remove_parallel(pipe) -> None:
+    """Stop the workers (and a Ray runtime the engine started). A worker that died is killed rather than asked."""
+    state = stack_state(pipe.transformer)
+    shell = state.parallel_pipe
+    if shell is None:
+        return
+    from cache_dit.ray.wrapper import disable_ray_pipeline_parallelism
+
+    try:
+        # not cache_dit.disable_cache: that would also unhook the shared transformer in the main process
+        disable_ray_pipeline_parallelism(shell)
+    except Exception as e:  # a dead actor cannot answer shutdown(): kill what is left
+        log.warning("stopping parallel workers: %s", e)
+        _force_stop(shell)
+    state.parallel = state.parallel_info = state.parallel_engaged = state.parallel_pipe = None
+    state.parallel_broken = False
+
+
+def _force_stop(shell) -> None:
+    import ray
+
+    eng = _engine(shell)
+    for a in actors(shell):
+        try:
+            ray.kill(a)
+        except Exception:
+            pass
+    if eng is not None:
+        eng._actors = []
+        if getattr(eng, "_ray_initialized_by_engine", False) and ray.is_initialized():
+            ray.shutdown()
+    for attr in ("_cache_dit_ray_pipeline_engine", "_cache_dit_ray_pipeline_enabled"):
+        shell.__dict__.pop(attr, None)
+
+
+def _configs(preset: Preset, steps, separate_cfg, device, dtype):
+    from cache_dit import ParallelismConfig
+
+    from studio.engine.attention import usable
+    from studio.engine.cache import _dbcache_configs
+
+    spec, c = preset.parallelism_config, preset.cache_config
+    cache_cfg = cal = None
+    if c.backend == "cache-dit":
+        cache_cfg, cal = _dbcache_configs(c, c.effective_threshold(False), steps, separate_cfg)
+    name = ATTENTION_BACKENDS[preset.attention_backend]
+    attn_note = None
+    if name != "native" and usable(name, device, dtype) is not None:
+        attn_note = f"{preset.attention_backend}: {usable(name, device, dtype)}, using sdpa in the workers"
+        name = "native"
+    addr = address(spec)
+    pc = ParallelismConfig(
+        ulysses_size=spec.ulysses_size if spec.ulysses_size > 1 else None,
+        ring_size=spec.ring_size if spec.ring_size > 1 else None,
+        tp_size=spec.tp_size if spec.tp_size > 1 else None,
+        use_ray=True,
+        ray_address=addr,
+        ray_worker_options=worker_options(spec, device),
+        ray_transfer_custom_obj=False,  # FluxPipeline's null components break the class fix-up otherwise
+        ray_runtime_env=None if addr else {"env_vars": {"PYTHONPATH": _STUDIO_ROOT}},
+        attention_backend=name,
+    )
+    return cache_cfg, cal, pc, attn_note
+
+
+def apply_parallel(pipe, preset: Preset, *, source: str, steps, separate_cfg: bool = False) -> Engaged:
+    """Start parallel workers running `pipe`'s model as `preset` says (its cache and attention inside them); the
+    proxy pipeline that calls them is `proxy(pipe)`."""
+    import cache_dit
+    import ray
+
+    from studio.measure import remote
+
+    spec = preset.parallelism_config
+    label = spec.label()
+    tr = pipe.transformer
+    device, dtype = next(tr.parameters()).device, next(tr.parameters()).dtype
+    reason = unavailable_reason(spec, pipe, device)
+    if reason is not None:
+        return Engaged("parallel", label, False, f"parallel: {reason}; running in one process")
+    cache_cfg, cal, pc, attn_note = _configs(preset, steps, separate_cfg, device, dtype)
+    pc.ray_transfer_fn = functools.partial(load_for_worker, source, str(dtype).split(".")[-1])
+    # A pipeline object of its own for cache-dit to turn into the workers' proxy (it sets its class): it shares the
+    # main pipeline's modules, so the main process's own stacks (a base run beside this one) stay untouched.
+    shell = type(pipe)(**pipe.components)
+    shell.set_progress_bar_config(disable=True)
+    cache_dit.enable_cache(shell, cache_config=cache_cfg, calibrator_config=cal, parallelism_config=pc)
+    where = ray.get([a.__ray_call__.remote(remote.install) for a in actors(shell)])
+    state = stack_state(tr)
+    state.parallel_pipe = shell
+    state.parallel = (spec, preset.cache_config, preset.attention_backend, steps, separate_cfg)
+    state.parallel_gen += 1
+    state.parallel_info = {
+        "kind": label, "world_size": spec.world_size, "ray": address(spec) or "local (started by the studio)",
+        "workers": where, "cache": "cache-dit, inside the workers" if cache_cfg is not None else "none",
+        "attention": pc.attention_backend,
+    }  # fmt: skip
+    places = ", ".join(f"rank {w['rank']} on {w['device']} ({w['host']} pid {w['pid']})" for w in where)
+    detail = f"parallel: {label} over {spec.world_size} Ray workers, {state.parallel_info['ray']}: {places}"
+    if attn_note:
+        detail += f"; {attn_note}"
+    state.parallel_engaged = Engaged("parallel", label, True, detail)
+    return state.parallel_engaged
+
+
+def run_remote(pipe, kwargs: dict) -> tuple[object, dict]:
+    """One pipeline call on the workers with their step clock; (output, rank 0's record)."""
+    import ray
+
+    from studio.measure import remote
+
+    acts = actors(pipe)
+    ray.get([a.__ray_call__.remote(remote.start_run) for a in acts])
+    out = pipe(**kwargs, callback_on_step_end=remote.step_end)
+    recs = ray.get([a.__ray_call__.remote(remote.read) for a in acts])
+    return out, recs[0]

@@ -1,0 +1,84 @@
+"""Parallel presets on 2 Ray CPU workers (cache-dit Ulysses, gloo), on the embedded model, in float32 so that the
+parallel picture can be held to the one-process one within 60 dB. Starting workers takes ~10 s on 2 cores."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from studio.engine import ModelManager, RunError, Runner
+from studio.measure.quality import psnr
+from studio.spec import PresetLibrary
+
+pytestmark = pytest.mark.slow
+ray = pytest.importorskip("ray")
+pytest.importorskip("einops")
+
+PROMPT = "a red circle in the center, blue background"
+
+
+def ray_processes() -> str:
+    out = subprocess.run(["pgrep", "-fa", "raylet|gcs_server|RayPipelineWorker"], capture_output=True, text=True)
+    return "\n".join(x for x in out.stdout.splitlines() if "pgrep" not in x)
+
+
+@pytest.fixture
+def runner(tmp_path):
+    lib = PresetLibrary(user_dir=tmp_path)
+    lib.add("b32", "dtype: float32\n")
+    lib.add("c32", "dtype: float32\ncache_config: {residual_diff_threshold: 0.24}\n")
+    lib.add("u32", "dtype: float32\nparallelism_config: {ulysses_size: 2}\n")
+    lib.add(
+        "cu32",
+        "dtype: float32\ncache_config: {residual_diff_threshold: 0.24}\nparallelism_config: {ulysses_size: 2}\n",
+    )
+    r = Runner(ModelManager("cpu"), lib, model="tiny")
+    yield r
+    r.manager.unload()
+
+
+def test_ulysses2_gives_the_one_process_picture_and_cached_steps(runner):
+    req = runner.request(PROMPT, seed=42)
+    one = runner.generate(req, "b32", compare=False)
+    u2 = runner.generate(req, "u32", compare=False).metrics
+    assert u2.parallel["world_size"] == 2 and [w["rank"] for w in u2.parallel["workers"]] == [0, 1]
+    assert {w["device"] for w in u2.parallel["workers"]} == {"cpu"}
+    assert any(line.startswith("parallel: ulysses2 over 2 Ray workers") for line in u2.engaged)
+    assert "timed inside parallel worker rank 0" in u2.timing and u2.denoise_s > 0 and len(u2.step_ms) == req.steps
+    u2_image = runner.generate(req, "u32", compare=False).image
+    assert psnr(u2_image, one.image) >= 60.0
+    # the cache inside the workers caches the steps the one-process cache caches, counted by both sources
+    c = runner.generate(req, "c32", compare=False).metrics
+    cu = runner.generate(req, "cu32", compare=False).metrics
+    assert cu.cached_step_indices == c.cached_step_indices and cu.cached_steps > 0
+    assert cu.count_check is not None and cu.count_check.startswith("agrees")
+    # a one-process run between parallel ones leaves the workers up and its own picture bitwise the same
+    assert (runner.generate(req, "b32", compare=False).image == one.image).all()
+    runner.manager.unload()
+    assert not ray.is_initialized()
+    assert ray_processes() == ""
+
+
+def test_a_killed_worker_ends_that_request_with_a_sentence_and_the_next_rebuilds(runner):
+    req = runner.request(PROMPT, seed=42, steps=8)
+    first = runner.generate(req, "u32", compare=False)
+    pids = [w["pid"] for w in first.metrics.parallel["workers"]]
+    os.kill(pids[1], 9)
+    with pytest.raises(RunError, match="parallel worker failed during the run.*next request starts them again"):
+        runner.generate(req, "u32", compare=False)
+    again = runner.generate(req, "u32", compare=False)
+    assert [w["pid"] for w in again.metrics.parallel["workers"]] != pids
+    assert (again.image == first.image).all()
+    runner.manager.unload()
+    assert ray_processes() == ""
+
+
+def test_more_workers_than_this_machine_has_runs_in_one_process_and_says_why(runner, tmp_path):
+    runner.presets.add("u64", "dtype: float32\nparallelism_config: {ulysses_size: 64}\n")
+    req = runner.request(PROMPT, seed=42, steps=8)
+    m = runner.generate(req, "u64").metrics
+    assert any("64 workers need 64 CPU cores" in f and "running in one process" in f for f in m.fallbacks)
+    assert m.parallel is None and m.quality.value == "identical"
+    assert not ray.is_initialized()
