@@ -54,8 +54,13 @@ def test_ulysses2_gives_the_one_process_picture_and_cached_steps(runner):
     cu = runner.generate(req, "cu32", compare=False).metrics
     assert cu.cached_step_indices == c.cached_step_indices and cu.cached_steps > 0
     assert cu.count_check is not None and cu.count_check.startswith("agrees")
-    # a one-process run between parallel ones leaves the workers up and its own picture bitwise the same
+    # a base run between parallel ones (the comparison beside each) leaves the workers up, its picture bitwise the same
+    workers = cu.parallel["workers"]
     assert (runner.generate(req, "b32", compare=False).image == one.image).all()
+    assert runner.generate(req, "cu32", compare=False).metrics.parallel["workers"] == workers
+    # switching to another stack stops them
+    runner.generate(req, "c32", compare=False)
+    assert not ray.is_initialized()
     runner.manager.unload()
     assert not ray.is_initialized()
     assert ray_processes() == ""

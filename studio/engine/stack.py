@@ -61,8 +61,13 @@ def _parallel(pipe, preset: Preset, steps, separate_cfg, source) -> AppliedStack
     state = stack_state(pipe.transformer)
     par = preset.parallelism_config
     want = (par, preset.cache_config, preset.attention_backend, steps, separate_cfg) if par.enabled else None
-    if state.parallel is not None and want is not None and (state.parallel != want or state.parallel_broken):
-        remove_parallel(pipe)  # workers that run something else, or died (a non-parallel run leaves them up)
+    if state.parallel is not None:
+        plain = not (preset.quant.enabled or preset.cache.enabled or preset.compile.enabled)
+        if want is None and not (plain and preset.attention_backend == "sdpa"):
+            remove_parallel(pipe)  # switching to another stack stops the workers...
+        elif want is not None and (state.parallel != want or state.parallel_broken):
+            remove_parallel(pipe)  # ...as do other parallel settings, or a worker that died
+        # (a plain base run, the comparison beside each parallel run, leaves them up)
     if want is None:
         return None
     device = next(pipe.transformer.parameters()).device
