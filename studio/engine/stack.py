@@ -78,6 +78,7 @@ def _parallel(pipe, preset: Preset, steps, separate_cfg, source) -> AppliedStack
     out = AppliedStack(preset=preset)
     if state.parallel is None:
         apply_parallel(pipe, preset, source=source, steps=steps, separate_cfg=separate_cfg)
+        out.order.append("parallel")
     out.engaged = {"parallel": state.parallel_engaged}
     if preset.compile.enabled:
         out.engaged["compile"] = Engaged(
