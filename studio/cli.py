@@ -187,7 +187,16 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore")
     import torch  # noqa: F401  (torch sets its loggers' levels on import: quiet them after)
 
-    for name in ("torch", "torch.utils._pytree", "torchao", "diffusers", "transformers", "cache_dit", "accelerate"):
+    for name in (
+        "torch",
+        "torch.utils._pytree",
+        "torchao",
+        "diffusers",
+        "transformers",
+        "cache_dit",
+        "accelerate",
+        "ray",
+    ):
         logging.getLogger(name).setLevel(logging.ERROR)
     try:
         import torchao  # noqa: F401  (imported here, quietly, rather than in the middle of the progress bar)

@@ -173,6 +173,8 @@ def _configs(preset: Preset, steps, separate_cfg, device, dtype):
         ray_worker_options=worker_options(spec, device),
         ray_transfer_custom_obj=False,  # FluxPipeline's null components break the class fix-up otherwise
         ray_runtime_env=None if addr else {"env_vars": {"PYTHONPATH": _STUDIO_ROOT}},
+        # workers' own logs stay in Ray's log folder (a failure still comes back as the run's exception)
+        ray_init_kwargs={"include_dashboard": False, "log_to_driver": False},
         attention_backend=name,
     )
     return cache_cfg, cal, pc, attn_note

@@ -506,7 +506,8 @@ class Runner:
                 "(python -m studio sweep finds the threshold where this model starts caching)"
             )
         ideal = None
-        if run.stack.is_engaged("cache"):
+        in_workers = run.stack.is_engaged("parallel") and p.cache_config.backend == "cache-dit"
+        if run.stack.is_engaged("cache") or in_workers:
             c = p.cache_config
             computed = 1 if c.backend == "fbcache" else c.Fn_compute_blocks + c.Bn_compute_blocks
             ideal = ideal_speedup(counts.full, counts.cached, computed, run.blocks)
