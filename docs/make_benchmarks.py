@@ -52,12 +52,22 @@ SECTIONS = [
         "-m studio bench --presets-dir docs/bench --presets base,cache,cache-compile,tuned-35db "
         "--prompts docs/prompts-heldout.txt --repeats 3",
     ),
+    (
+        "## Parallel presets on 2 Ray CPU workers",
+        "Float32 (`STUDIO_DTYPE=float32`), so the parallel picture can be compared with one process bitwise; see "
+        "[parallel.md](parallel.md) for what runs where and why it is slower on 2 cores.",
+        "STUDIO_DTYPE=float32 -m studio bench --presets base,cache,ulysses2,cache-ulysses2 --repeats 3",
+    ),
 ]
 
 
 def run(args: str) -> str:
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    p = subprocess.run([sys.executable] + args.split(), cwd=ROOT, capture_output=True, text=True, env=env)
+    words = args.split()
+    while words and "=" in words[0] and not words[0].startswith("-"):  # leading VAR=value, as the shell reads them
+        k, v = words.pop(0).split("=", 1)
+        env[k] = v
+    p = subprocess.run([sys.executable] + words, cwd=ROOT, capture_output=True, text=True, env=env)
     if p.returncode != 0:
         raise SystemExit(f"{args} failed:\n{p.stderr[-3000:]}")
     return p.stdout
@@ -71,7 +81,9 @@ def main() -> None:
     for title, text, args in SECTIONS:
         print(title, file=sys.stderr)
         body = run(args)
-        out += [title, "", text, "", "```bash", f"{PY} {args}", "```", "", body.rstrip(), ""]
+        shown = " ".join(w for w in args.split() if "=" in w and not w.startswith("-") and w.isascii())
+        shown = (shown + " " if shown and args.startswith(shown) else "") + f"{PY} " + args[len(shown) :].strip()
+        out += [title, "", text, "", "```bash", shown, "```", "", body.rstrip(), ""]
         if "--plot" in args:
             png = args.split("--plot ")[1].split()[0]
             out += [f"![{title[3:]}]({Path(png).relative_to('docs')})", ""]

@@ -21,6 +21,9 @@ def recipe(runner, preset: Preset, request, model=None) -> dict:
     """The plain recipe of `preset` for this request, as the worker builds it."""
     import torch
 
+    if preset.parallelism_config.enabled:
+        raise RuntimeError("no plain recipe for parallel presets (their workers are cache-dit's own already)")
+
     pipe = runner.manager.current.pipe  # the studio's pipeline of this model: only read, for the call's arguments
     dtype = runner.manager.resolve_dtype(preset.dtype)
     device = runner.manager.device

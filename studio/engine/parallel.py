@@ -214,6 +214,8 @@ def apply_parallel(pipe, preset: Preset, *, source: str, steps, separate_cfg: bo
     }  # fmt: skip
     places = ", ".join(f"rank {w['rank']} on {w['device']} ({w['host']} pid {w['pid']})" for w in where)
     detail = f"parallel: {label} over {spec.world_size} Ray workers, {state.parallel_info['ray']}: {places}"
+    if cache_cfg is not None:
+        detail += f"; step cache inside the workers: cache-dit {preset.cache_config.label()}"
     if attn_note:
         detail += f"; {attn_note}"
     state.parallel_engaged = Engaged("parallel", label, True, detail)

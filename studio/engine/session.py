@@ -348,7 +348,8 @@ class Runner:
         c = preset.cache_config
         backend = "cache-dit" if c.backend == "cache-dit" else "none"
         report = CacheReport(
-            backend, list(rec["cached_steps"] or []), threshold=c.effective_threshold(False) if c.enabled else None,
+            backend, list(rec["cached_steps"] or []), dict(rec.get("residual_diffs") or {}),
+            threshold=c.effective_threshold(False) if c.enabled else None,
             cfg_cached_steps=rec["cfg_cached_steps"],
         )  # fmt: skip
         listed = None

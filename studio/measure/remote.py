@@ -77,6 +77,14 @@ def read(actor) -> dict:
         stats = cache_dit.summary(actor.pipe, logging=False)
         if stats:
             cached = sorted(int(x) for x in (stats[-1].cached_steps or []))
+            diffs = {}
+            for k, v in (getattr(stats[-1], "residual_diffs", None) or {}).items():
+                try:
+                    if float(v) >= 0:  # cache-dit writes -1 where it skipped computing the diff
+                        diffs[int(k)] = float(v)
+                except (TypeError, ValueError):
+                    continue
+            rec["residual_diffs"] = diffs
             cfg = getattr(stats[-1], "cfg_cached_steps", None)
             cfg_cached = sorted(int(x) for x in cfg) if cfg else None
     except Exception:  # no cache on this stack
