@@ -366,8 +366,17 @@ def _presets(lib, args) -> int:
     return 0
 
 
+def _make_parents(args) -> None:
+    """--out and --plot may name files in folders that do not exist yet."""
+    for name in ("out", "plot"):
+        path = getattr(args, name, None)
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    _make_parents(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.cmd in ("bench", "sweep", "tune"):
         quiet_libraries()
