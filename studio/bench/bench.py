@@ -218,9 +218,9 @@ def _row(name: str, rots: list[Rotation], base_name: str = BASE) -> MatrixRow:
     row.fallbacks += sorted({f"plain run: {rot.raw_errors[name]}" for rot in rots if name in rot.raw_errors})
     if all(name in rot.raw_times for rot in rots):
         row.raw_denoise_s = statistics.median(statistics.median(rot.raw_times[name]) for rot in rots)
-        row.studio_over_raw = statistics.median(
-            rot.median(name) / statistics.median(rot.raw_times[name]) for rot in rots
-        )
+        # each studio run over the plain run right beside it (same moment, same machine load), median of those
+        pairs = [a / b for rot in rots for a, b in zip(rot.times[name], rot.raw_times[name]) if b > 0]
+        row.studio_over_raw = statistics.median(pairs)
         row.raw_psnr_db = min(psnr(rot.last[name].image, rot.raw_images[name]) for rot in rots)
     return row
 
