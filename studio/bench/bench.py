@@ -97,11 +97,13 @@ def _plain(rot: Rotation, raw, name: str, p: Preset, request, tick) -> None:
         tick(name + " (plain)")
 
 
-def rotate(runner: Runner, request, presets: list[Preset], repeats: int, model=None, tick=None, raw=None) -> Rotation:
-    """Round-robin timing of `presets` (base first, then base again last) on one request; with `raw` (a RawPool),
-    each preset's plain run follows its studio run."""
+def rotate(
+    runner: Runner, request, presets: list[Preset], repeats: int, model=None, tick=None, raw=None, again=True
+) -> Rotation:
+    """Round-robin timing of `presets` (base first, then, with `again`, base a second time last) on one request;
+    with `raw` (a RawPool), each preset's plain run beside its studio run. `tick(label)` after each run."""
     rot = Rotation(request)
-    order = [(p.name, p) for p in presets] + [(AGAIN, presets[0])]
+    order = [(p.name, p) for p in presets] + ([(AGAIN, presets[0])] if again else [])
     for r in range(repeats):
         for name, p in order:
             plain_first = raw is not None and name != AGAIN and r % 2 == 1
@@ -190,7 +192,7 @@ class BenchReport:
         return "\n".join(parts)
 
 
-def _row(name: str, rots: list[Rotation], base_name: str = BASE) -> MatrixRow:
+def row(name: str, rots: list[Rotation], base_name: str = BASE) -> MatrixRow:
     """One preset's row over every prompt's rotation."""
     ms = [rot.last[name].metrics for rot in rots]
     meds = [rot.median(name) for rot in rots]
@@ -287,7 +289,7 @@ def run_bench(
         if raw is not None:
             raw.close()
     names = [p.name for p in resolved]
-    rows = [_row(n, rots) for n in names]
+    rows = [row(n, rots) for n in names]
     mat = Matrix(requests[0], model or runner.model, rows, rots[0].last, repeats)
     meta = {
         "model": model or runner.model,

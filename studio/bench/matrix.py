@@ -1,4 +1,4 @@
-"""Benchmarks measured side by side in one process: the preset matrix and the threshold sweep.
+"""The preset matrix (the UI's Matrix tab and /matrix): every preset side by side on one request.
 
 Timings are medians over repeats taken round-robin (base, A, B, ..., base, A, B, ...), after the engine's untimed
 warm-up of each stack, so machine noise hits every preset alike; speed-ups are ratios of those medians.
@@ -6,10 +6,9 @@ warm-up of each stack, so machine noise hits every preset alike; speed-ups are r
 
 from __future__ import annotations
 
-import statistics
-
+from studio.bench.bench import rotate, row
 from studio.engine.session import BASE, Runner
-from studio.report.table import Matrix, MatrixRow
+from studio.report.table import Matrix
 from studio.spec.preset import Preset
 from studio.spec.request import GenerationRequest
 
@@ -26,7 +25,8 @@ def run_matrix(
     compile_enabled: bool | None = None,
     presets_library=None,
 ) -> Matrix:
-    """Run every preset (base always included, first) on one request; see the module doc for the method.
+    """Run every preset (base always included, first) on one request: the bench's round robin (studio.bench.bench)
+    without its noise-floor extras, for the UI's Matrix tab and its API.
 
     Args:
         cache_enabled, compile_enabled: the per-request switches, applied to every preset but base.
@@ -39,38 +39,13 @@ def run_matrix(
         resolved.insert(0, runner.resolve_preset(BASE))
     resolved.sort(key=lambda p: p.name != BASE)
     resolved = [p if p.name == BASE else p.with_overrides(cache_enabled, None, compile_enabled) for p in resolved]
-    times: dict[str, list[float]] = {p.name: [] for p in resolved}
-    last: dict = {}
-    total = len(resolved) * repeats
-    done = 0
-    for _ in range(repeats):
-        for p in resolved:
-            if on_status:
-                on_status(f"{p.name}: run {done + 1} of {total}")
-            # The bench times base itself in the rotation, so the runner need not re-time it.
-            res = runner.generate(request, p, model=model, refresh_base=False)
-            done += 1
-            times[p.name].append(res.metrics.denoise_s)
-            last[p.name] = res
-    base_t = statistics.median(times[BASE])
-    rows = []
-    for p in resolved:
-        m = last[p.name].metrics
-        med = statistics.median(times[p.name])
-        rows.append(
-            MatrixRow(
-                preset=p.name,
-                tag=m.tag,
-                denoise_s=med,
-                step_ms=med / max(1, request.steps) * 1e3,
-                speedup=base_t / med if med > 0 else None,
-                psnr_db=m.psnr_db,
-                ssim=m.ssim,
-                cached_steps=m.cached_steps,
-                full_steps=m.full_steps,
-                quality=str(m.quality),
-                fallbacks=m.fallbacks,
-                runs=times[p.name],
-            )
-        )
-    return Matrix(request, model or runner.model, rows, last, repeats)
+    total, done = len(resolved) * repeats, [0]
+
+    def tick(label):
+        done[0] += 1
+        if on_status and done[0] < total:
+            on_status(f"{label}: run {done[0]} of {total} done")
+
+    rot = rotate(runner, request, resolved, repeats, model, tick, again=False)
+    rows = [row(p.name, [rot]) for p in resolved]
+    return Matrix(request, model or runner.model, rows, rot.last, repeats)
