@@ -256,7 +256,7 @@ class Handlers:
                 list(presets),
                 model=model,
                 repeats=int(repeats or 1),
-                on_status=lambda s: progress(0, desc=s),
+                progress=lambda d, t, label: progress((d, t), desc=f"{label}: {d} of {t} timed runs", unit="runs"),
                 cache_enabled=parse_switch(cache, "cache switch"),
                 compile_enabled=parse_switch(compile, "compile switch"),
                 presets_library=self.studio.library(request),

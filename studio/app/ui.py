@@ -108,7 +108,13 @@ def _matrix_tab(ui, names: list[str], default: list[str]) -> None:
         with gr.Row():
             ui.mx_presets = gr.CheckboxGroup(label="Presets", choices=names, value=default)
             with gr.Column():
-                ui.mx_repeats = gr.Slider(label="Timed repeats (median)", minimum=1, maximum=5, step=1, value=1)
+                ui.mx_repeats = gr.Slider(
+                    label="Timed repeats (median; 1 is quick but a single run can be an outlier)",
+                    minimum=1,
+                    maximum=5,
+                    step=1,
+                    value=3,
+                )
                 ui.mx_cache = gr.Radio(label="Cache (all but base)", choices=CACHE_CHOICES, value="unset")
                 ui.mx_compile = gr.Radio(label="Compile (all but base)", choices=COMPILE_CHOICES, value="unset")
             ui.mx_btn = gr.Button("Run matrix", variant="primary")

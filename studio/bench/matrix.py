@@ -20,7 +20,7 @@ def run_matrix(
     *,
     model: str | None = None,
     repeats: int = 1,
-    on_status=None,
+    progress=None,
     cache_enabled: bool | None = None,
     compile_enabled: bool | None = None,
     presets_library=None,
@@ -29,6 +29,7 @@ def run_matrix(
     without its noise-floor extras, for the UI's Matrix tab and its API.
 
     Args:
+        progress: callable(done, total, label) after each timed run.
         cache_enabled, compile_enabled: the per-request switches, applied to every preset but base.
         presets_library: where preset names are looked up (a visitor's own library); the runner's by default.
     """
@@ -43,8 +44,8 @@ def run_matrix(
 
     def tick(label):
         done[0] += 1
-        if on_status and done[0] < total:
-            on_status(f"{label}: run {done[0]} of {total} done")
+        if progress:
+            progress(done[0], total, label)
 
     rot = rotate(runner, request, resolved, repeats, model, tick, again=False)
     rows = [row(p.name, [rot]) for p in resolved]
