@@ -228,8 +228,12 @@ def progress_bar(desc: str):
     return tick, bar.close
 
 
-def _requests(runner, req, args) -> list:
-    prompts = read_prompts(getattr(args, "prompts", None))
+def _prompt_requests(runner, req, args, examples: bool = True) -> list:
+    """The request with each prompt of --prompts FILE; without one, each of the model profile's example prompts
+    (sweep, tune) or the request alone (bench: `examples=False`)."""
+    prompts = read_prompts(args.prompts)
+    if not prompts and examples:
+        prompts = list(runner.profile(args.model).example_prompts)
     return [replace(req, prompt=p) for p in prompts] if prompts else [req]
 
 
@@ -240,8 +244,9 @@ def _bench(runner, req, args) -> int:
     names = args.presets.split(",") if args.presets else None
     tick, close = progress_bar("bench")
     try:
+        reqs = _prompt_requests(runner, req, args, examples=False)
         rep = run_bench(
-            runner, _requests(runner, req, args), names, model=args.model, repeats=args.repeats, progress=tick,
+            runner, reqs, names, model=args.model, repeats=args.repeats, progress=tick,
             cache_enabled=args.cache, compile_enabled=args.compile, vs_raw=args.vs_raw,
         )  # fmt: skip
     finally:
@@ -271,12 +276,6 @@ def bench_header(runner, req, rep) -> str:
         f"warm-up; torch {m['versions'].get('torch')}, diffusers {m['versions'].get('diffusers')}, cache-dit "
         f"{m['versions'].get('cache-dit')}, torchao {m['versions'].get('torchao')}"
     )
-
-
-def _prompt_requests(runner, req, args) -> list:
-    """--prompts FILE, else the model profile's example prompts (sweep, tune), each with the request's settings."""
-    prompts = read_prompts(args.prompts) or list(runner.profile(args.model).example_prompts) or [req.prompt]
-    return [replace(req, prompt=p) for p in prompts]
 
 
 def _sweep(runner, req, args) -> int:

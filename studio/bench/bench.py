@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from studio.engine.session import BASE, Runner, RunResult, library_versions
 from studio.measure.quality import psnr
 from studio.report.table import Matrix, MatrixRow
-from studio.spec.preset import Preset
+from studio.spec.preset import CompileSpec, Preset
 from studio.spec.request import GenerationRequest
 
 AGAIN = "base (again)"  # base's second run in each rotation: the noise floor of a speed-up
@@ -40,6 +40,20 @@ def eager_twin(p: Preset) -> Preset:
     return replace(p, name=p.name + EAGER_SUFFIX, compile=replace(p.compile, enabled=False))
 
 
+def _eager_stack(p: Preset) -> tuple:
+    """What runs when `p` runs eagerly: its stack with the compile settings, which do nothing then, left out."""
+    return replace(p, compile=CompileSpec()).stack
+
+
+def resolve_presets(runner: Runner, presets, lib, cache_enabled=None, compile_enabled=None) -> list[Preset]:
+    """The presets to time, `base` first (added when not named; every one-process preset when none is named),
+    with the per-request switches applied to all but base."""
+    names = list(presets) if presets else lib.one_process_names()
+    resolved = [runner.resolve_preset(p, lib) for p in names]
+    rest = [p.with_overrides(cache_enabled, None, compile_enabled) for p in resolved if p.name != BASE]
+    return [runner.resolve_preset(BASE)] + rest
+
+
 def with_twins(presets: list[Preset]) -> tuple[list[Preset], dict[str, str]]:
     """The presets plus an eager twin for each compiled one that has none among them; {compiled: twin name}."""
     out, twins = list(presets), {}
@@ -47,7 +61,7 @@ def with_twins(presets: list[Preset]) -> tuple[list[Preset], dict[str, str]]:
         if not p.compile.enabled:
             continue
         twin = eager_twin(p)
-        found = next((q for q in out if not q.compile.enabled and q.stack[:4] == twin.stack[:4]), None)
+        found = next((q for q in out if not q.compile.enabled and _eager_stack(q) == _eager_stack(twin)), None)
         if found is None:
             out.append(twin)
             found = twin
@@ -266,10 +280,7 @@ def run_bench(
     """The bench (module doc). `progress(done, total, label)` after each timed run; `vs_raw` runs each preset
     through plain diffusers too (studio.bench.raw) for the studio_over_raw column."""
     lib = presets_library or runner.presets
-    resolved = [runner.resolve_preset(p, lib) for p in (list(presets) if presets else lib.one_process_names())]
-    resolved = [p for p in resolved if p.name != BASE]
-    resolved = [p.with_overrides(cache_enabled, None, compile_enabled) for p in resolved]
-    resolved, twins = with_twins([runner.resolve_preset(BASE)] + resolved)
+    resolved, twins = with_twins(resolve_presets(runner, presets, lib, cache_enabled, compile_enabled))
     total = len(requests) * repeats * (len(resolved) * (2 if vs_raw else 1) + 1)
     done = [0]
 

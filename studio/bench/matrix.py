@@ -6,8 +6,8 @@ warm-up of each stack, so machine noise hits every preset alike; speed-ups are r
 
 from __future__ import annotations
 
-from studio.bench.bench import rotate, row
-from studio.engine.session import BASE, Runner
+from studio.bench.bench import resolve_presets, rotate, row
+from studio.engine.session import Runner
 from studio.report.table import Matrix
 from studio.spec.preset import Preset
 from studio.spec.request import GenerationRequest
@@ -33,13 +33,7 @@ def run_matrix(
         cache_enabled, compile_enabled: the per-request switches, applied to every preset but base.
         presets_library: where preset names are looked up (a visitor's own library); the runner's by default.
     """
-    lib = presets_library or runner.presets
-    names = list(presets) if presets else lib.one_process_names()
-    resolved = [runner.resolve_preset(p, lib) for p in names]
-    if not any(p.name == BASE for p in resolved):
-        resolved.insert(0, runner.resolve_preset(BASE))
-    resolved.sort(key=lambda p: p.name != BASE)
-    resolved = [p if p.name == BASE else p.with_overrides(cache_enabled, None, compile_enabled) for p in resolved]
+    resolved = resolve_presets(runner, presets, presets_library or runner.presets, cache_enabled, compile_enabled)
     total, done = len(resolved) * repeats, [0]
 
     def tick(label):

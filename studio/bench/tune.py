@@ -18,7 +18,6 @@ from dataclasses import dataclass, field, replace
 
 from studio.bench.bench import run_bench
 from studio.engine.session import BASE
-from studio.measure.timing import ideal_speedup
 from studio.spec.preset import CacheSpec, Preset
 
 THRESHOLDS = (0.04, 0.06, 0.08, 0.12, 0.16, 0.2, 0.24, 0.3, 0.36, 0.44, 0.52, 0.64, 0.8, 1.0, 1.5, 2.0)
@@ -107,8 +106,7 @@ class Tuner:
             cand.cached.append(m.cached_steps)
             db = m.psnr_db if m.psnr_db is not None else float("inf")
             worst = db if worst is None else min(worst, db)
-            computed = cache.Fn_compute_blocks + cache.Bn_compute_blocks
-            preds.append(ideal_speedup(m.full_steps, m.cached_steps, computed, m.blocks) or 1.0)
+            preds.append(m.ideal_speedup or 1.0)  # the engine's: cached steps costing only their Fn+Bn blocks
             if db < self.floor:
                 self.order.remove(i)
                 self.order.insert(0, i)  # this prompt first next time: failures end candidates sooner

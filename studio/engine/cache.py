@@ -27,6 +27,13 @@ class CacheReport:
     threshold: float | None = None
     cfg_cached_steps: list[int] | None = None  # the unconditional branch's, where it is cached apart
 
+    def listed(self) -> list[int] | None:
+        """cache-dit's own list of cached steps, for the cross-check (None for a backend that keeps none). With true
+        CFG a step is cached when either branch was served."""
+        if self.backend != "cache-dit":
+            return None
+        return sorted(set(self.cached_steps) | set(self.cfg_cached_steps or []))
+
 
 def _dbcache_configs(spec: CacheSpec, threshold: float, steps: int | None, separate_cfg: bool = False):
     import cache_dit

@@ -128,7 +128,6 @@ def remove_parallel(pipe) -> None:
         log.warning("stopping parallel workers: %s", e)
         _force_stop(shell)
     state.parallel = state.parallel_info = state.parallel_engaged = state.parallel_pipe = None
-    state.parallel_broken = False
 
 
 def _force_stop(shell) -> None:
@@ -160,8 +159,9 @@ def _configs(preset: Preset, steps, separate_cfg, device, dtype):
         cache_cfg, cal = _dbcache_configs(c, c.effective_threshold(False), steps, separate_cfg)
     name = ATTENTION_BACKENDS[preset.attention_backend]
     attn_note = None
-    if name != "native" and usable(name, device, dtype) is not None:
-        attn_note = f"{preset.attention_backend}: {usable(name, device, dtype)}, using sdpa in the workers"
+    why = usable(name, device, dtype) if name != "native" else None
+    if why is not None:
+        attn_note = f"{preset.attention_backend}: {why}, using sdpa in the workers"
         name = "native"
     addr = address(spec)
     pc = ParallelismConfig(
@@ -182,7 +182,7 @@ def _configs(preset: Preset, steps, separate_cfg, device, dtype):
 
 def apply_parallel(pipe, preset: Preset, *, source: str, steps, separate_cfg: bool = False) -> Engaged:
     """Start parallel workers running `pipe`'s model as `preset` says (its cache and attention inside them); the
-    proxy pipeline that calls them is `proxy(pipe)`."""
+    proxy pipeline that calls them is `proxy(pipe)`. The caller has checked `unavailable_reason` (engine.stack)."""
     import cache_dit
     import ray
 
@@ -192,9 +192,6 @@ def apply_parallel(pipe, preset: Preset, *, source: str, steps, separate_cfg: bo
     label = spec.label()
     tr = pipe.transformer
     device, dtype = next(tr.parameters()).device, next(tr.parameters()).dtype
-    reason = unavailable_reason(spec, pipe, device)
-    if reason is not None:
-        return Engaged("parallel", label, False, f"parallel: {reason}; running in one process")
     cache_cfg, cal, pc, attn_note = _configs(preset, steps, separate_cfg, device, dtype)
     pc.ray_transfer_fn = functools.partial(load_for_worker, source, str(dtype).split(".")[-1])
     # A pipeline object of its own for cache-dit to turn into the workers' proxy (it sets its class): it shares the

@@ -27,7 +27,7 @@ from studio.engine.bases import BaseEntry, BaseStore
 from studio.engine.cache import CacheReport, prepare_run, read_report
 from studio.engine.compile import compile_failed, failed_to_compile
 from studio.engine.loader import ModelLoadError, ModelManager
-from studio.engine.parallel import attached, proxy, run_remote
+from studio.engine.parallel import attached, proxy, remove_parallel, run_remote
 from studio.engine.stack import AppliedStack
 from studio.engine.state import stack_state
 from studio.measure.quality import Verdict, judge
@@ -309,10 +309,7 @@ class Runner:
         denoise = probe.denoise_seconds()
         ended = time.monotonic()
         report = read_report(pipe, preset.cache_config, quantized)
-        backend_list = None
-        if report.backend == "cache-dit":  # with true CFG a step is cached when either branch was served
-            backend_list = sorted(set(report.cached_steps) | set(report.cfg_cached_steps or []))
-        counts = count_steps(probe.steps, report.backend, backend_list)
+        counts = count_steps(probe.steps, report.backend, report.listed())
         step_ms = [s * 1e3 for s in probe.step_seconds()]
         compiled = state.compiled is not None
         calls = sum(s.transformer_calls for s in probe.steps)
@@ -352,10 +349,7 @@ class Runner:
             threshold=c.effective_threshold(False) if c.enabled else None,
             cfg_cached_steps=rec["cfg_cached_steps"],
         )  # fmt: skip
-        listed = None
-        if backend == "cache-dit":
-            listed = sorted(set(report.cached_steps) | set(report.cfg_cached_steps or []))
-        counts = count_steps(steps, backend, listed)
+        counts = count_steps(steps, backend, report.listed())
         return Measured(
             image, ends[-1] if ends else 0.0, step_ms, counts, report, stack, reloaded, warmup_s, False, ended,
             sum(s.transformer_calls for s in steps), dropped_tokens(pipe, request), block_count(pipe.transformer),
@@ -443,14 +437,12 @@ class Runner:
                 ) from e
 
     def _parallel_failed(self, p: Preset) -> bool:
-        """After a failed run of `p`: whether parallel workers ran it (they are marked broken, to be rebuilt)."""
+        """After a failed run of `p`: whether parallel workers ran it; they are stopped (a dead one killed), so the
+        next request starts new ones."""
         cur = self.manager.current
-        if cur is None or not p.parallelism_config.enabled:
+        if cur is None or not p.parallelism_config.enabled or stack_state(cur.pipe.transformer).parallel is None:
             return False
-        state = stack_state(cur.pipe.transformer)
-        if state.parallel is None:
-            return False
-        state.parallel_broken = True
+        remove_parallel(cur.pipe)
         return True
 
     def _generate(self, request, p, base_p, is_base, model, dtype, t0, progress, on_status, compare, refresh_base):

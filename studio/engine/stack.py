@@ -65,8 +65,8 @@ def _parallel(pipe, preset: Preset, steps, separate_cfg, source) -> AppliedStack
         plain = not (preset.quant.enabled or preset.cache.enabled or preset.compile.enabled)
         if want is None and not (plain and preset.attention_backend == "sdpa"):
             remove_parallel(pipe)  # switching to another stack stops the workers...
-        elif want is not None and (state.parallel != want or state.parallel_broken):
-            remove_parallel(pipe)  # ...as do other parallel settings, or a worker that died
+        elif want is not None and state.parallel != want:
+            remove_parallel(pipe)  # ...as do other parallel settings
         # (a plain base run, the comparison beside each parallel run, leaves them up)
     if want is None:
         return None
@@ -96,7 +96,6 @@ def apply_preset(
     separate_cfg: bool = False,
     applied: AppliedStack | None = None,
     source: str | None = None,
-    _one_process: bool = False,
 ) -> AppliedStack:
     """Apply `preset` to `pipe` in STACK_ORDER.
 
@@ -107,12 +106,12 @@ def apply_preset(
             Quantization never changes in place: the model manager hands over a transformer with the right weights.
         source: where the model came from (a parallel preset's workers load it from there).
     """
-    par = None if _one_process else _parallel(pipe, preset, steps, separate_cfg, source)
+    par = _parallel(pipe, preset, steps, separate_cfg, source)
     if par is not None and par.preset is not None:
         return par
     if par is not None:  # a parallel preset that cannot run here: its stack in one process, with the reason
         out = apply_preset(pipe, replace(preset, parallelism_config=ParallelSpec()), steps=steps,
-                           separate_cfg=separate_cfg, applied=applied, _one_process=True)  # fmt: skip
+                           separate_cfg=separate_cfg, applied=applied)  # fmt: skip
         out.preset = preset
         out.engaged["parallel"] = par.engaged["parallel"]
         return out

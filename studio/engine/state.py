@@ -55,7 +55,6 @@ class StackState:
     compile_failed: dict = field(default_factory=dict)  # variant key -> why its first run failed (never retried)
     parallel: tuple | None = None  # what the parallel workers run now (engine.parallel), None: one process
     parallel_info: dict | None = None  # world size, kind, where each worker runs
-    parallel_broken: bool = False  # a worker died: the next request rebuilds the workers
     parallel_engaged: object | None = None  # the Engaged line of the running workers
     parallel_pipe: object | None = None  # the pipeline object whose calls go to the workers (cache-dit's proxy)
     parallel_gen: int = 0  # workers started so far (a rebuilt set warms up again)

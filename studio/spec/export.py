@@ -20,10 +20,7 @@ def cache_dit_dict(p: Preset, steps: int | None = None) -> dict:
     c = p.cache_config
     if c.backend == "cache-dit":
         cc = {k: getattr(c, k) for k in CACHE_KEYS}
-        if cc["residual_diff_threshold"] is None:
-            from studio.spec.preset import DEFAULT_THRESHOLD
-
-            cc["residual_diff_threshold"] = DEFAULT_THRESHOLD["quantized" if p.quant.enabled else "dense"]
+        cc["residual_diff_threshold"] = c.effective_threshold(p.quant.enabled)
         if c.enable_taylorseer:
             cc.update(enable_taylorseer=True, taylorseer_order=c.taylorseer_order)
         elif c.enable_dmd:
