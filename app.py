@@ -21,13 +21,13 @@ import atexit
 import importlib.util
 import logging
 import os
-import threading
 
 if importlib.util.find_spec("spaces") is not None:  # ZeroGPU: `spaces` must patch CUDA before torch loads
     import spaces  # noqa: F401
 
 from studio.app.ui import CSS, build_app
 from studio.engine import ModelManager, Runner
+from studio.engine.thread import DEVICE_THREAD
 from studio.spec import PresetLibrary
 
 MODEL = os.environ.get("STUDIO_MODEL", "tiny")
@@ -60,7 +60,8 @@ demo = build_app(runner, models=MODELS, default_preset=PRESET, public=PUBLIC)
 
 def prewarm() -> None:
     """Load the model and run the untimed warm-ups of base and the default preset at the profile's size while the
-    page opens, so the first click times warm stacks sooner. A click meanwhile waits for it."""
+    page opens, so the first click times warm stacks sooner. Queued on the device thread, where every click's torch
+    work runs too (studio.engine.thread): a click meanwhile waits for it."""
     try:
         prompt = runner.profile().first_prompt
         presets = ["base"] + ([PRESET] if PRESET in runner.presets.names() and PRESET != "base" else [])
@@ -71,5 +72,5 @@ def prewarm() -> None:
 
 if __name__ == "__main__":
     if os.environ.get("STUDIO_PREWARM", "1") != "0":
-        threading.Thread(target=prewarm, name="studio-prewarm", daemon=True).start()
+        DEVICE_THREAD.submit(prewarm)
     demo.launch(css=CSS, footer_links=["api", "gradio"])

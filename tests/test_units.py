@@ -336,3 +336,35 @@ def test_history_is_bounded_per_session():
     for _ in range(HISTORY_MAX + 5):
         hist = history_rows(hist, GenerationRequest(prompt="p" * 1500), [res])
     assert len(hist) == HISTORY_MAX and hist[-1][0] == HISTORY_MAX + 5 and len(hist[-1][1]) == 200
+
+
+def test_device_thread_runs_every_caller_on_one_thread_with_its_context():
+    """All torch work on one OS thread (studio.engine.thread): callers from any thread land on the same one, with
+    their context variables; a nested call runs in place; an exception reaches the caller."""
+    import contextvars
+    import threading
+
+    from studio.engine.thread import DeviceThread
+
+    dev, var = DeviceThread("test-device"), contextvars.ContextVar("who", default=None)
+
+    def where():
+        return threading.get_ident(), var.get(), dev.call(threading.get_ident)  # nested: no deadlock
+
+    seen = []
+
+    def caller(name):
+        var.set(name)
+        seen.append(dev.call(where))
+
+    threads = [threading.Thread(target=caller, args=(f"t{i}",)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    caller("main")
+    assert len({ident for ident, _, _ in seen}) == 1 and all(a == b for a, _, b in seen)
+    assert seen[0][0] != threading.get_ident() and dev.on_it() is False
+    assert sorted(name for _, name, _ in seen) == ["main", "t0", "t1", "t2"]
+    with pytest.raises(ZeroDivisionError):
+        dev.call(lambda: 1 / 0)

@@ -275,6 +275,7 @@ class Handlers:
             ui.mx_md: self.studio.write("matrix.md", mat.markdown()),
             ui.matrix_runs: runs,
             ui.mx_json: json_safe([r.as_dict() for r in mat.rows]),
+            ui.mx_noise: mat.noise_line(),
             **self._history(hist, req, list(mat.results.values())),
         }
 

@@ -18,6 +18,7 @@ import gradio as gr
 
 from studio.app.handlers import CACHE_CHOICES, COMPILE_CHOICES, HISTORY_COLUMNS, Handlers, Studio, notes_md
 from studio.engine import BASE, Runner
+from studio.engine.thread import on_device_thread
 from studio.report.card import CSS
 from studio.report.table import COLUMNS
 
@@ -25,7 +26,10 @@ __all__ = ["CSS", "build_app"]
 
 
 def _gpu(fn):
-    """On ZeroGPU Spaces (the `spaces` package present) run `fn` under @spaces.GPU; elsewhere as it is."""
+    """A device event's handler: run on the one thread that does all torch work (studio.engine.thread: a second
+    thread running torch makes every CPU kernel slower), and on ZeroGPU Spaces (the `spaces` package present) under
+    @spaces.GPU."""
+    fn = on_device_thread(fn)
     if importlib.util.find_spec("spaces") is None:
         return fn
     import spaces  # noqa: PLC0415
@@ -125,6 +129,7 @@ def _matrix_tab(ui, names: list[str], default: list[str]) -> None:
             interactive=False,
             wrap=True,
         )
+        ui.mx_noise = gr.Markdown(elem_id="matrix-noise")
         with gr.Row():
             ui.mx_plot = gr.Image(label="Speed-up vs PSNR", type="numpy", interactive=False)
             with gr.Column():
@@ -219,7 +224,7 @@ def _wire(ui, h: Handlers, demo) -> None:
         api_name="compare",
         **device,
     )
-    mx_out = [ui.mx_table, ui.mx_plot, ui.mx_pick, ui.mx_steps, ui.mx_csv, ui.mx_md, ui.matrix_runs]
+    mx_out = [ui.mx_table, ui.mx_plot, ui.mx_pick, ui.mx_steps, ui.mx_csv, ui.mx_md, ui.matrix_runs, ui.mx_noise]
     ui.mx_btn.click(
         _gpu(h.matrix),
         req + [ui.mx_presets, ui.mx_repeats, ui.mx_cache, ui.mx_compile, ui.history],

@@ -18,11 +18,10 @@ from dataclasses import dataclass, field, replace
 
 from studio.engine.session import BASE, Runner, RunResult, library_versions
 from studio.measure.quality import psnr
-from studio.report.table import Matrix, MatrixRow
+from studio.report.table import AGAIN, Matrix, MatrixRow
 from studio.spec.preset import CompileSpec, Preset
 from studio.spec.request import GenerationRequest
 
-AGAIN = "base (again)"  # base's second run in each rotation: the noise floor of a speed-up
 EAGER_SUFFIX = "-eager"
 
 
@@ -111,13 +110,11 @@ def _plain(rot: Rotation, raw, name: str, p: Preset, request, tick) -> None:
         tick(name + " (plain)")
 
 
-def rotate(
-    runner: Runner, request, presets: list[Preset], repeats: int, model=None, tick=None, raw=None, again=True
-) -> Rotation:
-    """Round-robin timing of `presets` (base first, then, with `again`, base a second time last) on one request;
+def rotate(runner: Runner, request, presets: list[Preset], repeats: int, model=None, tick=None, raw=None) -> Rotation:
+    """Round-robin timing of `presets` (base first, then base a second time last: AGAIN) on one request;
     with `raw` (a RawPool), each preset's plain run beside its studio run. `tick(label)` after each run."""
     rot = Rotation(request)
-    order = [(p.name, p) for p in presets] + ([(AGAIN, presets[0])] if again else [])
+    order = [(p.name, p) for p in presets] + [(AGAIN, presets[0])]
     for r in range(repeats):
         for name, p in order:
             plain_first = raw is not None and name != AGAIN and r % 2 == 1

@@ -11,6 +11,7 @@ from studio.report import fmt
 from studio.spec.request import GenerationRequest
 
 # The shape people publish first (stack | denoise | per-step | vs base | PSNR | cached/full), then the rest.
+AGAIN = "base (again)"  # base timed a second time, last in each round: base against itself is the noise floor
 COLUMNS = ("stack", "denoise", "per-step", "vs base", "PSNR", "cached/full", "SSIM", "quality", "preset", "notes")
 # Columns a bench adds where it has them, after "cached/full": (heading, MatrixRow field, format)
 OPTIONAL = (
@@ -114,7 +115,25 @@ class Matrix:
         cols, opt = self.columns(), self.optional()
         lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         lines += ["| " + " | ".join(r.cells(opt)) + " |" for r in self.rows]
-        return "\n".join(lines)
+        note = self.noise_line()
+        return "\n".join(lines + (["", note] if note else []))
+
+    @property
+    def base_vs_itself(self) -> float | None:
+        """Base's speed-up over its own second run in the same rounds (1.00 on a quiet machine); None without one."""
+        again = next((r for r in self.rows if r.preset == AGAIN), None)
+        return again.speedup if again else None
+
+    def noise_line(self) -> str:
+        """How to read the speed-ups: the base-against-itself ratio as a noise floor ('' when not measured)."""
+        aa = self.base_vs_itself
+        if aa is None:
+            return ""
+        pct = abs(aa - 1) * 100
+        return (
+            f"Noise floor: `{AGAIN}` is base timed again at the end of each round; it reads {aa:.2f}x against base. "
+            f"On this run, read speed-ups within {max(pct, 1):.0f}% of each other as equal."
+        )
 
     def csv(self) -> str:
         """Every row with every number (not the formatted cells): one column per MatrixRow field."""
