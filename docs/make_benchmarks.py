@@ -31,8 +31,21 @@ SECTIONS = [
         "Each preset run again through plain diffusers (and plain cache-dit / torchao calls), in a worker process, "
         "timed the same way (first transformer call to the last step's end), each pair's order alternating. "
         "`studio/raw` is the studio's median over the plain one's; the plain run's picture is compared with the "
-        "studio's (inf: the same pixels).",
+        "studio's (inf: the same pixels). On a shared 2-core machine this ratio moves by several percent from one run "
+        "of the command to the next (each run's spread is printed under its table): read one run's value against "
+        "that, not alone.",
         "-m studio bench --presets base,cache,int8 --repeats 9 --vs-raw --out docs/bench/vs-raw.json",
+    ),
+    (
+        "## What a cached step costs: `of ideal` at two sizes",
+        "`cache` at 64x64 (above) and at 128x128 (4x the image tokens), base beside it. The ideal prices a cached "
+        "step at 1/6 of a full one (F1B0: 1 of 6 blocks). A cached step really pays for more: its first block is a "
+        "double-stream block, heavier than the average; the model's own per-call work outside the blocks (time and "
+        "text embedders, RoPE, the output norm and projection) runs on every call, cached or not; and cache-dit's "
+        "bookkeeping (the residual check and a few dozen Python calls) is a fixed cost per call. The studio adds "
+        "nothing to it (`studio/raw` above). The fixed part weighs less as the blocks get heavier, so `of ideal` "
+        "rises with the image size; on a real DiT (57 blocks of thousands of tokens) it is a small fraction.",
+        "-m studio bench --presets base,cache --repeats 7 --width 128 --height 128",
     ),
     (
         "## Threshold sweep over the example prompts",

@@ -26,7 +26,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 class DeviceThread:
     def __init__(self, name: str = "studio-device"):
         self.name = name
-        self._lock = threading.Lock()
         self._reset()
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._reset)
