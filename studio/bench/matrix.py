@@ -2,8 +2,8 @@
 
 Timings are medians over repeats taken round-robin (base, A, B, ..., base', base, A, B, ..., base'), after the engine's
 untimed warm-up of each stack, so machine noise hits every preset alike; speed-ups are ratios of those medians. base'
-(the row `base (again)`) is base timed again last in each round: its speed-up against base is the noise floor (a
-busy machine slows the first slot of a round; this row shows by how much).
+(the row `base (again)`) is base timed again last in each round: its speed-up against base is the noise floor (on a
+busy machine a run's slot in the round moves it by several percent; this row shows by how much on this run).
 """
 
 from __future__ import annotations
