@@ -32,7 +32,7 @@ from studio.engine.stack import AppliedStack
 from studio.engine.state import stack_state
 from studio.measure.quality import Verdict, judge
 from studio.measure.record import RunMetrics
-from studio.measure.timing import StepCounts, StepProbe, StepRecord, block_count, count_steps, ideal_speedup
+from studio.measure.timing import StepCounts, StepProbe, block_count, count_steps, ideal_speedup
 from studio.spec.checks import ConfigError
 from studio.spec.preset import Preset
 from studio.spec.presets import PresetLibrary
@@ -339,9 +339,8 @@ class Runner:
         out, rec = run_remote(pipe, pipe_kwargs(pipe, request))
         image = as_uint8(out.images[0])
         ended = time.monotonic()
-        steps = [StepRecord(calls, runs, None) for calls, runs in rec["per_step"]]
-        ends = rec["ends"]
-        step_ms = [(b - a) * 1e3 for a, b in zip([0.0] + ends[:-1], ends)]
+        steps = rec["steps"]
+        step_ms = [x * 1e3 for x in rec["step_s"]]
         c = preset.cache_config
         backend = "cache-dit" if c.backend == "cache-dit" else "none"
         report = CacheReport(
@@ -351,7 +350,7 @@ class Runner:
         )  # fmt: skip
         counts = count_steps(steps, backend, report.listed())
         return Measured(
-            image, ends[-1] if ends else 0.0, step_ms, counts, report, stack, reloaded, warmup_s, False, ended,
+            image, rec["denoise_s"], step_ms, counts, report, stack, reloaded, warmup_s, False, ended,
             sum(s.transformer_calls for s in steps), dropped_tokens(pipe, request), block_count(pipe.transformer),
         )  # fmt: skip
 

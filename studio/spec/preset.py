@@ -229,10 +229,8 @@ class ParallelSpec(Record):
         return self.world_size > 1
 
     def label(self) -> str:
-        parts = [
-            f"{k}{v}" for k, v in (("ulysses", self.ulysses_size), ("ring", self.ring_size), ("tp", self.tp_size))
-        ]
-        return "+".join(p for p, v in zip(parts, (self.ulysses_size, self.ring_size, self.tp_size)) if v > 1)
+        sizes = (("ulysses", self.ulysses_size), ("ring", self.ring_size), ("tp", self.tp_size))
+        return "+".join(f"{k}{v}" for k, v in sizes if v > 1)
 
     def cache_dit_dict(self) -> dict:
         """The `parallelism_config` section as cache_dit.load_configs reads it."""
