@@ -1,8 +1,10 @@
-"""Command line: python -m studio generate|bench|sweep|presets.
+"""Command line: python -m studio generate|bench|sweep|tune|presets|doctor (the text each prints: studio.report.text).
 
 python -m studio generate --preset cache --prompt "a red circle in the center, blue background" --json
 python -m studio generate --preset cache --compile true --json
 python -m studio bench --presets base,cache,cache-compile --repeats 3 --out bench.md
+python -m studio tune --min-psnr 35 --presets-dir my-presets
+python -m studio doctor --families flux --no-kernels
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ def _doctor(args) -> int:
 
     from studio.bench import doctor
     from studio.engine.device import default_device
-    from studio.report import fmt
+    from studio.report import text as report
     from studio.tiny.families import FAMILIES
 
     def say(msg):
@@ -128,19 +130,12 @@ def _doctor(args) -> int:
         out["kernels"] = [asdict(k) for k in kernels]
         print(json.dumps(out, indent=1))
         return 0 if doctor.healthy(rows) else 1
-    print(
-        f"device {device}; tiny random-weight instances, 64x64; cached presets at R="
-        f"{doctor.CACHING_THRESHOLD['cache-dit']} (random weights do not cache at 0.24)"
-    )
-    print(doctor.markdown(rows))
+    print(report.doctor_header(device, doctor.CACHING_THRESHOLD["cache-dit"]))
+    print(report.doctor_table(rows))
     if kernels:
-        print("\n| stack | ms per transformer call | vs sdpa | engaged |\n|---|---|---|---|")
-        for k in kernels:
-            print(f"| {k.stack} | {'n/a' if k.ms is None else f'{k.ms:.1f}'} | {fmt.speedup(k.speedup)} | {k.note} |")
+        print("\n" + report.kernel_table(kernels))
     ok = doctor.healthy(rows)
-    print(
-        "healthy: counts agree with the cache's own lists, nothing broken" if ok else "NOT healthy: see DISAGREE rows"
-    )
+    print(report.doctor_verdict(ok))
     return 0 if ok else 1
 
 
@@ -200,18 +195,15 @@ def quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     try:
         import torchao  # noqa: F401  (imported here, quietly, rather than in the middle of the progress bar)
-    except Exception:
+    except ImportError:  # nothing lost here: an int8 preset says on its row that torchao is missing
         pass
-    try:
-        import diffusers
-        import transformers
+    import diffusers  # both are requirements: a failure here is a broken install, and says so
+    import transformers
 
-        diffusers.utils.logging.set_verbosity_error()
-        diffusers.utils.logging.disable_progress_bar()
-        transformers.utils.logging.set_verbosity_error()
-        transformers.utils.logging.disable_progress_bar()
-    except Exception:
-        pass
+    diffusers.utils.logging.set_verbosity_error()
+    diffusers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
 
 
 def progress_bar(desc: str):
@@ -240,6 +232,7 @@ def _prompt_requests(runner, req, args, examples: bool = True) -> list:
 def _bench(runner, req, args) -> int:
     from studio.bench.bench import run_bench
     from studio.report.plots import plot_tradeoff
+    from studio.report.text import bench_header, bench_markdown
 
     names = args.presets.split(",") if args.presets else None
     tick, close = progress_bar("bench")
@@ -256,31 +249,21 @@ def _bench(runner, req, args) -> int:
     elif args.csv:
         print(rep.matrix.csv(), end="")
     else:
-        print(bench_header(runner, req, rep))
-        print(rep.markdown())
+        print(bench_header(rep))
+        print(bench_markdown(rep))
     if args.out:
         out = Path(args.out)
         text = {".csv": rep.matrix.csv, ".json": lambda: json.dumps(rep.as_dict(), indent=1)}.get(out.suffix)
-        out.write_text(text() if text else bench_header(runner, req, rep) + "\n\n" + rep.markdown() + "\n")
+        out.write_text(text() if text else bench_header(rep) + "\n\n" + bench_markdown(rep) + "\n")
     if args.plot:
         plot_tradeoff(rep.matrix.rows, args.plot)
     return 0
 
 
-def bench_header(runner, req, rep) -> str:
-    m = rep.meta
-    prompts = f"{len(m['prompts'])} prompts" if len(m["prompts"]) > 1 else f"prompt {req.prompt!r}"
-    return (
-        f"model {m['model']}, {prompts}, seed {req.seed}, {req.steps} steps, {req.width}x{req.height}, "
-        f"device {m['device']}, dtype {m['dtype']}; median of {m['repeats']} round-robin repeats after each stack's "
-        f"warm-up; torch {m['versions'].get('torch')}, diffusers {m['versions'].get('diffusers')}, cache-dit "
-        f"{m['versions'].get('cache-dit')}, torchao {m['versions'].get('torchao')}"
-    )
-
-
 def _sweep(runner, req, args) -> int:
     from studio.bench.sweep import parse_values, run_sweep
     from studio.report.plots import plot_sweep
+    from studio.report.text import sweep_markdown
 
     knob, text = (args.knob, args.values) if args.thresholds is None else ("residual_diff_threshold", args.thresholds)
     values = parse_values(knob, text)
@@ -290,11 +273,10 @@ def _sweep(runner, req, args) -> int:
                         model=args.model, repeats=args.repeats, progress=tick)  # fmt: skip
     finally:
         close()
-    text = json.dumps(res.as_dict(), indent=1) if args.json else res.markdown()
-    print(text)
+    print(json.dumps(res.as_dict(), indent=1) if args.json else sweep_markdown(res))
     if args.out:
         Path(args.out).write_text(
-            json.dumps(res.as_dict(), indent=1) if args.out.endswith(".json") else res.markdown()
+            json.dumps(res.as_dict(), indent=1) if args.out.endswith(".json") else sweep_markdown(res)
         )
     if args.plot:
         rows = res.rows()
@@ -306,6 +288,7 @@ def _sweep(runner, req, args) -> int:
 def _tune(runner, req, args) -> int:
     from studio.bench.tune import tune
     from studio.report.plots import plot_sweep
+    from studio.report.text import tune_summary
     from studio.spec.presets import preset_to_yaml
 
     res = tune(runner, _prompt_requests(runner, req, args), args.min_psnr, name=args.name, model=args.model,
@@ -314,20 +297,11 @@ def _tune(runner, req, args) -> int:
     out = args.out or (str(Path(args.presets_dir) / f"{res.preset.name}.yaml") if args.presets_dir else None)
     if out:
         Path(out).write_text(text)
-    summary = {
-        "preset": res.preset.name, "floor_db": res.floor_db, "worst_psnr_db": res.worst_db, "speedup": res.speedup,
-        "vs_cache": res.vs_cache, "non_cache": res.non_cache, "screening_runs": res.screened,
-        "timed_runs": res.timed, "runs": res.runs, "written": out, "knobs": res.preset.as_dict(),
-    }  # fmt: skip
     if args.json:
-        print(json.dumps(summary, indent=1))
+        print(json.dumps({**res.as_dict(), "written": out}, indent=1))
     else:
         print(text)
-        print(
-            f"# worst PSNR {res.worst_db:.2f} dB (floor {res.floor_db:g}), {res.speedup:.2f}x vs base, "
-            f"{res.vs_cache:.2f}x the cache preset's; {res.runs} runs ({res.screened} screening, {res.timed} timed)"
-            + (f"; written to {out}" if out else "")
-        )
+        print("# " + tune_summary(res, written=out))
     if args.plot and res.curve:
         plot_sweep(
             "residual_diff_threshold (search, no calibrator)",

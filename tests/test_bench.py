@@ -15,6 +15,7 @@ import pytest
 from studio.bench.bench import AGAIN, run_bench
 from studio.bench.sweep import cliff, run_sweep
 from studio.bench.tune import SearchSpace, tune
+from studio.report.text import bench_markdown, sweep_markdown, tune_summary
 from studio.spec.export import cache_dit_dict, cache_dit_yaml
 from studio.spec.presets import load_preset, preset_to_yaml
 
@@ -44,7 +45,9 @@ def test_bench_rows_noise_floor_and_compile_cost(tiny_runner):
     assert ROW_KEYS <= set(d["rows"][0]) and d["device"] == "cpu" and d["dtype"] in ("bfloat16", "float32")
     assert d["presets"]["cache"]["cache_config"]["residual_diff_threshold"] == 0.24
     assert {"torch", "diffusers", "cache-dit", "torchao"} <= set(d["versions"])
-    assert "Noise floor" in rep.markdown() and "pays off after" in rep.markdown()
+    md = bench_markdown(rep)
+    assert "Noise floor" in md and "pays off after" in md
+    assert f"| compile | {cost.compile_s:.1f} s | {cost.graphs} | {cost.recompiles} |" in md
 
 
 def test_vs_raw_gives_the_plain_diffusers_picture(tiny_runner):
@@ -86,7 +89,7 @@ def test_sweep_over_the_run_length_cap(tiny_runner):
     one, three = res.rows()
     assert one.preset == "cache.MC1" and three.preset == "cache.MC3"
     assert 0 < one.cached_steps <= three.cached_steps
-    assert "| max_continuous_cached_steps |" in res.markdown()
+    assert "| max_continuous_cached_steps |" in sweep_markdown(res)
 
 
 def test_tuned_preset_meets_its_floor_and_loads(tiny_runner, tmp_path):
@@ -96,6 +99,7 @@ def test_tuned_preset_meets_its_floor_and_loads(tiny_runner, tmp_path):
     res = tune(tiny_runner, reqs, 35.0, space=space)
     assert res.worst_db >= 35.0 and res.screened > 0 and res.runs == res.screened + res.timed
     assert res.preset.cache_config.enabled and res.preset.name == "tuned-35db"
+    assert res.prompts == PROMPTS and " over 2 prompts (floor 35), " in tune_summary(res)
     path = tmp_path / "tuned-35db.yaml"
     path.write_text(preset_to_yaml(res.preset))
     loaded = load_preset(path)

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -270,7 +271,7 @@ def test_unrecognised_pipeline_runs_uncached_with_reason(runner):
     from diffusers import FluxPipeline
 
     from studio.engine.cache import apply_cache
-    from studio.engine.session import call_pipe
+    from studio.engine.call import call_pipe
     from studio.measure.timing import StepProbe, count_steps
 
     pipe, _, _ = runner.manager.pipeline(runner.model, runner.presets.get("base"), steps=12)
@@ -290,7 +291,7 @@ def test_unrecognised_pipeline_runs_uncached_with_reason(runner):
 
 
 def test_base_timing_is_retaken_beside_each_cheap_run_and_kept_for_expensive_ones(runner):
-    runner.base_retime_under_s = 1e9  # every run counts as cheap here, however loaded the machine is
+    runner.pairing = replace(runner.pairing, retime_under_s=1e9)  # every run counts as cheap, however loaded
     r = req()
     runner.generate(r, "base")
     entry = runner.base_entry(r)
@@ -305,15 +306,31 @@ def test_base_timing_is_retaken_beside_each_cheap_run_and_kept_for_expensive_one
     )
     assert b.metrics.base_denoise_s == again.denoise_s and 0 < b.metrics.base_age_s < b.metrics.total_s  # this call
     # expensive runs (pretend: the bound is under this base's denoise time): kept while young, re-timed when old
-    runner.base_retime_under_s = 0.0
+    runner.pairing = replace(runner.pairing, retime_under_s=0.0)
     c = runner.generate(r, "cache", cache_threshold=0.5)
     assert runner.base_entry(r).timed_at == again.timed_at and "s before (kept)" in c.metrics.timing
-    assert runner.base_timing_reusable(again, now=again.timed_at + runner.base_max_age_s - 1)
-    assert not runner.base_timing_reusable(again, now=again.timed_at + runner.base_max_age_s + 1)
+    assert runner.pairing.reusable(again, now=again.timed_at + runner.pairing.max_age_s - 1)
+    assert not runner.pairing.reusable(again, now=again.timed_at + runner.pairing.max_age_s + 1)
+
+
+def test_a_caller_that_times_base_itself_gets_one_base_run_when_none_is_kept(runner):
+    """The bench's seam: no pairing, and a missing base (another dtype, say) computed once, timed now, not later."""
+    from studio.engine import CALLER_TIMES_BASE
+
+    r = req()
+    runner.pairing = replace(runner.pairing, retime_under_s=1e9)
+    res = runner.generate(r, "cache", cache_threshold=0.5, pairing=CALLER_TIMES_BASE)
+    assert res.metrics.timing == (
+        "warm-up run done in this call, 1 timed run; base timed warm right before, in this call"
+    )
+    assert 0 < res.metrics.base_age_s < res.metrics.total_s  # the base was timed in this call, not at -inf
+    kept = runner.base_entry(r)
+    again = runner.generate(r, "cache", cache_threshold=0.5, pairing=CALLER_TIMES_BASE)
+    assert runner.base_entry(r) is kept and "s before (kept)" in again.metrics.timing  # used as it is
 
 
 def test_every_stack_warms_up_once_per_shape_untimed(runner):
-    runner.base_retime_under_s = 1e9  # cheap, however loaded the machine is
+    runner.pairing = replace(runner.pairing, retime_under_s=1e9)  # cheap, however loaded the machine is
     r = req()
     first = runner.generate(r, "base")
     assert first.metrics.warmup_s is not None and first.metrics.timing.startswith("warm-up run done in this call")
@@ -404,6 +421,29 @@ def test_a_compile_that_fails_on_its_first_run_falls_back_to_eager_with_the_reas
     assert np.array_equal(res.image, eager.image)  # it ran the eager stack, and says so
     again = runner.generate(r, "cache-compile", cache_threshold=0.5)
     assert again.metrics.fallbacks == [line]  # not retried on every click
+
+
+def test_a_first_run_that_fails_eagerly_too_is_not_blamed_on_compile(runner, monkeypatch):
+    """An error the eager run repeats (here: every cached call fails) is the run's, not compile's: it ends the request
+    with its sentence and the compiled variant stays, to be tried again once the cause is gone."""
+    import studio.engine.run as run
+    from studio.engine import RunError
+
+    r = req()
+    runner.generate(r, "cache", cache_threshold=0.5)
+    real = run.call_pipe
+
+    def broken(pipe, request, probe=None):
+        if stack_state(pipe.transformer).cache != "none":  # base (uncached) runs; every cached call fails
+            raise MemoryError("pretend: out of memory")
+        return real(pipe, request, probe)
+
+    monkeypatch.setattr(run, "call_pipe", broken)
+    with pytest.raises(RunError, match="MemoryError: pretend: out of memory"):
+        runner.generate(r, "cache-compile", cache_threshold=0.5)
+    monkeypatch.setattr(run, "call_pipe", real)
+    ok = runner.generate(r, "cache-compile", cache_threshold=0.5)
+    assert ok.metrics.fallbacks == [] and ok.metrics.compile_s is not None
 
 
 def test_operator_caps_refuse_with_a_sentence_before_any_model_work(runner):

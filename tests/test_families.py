@@ -11,6 +11,7 @@ import pytest
 
 from studio.engine import ModelManager, Runner
 from studio.measure.quality import Verdict, psnr
+from studio.report.text import doctor_table
 from studio.spec import PresetLibrary
 from studio.tiny.families import CACHING_THRESHOLD, FAMILIES, save_family
 
@@ -82,7 +83,7 @@ def test_doctor_on_one_family():
     assert [r.preset for r in rows] == ["base", "cache", "cache-int8-sage"] and doctor.healthy(rows)
     assert rows[1].counts_agree is True and rows[1].cached_steps > 0
     assert "sage: unavailable on cpu, using sdpa" in rows[2].fallbacks
-    table = doctor.markdown(rows)
+    table = doctor_table(rows)
     assert table.startswith("| family | preset | stack | cached/full | cache's own list | counts |")
 
 

@@ -50,9 +50,11 @@ def test_preset_loader_raises_only_config_errors(data):
 @given(st.text(max_size=300))
 def test_preset_text_raises_only_config_errors(text):
     try:
-        preset_from_text(text, "junk")
-    except ConfigError:
-        pass
+        p = preset_from_text(text, "junk")
+    except ConfigError as e:
+        assert str(e).startswith("preset 'junk': ")  # the error names where it came from
+    else:
+        assert p.name == "junk" and p.tag()  # whatever parsed is a whole, valid preset
 
 
 @SETTINGS

@@ -107,7 +107,9 @@ def test_binding_pretraining_teaches_t5_which_object_a_word_belongs_to():
     prompts = [sample_scene(rng, two_objects=True).prompt for _ in range(4000)]
     targets = binding_targets(prompts, pipe.tokenizer_2, cfg.text_len)
     with tqdm(total=steps, disable=True) as bar:
-        head, losses = pretrain_binding(pipe, cfg, prompts, targets, steps, 64, torch.Generator().manual_seed(0), bar)
+        head, losses = pretrain_binding(
+            pipe, cfg, prompts, targets, steps=steps, batch=64, g=torch.Generator().manual_seed(0), bar=bar
+        )
     rng = random.Random(5)
     held = [sample_scene(rng, two_objects=True, held_out=True).prompt for _ in range(300)]
     want = binding_targets(held, pipe.tokenizer_2, cfg.text_len)[..., 0]

@@ -64,25 +64,22 @@ def _args(**kw):
     return a
 
 
-def test_api_has_the_three_named_endpoints(client):
+def test_api_has_the_four_named_endpoints_with_their_parameters(client):
     api = client.view_api(print_info=False, return_format="dict")
-    names = set(api["named_endpoints"])
-    assert {"/generate", "/compare", "/matrix", "/tune"} <= names
-    params = [p["parameter_name"] for p in api["named_endpoints"]["/generate"]["parameters"]]
-    assert "request" not in params and "progress" not in params  # injected by gradio, not API parameters
-    assert params[:11] == [
-        "prompt",
-        "model",
-        "seed",
-        "steps",
-        "width",
-        "height",
-        "guidance",
-        "preset",
-        "cache",
-        "threshold",
-        "compile",
-    ]
+    endpoints = api["named_endpoints"]
+    assert set(endpoints) == {"/generate", "/compare", "/matrix", "/tune"}  # Enter in the prompt adds no endpoint
+    assert not api["unnamed_endpoints"]
+    request = ["prompt", "model", "seed", "steps", "width", "height", "guidance"]
+    expected = {
+        "/generate": request + ["preset", "cache", "threshold", "compile"],
+        "/compare": request + ["preset_a", "preset_b", "cache", "threshold", "compile"],
+        "/matrix": request + ["presets", "repeats", "cache", "compile"],
+        "/tune": request + ["floor", "prompts_text", "size"],
+    }
+    for name, params in expected.items():
+        # "request", "progress" and "history" are filled in by gradio (or the session), not API parameters
+        assert [p["parameter_name"] for p in endpoints[name]["parameters"]] == params, name
+        assert all(p["parameter_has_default"] for p in endpoints[name]["parameters"]), name
 
 
 def test_generate_endpoint_with_per_request_cache_switch(client, app):
@@ -232,8 +229,9 @@ def test_browser_generate_and_compare(tmp_path):
             page = browser.new_page(viewport={"width": 1400, "height": 1300})
             page.goto(url, wait_until="domcontentloaded")
             expect(page.get_by_role("button", name="Generate")).to_be_visible(timeout=60_000)
-            page.get_by_label("Prompt", exact=True).fill("a yellow triangle on the left, purple background")
-            page.get_by_role("button", name="Generate").click()
+            prompt = page.get_by_label("Prompt", exact=True)
+            prompt.fill("a yellow triangle on the left, purple background")
+            prompt.press("Enter")  # Enter in the prompt box generates, like the button
             card = page.locator(".metrics-card")
             expect(card).to_contain_text("cached /", timeout=180_000)
             expect(card).to_contain_text("PSNR")

@@ -183,8 +183,9 @@ def test_metrics_json_keys():
 class FakeRunner:
     """Stands in for the engine: records what the handler asked for and answers with a fixed run."""
 
-    def __init__(self):
+    def __init__(self, broken=()):
         self.calls = []
+        self.broken = set(broken)  # presets whose run comes back with a broken verdict
 
     def profile(self, model):
         return SimpleNamespace(guidance=None, example_prompts=(), notes="", steps=10, width=64, height=64)
@@ -199,47 +200,75 @@ class FakeRunner:
 
         self.calls.append((req, preset, kw))
         img = np.zeros((64, 64, 3), np.uint8)
-        return RunResult(img, img, make_metrics(preset=preset))
+        quality = Verdict.BROKEN if preset in self.broken else Verdict.GOOD
+        return RunResult(img, img, make_metrics(preset=preset, quality=quality))
 
 
-def _handlers():
+def _fake_ui():
+    """The app's record of components with each component a plain key ("gen.image", ...): no gradio, no server."""
+    from dataclasses import fields
+
+    from studio.app import forms
+
+    def record(cls, prefix):
+        return cls(**{f.name: f"{prefix}.{f.name}" for f in fields(cls)})
+
+    tabs = dict(
+        request=forms.RequestPanel, gen=forms.GenerateTab, ab=forms.CompareTab, mx=forms.MatrixTab,
+        tn=forms.TuneTab, pv=forms.PresetsTab, hist=forms.HistoryTab,
+    )  # fmt: skip
+    return forms.UI(**{name: record(cls, name) for name, cls in tabs.items()})
+
+
+def _handlers(broken=()):
     from studio.app.handlers import Handlers, Studio
     from studio.spec import PresetLibrary
 
-    names = (
-        "image card base_image steps_plot hist_table history slider img_a img_b ab_table ab_flag metrics_json ab_json"
-    )
-    names = names.split()
-    ui = SimpleNamespace(**{n: n for n in names})  # components are plain keys here
-    runner = FakeRunner()
-    return Handlers(Studio(runner, ["m"], PresetLibrary()), ui), runner
+    runner = FakeRunner(broken)
+    return Handlers(Studio(runner, ["m"], PresetLibrary()), _fake_ui()), runner
+
+
+NO_PROGRESS = dict(progress=lambda *a, **k: 0)
+REQUEST = dict(prompt="a red circle", model="m", seed=7, steps=10, width=64, height=64, guidance=None)
 
 
 def test_generate_handler_passes_switches_and_returns_components():
     h, runner = _handlers()
-    out = h.generate(
-        "a red circle", "m", 7, 10, 64, 64, None, "cache", "true", 0, "false", [], progress=lambda *a, **k: 0
-    )
+    out = h.generate(**NO_PROGRESS, history=[], **REQUEST, preset="cache", cache="true", threshold=0, compile="false")
     req, preset, kw = runner.calls[0]
     assert (req.seed, req.steps, preset) == (7, 10, "cache")
     assert (kw["cache_enabled"], kw["cache_threshold"], kw["compile_enabled"]) == (True, None, False)
-    assert set(out) == {"image", "card", "base_image", "steps_plot", "hist_table", "history", "metrics_json"}
-    assert out["metrics_json"]["cached_step_indices"] == [4, 5, 7, 8] and out["metrics_json"]["speedup"] == 1.8
-    assert out["image"].shape == (384, 384, 3)  # 64 px shown enlarged x6, nearest neighbour
-    assert "4 cached / 6 full" in out["card"] and len(out["history"]) == 1
+    expected = {"gen.image", "gen.card", "gen.base_image", "gen.steps_plot", "hist.table", "hist.rows", "gen.json"}
+    assert set(out) == expected
+    assert out["gen.json"]["cached_step_indices"] == [4, 5, 7, 8] and out["gen.json"]["speedup"] == 1.8
+    assert out["gen.image"].shape == (384, 384, 3)  # 64 px shown enlarged x6, nearest neighbour
+    assert "4 cached / 6 full" in out["gen.card"] and len(out["hist.rows"]) == 1
+
+
+def test_handlers_take_the_forms_fields_by_name():
+    import gradio as gr
+
+    from studio.app import forms
+
+    # the forms are the endpoints' API parameters, in the API's order (gradio_client users call them by name)
+    assert forms.names(forms.GenerateForm) == forms.REQUEST_FIELDS + ("preset", "cache", "threshold", "compile")
+    assert forms.names(forms.MatrixForm)[len(forms.REQUEST_FIELDS) :] == ("presets", "repeats", "cache", "compile")
+    assert forms.names(forms.TuneForm)[len(forms.REQUEST_FIELDS) :] == ("floor", "prompts_text", "size")
+    h, _ = _handlers()
+    with pytest.raises(TypeError, match="threshhold"):  # a misspelt name fails at once, not as a silent default
+        h.generate(**NO_PROGRESS, **REQUEST, preset="cache", threshhold=0.3)
+    with pytest.raises(gr.Error, match="prompt is empty"):
+        h.generate(**NO_PROGRESS, **dict(REQUEST, prompt="  "), preset="base")
 
 
 def test_compare_handler_flags_broken_stacks():
-    import gradio as gr
-
     h, runner = _handlers()
-    out = h.compare(
-        "p", "m", 1, 10, 64, 64, None, "base", "cache", "unset", 0.3, "unset", [], progress=lambda *a, **k: 0
-    )
+    out = h.compare(**NO_PROGRESS, history=[], **REQUEST, preset_a="base", preset_b="cache", threshold=0.3)
     assert [c[1] for c in runner.calls] == ["base", "cache"] and runner.calls[0][2]["cache_threshold"] == 0.3
-    assert out["ab_flag"] == "" and len(out["ab_table"]) == 2 and len(out["history"]) == 2
-    with pytest.raises(gr.Error, match="prompt is empty"):
-        h.generate("  ", "m", 1, 10, 64, 64, None, "base", "unset", 0, "unset", [], progress=lambda *a, **k: 0)
+    assert out["ab.flag"] == "" and len(out["ab.table"]) == 2 and len(out["hist.rows"]) == 2
+    h, _ = _handlers(broken={"cache"})
+    flag = h.compare(**NO_PROGRESS, **REQUEST, preset_a="base", preset_b="cache")["ab.flag"]
+    assert flag.startswith("cache: ") and "flag-broken" in flag and "likely broken" in flag and "base" not in flag
 
 
 # ------------------------------------------------------------------------------------------------ profiles

@@ -1,8 +1,9 @@
 """The UI's event handlers: thin translations between form values and the engine, returning {component: value}.
 
 `Handlers` is bound to a facade (`Studio`: the runner, the models offered, a folder for downloads, the preset
-library) and to the laid-out components (`ui`, any object with the component attributes), so the handlers can be
-called in a test with a fake engine and plain objects, no server.
+library) and to the laid-out components (`ui`, an app.forms.UI: a record of components per tab), so the handlers
+can be called in a test with a fake engine and plain keys for components, no server. A device endpoint's handler
+takes its form's values by name (app.forms: the API's parameter names) and builds the form from them.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ import gradio as gr
 import numpy as np
 from PIL import Image
 
+from studio.app.forms import UI, CompareForm, GenerateForm, MatrixForm, RequestForm, TuneForm
 from studio.bench import run_matrix
 from studio.engine import BASE, ModelLoadError, RunError, Runner
-from studio.measure.quality import Verdict
-from studio.report.card import metrics_card
+from studio.report.card import broken_flag, metrics_card
 from studio.report.plots import plot_steps, plot_tradeoff
 from studio.report.table import COLUMNS, MatrixRow
 from studio.spec import ConfigError, PresetLibrary, parse_switch
@@ -154,39 +155,39 @@ def history_rows(hist: list, req, results) -> list:
 
 
 class Handlers:
-    def __init__(self, studio: Studio, ui):
+    def __init__(self, studio: Studio, ui: UI):
         self.studio = studio
         self.ui = ui
 
     # helpers ---------------------------------------------------------------------------------------------
-    def _request(self, prompt, model, seed, steps, width, height, guidance):
-        if not prompt or not str(prompt).strip():
+    def _request(self, form: RequestForm):
+        if not form.prompt or not str(form.prompt).strip():
             raise gr.Error("Write a prompt first: the prompt is empty.")
         runner = self.studio.runner
         try:
-            takes_guidance = runner.profile(model).guidance is not None
+            takes_guidance = runner.profile(form.model).guidance is not None
             return runner.request(
-                str(prompt),
-                model=model,
-                seed=int(seed if seed is not None else 0),
-                steps=int(steps),
-                width=int(width),
-                height=int(height),
-                guidance=float(guidance) if guidance is not None and takes_guidance else None,
+                str(form.prompt),
+                model=form.model,
+                seed=int(form.seed if form.seed is not None else 0),
+                steps=int(form.steps),
+                width=int(form.width),
+                height=int(form.height),
+                guidance=float(form.guidance) if form.guidance is not None and takes_guidance else None,
             )
         except (ConfigError, ValueError) as e:
             raise gr.Error(f"That request can't run: {e}") from None
 
-    def _run(self, req, model, preset, cache, threshold, compile, progress, request=None):
+    def _run(self, req, form: GenerateForm | CompareForm, preset: str, progress, request=None):
         on_step, on_status = progress_hooks(progress)
         try:
             return self.studio.runner.generate(
                 req,
                 preset,
-                model=model,
-                cache_enabled=parse_switch(cache, "cache switch"),
-                cache_threshold=threshold_value(threshold),
-                compile_enabled=parse_switch(compile, "compile switch"),
+                model=form.model,
+                cache_enabled=parse_switch(form.cache, "cache switch"),
+                cache_threshold=threshold_value(form.threshold),
+                compile_enabled=parse_switch(form.compile, "compile switch"),
                 progress=on_step,
                 on_status=on_status,
                 presets=self.studio.library(request),
@@ -196,143 +197,126 @@ class Handlers:
 
     def _history(self, hist, req, results) -> dict:
         hist = history_rows(hist or [], req, results)
-        return {self.ui.hist_table: hist, self.ui.history: hist}
+        return {self.ui.hist.table: hist, self.ui.hist.rows: hist}
 
     # events ----------------------------------------------------------------------------------------------
-    def generate(
-        self, prompt, model, seed, steps, width, height, guidance, preset, cache, threshold, compile="unset",
-        hist=None, request: gr.Request = None, progress=gr.Progress(),
-    ):  # fmt: skip
-        req = self._request(prompt, model, seed, steps, width, height, guidance)
-        res = self._run(req, model, preset, cache, threshold, compile, progress, request)
-        ui = self.ui
+    # The device endpoints take the form's fields by name (gradio's inputs_kwargs: see app.forms); the session's
+    # history (a gr.State) comes as `history`, apart from the API's parameters.
+    def generate(self, request: gr.Request = None, progress=gr.Progress(), *, history=None, **values):
+        form = GenerateForm(**values)
+        req = self._request(form)
+        res = self._run(req, form, form.preset, progress, request)
+        gen = self.ui.gen
         return {
-            ui.image: enlarge(res.image),
-            ui.card: metrics_card(res.metrics),
-            ui.base_image: enlarge(res.base_image),
-            ui.steps_plot: png(lambda buf: plot_steps(res.metrics, buf)),
-            ui.metrics_json: json_safe(res.metrics.as_dict()),
-            **self._history(hist, req, [res]),
+            gen.image: enlarge(res.image),
+            gen.card: metrics_card(res.metrics),
+            gen.base_image: enlarge(res.base_image),
+            gen.steps_plot: png(lambda buf: plot_steps(res.metrics, buf)),
+            gen.json: json_safe(res.metrics.as_dict()),
+            **self._history(history, req, [res]),
         }
 
-    def compare(
-        self, prompt, model, seed, steps, width, height, guidance, preset_a, preset_b, cache, threshold,
-        compile="unset", hist=None, request: gr.Request = None, progress=gr.Progress(),
-    ):  # fmt: skip
-        req = self._request(prompt, model, seed, steps, width, height, guidance)
-        ra = self._run(req, model, preset_a, cache, threshold, compile, progress, request)
-        rb = self._run(req, model, preset_b, cache, threshold, compile, progress, request)
+    def compare(self, request: gr.Request = None, progress=gr.Progress(), *, history=None, **values):
+        form = CompareForm(**values)
+        req = self._request(form)
+        ra = self._run(req, form, form.preset_a, progress, request)
+        rb = self._run(req, form, form.preset_b, progress, request)
         rows = [MatrixRow.from_metrics(ra.metrics), MatrixRow.from_metrics(rb.metrics)]
-        broken = [r.preset for r in rows if r.quality == Verdict.BROKEN.value]
-        flag = (
-            f'<span class="flag-broken">⚠ {", ".join(broken)}: likely broken, not lossy '
-            f"(PSNR and high-frequency energy say noise)</span>"
-            if broken
-            else ""
-        )
+        flag = broken_flag(rows)  # only a broken stack is flagged above the pictures; the table shows every verdict
         a, b = enlarge(ra.image), enlarge(rb.image)
-        ui = self.ui
+        ab = self.ui.ab
         return {
-            ui.slider: (a, b),
-            ui.img_a: a,
-            ui.img_b: b,
-            ui.ab_table: [r.cells() for r in rows],
-            ui.ab_flag: flag,
-            ui.ab_json: json_safe({"a": ra.metrics.as_dict(), "b": rb.metrics.as_dict()}),
-            **self._history(hist, req, [ra, rb]),
+            ab.slider: (a, b),
+            ab.img_a: a,
+            ab.img_b: b,
+            ab.table: [r.cells() for r in rows],
+            ab.flag: flag,
+            ab.json: json_safe({"a": ra.metrics.as_dict(), "b": rb.metrics.as_dict()}),
+            **self._history(history, req, [ra, rb]),
         }
 
-    def matrix(
-        self, prompt, model, seed, steps, width, height, guidance, presets, repeats, cache="unset", compile="unset",
-        hist=None, request: gr.Request = None, progress=gr.Progress(),
-    ):  # fmt: skip
-        req = self._request(prompt, model, seed, steps, width, height, guidance)
-        if not presets:
+    def matrix(self, request: gr.Request = None, progress=gr.Progress(), *, history=None, **values):
+        form = MatrixForm(**values)
+        req = self._request(form)
+        if not form.presets:
             raise gr.Error("Choose at least one preset for the matrix.")
         try:
             mat = run_matrix(
                 self.studio.runner,
                 req,
-                list(presets),
-                model=model,
-                repeats=int(repeats or 1),
+                list(form.presets),
+                model=form.model,
+                repeats=int(form.repeats or 1),
                 progress=lambda d, t, label: progress((d, t), desc=f"{label}: {d} of {t} timed runs", unit="runs"),
-                cache_enabled=parse_switch(cache, "cache switch"),
-                compile_enabled=parse_switch(compile, "compile switch"),
+                cache_enabled=parse_switch(form.cache, "cache switch"),
+                compile_enabled=parse_switch(form.compile, "compile switch"),
                 presets_library=self.studio.library(request),
             )
         except (ConfigError, ModelLoadError, RunError, ValueError) as e:
             raise gr.Error(str(e)) from None
         runs = {name: r.metrics.as_dict() for name, r in mat.results.items()}
         first = next((r.preset for r in mat.rows if r.preset != BASE), mat.rows[0].preset)
-        ui = self.ui
+        mx = self.ui.mx
         return {
-            ui.mx_table: [r.cells() for r in mat.rows],
-            ui.mx_plot: png(lambda buf: plot_tradeoff(mat.rows, buf)),
-            ui.mx_pick: gr.update(choices=list(runs), value=first),
-            ui.mx_steps: png(lambda buf: plot_steps(runs[first], buf)),
-            ui.mx_csv: self.studio.write("matrix.csv", mat.csv()),
-            ui.mx_md: self.studio.write("matrix.md", mat.markdown()),
-            ui.matrix_runs: runs,
-            ui.mx_json: json_safe([r.as_dict() for r in mat.rows]),
-            ui.mx_noise: mat.noise_line(),
-            **self._history(hist, req, list(mat.results.values())),
+            mx.table: [r.cells() for r in mat.rows],
+            mx.plot: png(lambda buf: plot_tradeoff(mat.rows, buf)),
+            mx.pick: gr.update(choices=list(runs), value=first),
+            mx.steps_plot: png(lambda buf: plot_steps(runs[first], buf)),
+            mx.csv: self.studio.write("matrix.csv", mat.csv()),
+            mx.md: self.studio.write("matrix.md", mat.markdown()),
+            mx.runs: runs,
+            mx.json: json_safe([r.as_dict() for r in mat.rows]),
+            mx.noise: mat.noise_line(),
+            **self._history(history, req, list(mat.results.values())),
         }
 
-    def tune(
-        self, prompt, model, seed, steps, width, height, guidance, floor, prompts_text, size="quick",
-        request: gr.Request = None, progress=gr.Progress(),
-    ):  # fmt: skip
+    def tune(self, request: gr.Request = None, progress=gr.Progress(), **values):
         """The tuner (studio.bench.tune) on the form's request with each prompt; a public studio runs the quick
         search on at most MAX_PUBLIC_TUNE_PROMPTS prompts (one tuner holds the device for minutes)."""
         from dataclasses import replace as _replace
 
         from studio.bench.tune import QUICK, tune
         from studio.report.plots import plot_sweep
+        from studio.report.text import tune_summary
         from studio.spec.presets import preset_to_yaml
 
-        req = self._request(prompt, model, seed, steps, width, height, guidance)
-        prompts = [x.strip() for x in (prompts_text or "").splitlines() if x.strip()] or [req.prompt]
+        form = TuneForm(**values)
+        req = self._request(form)
+        prompts = [x.strip() for x in (form.prompts_text or "").splitlines() if x.strip()] or [req.prompt]
+        size = form.size
         if self.studio.public:
             prompts, size = prompts[:MAX_PUBLIC_TUNE_PROMPTS], "quick"
         try:
-            floor = float(floor)
+            floor = float(form.floor)
             res = tune(
-                self.studio.runner, [_replace(req, prompt=p) for p in prompts], floor, model=model,
+                self.studio.runner, [_replace(req, prompt=p) for p in prompts], floor, model=form.model,
                 progress=lambda m: progress(0, desc=m), space=QUICK if size != "full" else None,
             )  # fmt: skip
         except (ConfigError, ModelLoadError, RunError, ValueError, TypeError) as e:
             raise gr.Error(str(e)) from None
         xs, ys, dbs = ([c[i] for c in res.curve] for i in range(3))
         label = "residual_diff_threshold (no calibrator)"
-        plot = png(lambda buf: plot_sweep(label, xs, ys, dbs, None, buf, floor, PREDICTED)) if res.curve else None
-        summary = {
-            "preset": res.preset.name, "floor_db": floor, "worst_psnr_db": res.worst_db, "speedup": res.speedup,
-            "vs_cache": res.vs_cache, "runs": res.runs, "screening_runs": res.screened, "timed_runs": res.timed,
-            "prompts": prompts, "knobs": res.preset.as_dict(),
-        }  # fmt: skip
-        text = (
-            f"**{res.preset.name}** — `{res.preset.tag()}`: worst PSNR **{res.worst_db:.2f} dB** over "
-            f"{len(prompts)} prompts (target {floor:g}), **{res.speedup:.2f}x** vs base, "
-            f"{res.vs_cache:.2f}x the `cache` preset's; {res.runs} runs ({res.screened} screening, {res.timed} timed)."
-        )
-        ui = self.ui
+        plot = None
+        if res.curve:
+            plot = png(lambda buf: plot_sweep(label, xs, ys, dbs, None, buf, floor_db=floor, speed_label=PREDICTED))
+        text = tune_summary(res, markdown=True)
+        tn = self.ui.tn
         return {
-            ui.tn_result: text, ui.tn_plot: plot, ui.tn_yaml: preset_to_yaml(res.preset),
-            ui.tn_name: res.preset.name, ui.tn_json: json_safe(summary),
+            tn.result: text, tn.plot: plot, tn.yaml: preset_to_yaml(res.preset), tn.name: res.preset.name,
+            tn.json: json_safe(res.as_dict()),
         }  # fmt: skip
 
     def save_tuned(self, name, text, request: gr.Request = None):
         if not (text or "").strip():
             raise gr.Error("Run the tuner first: there is no tuned preset to save yet.")
         out = self.save_preset(name, text, request)
-        out[self.ui.tn_msg] = out.pop(self.ui.save_msg)
+        out[self.ui.tn.msg] = out.pop(self.ui.pv.msg)
         return out
 
     def pick_steps(self, name, runs):
         if not name or name not in (runs or {}):
-            return {self.ui.mx_steps: None}
-        return {self.ui.mx_steps: png(lambda buf: plot_steps(runs[name], buf))}
+            return {self.ui.mx.steps_plot: None}
+        return {self.ui.mx.steps_plot: png(lambda buf: plot_steps(runs[name], buf))}
 
     def show_preset(self, name, request: gr.Request = None):
         lib = self.studio.library(request)
@@ -342,7 +326,7 @@ class Handlers:
             raise gr.Error(str(e)) from None
         origin = "built in" if lib.is_builtin(name) else "user preset"
         desc = f"**{name}** ({origin}) — `{p.tag()}`\n\n{p.description}"
-        return {self.ui.pv_desc: desc, self.ui.pv_yaml: lib.text(name)}
+        return {self.ui.pv.desc: desc, self.ui.pv.yaml: lib.text(name)}
 
     def load_upload(self, path):
         if not path:
@@ -351,7 +335,7 @@ class Handlers:
         if size > MAX_PRESET_BYTES:
             raise gr.Error(f"That preset file is {size} bytes: a preset is at most {MAX_PRESET_BYTES} bytes of YAML.")
         stem = "".join(c for c in Path(path).stem if c.isalnum() or c in "-_.")[:64]
-        return {self.ui.new_yaml: Path(path).read_text(errors="replace"), self.ui.new_name: stem}
+        return {self.ui.pv.new_yaml: Path(path).read_text(errors="replace"), self.ui.pv.new_name: stem}
 
     def save_preset(self, name, text, request: gr.Request = None):
         name = (name or "").strip()
@@ -363,10 +347,10 @@ class Handlers:
         except ConfigError as e:
             raise gr.Error(f"Preset not saved: {e}") from None
         choices = lib.names()
-        ui = self.ui
-        out = {c: gr.update(choices=choices) for c in (ui.preset, ui.preset_a, ui.preset_b, ui.mx_presets)}
-        out[ui.pv_name] = gr.update(choices=choices, value=name)
-        out[ui.save_msg] = f"Saved **{name}** — `{p.tag()}`. It is now in every preset list."
+        pv = self.ui.pv
+        out = {c: gr.update(choices=choices) for c in self.ui.preset_lists()}
+        out[pv.name] = gr.update(choices=choices, value=name)
+        out[pv.msg] = f"Saved **{name}** — `{p.tag()}`. It is now in every preset list."
         return out
 
     def export_history(self, hist):
@@ -374,21 +358,19 @@ class Handlers:
         w = csv.writer(buf)
         w.writerow(HISTORY_COLUMNS)
         w.writerows(hist or [])
-        return {self.ui.hist_file: self.studio.write("history.csv", buf.getvalue())}
+        return {self.ui.hist.file: self.studio.write("history.csv", buf.getvalue())}
 
     def on_model(self, model):
         try:
             p = self.studio.runner.profile(model)
         except Exception as e:  # an unknown name only fails when used; keep the form as it is
             raise gr.Error(str(e)) from None
-        ui = self.ui
+        r = self.ui.request
         return {
-            ui.examples: gr.update(choices=list(p.example_prompts), value=None),
-            ui.model_notes: notes_md(p.notes),
-            ui.steps: p.steps,
-            ui.width: p.width,
-            ui.height: p.height,
-            ui.guidance: gr.update(
-                value=p.guidance if p.guidance is not None else 0.0, visible=p.guidance is not None
-            ),
+            r.examples: gr.update(choices=list(p.example_prompts), value=None),
+            r.model_notes: notes_md(p.notes),
+            r.steps: p.steps,
+            r.width: p.width,
+            r.height: p.height,
+            r.guidance: gr.update(value=p.guidance if p.guidance is not None else 0.0, visible=p.guidance is not None),
         }

@@ -1,8 +1,13 @@
-"""The Gradio studio: a layout function per tab, then the events wired to module-level handlers (app.handlers).
+"""The Gradio studio: a layout function per tab returning its record of components (app.forms), then the events
+wired to the handlers (app.handlers).
 
-Named API endpoints (gradio_client): /generate, /compare, /matrix, /tune. Each takes the request fields, the preset
-name(s), the per-request cache switch ("true", "false", or "unset" to follow the preset), threshold (empty or 0 to
-follow the preset) and compile switch (like the cache switch).
+Named API endpoints (gradio_client), each taking the request fields (prompt, model, seed, steps, width, height,
+guidance) and then (app.forms lists them, in this order):
+    /generate  preset, cache, threshold, compile
+    /compare   preset_a, preset_b, cache, threshold, compile
+    /matrix    presets, repeats, cache, compile (no threshold: each preset keeps its own)
+    /tune      floor, prompts_text, size (no switches: the tuner chooses the stack)
+cache and compile: "true", "false", or "unset" to follow the preset; threshold: empty or 0 follows the preset.
 """
 
 from __future__ import annotations
@@ -12,10 +17,11 @@ import os
 import random
 import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 
 import gradio as gr
 
+from studio.app import forms
+from studio.app.forms import UI, CompareTab, GenerateTab, HistoryTab, MatrixTab, PresetsTab, RequestPanel, TuneTab
 from studio.app.handlers import CACHE_CHOICES, COMPILE_CHOICES, HISTORY_COLUMNS, Handlers, Studio, notes_md
 from studio.engine import BASE, Runner
 from studio.engine.thread import on_device_thread
@@ -37,112 +43,126 @@ def _gpu(fn):
     return spaces.GPU(fn)
 
 
-def _request_form(ui, studio: Studio) -> None:
+def _request_panel(studio: Studio) -> RequestPanel:
     prof = studio.runner.profile(studio.models[0])
     with gr.Row():
         with gr.Column(scale=3):
-            ui.prompt = gr.Textbox(label="Prompt", value=prof.first_prompt, lines=2)
-            ui.examples = gr.Dropdown(label="Example prompts", choices=list(prof.example_prompts), value=None)
+            # One line that grows: Enter generates (a box that starts at 2 lines takes Enter as a new line).
+            prompt = gr.Textbox(label="Prompt", value=prof.first_prompt, lines=1, max_lines=4)
+            examples = gr.Dropdown(label="Example prompts", choices=list(prof.example_prompts), value=None)
         with gr.Column(scale=2):
-            ui.model = gr.Dropdown(
-                label="Model", choices=studio.models, value=studio.models[0], allow_custom_value=True
-            )
-            ui.model_notes = gr.Markdown(notes_md(prof.notes))
+            model = gr.Dropdown(label="Model", choices=studio.models, value=studio.models[0], allow_custom_value=True)
+            model_notes = gr.Markdown(notes_md(prof.notes))
             with gr.Row():
-                ui.seed = gr.Number(label="Seed", value=42, precision=0, minimum=0)
-                ui.dice = gr.Button("Random seed", size="sm")
+                seed = gr.Number(label="Seed", value=42, precision=0, minimum=0)
+                dice = gr.Button("Random seed", size="sm")
     with gr.Row():
-        ui.steps = gr.Slider(label="Steps", minimum=1, maximum=100, step=1, value=prof.steps)
-        ui.width = gr.Number(label="Width", value=prof.width, precision=0, minimum=16)
-        ui.height = gr.Number(label="Height", value=prof.height, precision=0, minimum=16)
+        steps = gr.Slider(label="Steps", minimum=1, maximum=100, step=1, value=prof.steps)
+        width = gr.Number(label="Width", value=prof.width, precision=0, minimum=16)
+        height = gr.Number(label="Height", value=prof.height, precision=0, minimum=16)
         # A value of None would make `guidance` a required API parameter: a model without guidance gets 0 (ignored).
-        ui.guidance = gr.Number(
+        guidance = gr.Number(
             label="Guidance",
             value=prof.guidance if prof.guidance is not None else 0.0,
             visible=prof.guidance is not None,
         )
+    return RequestPanel(
+        prompt=prompt, examples=examples, model=model, model_notes=model_notes, seed=seed, dice=dice,
+        steps=steps, width=width, height=height, guidance=guidance,
+    )  # fmt: skip
 
 
-def _switches(ui, prefix: str) -> None:
-    setattr(ui, f"{prefix}cache", gr.Radio(label="Cache (this request)", choices=CACHE_CHOICES, value="unset"))
-    setattr(ui, f"{prefix}threshold", gr.Number(label="Cache threshold (0: the preset's)", value=0, minimum=0))
-    setattr(ui, f"{prefix}compile", gr.Radio(label="Compile (this request)", choices=COMPILE_CHOICES, value="unset"))
+def _switches() -> tuple[gr.Radio, gr.Number, gr.Radio]:
+    """The per-request cache switch, threshold and compile switch."""
+    return (
+        gr.Radio(label="Cache (this request)", choices=CACHE_CHOICES, value="unset"),
+        gr.Number(label="Cache threshold (0: the preset's)", value=0, minimum=0),
+        gr.Radio(label="Compile (this request)", choices=COMPILE_CHOICES, value="unset"),
+    )
 
 
-def _generate_tab(ui, names: list[str], default_preset: str) -> None:
+def _generate_tab(names: list[str], default_preset: str) -> GenerateTab:
     with gr.Tab("Generate"):
         with gr.Row():
             with gr.Column(scale=1):
-                ui.preset = gr.Dropdown(label="Preset", choices=names, value=default_preset)
-                _switches(ui, "")
-                ui.gen_btn = gr.Button("Generate", variant="primary")
+                preset = gr.Dropdown(label="Preset", choices=names, value=default_preset)
+                cache, threshold, compile_ = _switches()
+                button = gr.Button("Generate", variant="primary")
             with gr.Column(scale=2):
-                ui.image = gr.Image(label="Image", type="numpy", format="png", interactive=False)
-                ui.card = gr.HTML(label="Metrics")
+                image = gr.Image(label="Image", type="numpy", format="png", interactive=False)
+                card = gr.HTML(label="Metrics")
                 with gr.Accordion("Metrics as JSON (what the API returns)", open=False):
-                    ui.metrics_json = gr.JSON(label="metrics")
+                    json = gr.JSON(label="metrics")
             with gr.Column(scale=2):
-                ui.base_image = gr.Image(
-                    label="base image (same request)", type="numpy", format="png", interactive=False
-                )
-                ui.steps_plot = gr.Image(label="Per-step time and residual diff", type="numpy", interactive=False)
+                base_image = gr.Image(label="base image (same request)", type="numpy", format="png", interactive=False)
+                steps_plot = gr.Image(label="Per-step time and residual diff", type="numpy", interactive=False)
+    return GenerateTab(
+        preset=preset, cache=cache, threshold=threshold, compile=compile_, button=button, image=image, card=card,
+        json=json, base_image=base_image, steps_plot=steps_plot,
+    )  # fmt: skip
 
 
-def _compare_tab(ui, names: list[str], pair: tuple[str, str]) -> None:
+def _compare_tab(names: list[str], pair: tuple[str, str]) -> CompareTab:
     with gr.Tab("A/B compare"):
         with gr.Row():
-            ui.preset_a = gr.Dropdown(label="Preset A", choices=names, value=pair[0])
-            ui.preset_b = gr.Dropdown(label="Preset B", choices=names, value=pair[1])
-            _switches(ui, "ab_")
-            ui.cmp_btn = gr.Button("Compare", variant="primary")
-        ui.ab_flag = gr.HTML()
+            preset_a = gr.Dropdown(label="Preset A", choices=names, value=pair[0])
+            preset_b = gr.Dropdown(label="Preset B", choices=names, value=pair[1])
+            cache, threshold, compile_ = _switches()
+            button = gr.Button("Compare", variant="primary")
+        flag = gr.HTML()
         with gr.Row():
-            ui.slider = gr.ImageSlider(label="A | B", type="numpy", format="png", interactive=False)
-            ui.img_a = gr.Image(label="A", type="numpy", format="png", interactive=False)
-            ui.img_b = gr.Image(label="B", type="numpy", format="png", interactive=False)
-        ui.ab_table = gr.Dataframe(
-            headers=list(COLUMNS), label="A/B", interactive=False, wrap=True, elem_id="ab-table"
-        )
+            slider = gr.ImageSlider(label="A | B", type="numpy", format="png", interactive=False)
+            img_a = gr.Image(label="A", type="numpy", format="png", interactive=False)
+            img_b = gr.Image(label="B", type="numpy", format="png", interactive=False)
+        table = gr.Dataframe(headers=list(COLUMNS), label="A/B", interactive=False, wrap=True, elem_id="ab-table")
         with gr.Accordion("A and B metrics as JSON (what the API returns)", open=False):
-            ui.ab_json = gr.JSON(label="metrics")
+            json = gr.JSON(label="metrics")
+    return CompareTab(
+        preset_a=preset_a, preset_b=preset_b, cache=cache, threshold=threshold, compile=compile_, button=button,
+        flag=flag, slider=slider, img_a=img_a, img_b=img_b, table=table, json=json,
+    )  # fmt: skip
 
 
-def _matrix_tab(ui, names: list[str], default: list[str]) -> None:
+def _matrix_tab(names: list[str], default: list[str], runs: gr.State) -> MatrixTab:
     with gr.Tab("Matrix"):
         with gr.Row():
-            ui.mx_presets = gr.CheckboxGroup(label="Presets", choices=names, value=default)
+            presets = gr.CheckboxGroup(label="Presets", choices=names, value=default)
             with gr.Column():
-                ui.mx_repeats = gr.Slider(
+                repeats = gr.Slider(
                     label="Timed repeats (median; 1 is quick but a single run can be an outlier)",
                     minimum=1,
                     maximum=5,
                     step=1,
                     value=3,
                 )
-                ui.mx_cache = gr.Radio(label="Cache (all but base)", choices=CACHE_CHOICES, value="unset")
-                ui.mx_compile = gr.Radio(label="Compile (all but base)", choices=COMPILE_CHOICES, value="unset")
-            ui.mx_btn = gr.Button("Run matrix", variant="primary")
-        ui.mx_table = gr.Dataframe(
+                cache = gr.Radio(label="Cache (all but base)", choices=CACHE_CHOICES, value="unset")
+                compile_ = gr.Radio(label="Compile (all but base)", choices=COMPILE_CHOICES, value="unset")
+            button = gr.Button("Run matrix", variant="primary")
+        table = gr.Dataframe(
             headers=list(COLUMNS),
             label="All presets, one request",
             elem_id="matrix-table",
             interactive=False,
             wrap=True,
         )
-        ui.mx_noise = gr.Markdown(elem_id="matrix-noise")
+        noise = gr.Markdown(elem_id="matrix-noise")
         with gr.Row():
-            ui.mx_plot = gr.Image(label="Speed-up vs PSNR", type="numpy", interactive=False)
+            plot = gr.Image(label="Speed-up vs PSNR", type="numpy", interactive=False)
             with gr.Column():
-                ui.mx_pick = gr.Dropdown(label="Per-step chart for", choices=[], value=None)
-                ui.mx_steps = gr.Image(label="Per-step time and residual diff", type="numpy", interactive=False)
+                pick = gr.Dropdown(label="Per-step chart for", choices=[], value=None)
+                steps_plot = gr.Image(label="Per-step time and residual diff", type="numpy", interactive=False)
         with gr.Row():
-            ui.mx_csv = gr.File(label="Table (CSV)")
-            ui.mx_md = gr.File(label="Table (Markdown)")
+            csv = gr.File(label="Table (CSV)")
+            md = gr.File(label="Table (Markdown)")
         with gr.Accordion("Rows as JSON (what the API returns)", open=False):
-            ui.mx_json = gr.JSON(label="rows")
+            json = gr.JSON(label="rows")
+    return MatrixTab(
+        presets=presets, repeats=repeats, cache=cache, compile=compile_, button=button, table=table, noise=noise,
+        plot=plot, pick=pick, steps_plot=steps_plot, csv=csv, md=md, json=json, runs=runs,
+    )  # fmt: skip
 
 
-def _tune_tab(ui, studio: Studio) -> None:
+def _tune_tab(studio: Studio) -> TuneTab:
     prof = studio.runner.profile(studio.models[0])
     with gr.Tab("Tune"):
         gr.Markdown(
@@ -152,101 +172,108 @@ def _tune_tab(ui, studio: Studio) -> None:
         )
         with gr.Row():
             with gr.Column(scale=1):
-                ui.tn_floor = gr.Number(label="Fastest stack at >= N dB (worst prompt)", value=35, minimum=10)
-                ui.tn_size = gr.Radio(label="Search", choices=["quick", "full"], value="quick")
-                ui.tn_btn = gr.Button("Find the fastest stack", variant="primary")
+                floor = gr.Number(label="Fastest stack at >= N dB (worst prompt)", value=35, minimum=10)
+                size = gr.Radio(label="Search", choices=["quick", "full"], value="quick")
+                button = gr.Button("Find the fastest stack", variant="primary")
             with gr.Column(scale=2):
-                ui.tn_prompts = gr.Textbox(
+                prompts_text = gr.Textbox(
                     label="Prompts (one per line)", lines=5, value="\n".join(prof.example_prompts)
                 )
-        ui.tn_result = gr.Markdown()
+        result = gr.Markdown()
         with gr.Row():
-            ui.tn_plot = gr.Image(label="The search's threshold curve", type="numpy", interactive=False)
+            plot = gr.Image(label="The search's threshold curve", type="numpy", interactive=False)
             with gr.Column():
-                ui.tn_yaml = gr.Code(label="Tuned preset", language="yaml", interactive=False)
-                ui.tn_name = gr.Textbox(label="Save as preset named")
-                ui.tn_save = gr.Button("Save as preset")
-                ui.tn_msg = gr.Markdown()
+                yaml = gr.Code(label="Tuned preset", language="yaml", interactive=False)
+                name = gr.Textbox(label="Save as preset named")
+                save = gr.Button("Save as preset")
+                msg = gr.Markdown()
         with gr.Accordion("Result as JSON (what the API returns)", open=False):
-            ui.tn_json = gr.JSON(label="tuned")
+            json = gr.JSON(label="tuned")
+    return TuneTab(
+        floor=floor, size=size, button=button, prompts_text=prompts_text, result=result, plot=plot, yaml=yaml,
+        name=name, save=save, msg=msg, json=json,
+    )  # fmt: skip
 
 
-def _presets_tab(ui, studio: Studio, names: list[str], default_preset: str) -> None:
+def _presets_tab(studio: Studio, names: list[str], default_preset: str) -> PresetsTab:
     with gr.Tab("Presets"):
         with gr.Row():
             with gr.Column():
-                ui.pv_name = gr.Dropdown(label="Preset", choices=names, value=default_preset)
-                ui.pv_desc = gr.Markdown()
-                ui.pv_yaml = gr.Code(label="YAML", language="yaml", interactive=False)
+                name = gr.Dropdown(label="Preset", choices=names, value=default_preset)
+                desc = gr.Markdown()
+                yaml = gr.Code(label="YAML", language="yaml", interactive=False)
             with gr.Column():
-                ui.new_name = gr.Textbox(label="New preset name")
-                ui.new_yaml = gr.Code(
+                new_name = gr.Textbox(label="New preset name")
+                new_yaml = gr.Code(
                     label="New preset YAML (paste or upload)",
                     language="yaml",
                     interactive=True,
                     value=studio.library().text("cache"),
                 )
-                ui.upload = gr.File(label="Upload a .yaml preset", file_types=[".yaml", ".yml"], type="filepath")
-                ui.save_btn = gr.Button("Validate and save", variant="primary")
-                ui.save_msg = gr.Markdown()
+                upload = gr.File(label="Upload a .yaml preset", file_types=[".yaml", ".yml"], type="filepath")
+                save = gr.Button("Validate and save", variant="primary")
+                msg = gr.Markdown()
+    return PresetsTab(
+        name=name, desc=desc, yaml=yaml, new_name=new_name, new_yaml=new_yaml, upload=upload, save=save, msg=msg
+    )
 
 
-def _history_tab(ui) -> None:
+def _history_tab(rows: gr.State) -> HistoryTab:
     with gr.Tab("History"):
-        ui.hist_table = gr.Dataframe(
+        table = gr.Dataframe(
             headers=HISTORY_COLUMNS, label="Runs this session", interactive=False, elem_id="history-table", wrap=True
         )
-        ui.export_btn = gr.Button("Export CSV")
-        ui.hist_file = gr.File(label="History (CSV)")
+        export = gr.Button("Export CSV")
+        file = gr.File(label="History (CSV)")
+    return HistoryTab(rows=rows, table=table, export=export, file=file)
 
 
-def _wire(ui, h: Handlers, demo) -> None:
-    req = [ui.prompt, ui.model, ui.seed, ui.steps, ui.width, ui.height, ui.guidance]
-    hist_out = [ui.hist_table, ui.history]
+def _wire(ui: UI, h: Handlers, demo) -> None:
+    r, gen, ab, mx, tn, pv, hist = ui.request, ui.gen, ui.ab, ui.mx, ui.tn, ui.pv, ui.hist
     private = {"api_visibility": "private"}
     device = {"concurrency_id": "device"}
-    ui.dice.click(lambda: random.randint(0, 2**31 - 1), None, ui.seed, **private)
-    ui.examples.change(lambda e, p: e or p, [ui.examples, ui.prompt], ui.prompt, **private)
-    ui.model.change(
-        h.on_model, ui.model, [ui.examples, ui.model_notes, ui.steps, ui.width, ui.height, ui.guidance], **private
-    )
-    ui.gen_btn.click(
+    hist_in, hist_out = {"history": hist.rows}, [hist.table, hist.rows]
+    r.dice.click(lambda: random.randint(0, 2**31 - 1), None, r.seed, **private)
+    r.examples.change(lambda e, p: e or p, [r.examples, r.prompt], r.prompt, **private)
+    r.model.change(h.on_model, r.model, [r.examples, r.model_notes, r.steps, r.width, r.height, r.guidance], **private)
+    # The inputs by name (app.forms): the names are the API's parameter names and the handler's form fields.
+    # One event for the button and Enter in the prompt box: one endpoint, /generate.
+    gr.on(
+        [gen.button.click, r.prompt.submit],
         _gpu(h.generate),
-        req + [ui.preset, ui.cache, ui.threshold, ui.compile, ui.history],
-        [ui.image, ui.card, ui.base_image, ui.steps_plot] + hist_out + [ui.metrics_json],
+        inputs_kwargs=forms.inputs(forms.GenerateForm, r, gen) | hist_in,
+        outputs=[gen.image, gen.card, gen.base_image, gen.steps_plot] + hist_out + [gen.json],
         api_name="generate",
         **device,
     )
-    ui.cmp_btn.click(
+    ab.button.click(
         _gpu(h.compare),
-        req + [ui.preset_a, ui.preset_b, ui.ab_cache, ui.ab_threshold, ui.ab_compile, ui.history],
-        [ui.slider, ui.img_a, ui.img_b, ui.ab_table, ui.ab_flag] + hist_out + [ui.ab_json],
+        inputs_kwargs=forms.inputs(forms.CompareForm, r, ab) | hist_in,
+        outputs=[ab.slider, ab.img_a, ab.img_b, ab.table, ab.flag] + hist_out + [ab.json],
         api_name="compare",
         **device,
     )
-    mx_out = [ui.mx_table, ui.mx_plot, ui.mx_pick, ui.mx_steps, ui.mx_csv, ui.mx_md, ui.matrix_runs, ui.mx_noise]
-    ui.mx_btn.click(
+    mx.button.click(
         _gpu(h.matrix),
-        req + [ui.mx_presets, ui.mx_repeats, ui.mx_cache, ui.mx_compile, ui.history],
-        mx_out + hist_out + [ui.mx_json],
+        inputs_kwargs=forms.inputs(forms.MatrixForm, r, mx) | hist_in,
+        outputs=[mx.table, mx.plot, mx.pick, mx.steps_plot, mx.csv, mx.md, mx.runs, mx.noise] + hist_out + [mx.json],
         api_name="matrix",
         **device,
     )
-    ui.mx_pick.change(h.pick_steps, [ui.mx_pick, ui.matrix_runs], ui.mx_steps, **private)
-    ui.tn_btn.click(
+    mx.pick.change(h.pick_steps, [mx.pick, mx.runs], mx.steps_plot, **private)
+    tn.button.click(
         _gpu(h.tune),
-        req + [ui.tn_floor, ui.tn_prompts, ui.tn_size],
-        [ui.tn_result, ui.tn_plot, ui.tn_yaml, ui.tn_name, ui.tn_json],
+        inputs_kwargs=forms.inputs(forms.TuneForm, r, tn),
+        outputs=[tn.result, tn.plot, tn.yaml, tn.name, tn.json],
         api_name="tune",
         **device,
     )
-    ui.pv_name.change(h.show_preset, ui.pv_name, [ui.pv_desc, ui.pv_yaml], **private)
-    demo.load(h.show_preset, ui.pv_name, [ui.pv_desc, ui.pv_yaml], **private)
-    ui.upload.upload(h.load_upload, ui.upload, [ui.new_yaml, ui.new_name], **private)
-    lists = [ui.preset, ui.preset_a, ui.preset_b, ui.mx_presets, ui.pv_name]
-    ui.save_btn.click(h.save_preset, [ui.new_name, ui.new_yaml], [ui.save_msg] + lists, **private)
-    ui.tn_save.click(h.save_tuned, [ui.tn_name, ui.tn_yaml], [ui.tn_msg] + lists, **private)
-    ui.export_btn.click(h.export_history, ui.history, ui.hist_file, **private)
+    pv.name.change(h.show_preset, pv.name, [pv.desc, pv.yaml], **private)
+    demo.load(h.show_preset, pv.name, [pv.desc, pv.yaml], **private)
+    pv.upload.upload(h.load_upload, pv.upload, [pv.new_yaml, pv.new_name], **private)
+    pv.save.click(h.save_preset, [pv.new_name, pv.new_yaml], [pv.msg] + ui.preset_lists(), **private)
+    tn.save.click(h.save_tuned, [tn.name, tn.yaml], [tn.msg] + ui.preset_lists(), **private)
+    hist.export.click(h.export_history, hist.rows, hist.file, **private)
 
 
 def build_app(
@@ -266,22 +293,23 @@ def build_app(
     studio = Studio(runner, models or [runner.model], presets, public=public)
     names = studio.library().names()
     default_preset = default_preset if default_preset in names else ("cache" if "cache" in names else BASE)
-    ui = SimpleNamespace()
     with gr.Blocks(title="DiT Speed Studio") as demo:
         gr.Markdown(
             "# DiT Speed Studio\nPick a speed/quality preset, generate, and see what it bought (denoise time, "
             "cached steps, speed-up) and what it cost (PSNR/SSIM against the `base` image of the same request)."
         )
-        ui.history = gr.State([])
-        ui.matrix_runs = gr.State({})
-        _request_form(ui, studio)
+        history, matrix_runs = gr.State([]), gr.State({})
+        request = _request_panel(studio)
         with gr.Tabs():
-            _generate_tab(ui, names, default_preset)
-            _compare_tab(ui, names, compare_presets)
-            _matrix_tab(ui, names, studio.library().one_process_names())
-            _tune_tab(ui, studio)
-            _presets_tab(ui, studio, names, default_preset)
-            _history_tab(ui)
+            ui = UI(
+                request=request,
+                gen=_generate_tab(names, default_preset),
+                ab=_compare_tab(names, compare_presets),
+                mx=_matrix_tab(names, studio.library().one_process_names(), matrix_runs),
+                tn=_tune_tab(studio),
+                pv=_presets_tab(studio, names, default_preset),
+                hist=_history_tab(history),
+            )
         _wire(ui, Handlers(studio, ui), demo)
     # One generation at a time on the device; the rest wait with their queue position shown.
     demo.queue(default_concurrency_limit=1, max_size=int(os.environ.get("STUDIO_QUEUE_SIZE", "32")))

@@ -16,8 +16,9 @@ import math
 import statistics
 from dataclasses import dataclass, field, replace
 
-from studio.engine.session import BASE, Runner, RunResult, library_versions
+from studio.engine import BASE, CALLER_TIMES_BASE, Runner, RunResult
 from studio.measure.quality import psnr
+from studio.measure.record import library_versions
 from studio.report.table import AGAIN, Matrix, MatrixRow
 from studio.spec.preset import CompileSpec, Preset
 from studio.spec.request import GenerationRequest
@@ -25,13 +26,20 @@ from studio.spec.request import GenerationRequest
 EAGER_SUFFIX = "-eager"
 
 
-def _graphs_compiled() -> int:
+def _graphs_compiled() -> int | None:
+    """Graphs torch.compile has built so far in this process; None where this torch keeps no such count."""
     try:
         from torch._dynamo.utils import counters
 
         return int(counters["stats"]["unique_graphs"])
-    except Exception:  # a torch without dynamo counters: no count rather than a wrong one
-        return 0
+    except (ImportError, KeyError):  # a torch without dynamo's counters: the tables say n/a, never a wrong 0
+        return None
+
+
+def _total(counts) -> int | None:
+    """A sum of graph counts; unknown (None) once any part of it is."""
+    counts = list(counts)
+    return None if None in counts else sum(counts)
 
 
 def eager_twin(p: Preset) -> Preset:
@@ -76,8 +84,9 @@ class Rotation:
     times: dict[str, list[float]] = field(default_factory=dict)
     first: dict[str, RunResult] = field(default_factory=dict)
     last: dict[str, RunResult] = field(default_factory=dict)
-    cold_graphs: dict[str, int] = field(default_factory=dict)  # graphs compiled by the first (warm-up) call
-    recompiles: dict[str, int] = field(default_factory=dict)  # graphs compiled by later, timed calls
+    # graphs compiled by the first (warm-up) call, and by later, timed calls; None where torch gave no count
+    cold_graphs: dict[str, int | None] = field(default_factory=dict)
+    recompiles: dict[str, int | None] = field(default_factory=dict)
     raw_times: dict[str, list[float]] = field(default_factory=dict)  # --vs-raw: the plain pipeline's
     raw_images: dict[str, object] = field(default_factory=dict)
     raw_errors: dict[str, str] = field(default_factory=dict)
@@ -88,12 +97,13 @@ class Rotation:
 
 def _studio(rot: Rotation, runner: Runner, request, name: str, p: Preset, model, first: bool) -> None:
     g0 = _graphs_compiled()
-    res = runner.generate(request, p, model=model, refresh_base=False)
-    new = _graphs_compiled() - g0
+    res = runner.generate(request, p, model=model, pairing=CALLER_TIMES_BASE)  # this rotation times base itself
+    g1 = _graphs_compiled()
+    new = None if g0 is None or g1 is None else g1 - g0
     if first:
         rot.first[name], rot.cold_graphs[name] = res, new
     else:
-        rot.recompiles[name] = rot.recompiles.get(name, 0) + new
+        rot.recompiles[name] = _total([rot.recompiles.get(name, 0), new])
     rot.times.setdefault(name, []).append(res.metrics.denoise_s)
     rot.last[name] = res
 
@@ -134,46 +144,21 @@ class NoiseFloor:
     spread: dict[str, float]  # per preset: (max - min) / median of its timed runs, worst over prompts
     compile_vs_eager_db: dict[str, float]  # per compiled preset: PSNR against its eager twin, worst over prompts
 
-    def lines(self) -> list[str]:
-        out = [
-            f"base against itself (same stack, same rotation): {self.base_vs_itself:.3f}x; a speed-up within "
-            f"{abs(self.base_vs_itself - 1) * 100:.1f}% of 1.00 is noise",
-            "run-to-run spread (max-min)/median: " + ", ".join(f"{k} {v * 100:.0f}%" for k, v in self.spread.items()),
-        ]
-        if self.compile_vs_eager_db:
-            out.append(
-                "compile vs eager, same stack, PSNR: "
-                + ", ".join(f"{k} {_db(v)}" for k, v in self.compile_vs_eager_db.items())
-            )
-        return out
-
 
 @dataclass
 class CostRow:
     preset: str
     compile_s: float | None  # the cold warm-up run that compiled (first prompt)
-    graphs: int  # graphs compiled by that run
-    recompiles: int  # graphs compiled after it, during timed runs (0 is what you want)
+    graphs: int | None  # graphs compiled by that run; None where torch gave no count
+    recompiles: int | None  # graphs compiled after it, during timed runs (0 is what you want); None: no count
     saving_s: float | None  # per image: eager twin's denoise minus the compiled one's (median over prompts)
     payoff_images: float | None  # images before compile pays for itself; inf when it never does
-
-    def line(self) -> str:
-        pay = (
-            "never (no saving)"
-            if self.payoff_images is None or math.isinf(self.payoff_images)
-            else (f"{math.ceil(self.payoff_images)} images")
-        )
-        saving = "-" if self.saving_s is None else f"{self.saving_s * 1e3:.1f} ms/image"
-        cold = "-" if self.compile_s is None else f"{self.compile_s:.1f} s"
-        return f"| {self.preset} | {cold} | {self.graphs} | {self.recompiles} | {saving} | {pay} |"
-
-
-def _db(v: float | None) -> str:
-    return "-" if v is None else ("identical" if math.isinf(v) else f"{v:.2f} dB")
 
 
 @dataclass
 class BenchReport:
+    """What `python -m studio bench` measured (studio.report.text.bench_markdown writes it as text)."""
+
     matrix: Matrix  # one row per preset, aggregated over prompts
     rotations: list[Rotation]
     noise: NoiseFloor
@@ -188,19 +173,6 @@ class BenchReport:
             "noise_floor": self.noise.__dict__,
             "compile_cost": [c.__dict__ for c in self.cost],
         }
-
-    def markdown(self) -> str:
-        parts = [self.matrix.markdown(), "", "Noise floor:"] + [f"- {x}" for x in self.noise.lines()]
-        if self.cost:
-            parts += [
-                "",
-                "Compile cost:",
-                "",
-                "| preset | cold compile | graphs | recompiles seen | saving vs eager twin | pays off after |",
-                "|---|---|---|---|---|---|",
-            ]
-            parts += [c.line() for c in self.cost]
-        return "\n".join(parts)
 
 
 def row(name: str, rots: list[Rotation], base_name: str = BASE) -> MatrixRow:
@@ -256,8 +228,9 @@ def _cost(rots: list[Rotation], twins: dict[str, str]) -> list[CostRow]:
         saving = statistics.median(rot.median(t) - rot.median(c) for rot in rots)
         cold = first.compile_s
         pay = (cold / saving if saving > 0 else math.inf) if cold is not None else None
-        graphs = sum(rot.cold_graphs.get(c, 0) for rot in rots)
-        out.append(CostRow(c, cold, graphs, sum(rot.recompiles.get(c, 0) for rot in rots), saving, pay))
+        graphs = _total(rot.cold_graphs.get(c, 0) for rot in rots)
+        recompiles = _total(rot.recompiles.get(c, 0) for rot in rots)
+        out.append(CostRow(c, cold, graphs, recompiles, saving, pay))
     return out
 
 

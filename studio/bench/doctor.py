@@ -14,16 +14,17 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from studio.engine import ModelManager, Runner
-from studio.report import fmt
+from studio.measure.quality import Verdict
 from studio.spec import PresetLibrary
 from studio.tiny.families import CACHING_THRESHOLD, FAMILIES, save_family
 
 PROMPT = "a red circle in the center, blue background"
-COLUMNS = ("family", "preset", "stack", "cached/full", "cache's own list", "counts", "PSNR", "verdict", "fell back")
 
 
 @dataclass
 class DoctorRow:
+    """One preset on one family (studio.report.text.doctor_table writes the rows as a table)."""
+
     family: str
     preset: str
     tag: str
@@ -37,14 +38,6 @@ class DoctorRow:
     quality: str
     engaged: list[str]
     fallbacks: list[str]
-
-    def cells(self) -> list[str]:
-        agree = {True: "agree", False: "DISAGREE", None: "-"}[self.counts_agree]
-        own = "-" if self.backend_cached_steps is None else str(self.backend_cached_steps)
-        return [
-            self.family, self.preset, self.tag, f"{self.cached_steps}/{self.full_steps}", own, agree,
-            fmt.psnr(self.psnr_db), self.quality, "; ".join(self.fallbacks),
-        ]  # fmt: skip
 
 
 def _row(family: str, preset: str, m) -> DoctorRow:
@@ -96,12 +89,6 @@ def run_doctor(families=FAMILIES, presets=None, device=None, on_status=None) -> 
     return rows
 
 
-def markdown(rows: list[DoctorRow]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(r.cells()) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def as_json(rows: list[DoctorRow], device: str) -> str:
     return json.dumps(
         {"device": device, "caching_threshold": CACHING_THRESHOLD, "rows": [asdict(r) for r in rows]}, indent=1
@@ -110,7 +97,7 @@ def as_json(rows: list[DoctorRow], device: str) -> str:
 
 def healthy(rows: list[DoctorRow]) -> bool:
     """Every count agrees with the cache's own list and no stack is broken."""
-    return all(r.counts_agree is not False and r.quality != "likely broken, not lossy" for r in rows)
+    return all(r.counts_agree is not False and r.quality != Verdict.BROKEN for r in rows)
 
 
 # The non-cache techniques on a transformer of real size (GPU only): random weights do not cache, but their kernels

@@ -9,7 +9,7 @@ busy machine a run's slot in the round moves it by several percent; this row sho
 from __future__ import annotations
 
 from studio.bench.bench import resolve_presets, rotate, row
-from studio.engine.session import Runner
+from studio.engine import Runner
 from studio.report.table import AGAIN, Matrix
 from studio.spec.preset import Preset
 from studio.spec.request import GenerationRequest

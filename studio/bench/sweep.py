@@ -3,7 +3,6 @@ marked (the value where worst PSNR drops the most from the one before). Timed an
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 from studio.bench.bench import BenchReport, run_bench
@@ -72,6 +71,8 @@ def cliff(values: list, worst_db: list[float | None]) -> tuple[object, float] | 
 
 @dataclass
 class SweepResult:
+    """What `python -m studio sweep` measured (studio.report.text.sweep_markdown writes it as text)."""
+
     knob: str
     values: list
     report: BenchReport  # its rows: base, then one per value (in order)
@@ -82,36 +83,10 @@ class SweepResult:
         by_name = {r.preset: r for r in self.report.matrix.rows}
         return [by_name[n] for n in self.names]
 
-    def markdown(self) -> str:
-        lines = [
-            f"| {self.knob} | vs base | worst PSNR | mean PSNR | cached (by prompt) | of ideal |",
-            "|---" * 6 + "|",
-        ]
-        for v, r in zip(self.values, self.rows()):
-            mark = " **cliff**" if self.cliff and self.cliff[0] == v else ""
-            lines.append(
-                f"| {v}{mark} | {_x(r.speedup)} | {_db(r.worst_psnr_db)} | {_db(r.mean_psnr_db)} | "
-                f"{','.join(map(str, r.cached_by_prompt))} | {'-' if r.of_ideal is None else f'{r.of_ideal:.2f}'} |"
-            )
-        if self.cliff:
-            lines.append(
-                f"\nCliff: at {self.knob}={self.cliff[0]} worst PSNR drops {self.cliff[1]:.1f} dB "
-                "from the value before."
-            )
-        return "\n".join(lines)
-
     def as_dict(self) -> dict:
         d = self.report.as_dict()
         d.update(knob=self.knob, values=self.values, cliff=list(self.cliff) if self.cliff else None)
         return d
-
-
-def _x(v):
-    return "n/a" if v is None else f"{v:.2f}x"
-
-
-def _db(v):
-    return "n/a" if v is None else ("inf" if math.isinf(v) else f"{v:.2f} dB")
 
 
 def run_sweep(

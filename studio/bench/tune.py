@@ -17,7 +17,8 @@ import statistics
 from dataclasses import dataclass, field, replace
 
 from studio.bench.bench import run_bench
-from studio.engine.session import BASE
+from studio.engine import BASE
+from studio.report.text import tuned_description
 from studio.spec.preset import CacheSpec, Preset
 
 THRESHOLDS = (0.04, 0.06, 0.08, 0.12, 0.16, 0.2, 0.24, 0.3, 0.36, 0.44, 0.52, 0.64, 0.8, 1.0, 1.5, 2.0)
@@ -51,10 +52,21 @@ class TuneResult:
     candidates: list[Candidate]
     non_cache: str
     curve: list[tuple[float, float, float | None]]  # (threshold, predicted speed-up, worst dB): the search's sweep
+    prompts: list[str] = field(default_factory=list)  # the prompts the floor held on
 
     @property
     def runs(self) -> int:
         return self.screened + self.timed
+
+    def as_dict(self) -> dict:
+        """The result as plain data (the CLI's --json, the Tune tab's JSON); studio.report.text.tune_summary says
+        it in a sentence."""
+        return {
+            "preset": self.preset.name, "floor_db": self.floor_db, "worst_psnr_db": self.worst_db,
+            "speedup": self.speedup, "vs_cache": self.vs_cache, "non_cache": self.non_cache,
+            "screening_runs": self.screened, "timed_runs": self.timed, "runs": self.runs, "prompts": self.prompts,
+            "knobs": self.preset.as_dict(),
+        }  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -180,16 +192,16 @@ class Tuner:
             raise ValueError(f"no finalist kept every prompt above {self.floor:g} dB once timed; lower --min-psnr")
         win = max(ok, key=lambda f: rows[f.name].speedup or 0)
         r, cache_row = rows[win.name], rows["cache"]
-        desc = (
-            f"Tuned by `python -m studio tune --min-psnr {self.floor:g}` on {len(self.requests)} prompts: worst PSNR "
-            f"{r.worst_psnr_db:.2f} dB, {r.speedup:.2f}x vs base ({r.speedup / cache_row.speedup:.2f}x the cache "
-            f"preset's) on {rep.meta['device']} {rep.meta['dtype']}."
-        )
+        vs_cache = r.speedup / cache_row.speedup if r.speedup and cache_row.speedup else None
+        desc = tuned_description(
+            self.floor, len(self.requests), worst_db=r.worst_psnr_db, speedup=r.speedup, vs_cache=vs_cache,
+            on=f"{rep.meta['device']} {rep.meta['dtype']}",
+        )  # fmt: skip
         preset = replace(win, name=name, description=desc)
-        vs_cache = r.speedup / cache_row.speedup if cache_row.speedup else None
         return TuneResult(
             preset, self.floor, r.worst_psnr_db, r.speedup, vs_cache,
             self.screened, self.timed, cands, stack.name, sorted(self.curve),
+            prompts=[q.prompt for q in self.requests],
         )  # fmt: skip
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from studio.bench.raw import RawWorker
 from studio.engine.attention import usable
-from studio.engine.cache import _dbcache_configs
-from studio.engine.session import pipe_kwargs, true_cfg
+from studio.engine.call import pipe_kwargs, true_cfg
+from studio.spec.cachedit import cache_dit_configs
 from studio.spec.preset import ATTENTION_BACKENDS, Preset
 from studio.spec.profiles import resolve_model
 
@@ -21,7 +21,7 @@ def recipe(runner, preset: Preset, request, model=None) -> dict:
     """The plain recipe of `preset` for this request, as the worker builds it."""
     import torch
 
-    if preset.parallelism_config.enabled:
+    if preset.wants_workers:
         raise RuntimeError("no plain recipe for parallel presets (their workers are cache-dit's own already)")
 
     pipe = runner.manager.current.pipe  # the studio's pipeline of this model: only read, for the call's arguments
@@ -34,8 +34,8 @@ def recipe(runner, preset: Preset, request, model=None) -> dict:
         out.update(quant_type=q.quant_type, exclude_layers=list(q.exclude_layers))
     quantized = q.enabled
     if c.backend == "cache-dit":
-        cfg, cal = _dbcache_configs(c, c.effective_threshold(quantized), request.steps, true_cfg(pipe, request))
-        out["dbcache"] = {k: getattr(cfg, k) for k in DBCACHE_FIELDS}
+        cfgs = cache_dit_configs(c, quantized=quantized, steps=request.steps, separate_cfg=true_cfg(pipe, request))
+        out["dbcache"] = {k: getattr(cfgs.cache, k) for k in DBCACHE_FIELDS}
         if out["dbcache"]["steps_computation_mask"] is not None:
             out["dbcache"]["steps_computation_mask"] = [int(x) for x in out["dbcache"]["steps_computation_mask"]]
         if c.enable_taylorseer:

@@ -1,9 +1,11 @@
 """engine: loads pipelines (loader), applies the speed stack in its fixed order (stack: quantize, cache,
-attention, compile; one typed StackState per transformer), and measures one run against its base (session).
+attention, compile, parallel; one typed StackState per transformer), calls the pipeline (call), measures one run
+(run), pairs it with its base (baseline: the measuring method), behind one facade (session.Runner).
 
 Imports `measure` and `spec` from the studio, nothing above.
 """
 
+from studio.engine.baseline import CALLER_TIMES_BASE, Pairing
 from studio.engine.loader import ModelLoadError, ModelManager
 from studio.engine.session import BASE, RunError, Runner, RunResult
 from studio.engine.stack import STACK_ORDER, AppliedStack, apply_preset
@@ -11,6 +13,8 @@ from studio.engine.state import Engaged, StackState, stack_state
 
 __all__ = [
     "BASE",
+    "CALLER_TIMES_BASE",
+    "Pairing",
     "STACK_ORDER",
     "AppliedStack",
     "Engaged",

@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass, field
 
 from studio.engine.state import Engaged, stack_state
+from studio.spec.cachedit import cache_dit_configs, read_summary
 from studio.spec.preset import MIN_CACHE_STEPS, CacheSpec
 
 log = logging.getLogger(__name__)
@@ -33,45 +34,6 @@ class CacheReport:
         if self.backend != "cache-dit":
             return None
         return sorted(set(self.cached_steps) | set(self.cfg_cached_steps or []))
-
-
-def _dbcache_configs(spec: CacheSpec, threshold: float, steps: int | None, separate_cfg: bool = False):
-    import cache_dit
-    from cache_dit import DBCacheConfig, DMDCalibratorConfig, TaylorSeerCalibratorConfig
-
-    mask = None
-    if spec.has_mask:
-        if steps is None:
-            raise ValueError("a step mask needs the number of steps")
-        if spec.compute_bins is not None:
-            mask = cache_dit.steps_mask(
-                compute_bins=list(spec.compute_bins), cache_bins=list(spec.cache_bins), total_steps=steps
-            )
-        else:
-            mask = cache_dit.steps_mask(mask_policy=spec.steps_computation_mask, total_steps=steps)
-        mask = list(mask)[:steps]
-    cfg = DBCacheConfig(
-        Fn_compute_blocks=spec.Fn_compute_blocks,
-        Bn_compute_blocks=spec.Bn_compute_blocks,
-        max_warmup_steps=spec.max_warmup_steps,
-        residual_diff_threshold=threshold,
-        max_continuous_cached_steps=spec.max_continuous_cached_steps,
-        max_cached_steps=spec.max_cached_steps,
-        num_inference_steps=steps if mask is not None else None,
-        steps_computation_mask=mask,
-        steps_computation_policy=spec.steps_computation_policy,
-        # How the run really calls the transformer: two calls per step (cond, uncond) only with true CFG. cache-dit's
-        # Qwen-Image adapter assumes two by default; on a one-call run it then counts in pairs, caches 6 steps in a
-        # row under "3" and compares each residual with the wrong branch (measured: [4, 5, 6, 8, 9] by its list
-        # against [8..13, 16..19] by the block hooks).
-        enable_separate_cfg=separate_cfg,
-    )
-    cal = None
-    if spec.enable_taylorseer:
-        cal = TaylorSeerCalibratorConfig(taylorseer_order=spec.taylorseer_order)
-    elif spec.enable_dmd:
-        cal = DMDCalibratorConfig(dmd_history=spec.dmd_history, dmd_rank=spec.dmd_rank)
-    return cfg, cal
 
 
 def remove_cache(pipe) -> None:
@@ -114,16 +76,12 @@ def apply_cache(
     try:
         import cache_dit
 
-        cfg, cal = _dbcache_configs(spec, threshold, steps, separate_cfg)
-        cache_dit.enable_cache(pipe, cache_config=cfg, calibrator_config=cal)
-    except Exception as e:  # not a registered pipeline / blocks not recognised
+        cfgs = cache_dit_configs(spec, quantized=quantized, steps=steps, separate_cfg=separate_cfg)
+        cache_dit.enable_cache(pipe, cache_config=cfgs.cache, calibrator_config=cfgs.calibrator)
+    except Exception as e:  # a pipeline cache-dit has no adapter for, blocks it does not recognise (its errors vary
+        # by adapter): handled here, the run goes on uncached and the card says why
         log.warning("cache-dit could not engage: %s", e)
-        try:
-            import cache_dit
-
-            cache_dit.disable_cache(pipe)
-        except Exception:
-            pass
+        _undo_cache_dit(pipe)
         return Engaged(
             "cache",
             spec.backend,
@@ -131,17 +89,22 @@ def apply_cache(
             f"cache: transformer blocks not recognised by cache-dit ({type(e).__name__}), running uncached",
         )
     stack_state(pipe.transformer).cache = "cache-dit"
-    extra = f", {spec.calibrator}" if spec.calibrator != "none" else ""
-    mask = spec.steps_computation_mask if spec.steps_computation_mask != "none" else "bins"
-    extra += f", mask {mask}" if spec.has_mask else ""
     return Engaged(
         "cache",
         spec.backend,
         True,
-        f"cache: cache-dit DBCache F{spec.Fn_compute_blocks}B{spec.Bn_compute_blocks} W{spec.max_warmup_steps} "
-        f"R{threshold:g} ({src}) MC{spec.max_continuous_cached_steps}{extra}"
-        + (", CFG branches cached apart" if separate_cfg else ""),
+        f"cache: cache-dit {spec.label(threshold)} ({src})" + (", CFG branches cached apart" if separate_cfg else ""),
     )
+
+
+def _undo_cache_dit(pipe) -> None:
+    """After a failed enable_cache: take off whatever cache-dit had patched before it gave up."""
+    import cache_dit
+
+    try:
+        cache_dit.disable_cache(pipe)
+    except Exception as e:  # it may have patched nothing: what is left is only logged, the next apply removes it
+        log.warning("undoing a failed cache-dit enable_cache: %s: %s", type(e).__name__, e)
 
 
 def _apply_fbcache(pipe, threshold: float, src: str) -> Engaged:
@@ -183,8 +146,8 @@ def prepare_run(pipe, spec: CacheSpec, *, quantized: bool, steps: int, separate_
     if stack_state(pipe.transformer).cache == "cache-dit" and spec.has_mask:
         import cache_dit
 
-        cfg, cal = _dbcache_configs(spec, spec.effective_threshold(quantized), steps, separate_cfg)
-        cache_dit.refresh_context(pipe.transformer, cache_config=cfg, calibrator_config=cal)
+        cfgs = cache_dit_configs(spec, quantized=quantized, steps=steps, separate_cfg=separate_cfg)
+        cache_dit.refresh_context(pipe.transformer, cache_config=cfgs.cache, calibrator_config=cfgs.calibrator)
 
 
 def read_report(pipe, spec: CacheSpec, quantized: bool) -> CacheReport:
@@ -195,19 +158,5 @@ def read_report(pipe, spec: CacheSpec, quantized: bool) -> CacheReport:
     threshold = spec.effective_threshold(quantized)
     if backend == "fbcache":
         return CacheReport(backend, threshold=threshold)
-    import cache_dit
-
-    stats = cache_dit.summary(pipe, logging=False)
-    if not stats:
-        return CacheReport(backend, threshold=threshold)
-    s = stats[-1]
-    diffs = {}
-    for k, v in (s.residual_diffs or {}).items():
-        try:
-            k, v = int(k), float(v)
-        except (TypeError, ValueError):
-            continue
-        if v >= 0:  # cache-dit writes -1 where it skipped computing the diff
-            diffs[k] = v
-    cfg = sorted(int(x) for x in (s.cfg_cached_steps or []))
-    return CacheReport(backend, sorted(int(x) for x in s.cached_steps), diffs, threshold, cfg or None)
+    rec = read_summary(pipe)
+    return CacheReport(backend, rec.cached_steps, rec.residual_diffs, threshold, rec.cfg_cached_steps)

@@ -58,15 +58,33 @@ def variant_key(tr, spec: CompileSpec, fullgraph: bool) -> tuple:
     return key + (stack_state(tr).cache,) if whole else key
 
 
-def compile_failed(tr, error: Exception) -> str:
-    """The compiled variant now running failed on its first run: run eagerly, drop it, and never try it again."""
-    state = stack_state(tr)
-    reason = f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
-    if state.compiled is not None:
-        state.compile_failed[state.compiled.key] = reason
-        state.variants.pop(state.compiled.key, None)
-    uncompile(tr)
-    return reason
+def first_run_or_eager(tr, stack, run):
+    """`run()` (the warm-up of `stack` on `tr`); when it fails under a compiled variant, the same run eagerly
+    decides whose failure it was. Eager passes: compile's (torch.compile compiles on the first run), so the variant
+    is dropped, never tried again in this process, and `stack` says it runs eagerly. Eager fails too: the error is
+    not compile's (an out-of-memory, a cache bug), the variant is switched back on and the first error raised.
+
+    Args:
+        stack: the AppliedStack being warmed up (engine.stack); its compile line and signature change on a fall-back.
+    """
+    try:
+        return run()
+    except Exception as error:  # re-raised below unless the eager run shows it was compile's
+        state = stack_state(tr)
+        variant = state.compiled
+        if variant is None:
+            raise
+        uncompile(tr)
+        try:
+            out = run()
+        except Exception:
+            _switch_on(tr, variant)
+            raise error from None
+        reason = f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
+        state.compile_failed[variant.key] = reason
+        state.variants.pop(variant.key, None)
+        stack.ran_eagerly(failed_to_compile(reason))
+        return out
 
 
 def failed_to_compile(reason: str) -> Engaged:
@@ -109,10 +127,16 @@ def _activate(tr, spec: CompileSpec, fullgraph: bool) -> CompiledVariant:
         how = "whole transformer" if whole else f"regional ({', '.join(tr._repeated_blocks)})"
         variant = CompiledVariant(key, fullgraph, whole, how, impls)
         state.variants[variant.key] = variant
-    for module, attr, compiled, _ in variant.impls:  # switch it on (a new regional variant already is)
-        _set(module, attr, compiled)
-    state.compiled = variant  # counts now come from the cache backend's own record
+    _switch_on(tr, variant)  # (a new regional variant already is)
     return variant
+
+
+def _switch_on(tr, variant: CompiledVariant) -> None:
+    for module, attr, compiled, _ in variant.impls:
+        _set(module, attr, compiled)
+    state = stack_state(tr)
+    state.counter.see_blocks(False)
+    state.compiled = variant  # counts now come from the cache backend's own record
 
 
 def apply_compile(pipe, spec: CompileSpec, *, cache_engaged: bool) -> Engaged:

@@ -224,10 +224,6 @@ class ModelManager:
             stack = apply_preset(
                 cur.pipe, preset, steps=steps, separate_cfg=separate_cfg, applied=variant.stack, source=cur.source
             )
-            if not stack.is_engaged("parallel"):  # parallel workers leave the main process's own stack as it was
+            if stack.workers is None:  # parallel workers leave the main process's own stack as it was
                 variant.stack = stack
             return cur.pipe, stack, fresh or loaded
-
-    @property
-    def profile(self) -> ModelProfile | None:
-        return self.current.profile if self.current else None

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from studio.engine.state import Engaged, stack_state
+from studio.engine.state import Engaged, ParallelState, stack_state
+from studio.spec.cachedit import cache_dit_configs
 from studio.spec.preset import ATTENTION_BACKENDS, ParallelSpec, Preset
 
 log = logging.getLogger(__name__)
@@ -103,22 +104,17 @@ def actors(pipe) -> list:
     return list(getattr(eng, "_actors", []) or []) if eng is not None else []
 
 
-def attached(pipe) -> bool:
-    """Whether calls to `pipe` go to parallel workers (it is the proxy pipeline of a parallel stack)."""
-    return getattr(pipe, "_cache_dit_ray_pipeline_enabled", False)
-
-
-def proxy(pipe):
-    """The pipeline object whose calls go to the running workers, or None."""
-    return stack_state(pipe.transformer).parallel_pipe
+def workers(pipe) -> ParallelState | None:
+    """The parallel workers running `pipe`'s model now, or None (the one answer to "do workers run?")."""
+    return stack_state(pipe.transformer).parallel
 
 
 def remove_parallel(pipe) -> None:
     """Stop the workers (and a Ray runtime the engine started). A worker that died is killed rather than asked."""
     state = stack_state(pipe.transformer)
-    shell = state.parallel_pipe
-    if shell is None:
+    if state.parallel is None:
         return
+    shell = state.parallel.proxy
     from cache_dit.ray.wrapper import disable_ray_pipeline_parallelism
 
     try:
@@ -127,7 +123,7 @@ def remove_parallel(pipe) -> None:
     except Exception as e:  # a dead actor cannot answer shutdown(): kill what is left
         log.warning("stopping parallel workers: %s", e)
         _force_stop(shell)
-    state.parallel = state.parallel_info = state.parallel_engaged = state.parallel_pipe = None
+    state.parallel = None
 
 
 def _force_stop(shell) -> None:
@@ -137,8 +133,8 @@ def _force_stop(shell) -> None:
     for a in actors(shell):
         try:
             ray.kill(a)
-        except Exception:
-            pass
+        except ValueError as e:  # ray.kill refuses a handle that is not an actor's: nothing of it is left to stop
+            log.warning("stopping a parallel worker: %s", e)
     if eng is not None:
         eng._actors = []
         if getattr(eng, "_ray_initialized_by_engine", False) and ray.is_initialized():
@@ -151,12 +147,12 @@ def _configs(preset: Preset, steps, separate_cfg, device, dtype):
     from cache_dit import ParallelismConfig
 
     from studio.engine.attention import usable
-    from studio.engine.cache import _dbcache_configs
 
     spec, c = preset.parallelism_config, preset.cache_config
     cache_cfg = cal = None
-    if c.backend == "cache-dit":
-        cache_cfg, cal = _dbcache_configs(c, c.effective_threshold(False), steps, separate_cfg)
+    if c.backend == "cache-dit":  # a parallel preset takes no quantize_config: the threshold is the plain default
+        cfgs = cache_dit_configs(c, quantized=False, steps=steps, separate_cfg=separate_cfg)
+        cache_cfg, cal = cfgs.cache, cfgs.calibrator
     name = ATTENTION_BACKENDS[preset.attention_backend]
     attn_note = None
     why = usable(name, device, dtype) if name != "native" else None
@@ -180,9 +176,9 @@ def _configs(preset: Preset, steps, separate_cfg, device, dtype):
     return cache_cfg, cal, pc, attn_note
 
 
-def apply_parallel(pipe, preset: Preset, *, source: str, steps, separate_cfg: bool = False) -> Engaged:
-    """Start parallel workers running `pipe`'s model as `preset` says (its cache and attention inside them); the
-    proxy pipeline that calls them is `proxy(pipe)`. The caller has checked `unavailable_reason` (engine.stack)."""
+def apply_parallel(pipe, preset: Preset, *, source: str, steps, separate_cfg: bool = False) -> ParallelState:
+    """Start parallel workers running `pipe`'s model as `preset` says (its cache and attention inside them).
+    The caller has checked `unavailable_reason` (engine.stack)."""
     import cache_dit
     import ray
 
@@ -201,22 +197,30 @@ def apply_parallel(pipe, preset: Preset, *, source: str, steps, separate_cfg: bo
     cache_dit.enable_cache(shell, cache_config=cache_cfg, calibrator_config=cal, parallelism_config=pc)
     where = ray.get([a.__ray_call__.remote(remote.install) for a in actors(shell)])
     state = stack_state(tr)
-    state.parallel_pipe = shell
-    state.parallel = (spec, preset.cache_config, preset.attention_backend, steps, separate_cfg)
-    state.parallel_gen += 1
-    state.parallel_info = {
+    state.parallel_starts += 1
+    info = {
         "kind": label, "world_size": spec.world_size, "ray": address(spec) or "local (started by the studio)",
         "workers": where, "cache": "cache-dit, inside the workers" if cache_cfg is not None else "none",
         "attention": pc.attention_backend,
     }  # fmt: skip
     places = ", ".join(f"rank {w['rank']} on {w['device']} ({w['host']} pid {w['pid']})" for w in where)
-    detail = f"parallel: {label} over {spec.world_size} Ray workers, {state.parallel_info['ray']}: {places}"
+    detail = f"parallel: {label} over {spec.world_size} Ray workers, {info['ray']}: {places}"
     if cache_cfg is not None:
         detail += f"; step cache inside the workers: cache-dit {preset.cache_config.label()}"
     if attn_note:
         detail += f"; {attn_note}"
-    state.parallel_engaged = Engaged("parallel", label, True, detail)
-    return state.parallel_engaged
+    state.parallel = ParallelState(
+        runs=wanted(preset, steps, separate_cfg), proxy=shell, info=info,
+        engaged=Engaged("parallel", label, True, detail), generation=state.parallel_starts,
+    )  # fmt: skip
+    return state.parallel
+
+
+def wanted(preset: Preset, steps, separate_cfg: bool) -> tuple | None:
+    """What workers for `preset` would run (compared with `ParallelState.runs`), or None: the preset wants none."""
+    if not preset.wants_workers:
+        return None
+    return (preset.parallelism_config, preset.cache_config, preset.attention_backend, steps, separate_cfg)
 
 
 def run_remote(pipe, kwargs: dict) -> tuple[object, dict]:

@@ -13,13 +13,14 @@ wires the cache before the parallel planners); the main process then runs nothin
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from studio.engine.attention import apply_attention
 from studio.engine.cache import apply_cache
 from studio.engine.compile import apply_compile, uncompile
-from studio.engine.parallel import apply_parallel, remove_parallel, unavailable_reason
+from studio.engine.parallel import apply_parallel, remove_parallel, unavailable_reason, wanted, workers
 from studio.engine.quantize import apply_quant
-from studio.engine.state import Engaged, stack_state
+from studio.engine.state import Engaged, ParallelState, stack_state
 from studio.spec.preset import MIN_CACHE_STEPS, CacheSpec, ParallelSpec, Preset
 
 STACK_ORDER = ("quantize", "cache", "attention", "compile", "parallel")
@@ -31,6 +32,15 @@ def cache_key(spec: CacheSpec, quantized: bool, steps: int | None, separate_cfg:
     return (spec, quantized, steps is not None and steps < MIN_CACHE_STEPS, separate_cfg)
 
 
+class Signature(NamedTuple):
+    """What runs in this process: two stacks with the same signature share their warm-up."""
+
+    quant: str
+    cache: tuple  # cache_key(...)
+    attention: str
+    compiled: tuple | None  # the compiled variant's key, None when eager
+
+
 @dataclass
 class AppliedStack:
     """What is on the pipeline now, step by step, and what each step reported."""
@@ -40,7 +50,14 @@ class AppliedStack:
     attention: str | None = None
     engaged: dict[str, Engaged] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)  # the steps (re)applied by the last call, in order
-    signature: tuple = ()  # what runs: identifies a stack for warm-up bookkeeping
+    signature: tuple = ()  # what runs: identifies a stack for warm-up bookkeeping (Signature, or a parallel tuple)
+    workers: ParallelState | None = None  # the parallel workers this stack's runs go to, None: this process
+
+    def ran_eagerly(self, engaged: Engaged) -> None:
+        """Its compile fell back at run time (engine.compile decides when): what runs now is the eager stack."""
+        self.engaged["compile"] = engaged
+        if isinstance(self.signature, Signature):
+            self.signature = self.signature._replace(compiled=None)
 
     def lines(self) -> list[str]:
         """What runs, step by step in stack order (steps that fell back are in `fallbacks`)."""
@@ -58,33 +75,34 @@ class AppliedStack:
 def _parallel(pipe, preset: Preset, steps, separate_cfg, source) -> AppliedStack | None:
     """A parallel preset's stack (its workers started, or kept when they run the same thing), or None when the
     preset is not parallel. One that cannot run here comes back without a preset, with the reason."""
-    state = stack_state(pipe.transformer)
-    par = preset.parallelism_config
-    want = (par, preset.cache_config, preset.attention_backend, steps, separate_cfg) if par.enabled else None
-    if state.parallel is not None:
+    want = wanted(preset, steps, separate_cfg)
+    running = workers(pipe)
+    if running is not None:
         plain = not (preset.quant.enabled or preset.cache.enabled or preset.compile.enabled)
         if want is None and not (plain and preset.attention_backend == "sdpa"):
             remove_parallel(pipe)  # switching to another stack stops the workers...
-        elif want is not None and state.parallel != want:
+        elif want is not None and running.runs != want:
             remove_parallel(pipe)  # ...as do other parallel settings
         # (a plain base run, the comparison beside each parallel run, leaves them up)
     if want is None:
         return None
+    par = preset.parallelism_config
     device = next(pipe.transformer.parameters()).device
     reason = unavailable_reason(par, pipe, device) or (None if source else "no model source to load workers from")
     if reason is not None:
         return AppliedStack(engaged={"parallel": Engaged("parallel", par.label(), False, f"parallel: {reason}; "
                                                          "running in one process")})  # fmt: skip
     out = AppliedStack(preset=preset)
-    if state.parallel is None:
+    if workers(pipe) is None:
         apply_parallel(pipe, preset, source=source, steps=steps, separate_cfg=separate_cfg)
         out.order.append("parallel")
-    out.engaged = {"parallel": state.parallel_engaged}
+    out.workers = workers(pipe)
+    out.engaged = {"parallel": out.workers.engaged}
     if preset.compile.enabled:
         out.engaged["compile"] = Engaged(
             "compile", "on", False, "compile: not carried into the parallel workers here, they run eagerly"
         )
-    out.signature = ("parallel", state.parallel_gen) + state.parallel
+    out.signature = ("parallel", out.workers.generation) + out.workers.runs
     return out
 
 
@@ -140,5 +158,5 @@ def apply_preset(
         out.engaged["compile"] = apply_compile(pipe, preset.compile, cache_engaged=state.cache != "none")
         out.order.append("compile")
     compiled = state.compiled.key if state.compiled is not None else None
-    out.signature = (state.quant, key, preset.attention_backend, compiled)
+    out.signature = Signature(state.quant, key, preset.attention_backend, compiled)
     return out

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from studio.measure.timing import StepCounter
 
-STATE_ATTR = "_studio_state"  # the only attribute of ours on a library object
+STATE_ATTR = "_studio_state"  # our one attribute on a transformer (beside it: the step counter's hooks)
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,17 @@ class CompiledVariant:
     compile_s: float | None = None  # the warm-up run that compiled it, once measured
 
 
+@dataclass(frozen=True)
+class ParallelState:
+    """The parallel workers running now, for one transformer's model (engine.parallel starts and stops them)."""
+
+    runs: tuple  # what they run: (ParallelSpec, CacheSpec, attention backend, steps, separate_cfg)
+    proxy: object  # the pipeline object whose calls go to the workers (cache-dit's Ray proxy)
+    info: dict  # world size, kind, where each worker runs (the card's and the JSON's `parallel`)
+    engaged: Engaged  # the stack line that says so
+    generation: int  # which worker set this is (StackState.parallel_starts when it started)
+
+
 @dataclass
 class StackState:
     quant: str = "none"  # torchao mode applied to the weights
@@ -53,15 +64,8 @@ class StackState:
     counter: StepCounter = field(default_factory=StepCounter)
     warm: set = field(default_factory=set)  # (stack signature, width, height) already run once in this process
     compile_failed: dict = field(default_factory=dict)  # variant key -> why its first run failed (never retried)
-    parallel: tuple | None = None  # what the parallel workers run now (engine.parallel), None: one process
-    parallel_info: dict | None = None  # world size, kind, where each worker runs
-    parallel_engaged: object | None = None  # the Engaged line of the running workers
-    parallel_pipe: object | None = None  # the pipeline object whose calls go to the workers (cache-dit's proxy)
-    parallel_gen: int = 0  # workers started so far (a rebuilt set warms up again)
-
-    @property
-    def blocks_compiled(self) -> bool:
-        return self.compiled is not None
+    parallel: ParallelState | None = None  # the running parallel workers (engine.parallel), None: one process
+    parallel_starts: int = 0  # worker sets started so far (a rebuilt set warms up again)
 
 
 def stack_state(transformer) -> StackState:

@@ -1,10 +1,55 @@
-"""RunMetrics: everything one run measured, as one record. Field names are the CLI's and the API's JSON keys."""
+"""RunMetrics: everything one run measured, as one record. Field names are the CLI's and the API's JSON keys.
+
+`RunMetrics.of` is its one constructor from a measured run: the speed-up, the base age, the quality verdict and the
+timing line are derived there from facts, never patched afterwards.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from importlib import metadata
 
-from studio.measure.quality import Verdict
+import numpy as np
+
+from studio.measure.quality import Verdict, judge
+from studio.measure.timing import StepCounts
+
+LIBRARIES = ("torch", "diffusers", "cache-dit", "torchao", "transformers")
+
+
+def library_versions() -> dict:
+    out = {}
+    for pkg in LIBRARIES:
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How a run's time was taken, as facts; `text()` is the record's `timing` line."""
+
+    warmup_in_call: bool  # the untimed warm-up (or compile) ran in this call, not earlier
+    runs: int = 1  # timed runs the reported one is the median of
+    interleaved: bool = False  # base runs alternated with them
+    base_now: bool | None = None  # the base timing was taken in this call (True), kept from before (False); None: none
+    in_workers: bool = False  # timed inside parallel worker rank 0
+    screening: bool = False  # not a measurement: no warm-up, time not reported (the tuner's screening runs)
+
+    def text(self, base_age_s: float | None) -> str:
+        if self.screening:
+            return "screening run: not warmed up, not a measurement"
+        out = "warm-up run done" + (" in this call" if self.warmup_in_call else " earlier") + ", "
+        out += "1 timed run" if self.runs == 1 else f"median of {self.runs} timed runs"
+        out += " interleaved with base" if self.runs > 1 and self.interleaved else ""
+        out += " (timed inside parallel worker rank 0)" if self.in_workers else ""
+        if self.base_now is True:
+            out += "; base timed warm right before, in this call"
+        elif self.base_now is False:
+            out += f"; base timed warm {base_age_s:.1f} s before (kept)"
+        return out
 
 
 @dataclass
@@ -46,6 +91,53 @@ class RunMetrics:
     blocks: int = 0  # transformer blocks one full call runs
     ideal_speedup: float | None = None  # what the cached/full counts would give if a cached step cost only Fn+Bn
     parallel: dict | None = None  # parallel workers: kind, world_size, ray, workers [{rank, device, host, pid}]
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        image: np.ndarray,
+        base_image: np.ndarray | None,
+        base_denoise_s: float | None,
+        base_timed_at: float | None,
+        ended: float,
+        timing: Timing,
+        denoise_s: float,
+        step_ms: list[float],
+        counts: StepCounts,
+        **fields,
+    ) -> RunMetrics:
+        """The record of one measured run compared with its base (None: not compared).
+
+        Args:
+            image, base_image: the run's and the base's pictures (PSNR, SSIM and the verdict come from them).
+            base_denoise_s, base_timed_at: the base timing the speed-up divides, and when it ended (time.monotonic).
+            ended: when this run's timed run ended (time.monotonic).
+            counts: the cached/full counts and where they came from.
+            fields: the rest of the record's fields, by name.
+        """
+        q = judge(image, base_image) if base_image is not None else None
+        age = abs(ended - base_timed_at) if base_timed_at is not None else None
+        return cls(
+            denoise_s=denoise_s,
+            step_ms=step_ms,
+            mean_step_ms=(denoise_s / max(1, len(step_ms))) * 1e3,
+            full_steps=counts.full,
+            cached_steps=counts.cached,
+            cached_step_indices=counts.cached_indices,
+            count_source=counts.source,
+            count_check=counts.check,
+            speedup=(base_denoise_s / denoise_s) if base_denoise_s is not None and denoise_s > 0 else None,
+            base_denoise_s=base_denoise_s,
+            base_age_s=age,
+            psnr_db=q.psnr_db if q else None,
+            ssim=q.ssim if q else None,
+            hf_ratio=q.hf_ratio if q else None,
+            quality=q.verdict if q else Verdict.NOT_COMPARED,
+            timing=timing.text(age),
+            versions=library_versions(),
+            **fields,
+        )
 
     @property
     def of_ideal(self) -> float | None:

@@ -39,26 +39,17 @@ def step_end(pipe, step_index, timestep, callback_kwargs):
 
 
 def _cache_dit_lists(pipe) -> dict:
-    """cache-dit's own record of the run: cached steps, residual diffs, the unconditional branch's cached steps."""
-    import cache_dit
+    """cache-dit's own record of the run (studio.spec.cachedit: the one reader); an unreadable one is said, never
+    read as "no cache"."""
+    from studio.spec.cachedit import read_summary
 
-    out = {"cached_steps": None, "cfg_cached_steps": None, "residual_diffs": {}}
     try:
-        stats = cache_dit.summary(pipe, logging=False)
-    except Exception:  # no cache on this stack
-        return out
-    if not stats:
-        return out
-    out["cached_steps"] = sorted(int(x) for x in (stats[-1].cached_steps or []))
-    for k, v in (getattr(stats[-1], "residual_diffs", None) or {}).items():
-        try:
-            if float(v) >= 0:  # cache-dit writes -1 where it skipped computing the diff
-                out["residual_diffs"][int(k)] = float(v)
-        except (TypeError, ValueError):
-            continue
-    cfg = getattr(stats[-1], "cfg_cached_steps", None)
-    out["cfg_cached_steps"] = sorted(int(x) for x in cfg) if cfg else None
-    return out
+        rec = read_summary(pipe)
+    except (AttributeError, KeyError, TypeError, ValueError) as e:  # a summary whose shape this reader does not know
+        return {"cached_steps": None, "cfg_cached_steps": None, "residual_diffs": {},
+                "summary_error": f"{type(e).__name__}: {e}"}  # fmt: skip
+    return {"cached_steps": rec.cached_steps, "cfg_cached_steps": rec.cfg_cached_steps,
+            "residual_diffs": rec.residual_diffs, "summary_error": None}  # fmt: skip
 
 
 def read(actor) -> dict:

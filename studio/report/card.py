@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 
+from studio.measure.quality import Verdict
 from studio.report import fmt
 
 CSS = """
@@ -18,10 +19,19 @@ CSS = """
 """
 
 
-def verdict_flag(quality) -> str:
+def verdict_flag(quality, why: str = "") -> str:
     level = fmt.verdict_level(quality)
-    text = html.escape(str(quality))
+    text = html.escape(str(quality) + (f" ({why})" if why else ""))
     return f'<span class="flag-{level}">{"⚠ " if level == "broken" else ""}{text}</span>'
+
+
+def broken_flag(rows) -> str:
+    """The line above an A/B's pictures: the stacks among `rows` (MatrixRow) whose picture is noise, or nothing."""
+    broken = [r.preset for r in rows if Verdict(r.quality) is Verdict.BROKEN]
+    if not broken:
+        return ""
+    why = "PSNR and high-frequency energy say noise"
+    return f"{html.escape(', '.join(broken))}: " + verdict_flag(Verdict.BROKEN, why)
 
 
 def _lines(lines: list[str], css: str = "") -> str:

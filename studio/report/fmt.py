@@ -17,8 +17,8 @@ def ssim(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.4f}"
 
 
-def speedup(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.2f}x"
+def speedup(v: float | None, digits: int = 2) -> str:
+    return "n/a" if v is None else f"{v:.{digits}f}x"
 
 
 def seconds(v: float | None, digits: int = 3) -> str:

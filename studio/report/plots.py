@@ -80,7 +80,7 @@ def plot_steps(metrics, path_or_buf):
 
 
 def plot_sweep(
-    knob: str, values: list, speedups: list, worst_db: list, cliff_value, path_or_buf, floor_db=None,
+    knob: str, values: list, speedups: list, worst_db: list, cliff_value, path_or_buf, *, floor_db=None,
     speed_label: str = "speed-up (median over prompts)",
 ):  # fmt: skip
     """Speed-up and worst PSNR over prompts against one knob's values; the cliff (steepest PSNR drop) marked."""

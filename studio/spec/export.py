@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import yaml
 
+from studio.spec.cachedit import cache_dit_configs
 from studio.spec.preset import ATTENTION_BACKENDS, Preset
 
 CACHE_KEYS = (
@@ -19,32 +20,25 @@ def cache_dit_dict(p: Preset, steps: int | None = None) -> dict:
     out: dict = {}
     c = p.cache_config
     if c.backend == "cache-dit":
-        cc = {k: getattr(c, k) for k in CACHE_KEYS}
-        cc["residual_diff_threshold"] = c.effective_threshold(p.quant.enabled)
+        n = (steps or DEFAULT_STEPS) if c.has_mask else None
+        cfgs = cache_dit_configs(c, quantized=p.quant.enabled, steps=n)
+        cc = {k: getattr(cfgs.cache, k) for k in CACHE_KEYS}
         if c.enable_taylorseer:
             cc.update(enable_taylorseer=True, taylorseer_order=c.taylorseer_order)
         elif c.enable_dmd:
             cc.update(enable_dmd=True, dmd_history=c.dmd_history, dmd_rank=c.dmd_rank)
         if c.has_mask:
-            cc["num_inference_steps"] = steps or DEFAULT_STEPS
+            cc["num_inference_steps"] = n
             cc["steps_computation_policy"] = c.steps_computation_policy
-            if c.compute_bins is not None:
-                import cache_dit
-
-                mask = cache_dit.steps_mask(
-                    compute_bins=list(c.compute_bins),
-                    cache_bins=list(c.cache_bins),
-                    total_steps=cc["num_inference_steps"],
-                )
-                cc["steps_computation_mask"] = [int(x) for x in list(mask)[: cc["num_inference_steps"]]]
-            else:
-                cc["steps_computation_mask"] = c.steps_computation_mask  # a policy name, sized by num_inference_steps
+            # bins travel as the mask they make; a policy name as its name (load_configs sizes it by the steps)
+            named = c.compute_bins is None
+            cc["steps_computation_mask"] = c.steps_computation_mask if named else cfgs.cache.steps_computation_mask
         out["cache_config"] = cc
     if p.quant.enabled:
         out["quantize_config"] = {"quant_type": p.quant.quant_type, "exclude_layers": list(p.quant.exclude_layers)}
     if p.attention_backend != "sdpa":
         out["attention_backend"] = ATTENTION_BACKENDS[p.attention_backend]
-    if p.parallelism_config.enabled:
+    if p.wants_workers:
         out["parallelism_config"] = p.parallelism_config.cache_dit_dict()
     return out
 

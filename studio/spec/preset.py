@@ -149,9 +149,15 @@ class CacheSpec(Record):
             return float(self.residual_diff_threshold)
         return DEFAULT_THRESHOLD["quantized" if quantized else "dense"]
 
-    def label(self) -> str:
-        """A short tag in cache-dit's style, e.g. DBCache_F1B0W4R0.24MC3_TS1."""
-        r = "auto" if self.residual_diff_threshold is None else f"{self.residual_diff_threshold:g}"
+    def label(self, threshold: float | None = None) -> str:
+        """A short tag in cache-dit's style, e.g. DBCache_F1B0W4R0.24MC3_TS1 (the one place it is written).
+
+        Args:
+            threshold: the threshold a run applied; unset, the spec's own (or "auto" when it leaves it to the default).
+        """
+        if threshold is None:
+            threshold = self.residual_diff_threshold
+        r = "auto" if threshold is None else f"{threshold:g}"
         if self.backend == "fbcache":
             return f"FBCache_R{r}"
         t = f"DBCache_F{self.Fn_compute_blocks}B{self.Bn_compute_blocks}W{self.max_warmup_steps}R{r}"
@@ -283,6 +289,12 @@ class Preset(Record):
     @property
     def cache(self) -> CacheSpec:
         return self.cache_config
+
+    @property
+    def wants_workers(self) -> bool:
+        """Whether this preset runs on parallel workers (the one question of the spec; the engine's other is
+        whether workers run now: engine.parallel.workers)."""
+        return self.parallelism_config.enabled
 
     @property
     def stack(self) -> tuple:

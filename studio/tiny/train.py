@@ -118,7 +118,7 @@ def binding_loss(head: torch.nn.Linear, emb: torch.Tensor, targets: torch.Tensor
     return sum(ce(h.flatten(0, 1), targets[..., k].flatten(), ignore_index=IGNORE) for k, h in enumerate(heads)) / 3
 
 
-def pretrain_binding(pipe, cfg, prompts, targets, steps, batch, g, bar, lr=2e-3) -> tuple[torch.nn.Linear, list]:
+def pretrain_binding(pipe, cfg, prompts, targets, *, steps, batch, g, bar, lr=2e-3) -> tuple[torch.nn.Linear, list]:
     """Train T5 and the binding head on the text alone (cheap: no image), so the denoiser starts from tokens
     that already know their object."""
     head = torch.nn.Linear(cfg.t5_dim, N_COLOURS + N_SHAPES + N_PLACES)
@@ -148,6 +148,7 @@ def train_denoiser(
     cfg,
     prompts,
     latents,
+    *,
     steps,
     batch,
     rng,
@@ -304,7 +305,9 @@ def main(argv=None) -> int:
         )
         targets = binding_targets(prompts, pipe.tokenizer_2, cfg.text_len)
         g = torch.Generator().manual_seed(rng.randrange(2**31))
-        head, text_losses = pretrain_binding(pipe, cfg, prompts, targets, args.text_steps, args.text_batch, g, bar)
+        head, text_losses = pretrain_binding(
+            pipe, cfg, prompts, targets, steps=args.text_steps, batch=args.text_batch, g=g, bar=bar
+        )
         log.info(
             "text binding pre-training done at %.0fs, final loss %.4f",
             time.perf_counter() - t0,
@@ -315,10 +318,10 @@ def main(argv=None) -> int:
             cfg,
             prompts,
             latents,
-            args.steps,
-            args.batch,
-            rng,
-            bar,
+            steps=args.steps,
+            batch=args.batch,
+            rng=rng,
+            bar=bar,
             head=head,
             targets=targets,
             aux_weight=args.aux_weight,

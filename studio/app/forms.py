@@ -1,0 +1,196 @@
+"""The UI held by name: what each endpoint takes (a form record) and the components of each tab (a tab record).
+
+A form's fields are the endpoint's API parameters, in the API's order (gradio_client users call them by these
+names). The wiring (`inputs`) takes each field's component from the tab record by the same name, and the handler
+builds the form from the values gradio passes by that name: the list is written once, here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import gradio as gr
+
+
+# ------------------------------------------------------------------------------------------- forms (values)
+@dataclass(frozen=True, kw_only=True)
+class RequestForm:
+    """The request fields every device endpoint starts with."""
+
+    prompt: str | None
+    model: str | None
+    seed: float | None
+    steps: float
+    width: float
+    height: float
+    guidance: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerateForm(RequestForm):
+    """/generate. cache and compile: "true", "false" or "unset" (follow the preset); threshold: empty or 0 follows
+    the preset."""
+
+    preset: str
+    cache: str = "unset"
+    threshold: float | None = None
+    compile: str = "unset"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareForm(RequestForm):
+    """/compare: both presets get the same per-request switches."""
+
+    preset_a: str
+    preset_b: str
+    cache: str = "unset"
+    threshold: float | None = None
+    compile: str = "unset"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MatrixForm(RequestForm):
+    """/matrix: the switches apply to every preset but base; no threshold (each preset keeps its own)."""
+
+    presets: list[str]
+    repeats: float = 1
+    cache: str = "unset"
+    compile: str = "unset"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneForm(RequestForm):
+    """/tune: no switches (the tuner chooses the stack)."""
+
+    floor: float
+    prompts_text: str | None = None
+    size: str = "quick"
+
+
+REQUEST_FIELDS = tuple(f.name for f in fields(RequestForm))
+
+
+def names(form: type) -> tuple[str, ...]:
+    """An endpoint's parameter names, in the API's order."""
+    return tuple(f.name for f in fields(form))
+
+
+def inputs(form: type, request: RequestPanel, tab) -> dict[str, gr.components.Component]:
+    """An endpoint's input components by parameter name (gradio's `inputs_kwargs`): the request fields from the
+    request panel, the rest from the tab record's components of the same names."""
+    return {n: getattr(request if n in REQUEST_FIELDS else tab, n) for n in names(form)}
+
+
+# ----------------------------------------------------------------------------------- tab records (components)
+@dataclass
+class RequestPanel:
+    """The request form above the tabs."""
+
+    prompt: gr.Textbox
+    examples: gr.Dropdown
+    model: gr.Dropdown
+    model_notes: gr.Markdown
+    seed: gr.Number
+    dice: gr.Button
+    steps: gr.Slider
+    width: gr.Number
+    height: gr.Number
+    guidance: gr.Number
+
+
+@dataclass
+class GenerateTab:
+    preset: gr.Dropdown
+    cache: gr.Radio
+    threshold: gr.Number
+    compile: gr.Radio
+    button: gr.Button
+    image: gr.Image
+    card: gr.HTML
+    json: gr.JSON
+    base_image: gr.Image
+    steps_plot: gr.Image
+
+
+@dataclass
+class CompareTab:
+    preset_a: gr.Dropdown
+    preset_b: gr.Dropdown
+    cache: gr.Radio
+    threshold: gr.Number
+    compile: gr.Radio
+    button: gr.Button
+    flag: gr.HTML
+    slider: gr.ImageSlider
+    img_a: gr.Image
+    img_b: gr.Image
+    table: gr.Dataframe
+    json: gr.JSON
+
+
+@dataclass
+class MatrixTab:
+    presets: gr.CheckboxGroup
+    repeats: gr.Slider
+    cache: gr.Radio
+    compile: gr.Radio
+    button: gr.Button
+    table: gr.Dataframe
+    noise: gr.Markdown
+    plot: gr.Image
+    pick: gr.Dropdown
+    steps_plot: gr.Image
+    csv: gr.File
+    md: gr.File
+    json: gr.JSON
+    runs: gr.State  # each run's metrics, for the per-step chart picked after the run
+
+
+@dataclass
+class TuneTab:
+    floor: gr.Number
+    size: gr.Radio
+    button: gr.Button
+    prompts_text: gr.Textbox
+    result: gr.Markdown
+    plot: gr.Image
+    yaml: gr.Code
+    name: gr.Textbox
+    save: gr.Button
+    msg: gr.Markdown
+    json: gr.JSON
+
+
+@dataclass
+class PresetsTab:
+    name: gr.Dropdown
+    desc: gr.Markdown
+    yaml: gr.Code
+    new_name: gr.Textbox
+    new_yaml: gr.Code
+    upload: gr.File
+    save: gr.Button
+    msg: gr.Markdown
+
+
+@dataclass
+class HistoryTab:
+    rows: gr.State  # the session's runs, added to by every device endpoint
+    table: gr.Dataframe
+    export: gr.Button
+    file: gr.File
+
+
+@dataclass
+class UI:
+    request: RequestPanel
+    gen: GenerateTab
+    ab: CompareTab
+    mx: MatrixTab
+    tn: TuneTab
+    pv: PresetsTab
+    hist: HistoryTab
+
+    def preset_lists(self) -> list:
+        """Every component that offers the preset names (updated when a preset is saved)."""
+        return [self.gen.preset, self.ab.preset_a, self.ab.preset_b, self.mx.presets, self.pv.name]

@@ -1,0 +1,80 @@
+"""The pipeline call: one request as the arguments this pipeline takes, run once, the image as uint8.
+
+Shared by the engine's measured runs and the bench's plain-diffusers recipe (studio.bench.vsraw), so both call a
+pipeline the same way.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import torch
+
+from studio.spec.request import GenerationRequest
+
+
+def call_params(pipe) -> dict:
+    """The pipeline call's parameters (the pipeline's own class's, also when parallel workers proxy the call)."""
+    cls = getattr(pipe, "_cache_dit_ray_pipeline_original_class", type(pipe))
+    return inspect.signature(cls.__call__).parameters
+
+
+def true_cfg(pipe, request: GenerationRequest) -> bool:
+    """Whether this run uses true CFG: two transformer calls per step (conditional, then unconditional)."""
+    takes = "true_cfg_scale" in call_params(pipe)
+    return takes and request.true_cfg_scale is not None and request.true_cfg_scale > 1
+
+
+def pipe_kwargs(pipe, request: GenerationRequest, probe=None) -> dict:
+    """The pipeline call for `request`, with only the arguments this pipeline takes."""
+    params = call_params(pipe)
+    kw = dict(
+        prompt=request.prompt,
+        height=request.height,
+        width=request.width,
+        num_inference_steps=request.steps,
+        generator=torch.Generator("cpu").manual_seed(request.seed),
+        output_type="np",
+    )
+    if probe is not None:
+        kw["callback_on_step_end"] = probe
+    if request.guidance is not None and "guidance_scale" in params:
+        kw["guidance_scale"] = request.guidance
+    if true_cfg(pipe, request):
+        kw["true_cfg_scale"] = request.true_cfg_scale
+        kw["negative_prompt"] = request.negative_prompt or " "
+    else:
+        if "true_cfg_scale" in params:
+            kw["true_cfg_scale"] = 1.0  # said, not left to a pipeline default (Qwen-Image's is 4.0)
+        if request.negative_prompt and "negative_prompt" in params:
+            kw["negative_prompt"] = request.negative_prompt
+    if request.max_sequence_length is not None and "max_sequence_length" in params:
+        kw["max_sequence_length"] = request.max_sequence_length
+    return kw
+
+
+def dropped_tokens(pipe, request: GenerationRequest) -> tuple[int, int] | None:
+    """(tokens in the prompt, tokens the model reads) when the long-text encoder will cut the prompt, else None."""
+    limit = request.max_sequence_length
+    # the tokenizer of the long-text encoder: T5 for FLUX (tokenizer_2) and SD3 (tokenizer_3), else the only one
+    tok = getattr(pipe, "tokenizer_3", None) or getattr(pipe, "tokenizer_2", None) or getattr(pipe, "tokenizer", None)
+    if limit is None or tok is None:
+        return None
+    try:
+        n = len(tok(request.prompt).input_ids)
+    except Exception:  # a tokenizer that cannot count this way: say nothing rather than guess
+        return None
+    return (n, limit) if n > limit else None
+
+
+def call_pipe(pipe, request: GenerationRequest, probe=None) -> np.ndarray:
+    """Run the pipeline once; the image as HxWx3 uint8."""
+    return as_uint8(pipe(**pipe_kwargs(pipe, request, probe)).images[0])
+
+
+def as_uint8(image) -> np.ndarray:
+    arr = np.asarray(image)
+    if arr.dtype != np.uint8:
+        arr = (np.clip(arr, 0, 1) * 255).round().astype(np.uint8)
+    return arr

@@ -1,0 +1,184 @@
+"""One measured run of one stack: the pipeline with the stack applied, its warm-up, one timed call, its counts.
+
+Every stack runs once untimed the first time it meets a shape in a process (the warm-up; under torch.compile that
+run compiles, and its time is reported apart as compile time); the timed run follows. Its denoise time runs from the
+first transformer call to the last scheduler step; the counts come from the block hooks where blocks run eagerly
+and from the cache's own record otherwise (studio.measure.timing).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from studio.engine.cache import CacheReport, prepare_run, read_report
+from studio.engine.call import as_uint8, call_pipe, dropped_tokens, pipe_kwargs, true_cfg
+from studio.engine.compile import first_run_or_eager
+from studio.engine.device import DtypeChoice
+from studio.engine.loader import ModelManager
+from studio.engine.parallel import run_remote
+from studio.engine.stack import AppliedStack
+from studio.engine.state import stack_state
+from studio.measure.timing import StepCounts, StepProbe, block_count, count_steps
+from studio.spec.preset import Preset
+from studio.spec.profiles import resolve_model
+from studio.spec.request import GenerationRequest
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every run of one request shares: where it runs, what it asks, and who hears about its progress."""
+
+    manager: ModelManager
+    request: GenerationRequest
+    model: str
+    dtype: DtypeChoice
+    progress: object | None = None  # callable(step_index, total_steps, StepRecord) after each step of the stack
+    on_status: object | None = None  # callable(str) for slow phases (loading, warm-up, compiling, the base run)
+
+    @property
+    def key(self) -> tuple:
+        """The request's base key: the same key, the same base picture."""
+        return self.request.key(resolve_model(self.model), self.dtype.name)
+
+    def status(self, message: str) -> None:
+        if self.on_status:
+            self.on_status(message)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One timed run of one stack (after its warm-up, when one was needed)."""
+
+    image: np.ndarray
+    denoise_s: float
+    step_ms: list[float]
+    counts: StepCounts
+    report: CacheReport
+    stack: AppliedStack
+    reloaded: bool  # weights were (re)loaded for this call
+    warmup_s: float | None  # the untimed warm-up run, when this call made one
+    compiled: bool
+    ended: float  # time.monotonic() at the end of the timed run
+    calls: int = 0  # transformer calls in the timed run
+    dropped: tuple[int, int] | None = None  # (prompt tokens, tokens the model reads) when the prompt was cut
+    blocks: int = 0  # transformer blocks one full call runs
+    lost: tuple[str, ...] = ()  # what could not be read about this run, in words (shown as fallbacks)
+
+
+def pipeline_for(ctx: RunContext, preset: Preset):
+    """The model's pipeline with `preset` applied, its cache wired to how this request calls the transformer;
+    (pipe, stack, reloaded). A parallel stack's pipe is the proxy whose calls go to the workers."""
+    cur = ctx.manager.ensure(ctx.model, ctx.manager.resolve_dtype(preset.dtype), ctx.on_status)
+    separate = true_cfg(cur.pipe, ctx.request)
+    pipe, stack, reloaded = ctx.manager.pipeline(
+        ctx.model, preset, steps=ctx.request.steps, on_status=ctx.on_status, separate_cfg=separate
+    )
+    if stack.workers is not None:
+        ctx.status("running on the parallel workers")
+        pipe = stack.workers.proxy
+    return pipe, stack, reloaded
+
+
+def _prepare(pipe, preset: Preset, request: GenerationRequest) -> None:
+    quantized = stack_state(pipe.transformer).quant != "none"
+    prepare_run(
+        pipe, preset.cache_config, quantized=quantized, steps=request.steps, separate_cfg=true_cfg(pipe, request)
+    )
+
+
+def warm(ctx: RunContext, pipe, stack: AppliedStack, preset: Preset) -> float | None:
+    """The untimed warm-up run of this stack at this shape, once per process; its seconds, or None if warm."""
+    state = stack_state(pipe.transformer)
+    if (stack.signature, ctx.request.shape) in state.warm:
+        return None
+    ctx.status("compiling (warm-up run)" if state.compiled else "warm-up run (not timed)")
+    _prepare(pipe, preset, ctx.request)
+
+    def timed() -> float:
+        t0 = time.perf_counter()
+        call_pipe(pipe, ctx.request)
+        return time.perf_counter() - t0
+
+    seconds = first_run_or_eager(pipe.transformer, stack, timed)  # compile's failure policy is compile's own
+    state.warm.add((stack.signature, ctx.request.shape))
+    return seconds
+
+
+def measure(ctx: RunContext, preset: Preset, *, warm_up: bool = True, show_steps: bool = True) -> Measured:
+    """Warm the stack up for this shape if it is its first run in this process, then one timed run.
+
+    Args:
+        warm_up: False skips the warm-up: for a screening run whose time is not reported (the tuner's).
+        show_steps: report each step to `ctx.progress` (the stack's runs do; the base runs beside them do not).
+    """
+    pipe, stack, reloaded = pipeline_for(ctx, preset)
+    state = stack_state(pipe.transformer)
+    warmup_s = warm(ctx, pipe, stack, preset) if warm_up else None
+    if stack.workers is not None:
+        return _measure_parallel(ctx, pipe, stack, preset, reloaded=reloaded, warmup_s=warmup_s)
+    _prepare(pipe, preset, ctx.request)
+    probe = StepProbe(
+        state.counter,
+        ctx.manager.device,
+        on_step=ctx.progress if show_steps else None,
+        total_steps=ctx.request.steps,
+        starts_at_call=bool(state.compiled and state.compiled.whole_model),
+    )
+    with probe:
+        image = call_pipe(pipe, ctx.request, probe)
+    denoise = probe.denoise_seconds()
+    ended = time.monotonic()
+    report = read_report(pipe, preset.cache_config, state.quant != "none")
+    return Measured(
+        image=image,
+        denoise_s=denoise,
+        step_ms=[s * 1e3 for s in probe.step_seconds()],
+        counts=count_steps(probe.steps, report.backend, report.listed()),
+        report=report,
+        stack=stack,
+        reloaded=reloaded,
+        warmup_s=warmup_s,
+        compiled=state.compiled is not None,
+        ended=ended,
+        calls=sum(s.transformer_calls for s in probe.steps),
+        dropped=dropped_tokens(pipe, ctx.request),
+        blocks=block_count(pipe.transformer),
+    )
+
+
+def _measure_parallel(ctx: RunContext, pipe, stack, preset: Preset, *, reloaded, warmup_s) -> Measured:
+    """One run on the parallel workers, timed and counted inside them (rank 0's clock and hooks)."""
+    out, rec = run_remote(pipe, pipe_kwargs(pipe, ctx.request))
+    image = as_uint8(out.images[0])
+    ended = time.monotonic()
+    c = preset.cache_config
+    backend = "cache-dit" if c.backend == "cache-dit" else "none"
+    report = CacheReport(
+        backend, list(rec["cached_steps"] or []), dict(rec.get("residual_diffs") or {}),
+        threshold=c.effective_threshold(False) if c.enabled else None,
+        cfg_cached_steps=rec["cfg_cached_steps"],
+    )  # fmt: skip
+    lost = ()
+    if rec.get("summary_error"):
+        lost = (f"cache counts: cache-dit's summary could not be read in worker rank 0 ({rec['summary_error']}); "
+                "the block hooks' count stands alone",)  # fmt: skip
+    listed = None if lost else report.listed()
+    return Measured(
+        image=image,
+        denoise_s=rec["denoise_s"],
+        step_ms=[x * 1e3 for x in rec["step_s"]],
+        counts=count_steps(rec["steps"], backend, listed),
+        report=report,
+        stack=stack,
+        reloaded=reloaded,
+        warmup_s=warmup_s,
+        compiled=False,
+        ended=ended,
+        calls=sum(s.transformer_calls for s in rec["steps"]),
+        dropped=dropped_tokens(pipe, ctx.request),
+        blocks=block_count(pipe.transformer),
+        lost=lost,
+    )

@@ -1,0 +1,129 @@
+"""What a cached step should cost, measured: per-block times from hooks on every transformer block.
+
+A step cache (cache-dit DBCache Fn/Bn, diffusers First-Block-Cache) serves a cached step by running only some
+blocks (the first Fn and the last Bn) and reusing the residual of the rest. What that step should cost, were the
+cache's own decision and bookkeeping free, is the full step less the blocks it skips; everything else a full step
+pays stays: the computed blocks (a FLUX double-stream block is ~1.5x a single one), the model's work outside the
+blocks (embedders, RoPE, norm_out, proj_out) and the scheduler step. So, per step with `calls` transformer calls:
+
+    ideal cached step = full step - calls x sum(median time of each skipped block)
+    share             = ideal cached step / full step
+    ideal speed-up    = steps / (full steps + cached steps x share)     (against the stack without its cache)
+
+The block times come from forward hooks on each block (CUDA events on a GPU), over the calls in which each block
+ran, medians so that one stall does not move them. Hooks inside compiled blocks do not fire: a compiled stack takes
+the shares of an eager run of the same model and shape (the base beside it) and says so.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+def block_list(transformer) -> list[torch.nn.Module]:
+    """Every block one full call runs, in order (FLUX: double-stream, then single-stream: cache-dit's order too)."""
+    out = []
+    for _, m in transformer.named_children():
+        if isinstance(m, torch.nn.ModuleList):
+            out.extend(m)
+    return out
+
+
+class BlockClock:
+    """Pre/post forward hooks on every block, installed for one run (eager blocks only), read after it."""
+
+    def __init__(self, device: torch.device, clock=None):
+        """
+        Args:
+            clock: injectable for tests: a callable returning seconds (perf_counter by default, off CUDA).
+        """
+        self.cuda = device.type == "cuda" and clock is None
+        self._now = clock or time.perf_counter
+        self._open: dict[int, object] = {}
+        self._spans: dict[int, list] = {}  # block index -> [(start, end)] per call it ran
+        self._handles: list = []
+
+    def install(self, transformer) -> BlockClock:
+        for i, block in enumerate(block_list(transformer)):
+            self._spans[i] = []
+            self._handles.append(block.register_forward_pre_hook(self._pre(i)))
+            self._handles.append(block.register_forward_hook(self._post(i)))
+        return self
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _mark(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return self._now()
+
+    def _pre(self, i: int):
+        def hook(module, args):
+            self._open[i] = self._mark()
+
+        return hook
+
+    def _post(self, i: int):
+        def hook(module, args, output):
+            self._spans[i].append((self._open.pop(i), self._mark()))
+
+        return hook
+
+    def block_ms(self) -> list[float | None]:
+        """The median time of each block over the calls it ran (None: it never ran)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        out = []
+        for i in sorted(self._spans):
+            spans = self._spans[i]
+            if not spans:
+                out.append(None)
+                continue
+            if self.cuda:
+                out.append(statistics.median(a.elapsed_time(b) for a, b in spans))
+            else:
+                out.append(statistics.median((b - a) * 1e3 for a, b in spans))
+        return out
+
+
+@dataclass(frozen=True)
+class CachedStepPrice:
+    """The measured price of a cached step, as a share of a full one (module doc)."""
+
+    share: float  # ideal cached step / full step, in (0, 1]
+    full_step_ms: float  # the median full step it was priced against
+    skipped_ms: float  # per step: calls x the skipped blocks' median times
+    source: str  # where the block times came from, in words
+
+    def ideal_speedup(self, full: int, cached: int) -> float | None:
+        steps = full + cached
+        if steps == 0:
+            return None
+        return steps / (full + cached * self.share)
+
+
+def price_cached_step(
+    block_ms: list[float | None], full_step_ms: float, calls: int, computed: set[int], source: str
+) -> CachedStepPrice | None:
+    """The ideal cached step of a cache that computes the blocks `computed` (indices), or None when a skipped block's
+    time is unknown (it never ran) or the full step cannot be priced."""
+    skipped = [t for i, t in enumerate(block_ms) if i not in computed]
+    if full_step_ms <= 0 or any(t is None for t in skipped):
+        return None
+    skipped_ms = calls * sum(skipped)
+    share = max(0.0, full_step_ms - skipped_ms) / full_step_ms
+    return CachedStepPrice(share, full_step_ms, skipped_ms, source)
+
+
+def computed_blocks(n_blocks: int, first: int, last: int) -> set[int]:
+    """The block indices a cached step still runs: the first `first` and the last `last`."""
+    return set(range(min(first, n_blocks))) | set(range(max(0, n_blocks - last), n_blocks))

@@ -1,0 +1,154 @@
+"""The bench, sweep, tune and doctor as people read them: what `python -m studio` prints and the Tune tab shows.
+
+Each function takes a command's records (the dataclasses of studio.bench) and returns text. Nothing here imports
+studio.bench (bench calls report, never the other way), so the records are read by their field names.
+"""
+
+from __future__ import annotations
+
+import math
+
+from studio.report import fmt
+
+COST_COLUMNS = ("preset", "cold compile", "graphs", "recompiles seen", "saving vs eager twin", "pays off after")
+SWEEP_COLUMNS = ("vs base", "worst PSNR", "mean PSNR", "cached (by prompt)", "of ideal")  # after the knob's own
+DOCTOR_COLUMNS = (
+    "family", "preset", "stack", "cached/full", "cache's own list", "counts", "PSNR", "verdict", "fell back",
+)  # fmt: skip
+KERNEL_COLUMNS = ("stack", "ms per transformer call", "vs sdpa", "engaged")
+
+
+def _table(columns, rows: list[list[str]]) -> list[str]:
+    head = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return head + ["| " + " | ".join(cells) + " |" for cells in rows]
+
+
+def _count(v: int | None) -> str:
+    return "n/a" if v is None else str(v)
+
+
+# bench ---------------------------------------------------------------------------------------------------------------
+def bench_header(rep) -> str:
+    """The settings a bench table was taken under (a BenchReport's `meta`): model, prompt(s), request, versions."""
+    m, r, v = rep.meta, rep.meta["request"], rep.meta["versions"]
+    prompts = f"{len(m['prompts'])} prompts" if len(m["prompts"]) > 1 else f"prompt {m['prompts'][0]!r}"
+    return (
+        f"model {m['model']}, {prompts}, seed {r['seed']}, {r['steps']} steps, {r['width']}x{r['height']}, "
+        f"device {m['device']}, dtype {m['dtype']}; median of {m['repeats']} round-robin repeats after each stack's "
+        f"warm-up; torch {v.get('torch')}, diffusers {v.get('diffusers')}, cache-dit "
+        f"{v.get('cache-dit')}, torchao {v.get('torchao')}"
+    )
+
+
+def noise_lines(noise) -> list[str]:
+    """A NoiseFloor as lines: base against itself, each preset's run-to-run spread, compile against its eager twin."""
+    aa = noise.base_vs_itself
+    out = [
+        f"base against itself (same stack, same rotation): {fmt.speedup(aa, 3)}; a speed-up within "
+        f"{abs(aa - 1) * 100:.1f}% of 1.00 is noise",
+        "run-to-run spread (max-min)/median: " + ", ".join(f"{k} {v * 100:.0f}%" for k, v in noise.spread.items()),
+    ]
+    if noise.compile_vs_eager_db:
+        out.append(
+            "compile vs eager, same stack, PSNR: "
+            + ", ".join(f"{k} {fmt.psnr(v)}" for k, v in noise.compile_vs_eager_db.items())
+        )
+    return out
+
+
+def cost_cells(c) -> list[str]:
+    """A CostRow's cells; a graph count the run could not read is n/a, never 0."""
+    never = c.payoff_images is None or math.isinf(c.payoff_images)
+    pay = "never (no saving)" if never else f"{math.ceil(c.payoff_images)} images"
+    saving = "-" if c.saving_s is None else f"{c.saving_s * 1e3:.1f} ms/image"
+    cold = "-" if c.compile_s is None else fmt.seconds(c.compile_s, 1)
+    return [c.preset, cold, _count(c.graphs), _count(c.recompiles), saving, pay]
+
+
+def bench_markdown(rep) -> str:
+    """A BenchReport: the stack table, its noise floor and, with compiled presets, compile's cost."""
+    parts = [rep.matrix.markdown(), "", "Noise floor:"] + [f"- {x}" for x in noise_lines(rep.noise)]
+    if rep.cost:
+        parts += ["", "Compile cost:", ""] + _table(COST_COLUMNS, [cost_cells(c) for c in rep.cost])
+    return "\n".join(parts)
+
+
+# sweep ---------------------------------------------------------------------------------------------------------------
+def cliff_line(knob: str, cliff: tuple | None) -> str:
+    """Where worst PSNR drops the most ('' without a drop); `cliff` is (value, drop in dB)."""
+    if not cliff:
+        return ""
+    return f"Cliff: at {knob}={cliff[0]} worst PSNR drops {cliff[1]:.1f} dB from the value before."
+
+
+def sweep_markdown(res) -> str:
+    """A SweepResult: one row per value of the knob (the cliff's marked), then the cliff line."""
+    cells = []
+    for v, r in zip(res.values, res.rows()):
+        mark = " **cliff**" if res.cliff and res.cliff[0] == v else ""
+        cells.append([
+            f"{v}{mark}", fmt.speedup(r.speedup), fmt.psnr(r.worst_psnr_db), fmt.psnr(r.mean_psnr_db),
+            ",".join(map(str, r.cached_by_prompt)), "-" if r.of_ideal is None else f"{r.of_ideal:.2f}",
+        ])  # fmt: skip
+    lines = _table((res.knob,) + SWEEP_COLUMNS, cells)
+    cliff = cliff_line(res.knob, res.cliff)
+    return "\n".join(lines + (["", cliff] if cliff else []))
+
+
+# tune ----------------------------------------------------------------------------------------------------------------
+def tune_summary(res, *, written: str | None = None, markdown: bool = False) -> str:
+    """One sentence for a tuner's result (a studio.bench.tune.TuneResult): the preset, its worst PSNR against the
+    floor, its speed-ups, what the search cost. `written`: where the preset was saved; `markdown`: bold figures and
+    code spans (the Tune tab), plain text otherwise (the CLI prints it as a YAML comment)."""
+    b, c = ("**", "`") if markdown else ("", "")
+    n = len(res.prompts)
+    return (
+        f"{b}{res.preset.name}{b} ({c}{res.preset.tag()}{c}): worst PSNR {b}{fmt.psnr(res.worst_db)}{b} over "
+        f"{n} prompt{'' if n == 1 else 's'} (floor {res.floor_db:g}), {b}{fmt.speedup(res.speedup)}{b} vs base, "
+        f"{fmt.speedup(res.vs_cache)} the {c}cache{c} preset's; {res.runs} runs ({res.screened} screening, "
+        f"{res.timed} timed)" + (f"; written to {written}" if written else "")
+    )
+
+
+def tuned_description(floor_db: float, prompts: int, *, worst_db, speedup, vs_cache, on: str) -> str:
+    """The tuned preset's own description: how it was found and what it measured (`on`: device and dtype)."""
+    return (
+        f"Tuned by `python -m studio tune --min-psnr {floor_db:g}` on {prompts} prompts: worst PSNR "
+        f"{fmt.psnr(worst_db)}, {fmt.speedup(speedup)} vs base ({fmt.speedup(vs_cache)} the cache preset's) on {on}."
+    )
+
+
+# doctor --------------------------------------------------------------------------------------------------------------
+def doctor_header(device: str, threshold: float) -> str:
+    """What the doctor ran on; `threshold`: the residual threshold its cached presets ran at."""
+    return (
+        f"device {device}; tiny random-weight instances, 64x64; cached presets at R={threshold} "
+        "(random weights do not cache at 0.24)"
+    )
+
+
+def doctor_cells(r) -> list[str]:
+    """A DoctorRow's cells."""
+    agree = {True: "agree", False: "DISAGREE", None: "-"}[r.counts_agree]
+    own = "-" if r.backend_cached_steps is None else str(r.backend_cached_steps)
+    return [
+        r.family, r.preset, r.tag, f"{r.cached_steps}/{r.full_steps}", own, agree, fmt.psnr(r.psnr_db), str(r.quality),
+        "; ".join(r.fallbacks),
+    ]  # fmt: skip
+
+
+def doctor_table(rows) -> str:
+    return "\n".join(_table(DOCTOR_COLUMNS, [doctor_cells(r) for r in rows]))
+
+
+def kernel_table(kernels) -> str:
+    """The doctor's KernelRows: ms per transformer call of each non-cache stack, against plain SDPA."""
+    cells = [[k.stack, "n/a" if k.ms is None else f"{k.ms:.1f}", fmt.speedup(k.speedup), k.note] for k in kernels]
+    return "\n".join(_table(KERNEL_COLUMNS, cells))
+
+
+def doctor_verdict(ok: bool) -> str:
+    """The doctor's last line (`ok`: studio.bench.doctor.healthy)."""
+    if ok:
+        return "healthy: counts agree with the cache's own lists, nothing broken"
+    return "NOT healthy: see DISAGREE rows"
