@@ -22,8 +22,11 @@ SECTIONS = [
     (
         "## Every shipped preset, one request",
         "All ten shipped presets on the embedded model (28 steps, 64x64), timed round-robin after each stack's "
-        "warm-up, median of 5. `of ideal` is the measured speed-up over the one the cached/full counts would give if "
-        "a cached step cost only its computed blocks (F1B0: 1 of the 6 blocks): what the caching machinery costs.",
+        "warm-up, median of 5. `vs base` is the median of the rounds' ratios (each run priced by its median full and "
+        "cached steps) with half their range. `of ideal` is a cached preset's speed-up over its non-cache twin (the "
+        "same stack without the cache, timed in the same rounds: `cache` over `base`, `cache-compile` over "
+        "`compile`) divided by the ideal its counts allow (next sections): what the cache's own decision and "
+        "bookkeeping cost.",
         "-m studio bench --repeats 5 --out docs/bench/bench-all.json --plot docs/bench/bench-all.png",
     ),
     (
@@ -37,14 +40,21 @@ SECTIONS = [
         "-m studio bench --presets base,cache,int8 --repeats 9 --vs-raw --out docs/bench/vs-raw.json",
     ),
     (
-        "## What a cached step costs: `of ideal` at two sizes",
-        "`cache` at 64x64 (above) and at 128x128 (4x the image tokens), base beside it. The ideal prices a cached "
-        "step at 1/6 of a full one (F1B0: 1 of 6 blocks). A cached step really pays for more: its first block is a "
-        "double-stream block, heavier than the average; the model's own per-call work outside the blocks (time and "
-        "text embedders, RoPE, the output norm and projection) runs on every call, cached or not; and cache-dit's "
-        "bookkeeping (the residual check and a few dozen Python calls) is a fixed cost per call. The studio adds "
-        "nothing to it (`studio/raw` above). The fixed part weighs less as the blocks get heavier, so `of ideal` "
-        "rises with the image size; on a real DiT (57 blocks of thousands of tokens) it is a small fraction.",
+        "## What a cached step costs: the ideal, worked through",
+        "A cached step of an F1B0 cache runs the first block and reuses the residual of the rest; everything else a "
+        "full step pays stays: the first block (a FLUX double-stream block, heavier than a single one), the model's "
+        "own per-call work outside the blocks (time and text embedders, RoPE, the output norm and projection) and "
+        "the scheduler step. So the ideal prices a cached step at the full step less the skipped blocks, each "
+        "block's time measured by hooks on it in this run's own full steps (medians; per transformer call, twice "
+        "per step with true CFG): ideal = steps / (full + cached x share). A compiled stack's blocks cannot be "
+        "hooked: its share comes from the eager base beside it, and it says so. One run of `cache`, its numbers "
+        "worked through:",
+        "-m studio generate --preset cache --seed 42 --ideal",
+    ),
+    (
+        "## The ideal at 128x128",
+        "`cache` at 4x the image tokens, base beside it: the blocks weigh more against the fixed per-call work, so a "
+        "cached step's share falls and the ideal rises; `of ideal` stays what the cache's own machinery costs.",
         "-m studio bench --presets base,cache --repeats 7 --width 128 --height 128",
     ),
     (

@@ -1,10 +1,11 @@
-"""Command line: python -m studio generate|bench|sweep|tune|presets|doctor (the text each prints: studio.report.text).
+"""Command line: python -m studio generate|bench|sweep|tune|busy|presets|doctor (text: studio.report.text).
 
 python -m studio generate --preset cache --prompt "a red circle in the center, blue background" --json
 python -m studio generate --preset cache --compile true --json
 python -m studio bench --presets base,cache,cache-compile --repeats 3 --out bench.md
 python -m studio tune --min-psnr 35 --presets-dir my-presets
 python -m studio doctor --families flux --no-kernels
+python -m studio busy --preset cache          # quiet readings, then with a CPU-bound load beside them
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import logging
 import sys
 from dataclasses import replace
 from pathlib import Path
+
+from studio.cli_support import progress_bar, quiet_libraries, read_prompts
 
 
 def _switch(what: str):
@@ -54,6 +57,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--threshold", type=float, default=None, help="per-request residual diff threshold")
     g.add_argument("--out", default=None, help="write the image here (PNG)")
     g.add_argument("--json", action="store_true", help="print one JSON object with the metrics")
+    g.add_argument("--ideal", action="store_true", help="also print how the ideal speed-up was worked out")
     b = sub.add_parser("bench", help="every preset (or --presets a,b) side by side on one request")
     _common(b)
     b.add_argument("--presets", default=None, help="comma-separated preset names (default: all)")
@@ -95,6 +99,12 @@ def parser() -> argparse.ArgumentParser:
     ps.add_argument("--steps", type=int, default=None, help="steps a step mask is sized to (default: the model's)")
     ps.add_argument("--out", default=None, help="write here (default: print)")
     ps.add_argument("--presets-dir", default=None, help="folder of user presets (also STUDIO_PRESETS_DIR)")
+    bz = sub.add_parser("busy", help="quiet readings, then with a CPU-bound load beside them: honest or flagged?")
+    _common(bz)
+    bz.add_argument("--preset", default="cache")
+    bz.add_argument("--quiet", type=int, default=3, help="readings on the quiet machine")
+    bz.add_argument("--busy", type=int, default=3, help="readings with the load running")
+    bz.add_argument("--api", default=None, help="read through a running app's /generate (e.g. http://127.0.0.1:7860/)")
     d = sub.add_parser("doctor", help="every shipped preset on a tiny instance of every DiT family, on this machine")
     d.add_argument("--families", default=None, help="comma-separated (default: flux,qwen-image,sd3,z-image)")
     d.add_argument("--presets", default=None, help="comma-separated preset names (default: all shipped)")
@@ -161,63 +171,11 @@ def _generate(runner, req, args) -> int:
         print("  " + line)
     print(f"  steps counted by {m.count_source}" + (f"; {m.count_check}" if m.count_check else ""))
     print(f"  timing: {m.timing}")
+    if args.ideal:
+        from studio.report.text import ideal_worked
+
+        print(ideal_worked(m))
     return 0
-
-
-def read_prompts(path: str | None) -> list[str] | None:
-    """Prompts from a file, one per line; blank lines and lines starting with # are skipped."""
-    if not path:
-        return None
-    lines = [x.strip() for x in Path(path).read_text(encoding="utf-8").splitlines()]
-    prompts = [x for x in lines if x and not x.startswith("#")]
-    if not prompts:
-        raise ValueError(f"--prompts {path}: no prompts in the file (one per line)")
-    return prompts
-
-
-def quiet_libraries() -> None:
-    """Keep stderr for the progress bar: no per-pipeline bars, no library chatter below errors."""
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    import torch  # noqa: F401  (torch sets its loggers' levels on import: quiet them after)
-
-    for name in (
-        "torch",
-        "torch.utils._pytree",
-        "torchao",
-        "diffusers",
-        "transformers",
-        "cache_dit",
-        "accelerate",
-        "ray",
-    ):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    try:
-        import torchao  # noqa: F401  (imported here, quietly, rather than in the middle of the progress bar)
-    except ImportError:  # nothing lost here: an int8 preset says on its row that torchao is missing
-        pass
-    import diffusers  # both are requirements: a failure here is a broken install, and says so
-    import transformers
-
-    diffusers.utils.logging.set_verbosity_error()
-    diffusers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-
-
-def progress_bar(desc: str):
-    """A tqdm bar on stderr; returns (callback(done, total, label), close)."""
-    from tqdm import tqdm
-
-    bar = tqdm(total=1, desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True)
-
-    def tick(done, total, label):
-        bar.total = total
-        bar.set_postfix_str(str(label)[:40])
-        bar.update(done - bar.n)
-
-    return tick, bar.close
 
 
 def _prompt_requests(runner, req, args, examples: bool = True) -> list:
@@ -315,6 +273,19 @@ def _tune(runner, req, args) -> int:
     return 0
 
 
+def _busy(runner, req, args) -> int:
+    from studio.bench import busy
+    from studio.report.text import busy_text
+
+    if args.api:
+        read = busy.api_reader(args.api, req.prompt, args.preset, req.seed)
+    else:
+        read = busy.engine_reader(runner, req, args.preset)
+    rep = busy.run_busy(read, args.preset, args.quiet, args.busy, progress=lambda m: print(m, file=sys.stderr))
+    print(busy_text(rep, where=args.api or "the engine, in this process"))
+    return 0 if rep.passed else 1
+
+
 def _presets(lib, args) -> int:
     if args.action == "list":
         for name in lib.names():
@@ -380,7 +351,7 @@ def main(argv=None) -> int:
         )
         if args.cmd == "generate":
             return _generate(runner, req, args)
-        return {"bench": _bench, "sweep": _sweep, "tune": _tune}[args.cmd](runner, req, args)
+        return {"bench": _bench, "sweep": _sweep, "tune": _tune, "busy": _busy}[args.cmd](runner, req, args)
     except (ConfigError, ModelLoadError, RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -25,21 +25,33 @@ ROW_KEYS = {"preset", "denoise_s", "step_ms", "speedup", "psnr_db", "ssim", "ful
 
 def test_bench_rows_noise_floor_and_compile_cost(tiny_runner):
     req = tiny_runner.request(PROMPTS[0], seed=42)
-    rep = run_bench(tiny_runner, [req], ["cache", "compile"], repeats=1)
+    rep = run_bench(tiny_runner, [req], ["cache", "compile", "cache-compile"], repeats=1)
     rows = {r.preset: r for r in rep.matrix.rows}
-    assert list(rows) == ["base", "cache", "compile"]
-    assert rows["base"].speedup == 1.0 and math.isinf(rows["base"].psnr_db)
+    assert list(rows) == ["base", "cache", "compile", "cache-compile"]
+    assert rows["base"].speedup == 1.0 and rows["base"].speedup_spread == 0 and math.isinf(rows["base"].psnr_db)
     c = rows["cache"]
     assert c.cached_steps > 0 and c.cached_steps + c.full_steps == req.steps
-    # of ideal: the counts' speed-up if a cached step cost only F1B0 = 1 of the model's 6 blocks
-    assert c.ideal_speedup == pytest.approx(req.steps / (c.full_steps + c.cached_steps / 6))
-    assert c.of_ideal == pytest.approx(c.speedup / c.ideal_speedup)
+    # the ideal: the counts' speed-up with a cached step priced by this run's block times (studio.measure.blocks)
+    m = rep.rotations[0].last["cache"].metrics
+    assert m.ideal_source == "from this run's block times" and 0 < m.cached_share < 1
+    assert c.ideal_speedup == pytest.approx(req.steps / (c.full_steps + c.cached_steps * m.cached_share))
+    # cache's non-cache twin is base, cache-compile's is compile: each `of ideal` against its twin's time
+    assert rep.meta["cache_twins"] == {"cache": "base", "cache-compile": "compile"}
+    assert c.of_ideal_against == "base" and rows["cache-compile"].of_ideal_against == "compile"
+    for name, ref in (("cache", "base"), ("cache-compile", "compile")):
+        r, vs = rows[name], rep.rotations[0].ratio(ref, name)
+        if vs.reliable and vs.value <= 1.05 * r.ideal_speedup:
+            assert r.of_ideal == pytest.approx(vs.value / r.ideal_speedup)
+        else:  # a busy machine, or a reading over the ideal: no number, and the row says why
+            assert r.of_ideal is None
     assert rows["base"].of_ideal is None and rows["compile"].of_ideal is None
     # compile's eager twin is base itself; its PSNR against it is the noise floor of compile
-    assert rep.twins == {"compile": "base"}
+    assert rep.twins == {"compile": "base", "cache-compile": "cache"}
     assert rep.noise.compile_vs_eager_db["compile"] > 30
-    assert set(rep.noise.spread) == {"base", "cache", "compile", AGAIN} and rep.noise.base_vs_itself > 0
-    (cost,) = rep.cost
+    assert set(rep.noise.spread) == {"base", "cache", "compile", "cache-compile", AGAIN}
+    assert rep.noise.base_vs_itself > 0
+    cost = rep.cost[0]
+    assert [c.preset for c in rep.cost] == ["compile", "cache-compile"]
     assert cost.preset == "compile" and cost.compile_s > 0 and cost.graphs >= 1
     d = json.loads(json.dumps(rep.as_dict()))  # reloads
     assert ROW_KEYS <= set(d["rows"][0]) and d["device"] == "cpu" and d["dtype"] in ("bfloat16", "float32")

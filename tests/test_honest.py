@@ -5,6 +5,7 @@ by hand)."""
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 import torch
@@ -103,3 +104,117 @@ def test_block_hooks_with_given_times_price_the_cached_step_as_worked_out_by_han
     cfg = price_cached_step(ms, 24.0, 2, computed_blocks(6, 1, 0), "given")
     assert cfg.share == pytest.approx(10 / 24)
     assert not any(h for b in blocks for h in (b._forward_hooks, b._forward_pre_hooks))  # removed: nothing left
+
+
+# -- the pairing (engine.baseline) with runs whose step times are given -------------------------------------------
+
+
+def _run(step_ms: float, steps: int = 20, stall_ms: float = 0.0):
+    """A measured run whose every step took `step_ms` (one step `stall_ms` more), as engine.run returns it."""
+    import numpy as np
+
+    from studio.engine.cache import CacheReport
+    from studio.engine.run import Measured
+    from studio.engine.stack import AppliedStack
+    from studio.measure.timing import StepCounts
+
+    ms = [step_ms] * steps
+    ms[steps // 2] += stall_ms
+    return Measured(
+        image=np.zeros((8, 8, 3), np.uint8), denoise_s=sum(ms) / 1e3, step_ms=ms,
+        counts=StepCounts(steps, [], "given"), report=CacheReport(), stack=AppliedStack(), reloaded=False,
+        warmup_s=None, compiled=False, ended=time.monotonic(), calls=steps,
+    )  # fmt: skip
+
+
+def _pair(bases: list, stacks: list, **pairing):
+    from studio.engine.baseline import BaseStore, Pairing, side_by_side
+
+    b, s = iter(bases), iter(stacks)
+    store = BaseStore()
+    out = side_by_side(Pairing(**pairing), store, ("k",), lambda: next(b), lambda: next(s))
+    return out, store.get(("k",))
+
+
+def test_quiet_pairs_give_the_step_ratio_and_a_kept_base_that_agreed():
+    out, kept = _pair([_run(10.0)] * 3, [_run(6.0)] * 3)
+    assert out.runs == 3 and out.ratio.value == pytest.approx(10 / 6) and out.ratio.spread == pytest.approx(0)
+    assert kept.agreed and kept.denoise_s == pytest.approx(0.2)
+
+
+def test_a_stall_inside_one_base_run_does_not_move_the_ratio():
+    out, kept = _pair([_run(10.0), _run(10.0, stall_ms=400.0), _run(10.0)], [_run(6.0)] * 3)
+    assert out.runs == 3 and out.ratio.value == pytest.approx(10 / 6) and out.ratio.reliable
+    assert kept.agreed  # priced by its steps, the stalled run agrees with the others
+
+
+def test_a_base_run_stalled_from_end_to_end_is_outvoted_by_more_pairs():
+    """Pairs 1-3: 1.67, 45 (the base ran 27x slower for its whole length), 1.67: they do not agree, so a fourth pair
+    is timed; 3 of 4 then agree and the spoilt one is left out, and said."""
+    bases = [_run(10.0), _run(270.0), _run(10.0), _run(10.0)]
+    out, kept = _pair(bases, [_run(6.0)] * 4)
+    assert out.runs == 4 and out.ratio.left_out == 1 and out.ratio.value == pytest.approx(10 / 6)
+    assert out.ratio.spread == pytest.approx(0) and out.ratio.base_range == pytest.approx(27.0)
+
+
+def test_pairs_that_never_agree_are_capped_and_not_shown():
+    """A machine busy in every other run: pairs alternate 1.67 and 0.33 (the stack ran 5x slow); after the 3 pairs and
+    `max_extra_pairs` more, the ratio is the median of all and its spread too wide to show."""
+    stacks = [_run(6.0), _run(30.0)] * 3
+    out, kept = _pair([_run(10.0)] * 6, stacks, max_extra_pairs=3)
+    assert out.runs == 6 and not out.ratio.reliable and out.ratio.why_not().startswith("timing unreliable")
+    assert out.ratio.spread == pytest.approx((10 / 6 - 10 / 30) / 2)
+
+
+def test_an_expensive_base_is_kept_only_when_its_steps_agreed():
+    """An expensive base (over retime_under_s) is timed once; one whose run stalled is not kept for reuse."""
+    from studio.engine.baseline import BaseStore, Pairing, side_by_side
+
+    pairing = Pairing(retime_under_s=0.0, max_extra_pairs=0)  # every base counts as expensive
+    out, kept = _pair([_run(10.0, stall_ms=200.0)], [_run(6.0)], retime_under_s=0.0, max_extra_pairs=0)
+    assert out.runs == 1 and not kept.agreed and not pairing.reusable(kept, now=kept.timed_at)
+    steady_out, steady_kept = _pair([_run(10.0)], [_run(6.0)], retime_under_s=0.0, max_extra_pairs=0)
+    assert steady_kept.agreed and pairing.reusable(steady_kept, now=steady_kept.timed_at)
+    # reused: one new stack run against the kept base, priced by their steps
+    store = BaseStore()
+    store.put(("k",), steady_kept)
+    again = side_by_side(pairing, store, ("k",), lambda: pytest.fail("base re-timed"), lambda: _run(5.0))
+    assert not again.base_now and again.ratio.value == pytest.approx(2.0) and again.ratio.pairs == 1
+
+
+# -- what a person reads -------------------------------------------------------------------------------------------
+
+
+def _metrics(**kw):
+    from test_units import make_metrics
+
+    return make_metrics(**kw)
+
+
+def test_the_card_shows_the_spread_or_says_why_there_is_no_number():
+    from studio.report.card import metrics_card
+    from studio.report.fmt import speedup_pm, summary_line
+
+    assert speedup_pm(1.7, 0.04) == "1.70x ±0.04" and speedup_pm(None, None) == "n/a"
+    ok = _metrics(speedup=1.7, speedup_spread=0.04, timed_pairs=3)
+    assert "1.70x ±0.04 (base 0.900 s, 3 timed pairs)" in metrics_card(ok)
+    note = "timing unreliable: the machine was busy (base runs differed by 27.0x, ...); speed-up not shown"
+    busy = _metrics(speedup=None, speedup_note=note, timed_pairs=7)
+    assert note in metrics_card(busy) and "n/a" not in summary_line(busy).split("vs base")[0]
+    assert note in summary_line(busy)
+
+
+def test_the_worked_ideal_prints_the_numbers_it_came_from():
+    """The block times of the hand-worked example above: 10 full + 18 cached, share 5/12, ideal 1.6x, measured 1.5x
+    against base: of ideal 1.5 / 1.6 = 0.9375."""
+    from studio.report.text import ideal_worked
+
+    detail = {"share": 5 / 12, "full_step_ms": 12.0, "skipped_ms": 7.0, "source": "from this run's block times",
+              "block_ms": [3.0, 3.0, 1.0, 1.0, 1.0, 1.0], "computed": [0], "calls": 1}  # fmt: skip
+    m = _metrics(full_steps=10, cached_steps=18, speedup=1.5, ideal_speedup=1.6, of_ideal=1.5 / 1.6,
+                 of_ideal_against="base", ideal_detail=detail, cached_share=5 / 12)  # fmt: skip
+    text = ideal_worked(m)
+    assert "1 call(s) x (3.00 + 1.00 + 1.00 + 1.00 + 1.00) = 7.00 ms skipped" in text
+    assert "ideal cached step 12.00 - 7.00 = 5.00 ms = 0.417 of a full step" in text
+    assert "ideal 28 / (10 + 18 x 0.417) = 1.600x" in text
+    assert "measured 1.500x against base: of ideal 1.500 / 1.600 = 0.938" in text

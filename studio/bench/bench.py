@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
+from studio.bench.twins import cache_twins, with_twins
 from studio.engine import BASE, CALLER_TIMES_BASE, Runner, RunResult
+from studio.measure.blocks import CachedStepPrice, IdealCheck
 from studio.measure.quality import psnr
 from studio.measure.record import library_versions
+from studio.measure.steady import Ratio, Steady, ratio
 from studio.report.table import AGAIN, Matrix, MatrixRow
-from studio.spec.preset import CompileSpec, Preset
+from studio.spec.preset import Preset
 from studio.spec.request import GenerationRequest
-
-EAGER_SUFFIX = "-eager"
 
 
 def _graphs_compiled() -> int | None:
@@ -42,16 +43,6 @@ def _total(counts) -> int | None:
     return None if None in counts else sum(counts)
 
 
-def eager_twin(p: Preset) -> Preset:
-    """The same stack without torch.compile."""
-    return replace(p, name=p.name + EAGER_SUFFIX, compile=replace(p.compile, enabled=False))
-
-
-def _eager_stack(p: Preset) -> tuple:
-    """What runs when `p` runs eagerly: its stack with the compile settings, which do nothing then, left out."""
-    return replace(p, compile=CompileSpec()).stack
-
-
 def resolve_presets(runner: Runner, presets, lib, cache_enabled=None, compile_enabled=None) -> list[Preset]:
     """The presets to time, `base` first (added when not named; every one-process preset when none is named),
     with the per-request switches applied to all but base."""
@@ -61,27 +52,13 @@ def resolve_presets(runner: Runner, presets, lib, cache_enabled=None, compile_en
     return [runner.resolve_preset(BASE)] + rest
 
 
-def with_twins(presets: list[Preset]) -> tuple[list[Preset], dict[str, str]]:
-    """The presets plus an eager twin for each compiled one that has none among them; {compiled: twin name}."""
-    out, twins = list(presets), {}
-    for p in presets:
-        if not p.compile.enabled:
-            continue
-        twin = eager_twin(p)
-        found = next((q for q in out if not q.compile.enabled and _eager_stack(q) == _eager_stack(twin)), None)
-        if found is None:
-            out.append(twin)
-            found = twin
-        twins[p.name] = found.name
-    return out, twins
-
-
 @dataclass
 class Rotation:
     """One prompt's round-robin: every timed denoise per preset, the first and last result, graphs compiled."""
 
     request: GenerationRequest
     times: dict[str, list[float]] = field(default_factory=dict)
+    prices: dict[str, list[float]] = field(default_factory=dict)  # each timed run's step-median price (seconds)
     first: dict[str, RunResult] = field(default_factory=dict)
     last: dict[str, RunResult] = field(default_factory=dict)
     # graphs compiled by the first (warm-up) call, and by later, timed calls; None where torch gave no count
@@ -94,6 +71,10 @@ class Rotation:
     def median(self, name: str) -> float:
         return statistics.median(self.times[name])
 
+    def ratio(self, base: str, name: str) -> Ratio:
+        """`base` over `name`, round by round (each round's runs are a pair: same moment, same load)."""
+        return ratio(*([Steady(p, p, None, None) for p in self.prices[n]] for n in (base, name)))
+
 
 def _studio(rot: Rotation, runner: Runner, request, name: str, p: Preset, model, first: bool) -> None:
     g0 = _graphs_compiled()
@@ -105,6 +86,7 @@ def _studio(rot: Rotation, runner: Runner, request, name: str, p: Preset, model,
     else:
         rot.recompiles[name] = _total([rot.recompiles.get(name, 0), new])
     rot.times.setdefault(name, []).append(res.metrics.denoise_s)
+    rot.prices.setdefault(name, []).append(res.metrics.denoise_s / (res.metrics.stall or 1.0))
     rot.last[name] = res
 
 
@@ -175,30 +157,32 @@ class BenchReport:
         }
 
 
-def row(name: str, rots: list[Rotation], base_name: str = BASE) -> MatrixRow:
-    """One preset's row over every prompt's rotation."""
+def row(name: str, rots: list[Rotation], base_name: str = BASE, ref: str | None = None) -> MatrixRow:
+    """One preset's row over every prompt's rotation. `ref`: its non-cache twin in the rotation (the reference its
+    `of ideal` is measured against); None: the engine's own reading (against base, or the run's own full steps)."""
     ms = [rot.last[name].metrics for rot in rots]
     meds = [rot.median(name) for rot in rots]
-    speedups = [rot.median(base_name) / rot.median(name) for rot in rots if rot.median(name) > 0]
+    ratios = [rot.ratio(base_name, name) for rot in rots]
     psnrs = [m.psnr_db for m in ms if m.psnr_db is not None]
-    ideal = [m.ideal_speedup for m in ms if m.ideal_speedup]
     m0 = ms[0]
     denoise = statistics.median(meds)
     row = MatrixRow(
         preset=name, tag=m0.tag, denoise_s=denoise, step_ms=denoise / max(1, len(m0.step_ms)) * 1e3,
-        speedup=statistics.median(speedups) if speedups else None,
+        speedup=statistics.median(r.value for r in ratios),
         psnr_db=statistics.mean(psnrs) if psnrs else None,
         ssim=statistics.mean([m.ssim for m in ms if m.ssim is not None]) if psnrs else None,
         cached_steps=m0.cached_steps, full_steps=m0.full_steps, quality=str(m0.quality),
         fallbacks=list(m0.fallbacks), runs=[t for rot in rots for t in rot.times[name]],
     )  # fmt: skip
+    row.speedup_spread = max(r.spread for r in ratios)
+    unreliable = next((r.why_not() for r in ratios if not r.reliable), None)
+    if unreliable:
+        row.speedup, row.speedup_spread, row.speedup_note = None, None, unreliable
     row.worst_psnr_db = min(psnrs) if psnrs else None
     row.mean_psnr_db = row.psnr_db
     row.prompts = len(rots)
     row.cached_by_prompt = [m.cached_steps for m in ms]
-    if ideal and row.speedup:
-        row.ideal_speedup = statistics.median(ideal)
-        row.of_ideal = row.speedup / row.ideal_speedup
+    _of_ideal(row, ms, rots, name, ref)
     row.compile_s = rots[0].first[name].metrics.compile_s
     row.fallbacks += sorted({f"plain run: {rot.raw_errors[name]}" for rot in rots if name in rot.raw_errors})
     if all(name in rot.raw_times for rot in rots):
@@ -208,6 +192,32 @@ def row(name: str, rots: list[Rotation], base_name: str = BASE) -> MatrixRow:
         row.studio_over_raw = statistics.median(pairs)
         row.raw_psnr_db = min(psnr(rot.last[name].image, rot.raw_images[name]) for rot in rots)
     return row
+
+
+def _of_ideal(row: MatrixRow, ms: list, rots: list[Rotation], name: str, ref: str | None) -> None:
+    """The row's `of ideal`: against its non-cache twin timed in the same rounds, or as the engine read it."""
+    ideal = [m.ideal_speedup for m in ms if m.ideal_speedup]
+    if not ideal:
+        return
+    row.ideal_speedup = statistics.median(ideal)
+    if ref is None:
+        row.of_ideal = statistics.median(m.of_ideal for m in ms) if all(m.of_ideal for m in ms) else None
+        row.of_ideal_against = ms[0].of_ideal_against
+        return
+    against = [rot.ratio(ref, name) for rot in rots]
+    if not all(r.reliable for r in against):  # a busy machine: no reading rather than a wrong one
+        row.of_ideal_against = ref
+        return
+    measured = statistics.median(r.value for r in against)
+    check = IdealCheck(row.ideal_speedup, measured, ref, _price(ms[0]))
+    row.of_ideal, row.of_ideal_against = check.of_ideal, ref
+    if check.impossible:
+        row.fallbacks.append(f"of ideal: {check.why_impossible()}")
+
+
+def _price(m) -> CachedStepPrice:
+    d = m.ideal_detail
+    return CachedStepPrice(d["share"], d["full_step_ms"], d["skipped_ms"], d["source"], tuple(d["block_ms"]))
 
 
 def _noise(rots: list[Rotation], names: list[str], twins: dict[str, str]) -> NoiseFloor:
@@ -251,6 +261,7 @@ def run_bench(
     through plain diffusers too (studio.bench.raw) for the studio_over_raw column."""
     lib = presets_library or runner.presets
     resolved, twins = with_twins(resolve_presets(runner, presets, lib, cache_enabled, compile_enabled))
+    resolved, refs = cache_twins(resolved)  # each cached preset's `of ideal` against the same stack uncached
     total = len(requests) * repeats * (len(resolved) * (2 if vs_raw else 1) + 1)
     done = [0]
 
@@ -270,7 +281,7 @@ def run_bench(
         if raw is not None:
             raw.close()
     names = [p.name for p in resolved]
-    rows = [row(n, rots) for n in names]
+    rows = [row(n, rots, ref=refs.get(n)) for n in names]
     mat = Matrix(requests[0], model or runner.model, rows, rots[0].last, repeats)
     meta = {
         "model": model or runner.model,
@@ -282,6 +293,7 @@ def run_bench(
         "request": requests[0].as_dict(),
         "presets": {p.name: p.as_dict() for p in resolved},
         "eager_twins": twins,
+        "cache_twins": refs,
         "vs_raw": vs_raw,
     }
     return BenchReport(mat, rots, _noise(rots, names, twins), _cost(rots, twins), twins, meta)

@@ -9,6 +9,7 @@ busy machine a run's slot in the round moves it by several percent; this row sho
 from __future__ import annotations
 
 from studio.bench.bench import resolve_presets, rotate, row
+from studio.bench.twins import cache_twins
 from studio.engine import Runner
 from studio.report.table import AGAIN, Matrix
 from studio.spec.preset import Preset
@@ -44,5 +45,8 @@ def run_matrix(
             progress(done[0], total, label)
 
     rot = rotate(runner, request, resolved, repeats, model, tick)
-    rows = [row(p.name, [rot]) for p in resolved] + [row(AGAIN, [rot])]
+    names = {p.name for p in resolved}
+    # a cached preset's `of ideal` against its non-cache twin where the matrix has it (timed in the same rounds)
+    refs = {c: t for c, t in cache_twins(resolved)[1].items() if t in names}
+    rows = [row(p.name, [rot], ref=refs.get(p.name)) for p in resolved] + [row(AGAIN, [rot])]
     return Matrix(request, model or runner.model, rows, rot.last, repeats)

@@ -3,11 +3,16 @@
 The method (the numbers are the product):
 - the base of a request is the `base` preset on the same model, dtype, prompt, seed, size, steps and guidance;
   its picture never changes, so it is kept (a bounded LRU, `BaseStore`); its timing does (machine load);
-- every run is warm (engine.run: the first run of a stack at a shape is an untimed warm-up);
+- every run is warm (engine.run: the first run of a stack at a shape is an untimed warm-up), and priced by its
+  median full and cached steps (studio.measure.steady): a stall of a few steps moves its wall time, not its price;
 - SIDE BY SIDE, the default: while a base run is cheap (denoise under `retime_under_s`, 5 s), base and the stack are
-  timed alternately `cheap_pairs` times (B S B S B S), each speaking by its median, since load changes within
-  seconds (measured on 2 cores while a browser draws the page: single timings moved by 1.7x). An expensive base is
-  timed once beside the stack, or a kept base timing younger than `max_age_s` (60 s) is reused;
+  timed alternately `cheap_pairs` times (B S B S B S), since load changes within seconds (measured on 2 cores while
+  a browser draws the page: single timings moved by 1.7x); an expensive base is timed once beside the stack. Then,
+  while the pair ratios disagree (beyond +-10% of their median; for one pair: a run stalled within itself), more
+  pairs, at most `max_extra_pairs` and `max_extra_s` seconds of them. The speed-up is the median pair ratio, its
+  spread half their range; a spread over a quarter of the ratio is not a number (the card says the machine was
+  busy). A kept base timing is one whose repeats agreed (or, timed once, whose steps did), and it is reused for
+  an expensive base while younger than `max_age_s` (60 s);
 - CALLER_TIMES_BASE: a caller that times base itself in its own rotation (the bench, the matrix) asks for no
   pairing: a kept base is used as it is, and only a missing one (another dtype, say) is computed, once;
 - a `base` run is itself compared with the kept base picture: bitwise equal, it refreshes the kept timing (median
@@ -22,6 +27,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from studio.measure.steady import Ratio, Steady, agree, ratio
+
 
 @dataclass(frozen=True)
 class BaseEntry:
@@ -29,14 +36,26 @@ class BaseEntry:
     denoise_s: float
     step_ms: list[float]
     timed_at: float = field(default_factory=time.monotonic)  # when the timed run ended (time.monotonic)
+    priced: Steady | None = None  # its step-median price (None: priced by its wall time)
+    agreed: bool = True  # its repeats agreed (or, timed once, its steps did): a timing that may be kept
+    block_ms: tuple | None = None  # its blocks' median times (eager): what a compiled stack's ideal is priced by
+    calls_per_step: int = 1
+
+    @property
+    def price(self) -> Steady:
+        return self.priced or Steady(self.denoise_s, self.denoise_s, None, None)
 
     def age(self, now: float | None = None) -> float:
         return (time.monotonic() if now is None else now) - self.timed_at
 
 
-def entry_of(run) -> BaseEntry:
-    """A base entry from a measured run (engine.run.Measured)."""
-    return BaseEntry(run.image, run.denoise_s, run.step_ms, run.ended)
+def entry_of(run, agreed: bool | None = None) -> BaseEntry:
+    """A base entry from a measured run (engine.run.Measured); `agreed` None: as steady as its own steps."""
+    return BaseEntry(
+        run.image, run.denoise_s, run.step_ms, run.ended, priced=run.priced,
+        agreed=run.priced.steady if agreed is None else agreed, block_ms=run.block_ms,
+        calls_per_step=run.calls_per_step,
+    )  # fmt: skip
 
 
 class BaseStore:
@@ -68,12 +87,15 @@ class Pairing:
     max_age_s: float = 60.0  # an expensive base's kept timing is reused while younger than this
     cheap_pairs: int = 3
     caller_times_base: bool = False  # the caller times base in its own rotation: use the kept base as it is
+    max_extra_pairs: int = 4  # pairs timed beyond the first ones while their ratios disagree...
+    max_extra_s: float = 20.0  # ...and for at most this long
 
     def reusable(self, entry: BaseEntry, now: float | None = None) -> bool:
-        """Whether a kept base timing may divide a new run's without timing base again."""
+        """Whether a kept base timing may divide a new run's without timing base again: only one whose repeats
+        agreed, for an expensive base, while recent (or always, for a caller that times base itself)."""
         if self.caller_times_base:
             return True
-        return entry.denoise_s >= self.retime_under_s and entry.age(now) <= self.max_age_s
+        return entry.agreed and entry.denoise_s >= self.retime_under_s and entry.age(now) <= self.max_age_s
 
     def cheap(self, denoise_s: float) -> bool:
         return not self.caller_times_base and denoise_s < self.retime_under_s
@@ -86,10 +108,11 @@ CALLER_TIMES_BASE = Pairing(caller_times_base=True)
 class Paired:
     """A stack's timed run with the base it is divided by."""
 
-    base: BaseEntry
+    base: BaseEntry | None
     run: object  # engine.run.Measured: the median of `runs`
     runs: int  # timed runs of the stack
     base_now: bool  # the base timing was taken in this call
+    ratio: Ratio | None = None  # base over the stack, from the pairs (None: not compared)
 
 
 def median_run(runs: list):
@@ -103,26 +126,43 @@ def _median_entry(entries: list[BaseEntry]) -> BaseEntry:
     return sorted(entries, key=lambda e: e.denoise_s)[len(entries) // 2]
 
 
+def _settled(bases: list, runs: list) -> bool:
+    """Whether more pairs would not change the answer: the pair ratios agree, or one pair whose runs were steady."""
+    if len(runs) == 1:
+        return bases[0].priced.steady and runs[0].priced.steady
+    return agree([b.priced.robust_s / r.priced.robust_s for b, r in zip(bases, runs)])  # (measure.steady)
+
+
 def side_by_side(pairing: Pairing, store: BaseStore, key: tuple, time_base, time_stack, on_status=None) -> Paired:
     """The stack's run and its base, as the pairing says (module doc).
 
     Args:
-        time_base, time_stack: callables running one measured run of base / of the stack.
+        time_base, time_stack: callables running one measured run (engine.run.Measured) of base / of the stack.
     """
     kept = store.get(key)
     if kept is not None and pairing.reusable(kept):
-        return Paired(kept, time_stack(), 1, base_now=False)
-    pairs = 1 if pairing.caller_times_base else pairing.cheap_pairs
-    bases, runs = [], []
-    for i in range(pairs):
+        run = time_stack()
+        return Paired(kept, run, 1, base_now=False, ratio=ratio([kept.price], [run.priced]))
+    bases, runs, extra_since = [], [], None
+    while True:
         if on_status:
-            first = kept is None and i == 0
-            on_status("computing the base image for comparison" if first else "timing the base image for comparison")
-        bases.append(entry_of(time_base()))
+            new = kept is None and not bases
+            on_status("computing the base image for comparison" if new else "timing the base image for comparison")
+        bases.append(time_base())
         runs.append(time_stack())
-        if not pairing.cheap(bases[-1].denoise_s):
+        if pairing.caller_times_base:
             break
-    return Paired(store.put(key, _median_entry(bases)), median_run(runs), len(runs), base_now=True)
+        first = pairing.cheap_pairs if pairing.cheap(bases[0].denoise_s) else 1  # pairs always timed
+        if len(runs) < first:
+            continue
+        extra_since = extra_since or time.monotonic()
+        spent = time.monotonic() - extra_since
+        if _settled(bases, runs) or len(runs) >= first + pairing.max_extra_pairs or spent > pairing.max_extra_s:
+            break
+    agreed = _settled(bases, runs) if len(bases) > 1 else bases[0].priced.steady
+    base = store.put(key, replace(_median_entry([entry_of(b) for b in bases]), agreed=agreed))
+    r = ratio([b.priced for b in bases], [x.priced for x in runs])
+    return Paired(base, median_run(runs), len(runs), base_now=True, ratio=r)
 
 
 def base_itself(pairing: Pairing, store: BaseStore, key: tuple, time_base) -> Paired:
@@ -133,6 +173,10 @@ def base_itself(pairing: Pairing, store: BaseStore, key: tuple, time_base) -> Pa
         runs += [time_base() for _ in range(pairing.cheap_pairs - 1)]
     run = median_run(runs)
     kept = store.get(key)
+    prices = [r.priced.robust_s for r in runs]
     if kept is None or np.array_equal(kept.image, run.image):
-        kept = store.put(key, entry_of(run))
-    return Paired(kept, run, len(runs), base_now=False)
+        kept = store.put(key, entry_of(run, agree(prices) if len(runs) > 1 else run.priced.steady))
+        # base against itself, the same run: 1.00x by construction, not a measurement with a spread
+        itself = Ratio(1.0, 0.0, len(runs), max(prices) / min(prices))
+        return Paired(kept, run, len(runs), base_now=False, ratio=itself)
+    return Paired(kept, run, len(runs), base_now=False, ratio=ratio([kept.price], [run.priced]))

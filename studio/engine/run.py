@@ -21,6 +21,8 @@ from studio.engine.loader import ModelManager
 from studio.engine.parallel import run_remote
 from studio.engine.stack import AppliedStack
 from studio.engine.state import stack_state
+from studio.measure.blocks import BlockClock
+from studio.measure.steady import Steady, steady
 from studio.measure.timing import StepCounts, StepProbe, block_count, count_steps
 from studio.spec.preset import Preset
 from studio.spec.profiles import resolve_model
@@ -66,6 +68,16 @@ class Measured:
     dropped: tuple[int, int] | None = None  # (prompt tokens, tokens the model reads) when the prompt was cut
     blocks: int = 0  # transformer blocks one full call runs
     lost: tuple[str, ...] = ()  # what could not be read about this run, in words (shown as fallbacks)
+    block_ms: tuple | None = None  # each block's median time (studio.measure.blocks), where the blocks run eagerly
+
+    @property
+    def priced(self) -> Steady:
+        """Its step-median price: what a stall in a few steps cannot move (studio.measure.steady)."""
+        return steady(self.denoise_s, self.step_ms, self.counts.cached_indices)
+
+    @property
+    def calls_per_step(self) -> int:
+        return max(1, round(self.calls / max(1, len(self.step_ms))))
 
 
 def pipeline_for(ctx: RunContext, preset: Preset):
@@ -127,8 +139,15 @@ def measure(ctx: RunContext, preset: Preset, *, warm_up: bool = True, show_steps
         total_steps=ctx.request.steps,
         starts_at_call=bool(state.compiled and state.compiled.whole_model),
     )
-    with probe:
-        image = call_pipe(pipe, ctx.request, probe)
+    # each block's time, where the blocks run eagerly (hooks inside a compiled block would not fire, and would
+    # make Dynamo guard on them): what a cached step should cost (studio.measure.blocks)
+    clock = BlockClock(ctx.manager.device).install(pipe.transformer) if state.counter.hooks_see_blocks else None
+    try:
+        with probe:
+            image = call_pipe(pipe, ctx.request, probe)
+    finally:
+        if clock is not None:
+            clock.remove()
     denoise = probe.denoise_seconds()
     ended = time.monotonic()
     report = read_report(pipe, preset.cache_config, state.quant != "none")
@@ -146,6 +165,7 @@ def measure(ctx: RunContext, preset: Preset, *, warm_up: bool = True, show_steps
         calls=sum(s.transformer_calls for s in probe.steps),
         dropped=dropped_tokens(pipe, ctx.request),
         blocks=block_count(pipe.transformer),
+        block_ms=tuple(clock.block_ms()) if clock is not None else None,
     )
 
 

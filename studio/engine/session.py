@@ -16,10 +16,10 @@ from studio.engine.baseline import CALLER_TIMES_BASE, BaseEntry, BaseStore, Pair
 from studio.engine.loader import ModelLoadError, ModelManager
 from studio.engine.parallel import remove_parallel, workers
 from studio.engine.run import Measured, RunContext, measure, pipeline_for, warm
+from studio.measure.blocks import IdealCheck, computed_blocks, price_cached_step
 from studio.measure.record import RunMetrics, Timing
-from studio.measure.timing import ideal_speedup
 from studio.spec.checks import ConfigError
-from studio.spec.preset import Preset
+from studio.spec.preset import CacheSpec, Preset
 from studio.spec.presets import PresetLibrary
 from studio.spec.profiles import ModelProfile, profile_for, resolve_model
 from studio.spec.request import GenerationRequest
@@ -209,11 +209,17 @@ class Runner:
             how = pairing if compare else CALLER_TIMES_BASE  # not compared: one run, still checked against the kept
             paired = base_itself(how, self.bases, ctx.key, lambda: measure(ctx, p))
         elif compare:
+            # the stack's warm-up (a compile can take a minute) before the pairing decides whether a kept base is
+            # recent enough: a base kept 50 s ago must not divide a run that ends 50 s of compiling later
+            pipe, stack, reloaded = pipeline_for(ctx, p)
+            warmup_s = warm(ctx, pipe, stack, p)
             paired = side_by_side(
                 pairing, self.bases, ctx.key,
                 time_base=lambda: measure(ctx, base_p, show_steps=False), time_stack=lambda: measure(ctx, p),
                 on_status=ctx.on_status,
             )  # fmt: skip
+            first = paired.run
+            paired = replace(paired, run=replace(first, warmup_s=warmup_s, reloaded=reloaded or first.reloaded))
         else:
             paired = Paired(None, measure(ctx, p), 1, False)
         metrics = self._metrics(ctx, p, paired, time.perf_counter() - t0, is_base=is_base)
@@ -229,9 +235,11 @@ class Runner:
         timing = Timing(
             warmup_in_call=run.warmup_s is not None, runs=paired.runs, interleaved=not is_base,
             base_now=None if base is None or is_base else paired.base_now, in_workers=info is not None,
-            screening=screening,
+            screening=screening, left_out=paired.ratio.left_out if paired.ratio and not is_base else 0,
+            stalled=run.priced.stall if not run.priced.steady else None,
         )  # fmt: skip
         cache_on = run.stack.is_engaged("cache")
+        ideal = self._ideal(p, paired)
         return RunMetrics.of(
             image=run.image,
             base_image=base.image if base else None,
@@ -242,6 +250,9 @@ class Runner:
             denoise_s=run.denoise_s,
             step_ms=run.step_ms,
             counts=run.counts,
+            ratio=paired.ratio if base is not None else None,
+            priced=run.priced,
+            ideal=ideal,
             model=ctx.model,
             preset=p.name,
             tag=p.tag(ctx.dtype.name),
@@ -256,19 +267,21 @@ class Runner:
             compile_s=run.warmup_s if run.compiled else None,
             warmup_s=run.warmup_s,
             engaged=self._lines(ctx, run),
-            fallbacks=self._fallbacks(run),
+            fallbacks=self._fallbacks(run, ideal),
             reloaded=run.reloaded,
             total_s=total_s,
             blocks=run.blocks,
-            ideal_speedup=self._ideal(p, run),
             parallel=info,
         )
 
     @staticmethod
-    def _fallbacks(run: Measured) -> list[str]:
-        """What did not run as asked, and what could not be read about the run."""
+    def _fallbacks(run: Measured, ideal: IdealCheck | None) -> list[str]:
+        """What did not run as asked, and what could not be read or trusted about the run."""
         disagree = [f"step counts: {run.counts.check}"] if run.counts.disagree else []
-        return run.stack.fallbacks() + list(run.lost) + disagree
+        impossible = []  # over base it takes the speed-up's place (RunMetrics.of); over its own steps, it is said here
+        if ideal is not None and ideal.against != "base" and ideal.impossible:
+            impossible.append(f"of ideal: {ideal.why_impossible()}")
+        return run.stack.fallbacks() + list(run.lost) + disagree + impossible
 
     def _lines(self, ctx: RunContext, run: Measured) -> list[str]:
         """What ran, in words: the stack's lines, the dtype's note, a cut prompt, a cache that cached nothing."""
@@ -282,12 +295,36 @@ class Runner:
             )
         return lines
 
-    @staticmethod
-    def _ideal(p: Preset, run: Measured) -> float | None:
-        """What the counts would give if a cached step cost only its computed blocks (None: nothing is cached)."""
+    def _ideal(self, p: Preset, paired: Paired) -> IdealCheck | None:
+        """The cached run against its ideal (studio.measure.blocks), or None when nothing is cached or the blocks'
+        times are unknown (compiled blocks and no eager base beside them)."""
+        run, base = paired.run, paired.base
         in_workers = run.stack.workers is not None and p.cache_config.backend == "cache-dit"
-        if not (run.stack.is_engaged("cache") or in_workers):
+        if not (run.stack.is_engaged("cache") or in_workers) or not run.counts.full:
             return None
         c = p.cache_config
-        computed = 1 if c.backend == "fbcache" else c.Fn_compute_blocks + c.Bn_compute_blocks
-        return ideal_speedup(run.counts.full, run.counts.cached, computed, run.blocks)
+        first, last = (1, 0) if c.backend == "fbcache" else (c.Fn_compute_blocks, c.Bn_compute_blocks)
+        own = run.block_ms is not None and run.priced.full_ms is not None
+        if own:
+            blocks, full_ms, source = run.block_ms, run.priced.full_ms, "from this run's block times"
+        elif base is not None and base.block_ms is not None and base.price.full_ms is not None:
+            blocks, full_ms, source = base.block_ms, base.price.full_ms, "from the eager base's block times"
+        else:
+            return None
+        price = price_cached_step(
+            list(blocks), full_ms, run.calls_per_step, computed_blocks(len(blocks), first, last), source
+        )
+        if price is None:
+            return None
+        ideal = price.ideal_speedup(run.counts.full, run.counts.cached)
+        if self._twin_is_base(p):
+            return IdealCheck(ideal, paired.ratio.value if paired.ratio else None, "base", price)
+        # compiled / quantized / other attention: its non-cache twin is not base; its own full steps stand in
+        own_full = run.priced.full_ms
+        measured = (len(run.step_ms) * own_full / 1e3) / run.priced.robust_s if own_full else None
+        return IdealCheck(ideal, measured, "its own full steps", price)
+
+    def _twin_is_base(self, p: Preset) -> bool:
+        """Whether `p` without its step cache is `base` (then base, timed beside it, is its non-cache reference)."""
+        plain = replace(p, cache_config=CacheSpec())
+        return plain.stack[1:] == self.presets.get(BASE).stack[1:]

@@ -103,6 +103,16 @@ class CachedStepPrice:
     full_step_ms: float  # the median full step it was priced against
     skipped_ms: float  # per step: calls x the skipped blocks' median times
     source: str  # where the block times came from, in words
+    block_ms: tuple = ()  # each block's median time per call
+    computed: tuple = ()  # the block indices a cached step runs
+    calls: int = 1  # transformer calls per step
+
+    def as_dict(self) -> dict:
+        return {
+            "share": self.share, "full_step_ms": self.full_step_ms, "skipped_ms": self.skipped_ms,
+            "source": self.source, "block_ms": list(self.block_ms), "computed": list(self.computed),
+            "calls": self.calls,
+        }  # fmt: skip
 
     def ideal_speedup(self, full: int, cached: int) -> float | None:
         steps = full + cached
@@ -121,9 +131,42 @@ def price_cached_step(
         return None
     skipped_ms = calls * sum(skipped)
     share = max(0.0, full_step_ms - skipped_ms) / full_step_ms
-    return CachedStepPrice(share, full_step_ms, skipped_ms, source)
+    return CachedStepPrice(share, full_step_ms, skipped_ms, source, tuple(block_ms), tuple(sorted(computed)), calls)
 
 
 def computed_blocks(n_blocks: int, first: int, last: int) -> set[int]:
     """The block indices a cached step still runs: the first `first` and the last `last`."""
     return set(range(min(first, n_blocks))) | set(range(max(0, n_blocks - last), n_blocks))
+
+
+IMPOSSIBLE = 1.05  # a measured speed-up over 1.05x its ideal is a measurement error, not a result
+
+
+@dataclass(frozen=True)
+class IdealCheck:
+    """A cached run's speed-up over the same stack without its cache, against the ideal its counts allow."""
+
+    ideal: float  # steps / (full + cached x share)
+    measured: float | None  # the run's speed-up over `against`
+    against: str  # the non-cache reference: "base", or "its own full steps" (a compiled / quantized stack)
+    price: CachedStepPrice
+
+    @property
+    def of_ideal(self) -> float | None:
+        """Measured over ideal: what the cache's decision and bookkeeping cost (1.0: nothing)."""
+        if self.measured is None or self.impossible:
+            return None
+        return self.measured / self.ideal
+
+    @property
+    def impossible(self) -> bool:
+        return self.measured is not None and self.measured > IMPOSSIBLE * self.ideal
+
+    def why_impossible(self) -> str | None:
+        if not self.impossible:
+            return None
+        return (
+            f"measurement error: {self.measured:.2f}x over {self.against} is more than this run's counts can give "
+            f"(ideal {self.ideal:.2f}x, a cached step priced at {self.price.share:.2f} of a full one, "
+            f"{self.price.source}); not shown"
+        )

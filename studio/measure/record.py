@@ -11,7 +11,9 @@ from importlib import metadata
 
 import numpy as np
 
+from studio.measure.blocks import IdealCheck
 from studio.measure.quality import Verdict, judge
+from studio.measure.steady import Ratio, Steady
 from studio.measure.timing import StepCounts
 
 LIBRARIES = ("torch", "diffusers", "cache-dit", "torchao", "transformers")
@@ -37,6 +39,8 @@ class Timing:
     base_now: bool | None = None  # the base timing was taken in this call (True), kept from before (False); None: none
     in_workers: bool = False  # timed inside parallel worker rank 0
     screening: bool = False  # not a measurement: no warm-up, time not reported (the tuner's screening runs)
+    left_out: int = 0  # timed pairs left out as spoilt by a stall (measure.steady)
+    stalled: float | None = None  # the reported run's wall time over its step price, when a stall hit it
 
     def text(self, base_age_s: float | None) -> str:
         if self.screening:
@@ -45,6 +49,10 @@ class Timing:
         out += "1 timed run" if self.runs == 1 else f"median of {self.runs} timed runs"
         out += " interleaved with base" if self.runs > 1 and self.interleaved else ""
         out += " (timed inside parallel worker rank 0)" if self.in_workers else ""
+        if self.left_out:
+            out += f"; {self.left_out} of {self.runs} pairs left out (a stall spoilt them)"
+        if self.stalled:
+            out += f"; a stall hit this run ({self.stalled:.2f}x its step-median price): the speed-up uses the price"
         if self.base_now is True:
             out += "; base timed warm right before, in this call"
         elif self.base_now is False:
@@ -89,8 +97,17 @@ class RunMetrics:
     total_s: float
     versions: dict = field(default_factory=dict)
     blocks: int = 0  # transformer blocks one full call runs
-    ideal_speedup: float | None = None  # what the cached/full counts would give if a cached step cost only Fn+Bn
+    ideal_speedup: float | None = None  # what the counts would give were the cache's own work free (measure.blocks)
     parallel: dict | None = None  # parallel workers: kind, world_size, ray, workers [{rank, device, host, pid}]
+    speedup_spread: float | None = None  # +- around `speedup`: half the range of the pair ratios it came from
+    speedup_note: str | None = None  # why there is no speed-up (a busy machine, a measurement error), in words
+    timed_pairs: int = 0  # base/stack pairs the speed-up came from
+    stall: float | None = None  # this run's wall time over its step-median price (1.0: no stall within it)
+    cached_share: float | None = None  # a cached step's ideal price as a share of a full step, measured
+    ideal_source: str | None = None  # where the block times behind `cached_share` came from
+    of_ideal: float | None = None  # measured speed-up over its non-cache reference, over the ideal
+    of_ideal_against: str | None = None  # that reference: "base", or "its own full steps"
+    ideal_detail: dict | None = None  # the numbers behind the ideal: block times, full step, skipped time, share
 
     @classmethod
     def of(
@@ -105,19 +122,28 @@ class RunMetrics:
         denoise_s: float,
         step_ms: list[float],
         counts: StepCounts,
+        ratio: Ratio | None,
+        priced: Steady,
+        ideal: IdealCheck | None,
         **fields,
     ) -> RunMetrics:
         """The record of one measured run compared with its base (None: not compared).
 
         Args:
             image, base_image: the run's and the base's pictures (PSNR, SSIM and the verdict come from them).
-            base_denoise_s, base_timed_at: the base timing the speed-up divides, and when it ended (time.monotonic).
+            base_denoise_s, base_timed_at: the base's wall time, and when it ended (time.monotonic).
             ended: when this run's timed run ended (time.monotonic).
             counts: the cached/full counts and where they came from.
+            ratio: base over this run from the timed pairs (studio.measure.steady); None: not compared.
+            priced: this run's step-median price.
+            ideal: the cached run's speed-up against its ideal (studio.measure.blocks); None: nothing cached.
             fields: the rest of the record's fields, by name.
         """
         q = judge(image, base_image) if base_image is not None else None
         age = abs(ended - base_timed_at) if base_timed_at is not None else None
+        speedup, note = (ratio.value, ratio.why_not()) if ratio is not None else (None, None)
+        if note is None and ideal is not None and ideal.against == "base":
+            note = ideal.why_impossible()  # over base, a speed-up beyond the ideal is an error, not a result
         return cls(
             denoise_s=denoise_s,
             step_ms=step_ms,
@@ -127,7 +153,17 @@ class RunMetrics:
             cached_step_indices=counts.cached_indices,
             count_source=counts.source,
             count_check=counts.check,
-            speedup=(base_denoise_s / denoise_s) if base_denoise_s is not None and denoise_s > 0 else None,
+            speedup=None if note else speedup,
+            speedup_spread=ratio.spread if ratio is not None and not note else None,
+            speedup_note=note,
+            timed_pairs=ratio.pairs if ratio is not None else 0,
+            stall=priced.stall,
+            ideal_speedup=ideal.ideal if ideal else None,
+            cached_share=ideal.price.share if ideal else None,
+            ideal_source=ideal.price.source if ideal else None,
+            of_ideal=ideal.of_ideal if ideal else None,
+            of_ideal_against=ideal.against if ideal else None,
+            ideal_detail=ideal.price.as_dict() if ideal else None,
             base_denoise_s=base_denoise_s,
             base_age_s=age,
             psnr_db=q.psnr_db if q else None,
@@ -139,18 +175,10 @@ class RunMetrics:
             **fields,
         )
 
-    @property
-    def of_ideal(self) -> float | None:
-        """Measured speed-up over the ideal one: what the caching machinery itself costs (1.0: nothing)."""
-        if self.speedup is None or not self.ideal_speedup:
-            return None
-        return self.speedup / self.ideal_speedup
-
     def as_dict(self) -> dict:
         d = asdict(self)
         d["residual_diffs"] = {str(k): v for k, v in self.residual_diffs.items()}
         d["quality"] = str(self.quality)
-        d["of_ideal"] = self.of_ideal
         return d
 
     @property

@@ -7,13 +7,16 @@ that into "19x". Two defences, both from the runs' own numbers:
 - within a run, steps of one kind do the same work (every full step runs every block, every cached step the same
   few), so a run's time is priced by the MEDIAN step of each kind times its count (`Steady.robust_s`); a stall of
   a few steps moves the wall-clock sum, not that. The run's `stall` is its wall time over that price;
-- across runs, a ratio is the median of per-pair ratios, and its spread is half their range. A spread that is a
-  large part of the ratio means the machine was busy for whole runs: the ratio is not shown (`Verdict` of the
-  timing: reliable or not, with the reason in words).
+- across runs, a ratio comes from pairs (base and the stack timed one after the other). Pairs AGREE when most of
+  them (all of 2 or 3, two thirds of more) lie within +-10% of their median; then the ratio is the median of those
+  and its spread half their range, and a pair a stall spoilt for its whole length is left out, and counted. Pairs
+  that do not agree give the median and half the range of all of them; a spread over a quarter of the ratio means
+  the machine was busy for whole runs, and the ratio is not shown (`Ratio.why_not` says so in words).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -56,10 +59,11 @@ def steady(wall_s: float, step_ms: list[float], cached_indices: list[int]) -> St
 class Ratio:
     """A speed-up from paired runs: base over stack, each pair priced by its steps."""
 
-    value: float  # the median of per-pair ratios
-    spread: float  # half the range of per-pair ratios (0 for one pair: see `one_pair`)
+    value: float  # the median of the (agreeing) per-pair ratios
+    spread: float  # half the range of the (agreeing) per-pair ratios; one pair: how far its stalls could move it
     pairs: int
     base_range: float  # slowest base run over the fastest (1.0: they agree)
+    left_out: int = 0  # pairs left out as spoilt by a stall (the rest agreed)
 
     @property
     def reliable(self) -> bool:
@@ -76,23 +80,31 @@ class Ratio:
         )
 
 
+def agreeing(per_pair: list[float]) -> list[float]:
+    """The pair ratios within AGREE_BOUND of their median."""
+    mid = statistics.median(per_pair)
+    return [x for x in per_pair if abs(x - mid) <= AGREE_BOUND * mid]
+
+
+def agree(per_pair: list[float]) -> bool:
+    """Whether the pairs agree (module doc): more pairs would not change the answer."""
+    n = len(per_pair)
+    return n >= 2 and len(agreeing(per_pair)) >= max(min(n, 3), math.ceil(2 * n / 3))
+
+
 def ratio(bases: list[Steady], runs: list[Steady]) -> Ratio:
     """Base over stack from paired runs (same length, pair i ran together)."""
     per_pair = [b.robust_s / r.robust_s for b, r in zip(bases, runs) if r.robust_s > 0]
-    value = statistics.median(per_pair)
-    spread = (max(per_pair) - min(per_pair)) / 2 if len(per_pair) > 1 else _one_pair_spread(bases[0], runs[0], value)
     fastest = min(b.robust_s for b in bases)
-    return Ratio(value, spread, len(per_pair), max(b.robust_s for b in bases) / fastest if fastest > 0 else 1.0)
+    base_range = max(b.robust_s for b in bases) / fastest if fastest > 0 else 1.0
+    if len(per_pair) == 1:
+        value = per_pair[0]
+        return Ratio(value, _one_pair_spread(bases[0], runs[0], value), 1, base_range)
+    used = agreeing(per_pair) if agree(per_pair) else per_pair
+    spread = (max(used) - min(used)) / 2
+    return Ratio(statistics.median(used), spread, len(per_pair), base_range, len(per_pair) - len(used))
 
 
 def _one_pair_spread(base: Steady, run: Steady, value: float) -> float:
     """One pair: how far a stall within either run could move the ratio (its wall time against its step price)."""
     return value * max(base.stall - 1.0, run.stall - 1.0, 0.0)
-
-
-def agree(per_pair: list[float]) -> bool:
-    """Whether pair ratios agree within AGREE_BOUND of their median (then more pairs would not change the answer)."""
-    if len(per_pair) < 2:
-        return False
-    mid = statistics.median(per_pair)
-    return all(abs(x - mid) <= AGREE_BOUND * mid for x in per_pair)

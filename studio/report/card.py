@@ -49,9 +49,10 @@ def metrics_card(m) -> str:
         steps += f"<br><small>unconditional (CFG) branch cached apart: {m.backend_cfg_cached_steps}</small>"
     steps += f"<br><small>counted by {esc(m.count_source)}" + (f"; {esc(m.count_check)}" if m.count_check else "")
     steps += "</small>"
-    vs = fmt.speedup(m.speedup)
+    vs = esc(m.speedup_note) if m.speedup_note else fmt.speedup_pm(m.speedup, m.speedup_spread)
     if m.base_denoise_s is not None:
-        vs += f" (base {fmt.seconds(m.base_denoise_s)})"
+        pairs = f", {m.timed_pairs} timed pair{'s' if m.timed_pairs != 1 else ''}" if m.timed_pairs else ""
+        vs += f" (base {fmt.seconds(m.base_denoise_s)}{pairs})"
     rows = [
         ("stack", f"<code>{esc(m.tag)}</code> ({esc(m.preset)})"),
         ("denoise", f"{fmt.seconds(m.denoise_s)} &nbsp; ({m.mean_step_ms:.1f} ms/step)"),
@@ -59,6 +60,7 @@ def metrics_card(m) -> str:
         ("vs base", vs),
         ("PSNR / SSIM", f"{fmt.psnr(m.psnr_db)} / {fmt.ssim(m.ssim)}"),
         ("quality", verdict_flag(m.quality)),
+        *([("of ideal", esc(fmt.ideal_line(m)))] if m.ideal_speedup else []),
         ("timing", esc(m.timing)),
     ]
     if m.compile_s is not None:

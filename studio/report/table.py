@@ -12,10 +12,12 @@ from studio.spec.request import GenerationRequest
 
 # The shape people publish first (stack | denoise | per-step | vs base | PSNR | cached/full), then the rest.
 AGAIN = "base (again)"  # base timed a second time, last in each round: base against itself is the noise floor
-COLUMNS = ("stack", "denoise", "per-step", "vs base", "PSNR", "cached/full", "SSIM", "quality", "preset", "notes")
-# Columns a bench adds where it has them, after "cached/full": (heading, MatrixRow field, format)
+COLUMNS = (
+    "stack", "denoise", "per-step", "vs base", "PSNR", "cached/full", "of ideal", "SSIM", "quality", "preset", "notes",
+)  # fmt: skip
+CORE = 7  # the columns before a bench's extras
+# Columns a bench adds where it has them, after "of ideal": (heading, MatrixRow field, format)
 OPTIONAL = (
-    ("of ideal", "of_ideal", lambda v: f"{v:.2f}"),
     ("worst PSNR", "worst_psnr_db", fmt.psnr),
     ("studio/raw", "studio_over_raw", lambda v: f"{v:.3f}"),
 )
@@ -36,8 +38,11 @@ class MatrixRow:
     fallbacks: list[str] = field(default_factory=list)
     runs: list[float] = field(default_factory=list)  # every timed denoise, seconds
     # a bench's extras (None where it did not measure them)
-    ideal_speedup: float | None = None  # what the cached/full counts would give if a cached step cost only Fn+Bn
-    of_ideal: float | None = None  # speedup / ideal_speedup: what the caching machinery costs
+    speedup_spread: float | None = None  # +- around the speed-up, from the runs it came from
+    speedup_note: str | None = None  # why there is no speed-up (the machine was busy, a measurement error)
+    ideal_speedup: float | None = None  # what the counts give were the cache's own work free (studio.measure.blocks)
+    of_ideal: float | None = None  # speed-up over the non-cache reference / ideal: what the cache's machinery costs
+    of_ideal_against: str | None = None  # that reference: base, the non-cache twin, or the run's own full steps
     mean_psnr_db: float | None = None  # over prompts
     worst_psnr_db: float | None = None  # over prompts
     prompts: int = 1
@@ -49,20 +54,21 @@ class MatrixRow:
 
     def cells(self, optional: tuple = ()) -> list[str]:
         extra = [("-" if getattr(self, f) is None else show(getattr(self, f))) for _, f, show in optional]
-        return self._cells()[:6] + extra + self._cells()[6:]
+        return self._cells()[:CORE] + extra + self._cells()[CORE:]
 
     def _cells(self) -> list[str]:
         return [
             self.tag,
             fmt.seconds(self.denoise_s),
             fmt.ms(self.step_ms),
-            fmt.speedup(self.speedup),
+            fmt.speedup_pm(self.speedup, self.speedup_spread),
             fmt.psnr(self.psnr_db),
             f"{self.cached_steps}/{self.full_steps}",
+            fmt.of_ideal(self.of_ideal),
             fmt.ssim(self.ssim),
             str(self.quality),
             self.preset,
-            "; ".join(self.fallbacks),
+            "; ".join(([self.speedup_note] if self.speedup_note else []) + self.fallbacks),
         ]
 
     @classmethod
@@ -81,6 +87,11 @@ class MatrixRow:
             quality=str(m.quality),
             fallbacks=list(m.fallbacks),
             runs=list(runs or [m.denoise_s]),
+            speedup_spread=m.speedup_spread,
+            speedup_note=m.speedup_note,
+            ideal_speedup=m.ideal_speedup,
+            of_ideal=m.of_ideal,
+            of_ideal_against=m.of_ideal_against,
         )
 
     def as_dict(self) -> dict:
@@ -109,7 +120,7 @@ class Matrix:
 
     def columns(self) -> tuple:
         opt = self.optional()
-        return COLUMNS[:6] + tuple(c[0] for c in opt) + COLUMNS[6:]
+        return COLUMNS[:CORE] + tuple(c[0] for c in opt) + COLUMNS[CORE:]
 
     def markdown(self) -> str:
         cols, opt = self.columns(), self.optional()

@@ -152,3 +152,53 @@ def doctor_verdict(ok: bool) -> str:
     if ok:
         return "healthy: counts agree with the cache's own lists, nothing broken"
     return "NOT healthy: see DISAGREE rows"
+
+
+def ideal_worked(m) -> str:
+    """The ideal speed-up of one cached run worked through with its own numbers (`m` a RunMetrics)."""
+    d = m.ideal_detail
+    if not d:
+        return "ideal: none (nothing was cached, or the blocks' times are unknown)"
+    blocks = ", ".join(f"{t:.2f}" for t in d["block_ms"])
+    skipped = [i for i in range(len(d["block_ms"])) if i not in d["computed"]]
+    sk = " + ".join(f"{d['block_ms'][i]:.2f}" for i in skipped)
+    full, cached, steps = m.full_steps, m.cached_steps, m.full_steps + m.cached_steps
+    ideal_cached = d["full_step_ms"] - d["skipped_ms"]
+    lines = [
+        f"ideal, worked through ({d['source']}):",
+        f"  block times, median ms per call, in order: [{blocks}]",
+        f"  a cached step runs blocks {list(d['computed'])} and skips {skipped}: {d['calls']} call(s) x ({sk}) "
+        f"= {d['skipped_ms']:.2f} ms skipped",
+        f"  full step (median) {d['full_step_ms']:.2f} ms -> ideal cached step {d['full_step_ms']:.2f} - "
+        f"{d['skipped_ms']:.2f} = {ideal_cached:.2f} ms = {d['share']:.3f} of a full step",
+        f"  {full} full + {cached} cached of {steps}: ideal {steps} / ({full} + {cached} x {d['share']:.3f}) = "
+        f"{m.ideal_speedup:.3f}x",
+    ]
+    if m.of_ideal is not None:
+        vs = m.speedup if m.of_ideal_against == "base" else m.of_ideal * m.ideal_speedup
+        lines.append(
+            f"  measured {vs:.3f}x against {m.of_ideal_against}: of ideal {vs:.3f} / {m.ideal_speedup:.3f} = "
+            f"{m.of_ideal:.3f}"
+        )
+    else:
+        lines.append(
+            f"  of ideal: not shown ({m.speedup_note or 'no reliable reading against ' + str(m.of_ideal_against)})"
+        )
+    return "\n".join(lines)
+
+
+def busy_text(rep, where: str) -> str:
+    """`python -m studio busy`: each reading and its verdict (`rep` a studio.bench.busy.BusyReport)."""
+    q = rep.quiet_median
+    lines = [
+        f"{rep.preset} through {where}: quiet readings {', '.join(fmt.speedup(v) for v in rep.quiet)}"
+        f" (median {fmt.speedup(q)}); with a CPU-bound process beside it:"
+    ]
+    for (v, note), verdict in zip(rep.busy, rep.verdicts()):
+        reading = fmt.speedup(v) if v is not None else f"no number ({note})"
+        lines.append(f"  {reading}: {verdict}")
+    lines.append(
+        "PASS: every busy reading within 25% of the quiet one or flagged as unreliable" if rep.passed else
+        "FAIL: a busy reading is wrong"
+    )  # fmt: skip
+    return "\n".join(lines)

@@ -1,0 +1,107 @@
+"""`python -m studio busy`: do the numbers stay honest when another program shares the cores?
+
+The target (issue 19): with another CPU-bound process on the machine, a generate either reports a speed-up within
+25% of the quiet one, or reports none and says the timing was unreliable. This runs the same request quietly, then
+with a load beside it (a second process multiplying 512x512 matrices in a loop, as a browser tab, an indexing IDE
+or a second app on the same cores would), and judges every busy reading against the quiet median. Through the
+engine in this process, or through a running app's `/generate` (`--api URL`, with gradio_client).
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+BOUND = 0.25  # a busy speed-up within 25% of the quiet median, or no number with the reason
+LOAD = "import torch\na = torch.randn(512, 512)\nwhile True:\n    a = (a @ a).tanh()\n"
+
+
+@dataclass
+class BusyReport:
+    preset: str
+    quiet: list[float | None] = field(default_factory=list)  # speed-ups read on a quiet machine
+    busy: list[tuple[float | None, str | None]] = field(default_factory=list)  # (speed-up, note) under load
+
+    @property
+    def quiet_median(self) -> float | None:
+        vals = [v for v in self.quiet if v is not None]
+        return statistics.median(vals) if vals else None
+
+    def verdicts(self) -> list[str]:
+        """Per busy reading: within the bound, flagged (no number, with the reason), or WRONG."""
+        q = self.quiet_median
+        out = []
+        for v, note in self.busy:
+            if v is None:
+                out.append("flagged" if note and note.startswith("timing unreliable") else "WRONG (no number, no why)")
+            elif q is not None and abs(v / q - 1) <= BOUND:
+                out.append("within bound")
+            else:
+                out.append("WRONG")
+        return out
+
+    @property
+    def passed(self) -> bool:
+        return self.quiet_median is not None and not any(v.startswith("WRONG") for v in self.verdicts())
+
+
+def start_load(threads: int | None = None) -> subprocess.Popen:
+    """The other program: a CPU-bound PyTorch loop in its own process (killed by `stop_load`)."""
+    import os
+
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return subprocess.Popen(
+        [sys.executable, "-c", LOAD], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def stop_load(p: subprocess.Popen) -> None:
+    p.kill()
+    p.wait(timeout=30)
+
+
+def engine_reader(runner, request, preset: str):
+    """A reading through the engine: one generate, its (speed-up, note)."""
+
+    def read():
+        m = runner.generate(request, preset).metrics
+        return m.speedup, m.speedup_note
+
+    return read
+
+
+def api_reader(url: str, prompt: str, preset: str, seed: int):
+    """A reading through a running app's /generate (gradio_client): its (speed-up, note) from the metrics JSON."""
+    from gradio_client import Client
+
+    client = Client(url, verbose=False)
+
+    def read():
+        out = client.predict(prompt=prompt, preset=preset, seed=seed, api_name="/generate")
+        m = out[-1]
+        return m.get("speedup"), m.get("speedup_note")
+
+    return read
+
+
+def run_busy(read, preset: str, quiet: int = 3, busy: int = 3, progress=None) -> BusyReport:
+    """`quiet` readings, then `busy` readings with the load running beside them."""
+    rep = BusyReport(preset)
+    read()  # the first reading loads and warms up: not a reading
+    for i in range(quiet):
+        rep.quiet.append(read()[0])
+        if progress:
+            progress(f"quiet {i + 1}/{quiet}: {rep.quiet[-1]}")
+    load = start_load()
+    try:
+        for i in range(busy):
+            rep.busy.append(read())
+            if progress:
+                progress(f"busy {i + 1}/{busy}: {rep.busy[-1]}")
+    finally:
+        stop_load(load)
+    return rep
