@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from studio.measure.quality import Verdict, error_map, judge, noise_energy, psnr, ssim, worst_tile
+from studio.measure.quality import Verdict, difference, error_map, judge, noise_energy, psnr, ssim, worst_tile
 
 BROKEN, DIFFERENT, GOOD, IDENTICAL, LOSSY = (
     Verdict.BROKEN,
@@ -89,6 +89,12 @@ def test_worst_tile_known_answers():
     assert psnr(b, a) == pytest.approx(PEAK_DB - 10 * math.log10(25), abs=1e-12)  # 1 tile of 4: MSE 25, 34.15 dB
     q = judge(b, a)  # the verdict's record carries the same tile
     assert (q.worst_tile_psnr_db, q.worst_tile_yx) == (db, (8, 0)) and q.psnr_db == psnr(b, a)
+    assert difference(b, a) == {
+        "psnr_db": q.psnr_db,
+        "worst_tile_psnr_db": db,
+        "worst_tile_yx": [8, 0],
+        "map_scale": 8,
+    }
     c = a.copy()
     c[3, 13, 0] = 16  # one pixel, one channel, off by 16: tile (0, 8) has MSE 16^2 / (64 * 3) = 4/3
     assert worst_tile(c, a) == (pytest.approx(PEAK_DB - 10 * math.log10(4 / 3), abs=1e-12), (0, 8))  # 46.88 dB

@@ -150,7 +150,7 @@ def make_metrics(**kw) -> RunMetrics:
         base_age_s=2.0, psnr_db=41.234,
         ssim=0.99123, hf_ratio=1.0, quality=Verdict.GOOD, timing="warm-up run done earlier, 1 timed run",
         compile_s=None, warmup_s=None, engaged=["cache: cache-dit DBCache"], fallbacks=["sage: unavailable on cpu"],
-        reloaded=False, total_s=1.0,
+        reloaded=False, total_s=1.0, worst_tile_psnr_db=30.1, worst_tile_yx=[8, 16],
     )  # fmt: skip
     d.update(kw)
     return RunMetrics(**d)
@@ -160,12 +160,17 @@ def test_formats():
     assert (fmt.psnr(math.inf), fmt.psnr(None), fmt.psnr(41.234)) == ("inf", "n/a", "41.23 dB")
     assert (fmt.speedup(1.8), fmt.ssim(0.99123), fmt.steps(4, 6)) == ("1.80x", "0.9912", "4 cached / 6 full")
     assert [fmt.verdict_level(v) for v in (Verdict.GOOD, Verdict.LOSSY, Verdict.BROKEN)] == ["ok", "warn", "broken"]
+    assert (fmt.tile(30.1, [8, 16]), fmt.tile(math.inf, [0, 0]), fmt.tile(None, None)) == (
+        "30.10 dB at (y 8, x 16)", "inf", "n/a"
+    )  # fmt: skip
+    assert fmt.error_map_label(8) == "error map |image − base| ×8 (white: off by 32+ of 255 levels)"
 
 
 def test_card_shows_counts_source_timing_and_fallbacks_apart():
     html = metrics_card(make_metrics(compile_s=12.5))
     assert "4 cached / 6 full" in html and "counted by block hooks; agrees with cache-dit" in html
     assert "1.80x (base 0.900 s)" in html and "41.23 dB / 0.9912" in html
+    assert "worst 8x8 tile</td><td>30.10 dB at (y 8, x 16)" in html  # beside the global PSNR
     assert "compile warm-up</td><td>12.5 s (not in denoise time)" in html
     assert "fell back" in html and html.index("sage: unavailable") > html.index("fell back")
     assert "warm-up run done earlier, 1 timed run" in html and "cpu, float32" in html
@@ -239,7 +244,8 @@ def test_generate_handler_passes_switches_and_returns_components():
     assert (req.seed, req.steps, preset) == (7, 10, "cache")
     assert (kw["cache_enabled"], kw["cache_threshold"], kw["compile_enabled"]) == (True, None, False)
     expected = {"gen.image", "gen.card", "gen.base_image", "gen.steps_plot", "hist.table", "hist.rows", "gen.json"}
-    assert set(out) == expected
+    assert set(out) == expected | {"gen.error_map"}
+    assert out["gen.error_map"].shape == (384, 384, 3) and not out["gen.error_map"].any()  # the fake's image is base
     assert out["gen.json"]["cached_step_indices"] == [4, 5, 7, 8] and out["gen.json"]["speedup"] == 1.8
     assert out["gen.image"].shape == (384, 384, 3)  # 64 px shown enlarged x6, nearest neighbour
     assert "4 cached / 6 full" in out["gen.card"] and len(out["hist.rows"]) == 1
@@ -266,6 +272,17 @@ def test_compare_handler_flags_broken_stacks():
     out = h.compare(**NO_PROGRESS, history=[], **REQUEST, preset_a="base", preset_b="cache", threshold=0.3)
     assert [c[1] for c in runner.calls] == ["base", "cache"] and runner.calls[0][2]["cache_threshold"] == 0.3
     assert out["ab.flag"] == "" and len(out["ab.table"]) == 2 and len(out["hist.rows"]) == 2
+    from studio.report.table import AB_COLUMNS
+
+    assert AB_COLUMNS[4:7] == ("PSNR", "cached/full", "worst 8x8 tile") and len(out["ab.table"][1]) == len(AB_COLUMNS)
+    assert out["ab.table"][1][6] == "30.10 dB at (y 8, x 16)"  # make_metrics' worst tile
+    assert out["ab.error_map"].shape == (384, 384, 3)  # enlarged like the pictures
+    assert out["ab.json"]["b_vs_a"] == {
+        "psnr_db": "inf",
+        "worst_tile_psnr_db": "inf",
+        "worst_tile_yx": [0, 0],
+        "map_scale": 8,
+    }
     h, _ = _handlers(broken={"cache"})
     flag = h.compare(**NO_PROGRESS, **REQUEST, preset_a="base", preset_b="cache")["ab.flag"]
     assert flag.startswith("cache: ") and "flag-broken" in flag and "likely broken" in flag and "base" not in flag

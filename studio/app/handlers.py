@@ -25,9 +25,10 @@ from PIL import Image
 from studio.app.forms import UI, CompareForm, GenerateForm, MatrixForm, RequestForm, TuneForm
 from studio.bench import run_matrix
 from studio.engine import BASE, ModelLoadError, RunError, Runner
+from studio.measure.quality import ERROR_SCALE, difference, error_map
 from studio.report.card import broken_flag, metrics_card
 from studio.report.plots import plot_steps, plot_tradeoff
-from studio.report.table import COLUMNS, MatrixRow
+from studio.report.table import AB_OPTIONAL, COLUMNS, MatrixRow
 from studio.spec import ConfigError, PresetLibrary, parse_switch
 from studio.spec.presets import MAX_PRESET_BYTES
 
@@ -84,6 +85,12 @@ def enlarge(img: np.ndarray | None, min_side: int = 384) -> np.ndarray | None:
     h, w = img.shape[:2]
     k = max(1, math.ceil(min_side / max(h, w)))
     return img if k == 1 else np.kron(img, np.ones((k, k, 1), dtype=img.dtype))
+
+
+def error_image(image: np.ndarray, base: np.ndarray | None) -> np.ndarray | None:
+    """The error map of `image` against `base` (measure.quality, x ERROR_SCALE), enlarged like the pictures; None
+    without a base."""
+    return None if base is None else enlarge(error_map(image, base, ERROR_SCALE))
 
 
 def notes_md(notes: str) -> str:
@@ -211,6 +218,7 @@ class Handlers:
             gen.image: enlarge(res.image),
             gen.card: metrics_card(res.metrics),
             gen.base_image: enlarge(res.base_image),
+            gen.error_map: error_image(res.image, res.base_image),
             gen.steps_plot: png(lambda buf: plot_steps(res.metrics, buf)),
             gen.json: json_safe(res.metrics.as_dict()),
             **self._history(history, req, [res]),
@@ -227,11 +235,14 @@ class Handlers:
         ab = self.ui.ab
         return {
             ab.slider: (a, b),
+            ab.error_map: error_image(rb.image, ra.image),  # a plain value: an update would reach the API as a dict
             ab.img_a: a,
             ab.img_b: b,
-            ab.table: [r.cells() for r in rows],
+            ab.table: [r.cells(AB_OPTIONAL) for r in rows],
             ab.flag: flag,
-            ab.json: json_safe({"a": ra.metrics.as_dict(), "b": rb.metrics.as_dict()}),
+            ab.json: json_safe(
+                {"a": ra.metrics.as_dict(), "b": rb.metrics.as_dict(), "b_vs_a": difference(rb.image, ra.image)}
+            ),
             **self._history(history, req, [ra, rb]),
         }
 

@@ -98,6 +98,12 @@ def worst_tile(a, b, tile: int = TILE) -> tuple[float, tuple[int, int]]:
     return (math.inf if worst == 0.0 else 10.0 * math.log10(255.0**2 / worst)), at
 
 
+def difference(image, base, scale: int = ERROR_SCALE) -> dict:
+    """The numbers that go with an error map (as data): PSNR, the worst tile's PSNR and place, the map's scale."""
+    db, yx = worst_tile(image, base)
+    return {"psnr_db": psnr(image, base), "worst_tile_psnr_db": db, "worst_tile_yx": list(yx), "map_scale": scale}
+
+
 def _gaussian_kernel(size: int = 11, sigma: float = 1.5) -> np.ndarray:
     ax = np.arange(size) - (size - 1) / 2.0
     k = np.exp(-(ax**2) / (2 * sigma**2))

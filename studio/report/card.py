@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 
-from studio.measure.quality import Verdict
+from studio.measure.quality import TILE, Verdict
 from studio.report import fmt
 
 CSS = """
@@ -58,6 +58,7 @@ def metrics_card(m) -> str:
         ("steps", steps),
         ("vs base", vs),
         ("PSNR / SSIM", f"{fmt.psnr(m.psnr_db)} / {fmt.ssim(m.ssim)}"),
+        (f"worst {TILE}x{TILE} tile", fmt.tile(m.worst_tile_psnr_db, m.worst_tile_yx)),
         ("quality", verdict_flag(m.quality)),
         ("timing", esc(m.timing)),
     ]

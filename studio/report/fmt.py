@@ -33,6 +33,18 @@ def steps(cached: int, full: int) -> str:
     return f"{cached} cached / {full} full"
 
 
+def tile(db: float | None, yx) -> str:
+    """The worst tile's PSNR and where it is: "36.55 dB at (y 0, x 40)"; just "inf" for an identical picture."""
+    if db is None or yx is None or math.isinf(db):
+        return psnr(db)
+    return f"{psnr(db)} at (y {yx[0]}, x {yx[1]})"
+
+
+def error_map_label(scale: int, image: str = "image", base: str = "base") -> str:
+    """What an error map shows, with its scale: the caption under the picture."""
+    return f"error map |{image} − {base}| ×{scale} (white: off by {math.ceil(255 / scale)}+ of 255 levels)"
+
+
 def verdict_level(v: Verdict | str) -> str:
     """ok | warn | broken: how loudly a verdict is shown."""
     v = Verdict(v)

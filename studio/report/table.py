@@ -7,6 +7,7 @@ import io
 import json
 from dataclasses import asdict, dataclass, field, fields
 
+from studio.measure.quality import TILE
 from studio.report import fmt
 from studio.spec.request import GenerationRequest
 
@@ -19,6 +20,9 @@ OPTIONAL = (
     ("worst PSNR", "worst_psnr_db", fmt.psnr),
     ("studio/raw", "studio_over_raw", lambda v: f"{v:.3f}"),
 )
+# The A/B table's extra column: where the damage is, beside the global PSNR (MatrixRow.worst_tile: (dB, (y, x)))
+AB_OPTIONAL = ((f"worst {TILE}x{TILE} tile", "worst_tile", lambda t: fmt.tile(*t)),)
+AB_COLUMNS = COLUMNS[:6] + tuple(c[0] for c in AB_OPTIONAL) + COLUMNS[6:]
 
 
 @dataclass
@@ -46,6 +50,12 @@ class MatrixRow:
     studio_over_raw: float | None = None  # studio denoise / plain diffusers (+ cache-dit) denoise, same request
     raw_denoise_s: float | None = None
     raw_psnr_db: float | None = None  # studio image against the plain run's image
+    worst_tile_psnr_db: float | None = None  # the worst 8x8 tile's PSNR against base (one run: A/B, history)
+    worst_tile_yx: list[int] | None = None  # its top-left pixel
+
+    @property
+    def worst_tile(self) -> tuple | None:
+        return None if self.worst_tile_psnr_db is None else (self.worst_tile_psnr_db, self.worst_tile_yx)
 
     def cells(self, optional: tuple = ()) -> list[str]:
         extra = [("-" if getattr(self, f) is None else show(getattr(self, f))) for _, f, show in optional]
@@ -81,6 +91,8 @@ class MatrixRow:
             quality=str(m.quality),
             fallbacks=list(m.fallbacks),
             runs=list(runs or [m.denoise_s]),
+            worst_tile_psnr_db=m.worst_tile_psnr_db,
+            worst_tile_yx=m.worst_tile_yx,
         )
 
     def as_dict(self) -> dict:
