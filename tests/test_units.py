@@ -288,6 +288,21 @@ def test_compare_handler_flags_broken_stacks():
     assert flag.startswith("cache: ") and "flag-broken" in flag and "likely broken" in flag and "base" not in flag
 
 
+@pytest.mark.parametrize("guidance", [-5.0, -0.001, math.nan, math.inf, -math.inf])
+def test_handler_refuses_a_bad_guidance_even_where_the_model_takes_none(guidance):
+    """/generate with guidance=-5.0 on a model without guidance used to run (the value was dropped unread)."""
+    import gradio as gr
+
+    h, runner = _handlers()  # the fake model takes no guidance
+    with pytest.raises(
+        gr.Error, match=r"That request can't run: request\.guidance=.* is not valid: guidance is a finite"
+    ):
+        h.generate(**NO_PROGRESS, **dict(REQUEST, guidance=guidance), preset="base")
+    assert runner.calls == []  # refused before any model work
+    h.generate(**NO_PROGRESS, **dict(REQUEST, guidance=0.0), preset="base")  # the UI's hidden field sends 0
+    assert runner.calls[0][0].guidance is None  # a good value for a model without guidance is still not passed on
+
+
 # ------------------------------------------------------------------------------------------------ profiles
 def _folder(tmp_path, cls, transformer=None, vae=None):
     import json

@@ -31,6 +31,7 @@ from studio.report.plots import plot_steps, plot_tradeoff
 from studio.report.table import AB_OPTIONAL, COLUMNS, MatrixRow
 from studio.spec import ConfigError, PresetLibrary, parse_switch
 from studio.spec.presets import MAX_PRESET_BYTES
+from studio.spec.request import check_scale
 
 CACHE_CHOICES = [("follow preset", "unset"), ("on", "true"), ("off", "false")]
 COMPILE_CHOICES = CACHE_CHOICES
@@ -172,6 +173,8 @@ class Handlers:
             raise gr.Error("Write a prompt first: the prompt is empty.")
         runner = self.studio.runner
         try:
+            guidance = float(form.guidance) if form.guidance is not None else None
+            check_scale("guidance", guidance)  # refused even where the model takes none and it would be dropped
             takes_guidance = runner.profile(form.model).guidance is not None
             return runner.request(
                 str(form.prompt),
@@ -180,7 +183,7 @@ class Handlers:
                 steps=int(form.steps),
                 width=int(form.width),
                 height=int(form.height),
-                guidance=float(form.guidance) if form.guidance is not None and takes_guidance else None,
+                guidance=guidance if takes_guidance else None,
             )
         except (ConfigError, ValueError) as e:
             raise gr.Error(f"That request can't run: {e}") from None
