@@ -15,6 +15,7 @@ from studio.measure.record import RunMetrics
 from studio.measure.timing import StepCounter, StepProbe, StepRecord, count_steps
 from studio.report import fmt
 from studio.report.card import metrics_card
+from studio.report.table import MatrixRow
 from studio.spec import ConfigError
 
 CPU = torch.device("cpu")
@@ -301,6 +302,25 @@ def test_handler_refuses_a_bad_guidance_even_where_the_model_takes_none(guidance
     assert runner.calls == []  # refused before any model work
     h.generate(**NO_PROGRESS, **dict(REQUEST, guidance=0.0), preset="base")  # the UI's hidden field sends 0
     assert runner.calls[0][0].guidance is None  # a good value for a model without guidance is still not passed on
+
+
+def test_matrix_chart_opens_on_the_first_cached_stack():
+    from studio.bench.matrix import chart_preset
+    from studio.report.table import AGAIN, Matrix
+
+    def matrix(*runs):
+        results = {m.preset: SimpleNamespace(metrics=m) for m in runs}
+        return Matrix(None, "m", [MatrixRow.from_metrics(m) for m in runs], results, 1)
+
+    base = make_metrics(preset="base", cached_steps=0, full_steps=10, cache_threshold=None)
+    sage = make_metrics(preset="sage", cached_steps=0, full_steps=10, cache_threshold=None)
+    cache = make_metrics(preset="cache")  # 4 cached steps
+    idle = make_metrics(preset="cache-idle", cached_steps=0, full_steps=10)  # engaged, nothing under R0.24
+    again = make_metrics(preset=AGAIN, cached_steps=0, full_steps=10, cache_threshold=None)
+    assert chart_preset(matrix(base, sage, idle, cache, again)) == "cache"  # not sage, the first after base
+    assert chart_preset(matrix(base, sage, idle, again)) == "cache-idle"  # a cache that cached nothing: why
+    assert chart_preset(matrix(base, sage, again)) == "sage"
+    assert chart_preset(matrix(base, again)) == "base"
 
 
 # ------------------------------------------------------------------------------------------------ profiles

@@ -23,8 +23,8 @@ import numpy as np
 from PIL import Image
 
 from studio.app.forms import UI, CompareForm, GenerateForm, MatrixForm, RequestForm, TuneForm
-from studio.bench import run_matrix
-from studio.engine import BASE, ModelLoadError, RunError, Runner
+from studio.bench import chart_preset, run_matrix
+from studio.engine import ModelLoadError, RunError, Runner
 from studio.measure.quality import ERROR_SCALE, difference, error_map
 from studio.report.card import broken_flag, metrics_card
 from studio.report.plots import plot_steps, plot_tradeoff
@@ -269,7 +269,7 @@ class Handlers:
         except (ConfigError, ModelLoadError, RunError, ValueError) as e:
             raise gr.Error(str(e)) from None
         runs = {name: r.metrics.as_dict() for name, r in mat.results.items()}
-        first = next((r.preset for r in mat.rows if r.preset != BASE), mat.rows[0].preset)
+        first = chart_preset(mat)  # the first cached stack, not whatever comes after base
         mx = self.ui.mx
         return {
             mx.table: [r.cells() for r in mat.rows],
