@@ -164,7 +164,23 @@ def test_formats():
     assert (fmt.tile(30.1, [8, 16]), fmt.tile(math.inf, [0, 0]), fmt.tile(None, None)) == (
         "30.10 dB at (y 8, x 16)", "inf", "n/a"
     )  # fmt: skip
-    assert fmt.error_map_label(8) == "error map |image − base| ×8 (white: off by 32+ of 255 levels)"
+    assert fmt.error_map_note(8, "Above").startswith("Above: the error map |image − base| per pixel (the largest")
+    assert "×8, saturating at 255: black is no change, white an error of 32 or more of 255" in fmt.error_map_note(
+        8, ""
+    )
+
+
+def test_error_picture_is_the_map_enlarged_with_the_worst_tile_framed():
+    from studio.report.images import FRAME_RGB, error_picture
+
+    a = np.zeros((16, 16, 3), np.uint8)
+    b = a.copy()
+    b[8:16, 0:8] = 10  # the lower-left tile, off by 10: x8 = 80 in the map
+    assert error_picture(a, None) is None  # no base, no map
+    assert not error_picture(a, a).any() and error_picture(a, a).shape == (384, 384, 3)  # identical: all black
+    pic = error_picture(b, a, [8, 0])  # 16 px shown x24; the frame (8 px thick) lies inside the tile's 192 px
+    assert pic[192, 0].tolist() == list(FRAME_RGB) and pic[383, 191].tolist() == list(FRAME_RGB)
+    assert pic[300, 100].tolist() == [80, 80, 80] and not pic[:192].any() and not pic[:, 192:].any()
 
 
 def test_card_shows_counts_source_timing_and_fallbacks_apart():
@@ -246,7 +262,10 @@ def test_generate_handler_passes_switches_and_returns_components():
     assert (kw["cache_enabled"], kw["cache_threshold"], kw["compile_enabled"]) == (True, None, False)
     expected = {"gen.image", "gen.card", "gen.base_image", "gen.steps_plot", "hist.table", "hist.rows", "gen.json"}
     assert set(out) == expected | {"gen.error_map"}
-    assert out["gen.error_map"].shape == (384, 384, 3) and not out["gen.error_map"].any()  # the fake's image is base
+    from studio.report.images import FRAME_RGB
+
+    pic = out["gen.error_map"].reshape(-1, 3)  # the fake's image is its base: black, but for the metrics' tile frame
+    assert out["gen.error_map"].shape == (384, 384, 3) and {tuple(p) for p in pic[pic.any(axis=1)]} == {FRAME_RGB}
     assert out["gen.json"]["cached_step_indices"] == [4, 5, 7, 8] and out["gen.json"]["speedup"] == 1.8
     assert out["gen.image"].shape == (384, 384, 3)  # 64 px shown enlarged x6, nearest neighbour
     assert "4 cached / 6 full" in out["gen.card"] and len(out["hist.rows"]) == 1

@@ -98,8 +98,9 @@ def _generate_tab(names: list[str], default_preset: str) -> GenerateTab:
             with gr.Column(scale=2):
                 base_image = gr.Image(label="base image (same request)", type="numpy", format="png", interactive=False)
                 error_map = gr.Image(
-                    label=fmt.error_map_label(ERROR_SCALE), type="numpy", format="png", interactive=False
+                    label="error map", show_label=False, type="numpy", format="png", interactive=False
                 )
+                gr.Markdown(fmt.error_map_note(ERROR_SCALE, "Above"))
                 steps_plot = gr.Image(label="Per-step time and residual diff", type="numpy", interactive=False)
     return GenerateTab(
         preset=preset, cache=cache, threshold=threshold, compile=compile_, button=button, image=image, card=card,
@@ -117,11 +118,10 @@ def _compare_tab(names: list[str], pair: tuple[str, str]) -> CompareTab:
         flag = gr.HTML()
         with gr.Row():
             slider = gr.ImageSlider(label="A | B", type="numpy", format="png", interactive=False)
-            error_map = gr.Image(
-                label=fmt.error_map_label(ERROR_SCALE, "B", "A"), type="numpy", format="png", interactive=False
-            )
+            error_map = gr.Image(label="error map", show_label=False, type="numpy", format="png", interactive=False)
             img_a = gr.Image(label="A", type="numpy", format="png", interactive=False)
             img_b = gr.Image(label="B", type="numpy", format="png", interactive=False)
+        gr.Markdown(fmt.error_map_note(ERROR_SCALE, "Beside the slider", "B", "A") + " " + fmt.AB_TILE_NOTE)
         table = gr.Dataframe(headers=list(AB_COLUMNS), label="A/B", interactive=False, wrap=True, elem_id="ab-table")
         with gr.Accordion("A and B metrics as JSON (what the API returns)", open=False):
             json = gr.JSON(label="metrics")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from studio.measure.quality import Verdict
+from studio.measure.quality import TILE, Verdict
 
 
 def psnr(v: float | None, unit: str = " dB") -> str:
@@ -40,9 +40,17 @@ def tile(db: float | None, yx) -> str:
     return f"{psnr(db)} at (y {yx[0]}, x {yx[1]})"
 
 
-def error_map_label(scale: int, image: str = "image", base: str = "base") -> str:
-    """What an error map shows, with its scale: the caption under the picture."""
-    return f"error map |{image} − {base}| ×{scale} (white: off by {math.ceil(255 / scale)}+ of 255 levels)"
+AB_TILE_NOTE = "The table's worst tile is each stack's against base."  # under A/B's map of B against A
+
+
+def error_map_note(scale: int, where: str, image: str = "image", base: str = "base") -> str:
+    """The caption of an error map (`where` it is, as the UI lays it out): what it shows, with its scale. A caption,
+    not the picture's label: a label lies over the picture's top and would hide a frame on a top-row tile."""
+    return (
+        f"{where}: the error map |{image} − {base}| per pixel (the largest channel error) ×{scale}, saturating at "
+        f"255: black is no change, white an error of {math.ceil(255 / scale)} or more of 255 levels. The red frame "
+        f"marks the worst {TILE}x{TILE} tile."
+    )
 
 
 def verdict_level(v: Verdict | str) -> str:
