@@ -324,7 +324,6 @@ def test_handler_refuses_a_bad_guidance_even_where_the_model_takes_none(guidance
 
 
 def test_matrix_chart_opens_on_the_first_cached_stack():
-    from studio.bench.matrix import chart_preset
     from studio.report.table import AGAIN, Matrix
 
     def matrix(*runs):
@@ -336,10 +335,10 @@ def test_matrix_chart_opens_on_the_first_cached_stack():
     cache = make_metrics(preset="cache")  # 4 cached steps
     idle = make_metrics(preset="cache-idle", cached_steps=0, full_steps=10)  # engaged, nothing under R0.24
     again = make_metrics(preset=AGAIN, cached_steps=0, full_steps=10, cache_threshold=None)
-    assert chart_preset(matrix(base, sage, idle, cache, again)) == "cache"  # not sage, the first after base
-    assert chart_preset(matrix(base, sage, idle, again)) == "cache-idle"  # a cache that cached nothing: why
-    assert chart_preset(matrix(base, sage, again)) == "sage"
-    assert chart_preset(matrix(base, again)) == "base"
+    assert matrix(base, sage, idle, cache, again).chart_preset() == "cache"  # not sage, the first after base
+    assert matrix(base, sage, idle, again).chart_preset() == "cache-idle"  # a cache that cached nothing: why
+    assert matrix(base, sage, again).chart_preset() == "sage"
+    assert matrix(base, again).chart_preset() == "base"
 
 
 # ------------------------------------------------------------------------------------------------ profiles

@@ -23,7 +23,7 @@ import numpy as np
 from PIL import Image
 
 from studio.app.forms import UI, CompareForm, GenerateForm, MatrixForm, RequestForm, TuneForm
-from studio.bench import chart_preset, run_matrix
+from studio.bench import run_matrix
 from studio.engine import ModelLoadError, RunError, Runner
 from studio.measure.quality import difference
 from studio.report.card import broken_flag, metrics_card
@@ -160,12 +160,14 @@ class Handlers:
 
     # helpers ---------------------------------------------------------------------------------------------
     def _request(self, form: RequestForm):
+        try:  # refused even where the model takes none, and the value is dropped below
+            check_scale("guidance", float(form.guidance) if form.guidance is not None else None)
+        except (ConfigError, ValueError) as e:
+            raise gr.Error(f"That request can't run: {e}") from None
         if not form.prompt or not str(form.prompt).strip():
             raise gr.Error("Write a prompt first: the prompt is empty.")
         runner = self.studio.runner
         try:
-            guidance = float(form.guidance) if form.guidance is not None else None
-            check_scale("guidance", guidance)  # refused even where the model takes none and it would be dropped
             takes_guidance = runner.profile(form.model).guidance is not None
             return runner.request(
                 str(form.prompt),
@@ -174,7 +176,7 @@ class Handlers:
                 steps=int(form.steps),
                 width=int(form.width),
                 height=int(form.height),
-                guidance=guidance if takes_guidance else None,
+                guidance=float(form.guidance) if form.guidance is not None and takes_guidance else None,
             )
         except (ConfigError, ValueError) as e:
             raise gr.Error(f"That request can't run: {e}") from None
@@ -263,7 +265,7 @@ class Handlers:
         except (ConfigError, ModelLoadError, RunError, ValueError) as e:
             raise gr.Error(str(e)) from None
         runs = {name: r.metrics.as_dict() for name, r in mat.results.items()}
-        first = chart_preset(mat)  # the first cached stack, not whatever comes after base
+        first = mat.chart_preset()  # the first cached stack, not whatever comes after base
         mx = self.ui.mx
         return {
             mx.table: [r.cells() for r in mat.rows],

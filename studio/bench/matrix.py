@@ -9,7 +9,7 @@ busy machine a run's slot in the round moves it by several percent; this row sho
 from __future__ import annotations
 
 from studio.bench.bench import resolve_presets, rotate, row
-from studio.engine import BASE, Runner
+from studio.engine import Runner
 from studio.report.table import AGAIN, Matrix
 from studio.spec.preset import Preset
 from studio.spec.request import GenerationRequest
@@ -46,19 +46,3 @@ def run_matrix(
     rot = rotate(runner, request, resolved, repeats, model, tick)
     rows = [row(p.name, [rot]) for p in resolved] + [row(AGAIN, [rot])]
     return Matrix(request, model or runner.model, rows, rot.last, repeats)
-
-
-def chart_preset(matrix: Matrix) -> str:
-    """The run the Matrix's per-step chart opens on: the first stack that cached a step (its chart shows the residual
-    diffs under the threshold), else the first with a cache engaged (why nothing came under it), else the first
-    after base, else base."""
-    runs = [(r.preset, matrix.results[r.preset].metrics) for r in matrix.rows if r.preset in matrix.results]
-    for wanted in (
-        lambda name, m: m.cached_steps > 0,
-        lambda name, m: m.cache_threshold is not None,
-        lambda name, m: name not in (BASE, AGAIN),
-    ):
-        hit = next((name for name, m in runs if wanted(name, m)), None)
-        if hit is not None:
-            return hit
-    return matrix.rows[0].preset

@@ -147,6 +147,21 @@ class Matrix:
             f"On this run, read speed-ups within {max(pct, 1):.0f}% of each other as equal."
         )
 
+    def chart_preset(self) -> str:
+        """The run the Matrix's per-step chart opens on: the first stack that cached a step (its chart shows the
+        residual diffs under the threshold), else the first with a cache engaged (why nothing came under it), else
+        the first row after base, else base (the first row)."""
+        runs = [(r.preset, self.results[r.preset].metrics) for r in self.rows[1:] if r.preset in self.results]
+        for wanted in (
+            lambda name, m: m.cached_steps > 0,
+            lambda name, m: m.cache_threshold is not None,
+            lambda name, m: name != AGAIN,
+        ):
+            hit = next((name for name, m in runs if wanted(name, m)), None)
+            if hit is not None:
+                return hit
+        return self.rows[0].preset
+
     def csv(self) -> str:
         """Every row with every number (not the formatted cells): one column per MatrixRow field."""
         buf = io.StringIO()
