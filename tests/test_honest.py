@@ -218,3 +218,67 @@ def test_the_worked_ideal_prints_the_numbers_it_came_from():
     assert "ideal cached step 12.00 - 7.00 = 5.00 ms = 0.417 of a full step" in text
     assert "ideal 28 / (10 + 18 x 0.417) = 1.600x" in text
     assert "measured 1.500x against base: of ideal 1.500 / 1.600 = 0.938" in text
+
+
+# -- the real engine with a stall injected into one base run (a test-only hook; nothing sleeps in the product) -----
+
+
+def _stall_base_run(runner, which: int, seconds: float, steps: set | None = None):
+    """A pre-hook on the transformer that waits `seconds` on the calls of the `which`-th base run from now (every
+    call, or only the steps in `steps`): what another program holding the cores does to one run."""
+    from studio.engine import stack_state
+
+    tr = runner.manager.current.pipe.transformer
+    seen = {"base_runs": 0, "call": 0, "cached_before": False}
+
+    def hook(module, args):
+        uncached = stack_state(module).cache == "none"
+        if uncached and seen["call"] == 0:
+            seen["base_runs"] += 1
+        seen["call"] = seen["call"] + 1 if uncached else 0
+        if uncached and seen["base_runs"] == which and (steps is None or seen["call"] - 1 in steps):
+            time.sleep(seconds)
+
+    # a base run's calls come in a row of `steps`; a cached run's reset the count
+    return tr.register_forward_pre_hook(hook)
+
+
+def _generate_cache(runner, r):
+    return runner.generate(r, "cache", cache_threshold=0.5).metrics
+
+
+def test_a_stall_injected_into_one_base_run_gives_the_quiet_ratio_or_the_unreliable_flag(runner):
+    from dataclasses import replace
+
+    from studio.spec import GenerationRequest
+
+    r = GenerationRequest(prompt="a red circle", seed=3, steps=12, width=64, height=64, max_sequence_length=32)
+    runner.pairing = replace(runner.pairing, retime_under_s=1e9)  # cheap: pairs, however loaded the machine
+    runner.generate(r, "base")
+    quiet = _generate_cache(runner, r)
+    step = quiet.base_denoise_s / 12
+
+    def judged(m):
+        if m.speedup is None:
+            assert m.speedup_note.startswith("timing unreliable"), m.speedup_note
+            return "flagged"
+        assert quiet.speedup is not None and abs(m.speedup / quiet.speedup - 1) <= 0.25, (m.speedup, quiet.speedup)
+        return "within bound"
+
+    # a stall of 2 steps, each waiting 20 steps' time: the run's price does not move
+    handle = _stall_base_run(runner, which=2, seconds=20 * step, steps={5, 6})
+    try:
+        few = _generate_cache(runner, r)
+    finally:
+        handle.remove()
+    assert judged(few) in ("within bound", "flagged")
+    assert "a stall hit" not in few.timing  # the reported stack run was not the stalled one
+    # every step of one base run 5x slower: that pair disagrees, more pairs are timed, it is left out or flagged
+    handle = _stall_base_run(runner, which=2, seconds=4 * step)
+    try:
+        whole = _generate_cache(runner, r)
+    finally:
+        handle.remove()
+    verdict = judged(whole)
+    if verdict == "within bound":
+        assert whole.timed_pairs >= 4 and "pairs left out (a stall spoilt them)" in whole.timing

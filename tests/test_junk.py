@@ -73,3 +73,17 @@ def test_request_validator_raises_only_config_errors(prompt, seed, steps, width,
     else:
         assert 1 <= r.steps <= 200 and 16 <= r.width <= 4096 and r.prompt.strip()
         assert r.guidance is None or (math.isfinite(r.guidance) and r.guidance >= 0)
+        assert r.true_cfg_scale is None or (math.isfinite(r.true_cfg_scale) and r.true_cfg_scale >= 1)
+
+
+@SETTINGS
+@given(scale=st.one_of(st.floats(max_value=-1e-9), st.sampled_from([math.nan, math.inf, -math.inf])))
+def test_a_negative_or_non_finite_scale_is_refused_with_a_sentence(scale):
+    """guidance and true_cfg_scale (the UI/API handler's side: tests/test_units.py)."""
+    for name in ("guidance", "true_cfg_scale"):
+        try:
+            GenerationRequest(prompt="p", **{name: scale})
+        except ConfigError as e:
+            assert str(e).startswith(f"request.{name}=") and f"is not valid: {name} is a finite number from " in str(e)
+        else:
+            raise AssertionError(f"{name}={scale!r} was accepted")

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import numpy as np
 import pytest
 import torch
 
-from studio.measure.quality import Verdict
+from studio.engine.device import DTYPE_ENV
+from studio.measure.quality import Verdict, error_map
 from studio.spec import EMBEDDED_DIR, GenerationRequest
 from studio.spec.profiles import HUB_PROFILES, profile_for
 from studio.tiny.build import TinyConfig, build_clip_tokenizer, build_t5_tokenizer
@@ -218,11 +220,29 @@ def _miswire(transformer):
     return handles
 
 
-def test_quality_guard_flags_a_miswired_cache(tiny_runner):
+def _tiles(img, tile=8):
+    """The mean of each tile x tile tile of a square grey-in-RGB picture (the error map), as a grid."""
+    n = img.shape[0] // tile
+    return img[..., 0].reshape(n, tile, n, tile).mean(axis=(1, 3))
+
+
+def test_quality_guard_flags_a_miswired_cache(tiny_runner, monkeypatch):
+    """The guard's verdict, and where the damage is (error map x8, worst 8x8 tile): base against itself is all
+    zero; the good cache's map is dark (the square's outline, faintly) with its worst tile at the square's top-right
+    corner; the mis-wired cache's map is bright in every tile. float32 pinned: the same numbers on a CPU with native
+    bf16."""
+    monkeypatch.setenv(DTYPE_ENV, "float32")
     prompt = "a yellow square at the top, purple background"
     base = _gen(tiny_runner, prompt, seed=2)
+    assert base.metrics.worst_tile_psnr_db == math.inf and base.metrics.worst_tile_yx == [0, 0]
+    assert not error_map(base.image, base.base_image).any()  # base against itself: all zero
     good = _gen(tiny_runner, prompt, seed=2, preset="cache")
     assert good.metrics.quality == "good" and not good.metrics.broken
+    m, dark = good.metrics, error_map(good.image, base.image)
+    # 46.49 dB over the picture, but 36.55 dB in the tile at the square's top-right corner: the damage is at the edges
+    assert m.psnr_db == pytest.approx(46.49, abs=0.3) and m.worst_tile_psnr_db == pytest.approx(36.55, abs=0.5)
+    assert m.worst_tile_yx == [0, 40]
+    assert dark.mean() < 10 and dark.max() < 255 and _tiles(dark).max() < 40  # no error reaches 32 levels
     pipe, _, _ = tiny_runner.manager.pipeline(tiny_runner.model, tiny_runner.presets.get("base"), steps=28)
     handles = _miswire(pipe.transformer)
     try:
@@ -232,6 +252,8 @@ def test_quality_guard_flags_a_miswired_cache(tiny_runner):
             h.remove()
     assert bad.metrics.psnr_db < 25 < good.metrics.psnr_db and bad.metrics.hf_ratio > 2
     assert bad.metrics.quality is Verdict.BROKEN and bad.metrics.broken
+    bright = error_map(bad.image, base.image)
+    assert _tiles(bright).min() > 200 and bad.metrics.worst_tile_psnr_db < 15  # every tile lights up
     again = _gen(tiny_runner, prompt, seed=2)
     assert np.array_equal(again.image, base.image)  # hooks removed: bitwise back to base
 

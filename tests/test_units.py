@@ -15,6 +15,7 @@ from studio.measure.record import RunMetrics
 from studio.measure.timing import StepCounter, StepProbe, StepRecord, count_steps
 from studio.report import fmt
 from studio.report.card import metrics_card
+from studio.report.table import MatrixRow
 from studio.spec import ConfigError
 
 CPU = torch.device("cpu")
@@ -150,7 +151,7 @@ def make_metrics(**kw) -> RunMetrics:
         base_age_s=2.0, psnr_db=41.234,
         ssim=0.99123, hf_ratio=1.0, quality=Verdict.GOOD, timing="warm-up run done earlier, 1 timed run",
         compile_s=None, warmup_s=None, engaged=["cache: cache-dit DBCache"], fallbacks=["sage: unavailable on cpu"],
-        reloaded=False, total_s=1.0,
+        reloaded=False, total_s=1.0, worst_tile_psnr_db=30.1, worst_tile_yx=[8, 16],
     )  # fmt: skip
     d.update(kw)
     return RunMetrics(**d)
@@ -160,12 +161,33 @@ def test_formats():
     assert (fmt.psnr(math.inf), fmt.psnr(None), fmt.psnr(41.234)) == ("inf", "n/a", "41.23 dB")
     assert (fmt.speedup(1.8), fmt.ssim(0.99123), fmt.steps(4, 6)) == ("1.80x", "0.9912", "4 cached / 6 full")
     assert [fmt.verdict_level(v) for v in (Verdict.GOOD, Verdict.LOSSY, Verdict.BROKEN)] == ["ok", "warn", "broken"]
+    assert (fmt.tile(30.1, [8, 16]), fmt.tile(math.inf, [0, 0]), fmt.tile(None, None)) == (
+        "30.10 dB at (y 8, x 16)", "inf", "n/a"
+    )  # fmt: skip
+    assert fmt.error_map_note(8, "Above").startswith("Above: the error map |image − base| per pixel (the largest")
+    assert "×8, saturating at 255: black is no change, white an error of 32 or more of 255" in fmt.error_map_note(
+        8, ""
+    )
+
+
+def test_error_picture_is_the_map_enlarged_with_the_worst_tile_framed():
+    from studio.report.images import FRAME_RGB, error_picture
+
+    a = np.zeros((16, 16, 3), np.uint8)
+    b = a.copy()
+    b[8:16, 0:8] = 10  # the lower-left tile, off by 10: x8 = 80 in the map
+    assert error_picture(a, None) is None  # no base, no map
+    assert not error_picture(a, a).any() and error_picture(a, a).shape == (384, 384, 3)  # identical: all black
+    pic = error_picture(b, a, [8, 0])  # 16 px shown x24; the frame (8 px thick) lies inside the tile's 192 px
+    assert pic[192, 0].tolist() == list(FRAME_RGB) and pic[383, 191].tolist() == list(FRAME_RGB)
+    assert pic[300, 100].tolist() == [80, 80, 80] and not pic[:192].any() and not pic[:, 192:].any()
 
 
 def test_card_shows_counts_source_timing_and_fallbacks_apart():
     html = metrics_card(make_metrics(compile_s=12.5))
     assert "4 cached / 6 full" in html and "counted by block hooks; agrees with cache-dit" in html
     assert "1.80x (base 0.900 s)" in html and "41.23 dB / 0.9912" in html
+    assert "worst 8x8 tile</td><td>30.10 dB at (y 8, x 16)" in html  # beside the global PSNR
     assert "compile warm-up</td><td>12.5 s (not in denoise time)" in html
     assert "fell back" in html and html.index("sage: unavailable") > html.index("fell back")
     assert "warm-up run done earlier, 1 timed run" in html and "cpu, float32" in html
@@ -239,7 +261,11 @@ def test_generate_handler_passes_switches_and_returns_components():
     assert (req.seed, req.steps, preset) == (7, 10, "cache")
     assert (kw["cache_enabled"], kw["cache_threshold"], kw["compile_enabled"]) == (True, None, False)
     expected = {"gen.image", "gen.card", "gen.base_image", "gen.steps_plot", "hist.table", "hist.rows", "gen.json"}
-    assert set(out) == expected
+    assert set(out) == expected | {"gen.error_map"}
+    from studio.report.images import FRAME_RGB
+
+    pic = out["gen.error_map"].reshape(-1, 3)  # the fake's image is its base: black, but for the metrics' tile frame
+    assert out["gen.error_map"].shape == (384, 384, 3) and {tuple(p) for p in pic[pic.any(axis=1)]} == {FRAME_RGB}
     assert out["gen.json"]["cached_step_indices"] == [4, 5, 7, 8] and out["gen.json"]["speedup"] == 1.8
     assert out["gen.image"].shape == (384, 384, 3)  # 64 px shown enlarged x6, nearest neighbour
     assert "4 cached / 6 full" in out["gen.card"] and len(out["hist.rows"]) == 1
@@ -266,9 +292,53 @@ def test_compare_handler_flags_broken_stacks():
     out = h.compare(**NO_PROGRESS, history=[], **REQUEST, preset_a="base", preset_b="cache", threshold=0.3)
     assert [c[1] for c in runner.calls] == ["base", "cache"] and runner.calls[0][2]["cache_threshold"] == 0.3
     assert out["ab.flag"] == "" and len(out["ab.table"]) == 2 and len(out["hist.rows"]) == 2
+    from studio.report.table import AB_COLUMNS
+
+    assert AB_COLUMNS[4:7] == ("PSNR", "cached/full", "worst 8x8 tile") and len(out["ab.table"][1]) == len(AB_COLUMNS)
+    assert out["ab.table"][1][6] == "30.10 dB at (y 8, x 16)"  # make_metrics' worst tile
+    assert out["ab.error_map"].shape == (384, 384, 3)  # enlarged like the pictures
+    assert out["ab.json"]["b_vs_a"] == {
+        "psnr_db": "inf",
+        "worst_tile_psnr_db": "inf",
+        "worst_tile_yx": [0, 0],
+        "map_scale": 8,
+    }
     h, _ = _handlers(broken={"cache"})
     flag = h.compare(**NO_PROGRESS, **REQUEST, preset_a="base", preset_b="cache")["ab.flag"]
     assert flag.startswith("cache: ") and "flag-broken" in flag and "likely broken" in flag and "base" not in flag
+
+
+@pytest.mark.parametrize("guidance", [-5.0, -0.001, math.nan, math.inf, -math.inf])
+def test_handler_refuses_a_bad_guidance_even_where_the_model_takes_none(guidance):
+    """/generate with guidance=-5.0 on a model without guidance used to run (the value was dropped unread)."""
+    import gradio as gr
+
+    h, runner = _handlers()  # the fake model takes no guidance
+    with pytest.raises(
+        gr.Error, match=r"That request can't run: request\.guidance=.* is not valid: guidance is a finite"
+    ):
+        h.generate(**NO_PROGRESS, **dict(REQUEST, guidance=guidance), preset="base")
+    assert runner.calls == []  # refused before any model work
+    h.generate(**NO_PROGRESS, **dict(REQUEST, guidance=0.0), preset="base")  # the UI's hidden field sends 0
+    assert runner.calls[0][0].guidance is None  # a good value for a model without guidance is still not passed on
+
+
+def test_matrix_chart_opens_on_the_first_cached_stack():
+    from studio.report.table import AGAIN, Matrix
+
+    def matrix(*runs):
+        results = {m.preset: SimpleNamespace(metrics=m) for m in runs}
+        return Matrix(None, "m", [MatrixRow.from_metrics(m) for m in runs], results, 1)
+
+    base = make_metrics(preset="base", cached_steps=0, full_steps=10, cache_threshold=None)
+    sage = make_metrics(preset="sage", cached_steps=0, full_steps=10, cache_threshold=None)
+    cache = make_metrics(preset="cache")  # 4 cached steps
+    idle = make_metrics(preset="cache-idle", cached_steps=0, full_steps=10)  # engaged, nothing under R0.24
+    again = make_metrics(preset=AGAIN, cached_steps=0, full_steps=10, cache_threshold=None)
+    assert matrix(base, sage, idle, cache, again).chart_preset() == "cache"  # not sage, the first after base
+    assert matrix(base, sage, idle, again).chart_preset() == "cache-idle"  # a cache that cached nothing: why
+    assert matrix(base, sage, again).chart_preset() == "sage"
+    assert matrix(base, again).chart_preset() == "base"
 
 
 # ------------------------------------------------------------------------------------------------ profiles

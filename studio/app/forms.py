@@ -109,6 +109,7 @@ class GenerateTab:
     card: gr.HTML
     json: gr.JSON
     base_image: gr.Image
+    error_map: gr.Image  # |image - base|, amplified (measure.quality.ERROR_SCALE)
     steps_plot: gr.Image
 
 
@@ -122,6 +123,7 @@ class CompareTab:
     button: gr.Button
     flag: gr.HTML
     slider: gr.ImageSlider
+    error_map: gr.Image  # |B - A|, amplified
     img_a: gr.Image
     img_b: gr.Image
     table: gr.Dataframe

@@ -24,12 +24,15 @@ from PIL import Image
 
 from studio.app.forms import UI, CompareForm, GenerateForm, MatrixForm, RequestForm, TuneForm
 from studio.bench import run_matrix
-from studio.engine import BASE, ModelLoadError, RunError, Runner
+from studio.engine import ModelLoadError, RunError, Runner
+from studio.measure.quality import difference
 from studio.report.card import broken_flag, metrics_card
+from studio.report.images import enlarge, error_picture
 from studio.report.plots import plot_steps, plot_tradeoff
-from studio.report.table import COLUMNS, MatrixRow
+from studio.report.table import AB_OPTIONAL, COLUMNS, MatrixRow
 from studio.spec import ConfigError, PresetLibrary, parse_switch
 from studio.spec.presets import MAX_PRESET_BYTES
+from studio.spec.request import check_scale
 
 CACHE_CHOICES = [("follow preset", "unset"), ("on", "true"), ("off", "false")]
 COMPILE_CHOICES = CACHE_CHOICES
@@ -77,13 +80,9 @@ def png(render) -> np.ndarray:
     return np.asarray(Image.open(buf).convert("RGB"))
 
 
-def enlarge(img: np.ndarray | None, min_side: int = 384) -> np.ndarray | None:
-    """Small native sizes shown enlarged (nearest neighbour: pixels stay honest)."""
-    if img is None:
-        return None
-    h, w = img.shape[:2]
-    k = max(1, math.ceil(min_side / max(h, w)))
-    return img if k == 1 else np.kron(img, np.ones((k, k, 1), dtype=img.dtype))
+def tile_at(db: float | None, yx) -> list[int] | None:
+    """Where the map's frame goes: the worst tile, where there is one (none for an identical picture)."""
+    return yx if db is not None and math.isfinite(db) else None
 
 
 def notes_md(notes: str) -> str:
@@ -161,6 +160,10 @@ class Handlers:
 
     # helpers ---------------------------------------------------------------------------------------------
     def _request(self, form: RequestForm):
+        try:  # refused even where the model takes none, and the value is dropped below
+            check_scale("guidance", float(form.guidance) if form.guidance is not None else None)
+        except (ConfigError, ValueError) as e:
+            raise gr.Error(f"That request can't run: {e}") from None
         if not form.prompt or not str(form.prompt).strip():
             raise gr.Error("Write a prompt first: the prompt is empty.")
         runner = self.studio.runner
@@ -211,6 +214,9 @@ class Handlers:
             gen.image: enlarge(res.image),
             gen.card: metrics_card(res.metrics),
             gen.base_image: enlarge(res.base_image),
+            gen.error_map: error_picture(
+                res.image, res.base_image, tile_at(res.metrics.worst_tile_psnr_db, res.metrics.worst_tile_yx)
+            ),
             gen.steps_plot: png(lambda buf: plot_steps(res.metrics, buf)),
             gen.json: json_safe(res.metrics.as_dict()),
             **self._history(history, req, [res]),
@@ -224,14 +230,18 @@ class Handlers:
         rows = [MatrixRow.from_metrics(ra.metrics), MatrixRow.from_metrics(rb.metrics)]
         flag = broken_flag(rows)  # only a broken stack is flagged above the pictures; the table shows every verdict
         a, b = enlarge(ra.image), enlarge(rb.image)
+        b_vs_a = difference(rb.image, ra.image)  # the numbers of the map beside the slider
         ab = self.ui.ab
         return {
             ab.slider: (a, b),
+            ab.error_map: error_picture(
+                rb.image, ra.image, tile_at(b_vs_a["worst_tile_psnr_db"], b_vs_a["worst_tile_yx"])
+            ),
             ab.img_a: a,
             ab.img_b: b,
-            ab.table: [r.cells() for r in rows],
+            ab.table: [r.cells(AB_OPTIONAL) for r in rows],
             ab.flag: flag,
-            ab.json: json_safe({"a": ra.metrics.as_dict(), "b": rb.metrics.as_dict()}),
+            ab.json: json_safe({"a": ra.metrics.as_dict(), "b": rb.metrics.as_dict(), "b_vs_a": b_vs_a}),
             **self._history(history, req, [ra, rb]),
         }
 
@@ -255,7 +265,7 @@ class Handlers:
         except (ConfigError, ModelLoadError, RunError, ValueError) as e:
             raise gr.Error(str(e)) from None
         runs = {name: r.metrics.as_dict() for name, r in mat.results.items()}
-        first = next((r.preset for r in mat.rows if r.preset != BASE), mat.rows[0].preset)
+        first = mat.chart_preset()  # the first cached stack, not whatever comes after base
         mx = self.ui.mx
         return {
             mx.table: [r.cells() for r in mat.rows],

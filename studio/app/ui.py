@@ -25,8 +25,10 @@ from studio.app.forms import UI, CompareTab, GenerateTab, HistoryTab, MatrixTab,
 from studio.app.handlers import CACHE_CHOICES, COMPILE_CHOICES, HISTORY_COLUMNS, Handlers, Studio, notes_md
 from studio.engine import BASE, Runner
 from studio.engine.thread import on_device_thread
+from studio.measure.quality import ERROR_SCALE
+from studio.report import fmt
 from studio.report.card import CSS
-from studio.report.table import COLUMNS
+from studio.report.table import AB_COLUMNS, COLUMNS
 
 __all__ = ["CSS", "build_app"]
 
@@ -95,10 +97,14 @@ def _generate_tab(names: list[str], default_preset: str) -> GenerateTab:
                     json = gr.JSON(label="metrics")
             with gr.Column(scale=2):
                 base_image = gr.Image(label="base image (same request)", type="numpy", format="png", interactive=False)
+                error_map = gr.Image(
+                    label="error map", show_label=False, type="numpy", format="png", interactive=False
+                )
+                gr.Markdown(fmt.error_map_note(ERROR_SCALE, "Above"))
                 steps_plot = gr.Image(label="Per-step time and residual diff", type="numpy", interactive=False)
     return GenerateTab(
         preset=preset, cache=cache, threshold=threshold, compile=compile_, button=button, image=image, card=card,
-        json=json, base_image=base_image, steps_plot=steps_plot,
+        json=json, base_image=base_image, error_map=error_map, steps_plot=steps_plot,
     )  # fmt: skip
 
 
@@ -112,14 +118,16 @@ def _compare_tab(names: list[str], pair: tuple[str, str]) -> CompareTab:
         flag = gr.HTML()
         with gr.Row():
             slider = gr.ImageSlider(label="A | B", type="numpy", format="png", interactive=False)
+            error_map = gr.Image(label="error map", show_label=False, type="numpy", format="png", interactive=False)
             img_a = gr.Image(label="A", type="numpy", format="png", interactive=False)
             img_b = gr.Image(label="B", type="numpy", format="png", interactive=False)
-        table = gr.Dataframe(headers=list(COLUMNS), label="A/B", interactive=False, wrap=True, elem_id="ab-table")
+        gr.Markdown(fmt.error_map_note(ERROR_SCALE, "Beside the slider", "B", "A") + " " + fmt.AB_TILE_NOTE)
+        table = gr.Dataframe(headers=list(AB_COLUMNS), label="A/B", interactive=False, wrap=True, elem_id="ab-table")
         with gr.Accordion("A and B metrics as JSON (what the API returns)", open=False):
             json = gr.JSON(label="metrics")
     return CompareTab(
         preset_a=preset_a, preset_b=preset_b, cache=cache, threshold=threshold, compile=compile_, button=button,
-        flag=flag, slider=slider, img_a=img_a, img_b=img_b, table=table, json=json,
+        flag=flag, slider=slider, error_map=error_map, img_a=img_a, img_b=img_b, table=table, json=json,
     )  # fmt: skip
 
 
@@ -237,19 +245,20 @@ def _wire(ui: UI, h: Handlers, demo) -> None:
     r.examples.change(lambda e, p: e or p, [r.examples, r.prompt], r.prompt, **private)
     r.model.change(h.on_model, r.model, [r.examples, r.model_notes, r.steps, r.width, r.height, r.guidance], **private)
     # The inputs by name (app.forms): the names are the API's parameter names and the handler's form fields.
+    # A new output goes just before the metrics (always last), so the outputs' places in the API stay as they were.
     # One event for the button and Enter in the prompt box: one endpoint, /generate.
     gr.on(
         [gen.button.click, r.prompt.submit],
         _gpu(h.generate),
         inputs_kwargs=forms.inputs(forms.GenerateForm, r, gen) | hist_in,
-        outputs=[gen.image, gen.card, gen.base_image, gen.steps_plot] + hist_out + [gen.json],
+        outputs=[gen.image, gen.card, gen.base_image, gen.steps_plot] + hist_out + [gen.error_map, gen.json],
         api_name="generate",
         **device,
     )
     ab.button.click(
         _gpu(h.compare),
         inputs_kwargs=forms.inputs(forms.CompareForm, r, ab) | hist_in,
-        outputs=[ab.slider, ab.img_a, ab.img_b, ab.table, ab.flag] + hist_out + [ab.json],
+        outputs=[ab.slider, ab.img_a, ab.img_b, ab.table, ab.flag] + hist_out + [ab.error_map, ab.json],
         api_name="compare",
         **device,
     )

@@ -1,9 +1,10 @@
-"""measure: timing (a clock, step counting that survives torch.compile) and quality (PSNR, SSIM, verdicts).
+"""measure: timing (a clock, step counting that survives torch.compile) and quality (PSNR, SSIM, the error map and
+the worst tile, verdicts).
 
 Imports only `spec` from the studio.
 """
 
-from studio.measure.quality import Quality, Verdict, judge, noise_energy, psnr, ssim
+from studio.measure.quality import Quality, Verdict, error_map, judge, noise_energy, psnr, ssim, worst_tile
 from studio.measure.record import RunMetrics
 from studio.measure.timing import StepCounter, StepCounts, StepProbe, StepRecord, count_steps
 
@@ -16,8 +17,10 @@ __all__ = [
     "StepRecord",
     "Verdict",
     "count_steps",
+    "error_map",
     "judge",
     "noise_energy",
     "psnr",
     "ssim",
+    "worst_tile",
 ]

@@ -1,4 +1,7 @@
-"""Image quality against the base image (PSNR, SSIM) and the quality guard's verdict.
+"""Image quality against the base image (PSNR, SSIM, where the error is) and the quality guard's verdict.
+
+Where: a global PSNR averages the damage over the picture; `worst_tile` gives the PSNR of the worst 8x8 tile and
+its place, and `error_map` the per-pixel error as a picture, amplified by a stated scale.
 
 The guard tells a stack that is lossy from one that is broken. Low PSNR alone is not proof: a cache can flip a
 composition into a different clean picture (about 12 dB on a two-object scene). A mis-wired stack makes
@@ -33,6 +36,8 @@ class Verdict(str, enum.Enum):
 GOOD_DB = 30.0
 LOSSY_DB = 20.0
 NOISE_HF_RATIO = 2.0  # fine-scale (noise) energy this many times the base's means noise, not a new picture
+ERROR_SCALE = 8  # the error map's amplification: an error of 32 of 255 levels (or more) shows white
+TILE = 8  # the worst tile's side in pixels
 
 
 def _as_float(img) -> np.ndarray:
@@ -51,6 +56,52 @@ def psnr(a, b, data_range: float = 255.0) -> float:
     if mse == 0.0:
         return math.inf
     return 10.0 * math.log10(data_range**2 / mse)
+
+
+def error_map(a, b, scale: int = ERROR_SCALE) -> np.ndarray:
+    """|a - b| per pixel as a grey HxWx3 uint8 picture: the largest channel error in 0..255 levels times `scale`,
+    saturating at 255 (scale 8: an error of 1 level shows as 8, one of 32 or more as white)."""
+    x, y = _as_float(a), _as_float(b)
+    if x.shape != y.shape:
+        raise ValueError(f"error_map: shapes differ, {x.shape} vs {y.shape}")
+    if not scale > 0:
+        raise ValueError(f"error_map: scale={scale!r} must be positive")
+    d = np.abs(x - y)
+    if d.ndim == 3:
+        d = d.max(axis=2)
+    grey = np.clip(np.rint(d * scale), 0, 255).astype(np.uint8)
+    return np.repeat(grey[..., None], 3, axis=2)
+
+
+def worst_tile(a, b, tile: int = TILE) -> tuple[float, tuple[int, int]]:
+    """The PSNR (dB) of the worst `tile` x `tile` tile and its top-left pixel (y, x).
+
+    Tiles start at (0, 0) and step by `tile`; edge tiles of a size that is not a multiple are smaller. The worst
+    tile has the largest mean squared error over its pixels and channels; of equal ones, the first in reading
+    order. An identical pair gives (inf, (0, 0))."""
+    x, y = _as_float(a), _as_float(b)
+    if x.shape != y.shape:
+        raise ValueError(f"worst_tile: shapes differ, {x.shape} vs {y.shape}")
+    sq = (x - y) ** 2
+    if sq.ndim == 3:
+        sq = sq.mean(axis=2)
+    h, w = sq.shape
+    pad = ((0, -h % tile), (0, -w % tile))
+    rows, cols = (h + pad[0][1]) // tile, (w + pad[1][1]) // tile
+
+    def per_tile(v):
+        return np.pad(v, pad).reshape(rows, tile, cols, tile).sum(axis=(1, 3))
+
+    mse = per_tile(sq) / per_tile(np.ones_like(sq))
+    i = int(np.argmax(mse))  # the first of equal ones in reading order
+    worst, at = float(mse.flat[i]), ((i // cols) * tile, (i % cols) * tile)
+    return (math.inf if worst == 0.0 else 10.0 * math.log10(255.0**2 / worst)), at
+
+
+def difference(image, base, scale: int = ERROR_SCALE) -> dict:
+    """The numbers that go with an error map (as data): PSNR, the worst tile's PSNR and place, the map's scale."""
+    db, yx = worst_tile(image, base)
+    return {"psnr_db": psnr(image, base), "worst_tile_psnr_db": db, "worst_tile_yx": list(yx), "map_scale": scale}
 
 
 def _gaussian_kernel(size: int = 11, sigma: float = 1.5) -> np.ndarray:
@@ -93,6 +144,8 @@ class Quality:
     ssim: float
     hf_ratio: float
     verdict: Verdict
+    worst_tile_psnr_db: float = math.inf  # the worst TILE x TILE tile's PSNR
+    worst_tile_yx: tuple[int, int] = (0, 0)  # its top-left pixel
 
     @property
     def broken(self) -> bool:
@@ -118,6 +171,7 @@ def judge(image, base) -> Quality:
     """Compare a run's image with the base image of the same request and give a verdict."""
     p = psnr(image, base)
     s = ssim(image, base)
+    tile_db, tile_at = worst_tile(image, base)
     # +1 (in 0..255 units squared) keeps flat base images from dividing by ~0.
     ratio = (noise_energy(image) + 1.0) / (noise_energy(base) + 1.0)
     if math.isinf(p):
@@ -130,4 +184,4 @@ def judge(image, base) -> Quality:
         verdict = Verdict.LOSSY
     else:
         verdict = Verdict.DIFFERENT
-    return Quality(p, s, ratio, verdict)
+    return Quality(p, s, ratio, verdict, tile_db, tile_at)

@@ -108,6 +108,8 @@ class RunMetrics:
     of_ideal: float | None = None  # measured speed-up over its non-cache reference, over the ideal
     of_ideal_against: str | None = None  # that reference: "base", or "its own full steps"
     ideal_detail: dict | None = None  # the numbers behind the ideal: block times, full step, skipped time, share
+    worst_tile_psnr_db: float | None = None  # PSNR of the worst 8x8 tile against base (measure.quality.worst_tile)
+    worst_tile_yx: list[int] | None = None  # that tile's top-left pixel, [y, x]
 
     @classmethod
     def of(
@@ -130,7 +132,8 @@ class RunMetrics:
         """The record of one measured run compared with its base (None: not compared).
 
         Args:
-            image, base_image: the run's and the base's pictures (PSNR, SSIM and the verdict come from them).
+            image, base_image: the run's and the base's pictures (PSNR, SSIM, the worst tile and the verdict come
+                from them).
             base_denoise_s, base_timed_at: the base's wall time, and when it ended (time.monotonic).
             ended: when this run's timed run ended (time.monotonic).
             counts: the cached/full counts and where they came from.
@@ -168,6 +171,8 @@ class RunMetrics:
             base_age_s=age,
             psnr_db=q.psnr_db if q else None,
             ssim=q.ssim if q else None,
+            worst_tile_psnr_db=q.worst_tile_psnr_db if q else None,
+            worst_tile_yx=list(q.worst_tile_yx) if q else None,
             hf_ratio=q.hf_ratio if q else None,
             quality=q.verdict if q else Verdict.NOT_COMPARED,
             timing=timing.text(age),

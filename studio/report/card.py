@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 
-from studio.measure.quality import Verdict
+from studio.measure.quality import TILE, Verdict
 from studio.report import fmt
 
 CSS = """
@@ -59,6 +59,7 @@ def metrics_card(m) -> str:
         ("steps", steps),
         ("vs base", vs),
         ("PSNR / SSIM", f"{fmt.psnr(m.psnr_db)} / {fmt.ssim(m.ssim)}"),
+        (f"worst {TILE}x{TILE} tile", fmt.tile(m.worst_tile_psnr_db, m.worst_tile_yx)),
         ("quality", verdict_flag(m.quality)),
         *([("of ideal", esc(fmt.ideal_line(m)))] if m.ideal_speedup else []),
         ("timing", esc(m.timing)),

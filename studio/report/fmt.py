@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from studio.measure.quality import Verdict
+from studio.measure.quality import TILE, Verdict
 
 
 def psnr(v: float | None, unit: str = " dB") -> str:
@@ -53,6 +53,26 @@ def ms(v: float | None) -> str:
 
 def steps(cached: int, full: int) -> str:
     return f"{cached} cached / {full} full"
+
+
+def tile(db: float | None, yx) -> str:
+    """The worst tile's PSNR and where it is: "36.55 dB at (y 0, x 40)"; just "inf" for an identical picture."""
+    if db is None or yx is None or math.isinf(db):
+        return psnr(db)
+    return f"{psnr(db)} at (y {yx[0]}, x {yx[1]})"
+
+
+AB_TILE_NOTE = "The table's worst tile is each stack's against base."  # under A/B's map of B against A
+
+
+def error_map_note(scale: int, where: str, image: str = "image", base: str = "base") -> str:
+    """The caption of an error map (`where` it is, as the UI lays it out): what it shows, with its scale. A caption,
+    not the picture's label: a label lies over the picture's top and would hide a frame on a top-row tile."""
+    return (
+        f"{where}: the error map |{image} − {base}| per pixel (the largest channel error) ×{scale}, saturating at "
+        f"255: black is no change, white an error of {math.ceil(255 / scale)} or more of 255 levels. The red frame "
+        f"marks the worst {TILE}x{TILE} tile."
+    )
 
 
 def verdict_level(v: Verdict | str) -> str:

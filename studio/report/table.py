@@ -7,6 +7,7 @@ import io
 import json
 from dataclasses import asdict, dataclass, field, fields
 
+from studio.measure.quality import TILE
 from studio.report import fmt
 from studio.spec.request import GenerationRequest
 
@@ -21,6 +22,9 @@ OPTIONAL = (
     ("worst PSNR", "worst_psnr_db", fmt.psnr),
     ("studio/raw", "studio_over_raw", lambda v: f"{v:.3f}"),
 )
+# The A/B table's extra column: where the damage is, beside the global PSNR (MatrixRow.worst_tile: (dB, (y, x)))
+AB_OPTIONAL = ((f"worst {TILE}x{TILE} tile", "worst_tile", lambda t: fmt.tile(*t)),)
+AB_COLUMNS = COLUMNS[:CORE] + tuple(c[0] for c in AB_OPTIONAL) + COLUMNS[CORE:]
 
 
 @dataclass
@@ -51,6 +55,12 @@ class MatrixRow:
     studio_over_raw: float | None = None  # studio denoise / plain diffusers (+ cache-dit) denoise, same request
     raw_denoise_s: float | None = None
     raw_psnr_db: float | None = None  # studio image against the plain run's image
+    worst_tile_psnr_db: float | None = None  # the worst 8x8 tile's PSNR against base (one run: A/B, history)
+    worst_tile_yx: list[int] | None = None  # its top-left pixel
+
+    @property
+    def worst_tile(self) -> tuple | None:
+        return None if self.worst_tile_psnr_db is None else (self.worst_tile_psnr_db, self.worst_tile_yx)
 
     def cells(self, optional: tuple = ()) -> list[str]:
         extra = [("-" if getattr(self, f) is None else show(getattr(self, f))) for _, f, show in optional]
@@ -92,6 +102,8 @@ class MatrixRow:
             ideal_speedup=m.ideal_speedup,
             of_ideal=m.of_ideal,
             of_ideal_against=m.of_ideal_against,
+            worst_tile_psnr_db=m.worst_tile_psnr_db,
+            worst_tile_yx=m.worst_tile_yx,
         )
 
     def as_dict(self) -> dict:
@@ -145,6 +157,21 @@ class Matrix:
             f"Noise floor: `{AGAIN}` is base timed again at the end of each round; it reads {aa:.2f}x against base. "
             f"On this run, read speed-ups within {max(pct, 1):.0f}% of each other as equal."
         )
+
+    def chart_preset(self) -> str:
+        """The run the Matrix's per-step chart opens on: the first stack that cached a step (its chart shows the
+        residual diffs under the threshold), else the first with a cache engaged (why nothing came under it), else
+        the first row after base, else base (the first row)."""
+        runs = [(r.preset, self.results[r.preset].metrics) for r in self.rows[1:] if r.preset in self.results]
+        for wanted in (
+            lambda name, m: m.cached_steps > 0,
+            lambda name, m: m.cache_threshold is not None,
+            lambda name, m: name != AGAIN,
+        ):
+            hit = next((name for name, m in runs if wanted(name, m)), None)
+            if hit is not None:
+                return hit
+        return self.rows[0].preset
 
     def csv(self) -> str:
         """Every row with every number (not the formatted cells): one column per MatrixRow field."""

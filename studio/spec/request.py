@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from studio.spec.checks import ConfigError, Record, check_float, check_int, fail
+from studio.spec.checks import ConfigError, Record, check_int, fail
 
 MAX_PROMPT_CHARS = 2000  # far past any DiT's text window (FLUX: 512 T5 tokens); refuses junk before model work
+# What each scale may be, and what its lowest value means. A negative or non-finite scale is refused, never dropped:
+# a caller that sends guidance=-5 to a model without guidance is told so (check_scale), not answered silently.
+SCALES = {"guidance": (0.0, 50.0, "0: no guidance"), "true_cfg_scale": (1.0, 50.0, "1: no true CFG")}
+
+
+def check_scale(name: str, value) -> None:
+    """guidance or true_cfg_scale: None, or a finite number in SCALES' range; ConfigError with a sentence otherwise.
+
+    The one rule, used by GenerationRequest and by a caller that validates a scale the model then ignores."""
+    if value is None:
+        return
+    lo, hi, meaning = SCALES[name]
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not ok or not lo <= value <= hi:
+        fail("request", name, value, f"{name} is a finite number from {lo:g} to {hi:g} ({meaning}), or unset")
 
 
 @dataclass(frozen=True)
@@ -38,8 +54,8 @@ class GenerationRequest(Record):
         check_int(o, "steps", self.steps, 1, 200)
         check_int(o, "width", self.width, 16, 4096)
         check_int(o, "height", self.height, 16, 4096)
-        check_float(o, "guidance", self.guidance, 0.0, 50.0, allow_none=True)
-        check_float(o, "true_cfg_scale", self.true_cfg_scale, 1.0, 50.0, allow_none=True)
+        check_scale("guidance", self.guidance)
+        check_scale("true_cfg_scale", self.true_cfg_scale)
         if self.max_sequence_length is not None:
             check_int(o, "max_sequence_length", self.max_sequence_length, 1, 4096)
 

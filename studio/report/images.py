@@ -1,0 +1,41 @@
+"""Pictures as shown: small native sizes enlarged, and the error map with its worst tile framed."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from studio.measure.quality import ERROR_SCALE, TILE, error_map
+
+FRAME_RGB = (230, 40, 40)  # the worst tile's frame: red on a grey map
+
+
+def enlarge(img: np.ndarray | None, min_side: int = 384) -> np.ndarray | None:
+    """Small native sizes shown enlarged (nearest neighbour: pixels stay honest)."""
+    if img is None:
+        return None
+    h, w = img.shape[:2]
+    k = max(1, math.ceil(min_side / max(h, w)))
+    return img if k == 1 else np.kron(img, np.ones((k, k, 1), dtype=img.dtype))
+
+
+def error_picture(image: np.ndarray, base: np.ndarray | None, worst_yx=None, *, scale: int = ERROR_SCALE):
+    """The error map of `image` against `base` (measure.quality.error_map, x `scale`), enlarged like the pictures,
+    with a red frame on the worst TILE x TILE tile at `worst_yx` (its top-left pixel; None: no frame, as for an
+    identical pair). None without a base."""
+    if base is None:
+        return None
+    small = error_map(image, base, scale)
+    big = enlarge(small)
+    if worst_yx is None:
+        return big
+    k = big.shape[0] // small.shape[0]
+    y0, x0 = worst_yx[0] * k, worst_yx[1] * k
+    y1, x1 = min(y0 + TILE * k, big.shape[0]), min(x0 + TILE * k, big.shape[1])
+    t = max(1, k // 3)  # the frame lies inside the tile, so the tile's own pixels around it stay visible
+    for sl in ((slice(y0, y0 + t), slice(x0, x1)), (slice(y1 - t, y1), slice(x0, x1))):
+        big[sl] = FRAME_RGB
+    for sl in ((slice(y0, y1), slice(x0, x0 + t)), (slice(y0, y1), slice(x1 - t, x1))):
+        big[sl] = FRAME_RGB
+    return big
