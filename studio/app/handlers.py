@@ -29,7 +29,7 @@ from studio.measure.quality import difference
 from studio.report.card import broken_flag, metrics_card
 from studio.report.images import enlarge, error_picture
 from studio.report.plots import plot_steps, plot_tradeoff
-from studio.report.table import AB_OPTIONAL, COLUMNS, MatrixRow
+from studio.report.table import COLUMNS, MatrixRow
 from studio.spec import ConfigError, PresetLibrary, parse_switch
 from studio.spec.presets import MAX_PRESET_BYTES
 from studio.spec.request import check_scale
@@ -239,7 +239,7 @@ class Handlers:
             ),
             ab.img_a: a,
             ab.img_b: b,
-            ab.table: [r.cells(AB_OPTIONAL) for r in rows],
+            ab.table: [r.ab_cells() for r in rows],
             ab.flag: flag,
             ab.json: json_safe({"a": ra.metrics.as_dict(), "b": rb.metrics.as_dict(), "b_vs_a": b_vs_a}),
             **self._history(history, req, [ra, rb]),

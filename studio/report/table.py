@@ -24,7 +24,8 @@ OPTIONAL = (
 )
 # The A/B table's extra column: where the damage is, beside the global PSNR (MatrixRow.worst_tile: (dB, (y, x)))
 AB_OPTIONAL = ((f"worst {TILE}x{TILE} tile", "worst_tile", lambda t: fmt.tile(*t)),)
-AB_COLUMNS = COLUMNS[:CORE] + tuple(c[0] for c in AB_OPTIONAL) + COLUMNS[CORE:]
+AB_AT = 6  # beside PSNR and the counts, before `of ideal`
+AB_COLUMNS = COLUMNS[:AB_AT] + tuple(c[0] for c in AB_OPTIONAL) + COLUMNS[AB_AT:]
 
 
 @dataclass
@@ -62,9 +63,13 @@ class MatrixRow:
     def worst_tile(self) -> tuple | None:
         return None if self.worst_tile_psnr_db is None else (self.worst_tile_psnr_db, self.worst_tile_yx)
 
-    def cells(self, optional: tuple = ()) -> list[str]:
+    def cells(self, optional: tuple = (), at: int = CORE) -> list[str]:
         extra = [("-" if getattr(self, f) is None else show(getattr(self, f))) for _, f, show in optional]
-        return self._cells()[:CORE] + extra + self._cells()[CORE:]
+        return self._cells()[:at] + extra + self._cells()[at:]
+
+    def ab_cells(self) -> list[str]:
+        """The A/B table's row (AB_COLUMNS)."""
+        return self.cells(AB_OPTIONAL, at=AB_AT)
 
     def _cells(self) -> list[str]:
         return [
