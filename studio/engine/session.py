@@ -236,7 +236,6 @@ class Runner:
             warmup_in_call=run.warmup_s is not None, runs=paired.runs, interleaved=not is_base,
             base_now=None if base is None or is_base else paired.base_now, in_workers=info is not None,
             screening=screening, left_out=paired.ratio.left_out if paired.ratio and not is_base else 0,
-            stalled=run.priced.stall if not run.priced.steady else None,
         )  # fmt: skip
         cache_on = run.stack.is_engaged("cache")
         ideal = self._ideal(p, paired)
@@ -267,7 +266,7 @@ class Runner:
             compile_s=run.warmup_s if run.compiled else None,
             warmup_s=run.warmup_s,
             engaged=self._lines(ctx, run),
-            fallbacks=self._fallbacks(run, ideal),
+            fallbacks=self._fallbacks(run),
             reloaded=run.reloaded,
             total_s=total_s,
             blocks=run.blocks,
@@ -275,13 +274,10 @@ class Runner:
         )
 
     @staticmethod
-    def _fallbacks(run: Measured, ideal: IdealCheck | None) -> list[str]:
-        """What did not run as asked, and what could not be read or trusted about the run."""
+    def _fallbacks(run: Measured) -> list[str]:
+        """What did not run as asked, and what could not be read about the run."""
         disagree = [f"step counts: {run.counts.check}"] if run.counts.disagree else []
-        impossible = []  # over base it takes the speed-up's place (RunMetrics.of); over its own steps, it is said here
-        if ideal is not None and ideal.against != "base" and ideal.impossible:
-            impossible.append(f"of ideal: {ideal.why_impossible()}")
-        return run.stack.fallbacks() + list(run.lost) + disagree + impossible
+        return run.stack.fallbacks() + list(run.lost) + disagree
 
     def _lines(self, ctx: RunContext, run: Measured) -> list[str]:
         """What ran, in words: the stack's lines, the dtype's note, a cut prompt, a cache that cached nothing."""

@@ -40,7 +40,6 @@ class Timing:
     in_workers: bool = False  # timed inside parallel worker rank 0
     screening: bool = False  # not a measurement: no warm-up, time not reported (the tuner's screening runs)
     left_out: int = 0  # timed pairs left out as spoilt by a stall (measure.steady)
-    stalled: float | None = None  # the reported run's wall time over its step price, when a stall hit it
 
     def text(self, base_age_s: float | None) -> str:
         if self.screening:
@@ -51,8 +50,6 @@ class Timing:
         out += " (timed inside parallel worker rank 0)" if self.in_workers else ""
         if self.left_out:
             out += f"; {self.left_out} of {self.runs} pairs left out (a stall spoilt them)"
-        if self.stalled:
-            out += f"; a stall hit this run ({self.stalled:.2f}x its step-median price): the speed-up uses the price"
         if self.base_now is True:
             out += "; base timed warm right before, in this call"
         elif self.base_now is False:
@@ -108,6 +105,7 @@ class RunMetrics:
     of_ideal: float | None = None  # measured speed-up over its non-cache reference, over the ideal
     of_ideal_against: str | None = None  # that reference: "base", or "its own full steps"
     ideal_detail: dict | None = None  # the numbers behind the ideal: block times, full step, skipped time, share
+    of_ideal_note: str | None = None  # why there is no `of ideal` (a reading over its ideal: a measurement error)
     worst_tile_psnr_db: float | None = None  # PSNR of the worst 8x8 tile against base (measure.quality.worst_tile)
     worst_tile_yx: list[int] | None = None  # that tile's top-left pixel, [y, x]
 
@@ -167,6 +165,7 @@ class RunMetrics:
             of_ideal=ideal.of_ideal if ideal else None,
             of_ideal_against=ideal.against if ideal else None,
             ideal_detail=ideal.price.as_dict() if ideal else None,
+            of_ideal_note=ideal.why_impossible() if ideal else None,
             base_denoise_s=base_denoise_s,
             base_age_s=age,
             psnr_db=q.psnr_db if q else None,

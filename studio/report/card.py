@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 
 from studio.measure.quality import TILE, Verdict
+from studio.measure.steady import STALL_BOUND
 from studio.report import fmt
 
 CSS = """
@@ -39,6 +40,16 @@ def _lines(lines: list[str], css: str = "") -> str:
     return f'<div class="stack-lines">{body}</div>'
 
 
+def _stall(m) -> str:
+    """A note under the timing when a stall hit the reported run itself (its speed-up is taken from its price)."""
+    if m.stall is None or m.stall <= STALL_BOUND:
+        return ""
+    return (
+        f"<br><small>a stall hit this run: its wall time is {m.stall:.2f}x its step-median price, "
+        "which the speed-up is taken from</small>"
+    )
+
+
 def metrics_card(m) -> str:
     """`m` is a RunMetrics."""
     esc = html.escape
@@ -62,7 +73,7 @@ def metrics_card(m) -> str:
         (f"worst {TILE}x{TILE} tile", fmt.tile(m.worst_tile_psnr_db, m.worst_tile_yx)),
         ("quality", verdict_flag(m.quality)),
         *([("of ideal", esc(fmt.ideal_line(m)))] if m.ideal_speedup else []),
-        ("timing", esc(m.timing)),
+        ("timing", esc(m.timing) + _stall(m)),
     ]
     if m.compile_s is not None:
         rows.append(("compile warm-up", f"{fmt.seconds(m.compile_s, 1)} (not in denoise time)"))

@@ -35,6 +35,8 @@ def of_ideal(v: float | None) -> str:
 
 def ideal_line(m) -> str:
     """What a cached run got of what its counts allow (`m` a RunMetrics with an ideal)."""
+    if m.of_ideal_note:
+        return m.of_ideal_note
     got = "n/a" if m.of_ideal is None else of_ideal(m.of_ideal)
     head = f"{got} of the ideal {m.ideal_speedup:.2f}x"
     return (
