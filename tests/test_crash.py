@@ -110,6 +110,7 @@ def test_guard_leaves_aligned_matmuls_to_the_int8_kernel():
     assert out["risky"] == [] and out["rewritten"] == 0
 
 
+@pytest.mark.slow
 def test_at_risk_layers_of_each_tiny_family():
     """Only the tiny Z-Image has such layers (dim 64: feed-forward width int(64 / 3 * 8) = 170); in float32 none is
     at risk, since Inductor's rewrite is for bfloat16 only. (The real Z-Image, dim 3840, has 10240: aligned.)"""
