@@ -108,7 +108,25 @@ def uncompile(tr) -> None:
 RECOMPILE_LIMIT = 64
 
 
-def _activate(tr, spec: CompileSpec, fullgraph: bool) -> CompiledVariant:
+def int8pack_risks(tr) -> list[str]:
+    """The INT8 Linear layers whose matmul Inductor would hand to the CPU kernel that crashes on them."""
+    if stack_state(tr).quant != "int8_weight_only":
+        return []
+    from studio.engine.int8pack import at_risk_layers
+
+    return at_risk_layers(tr)
+
+
+def _guard_note(risky: list[str]) -> str:
+    if not risky:
+        return ""
+    return (
+        f"; {len(risky)} INT8 Linear layers with in_features not a multiple of 16 (e.g. {risky[0]}) lowered "
+        "without aten._weight_int8pack_mm, whose CPU kernel crashes on them (docs/known-crashes.md)"
+    )
+
+
+def _activate(tr, spec: CompileSpec, fullgraph: bool, guard: bool) -> CompiledVariant:
     import torch._dynamo.config as dynamo_config
 
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
@@ -123,6 +141,10 @@ def _activate(tr, spec: CompileSpec, fullgraph: bool) -> CompiledVariant:
             "mode": None if spec.mode == "default" else spec.mode,
             "dynamic": spec.dynamic,
         }
+        if guard:  # the pass goes in as a compile option (torch.compile takes a mode or options, not both)
+            from studio.engine.int8pack import compile_options
+
+            kwargs.update(mode=None, options=compile_options(spec.mode))
         impls, whole = _compile_impls(tr, spec, kwargs)
         how = "whole transformer" if whole else f"regional ({', '.join(tr._repeated_blocks)})"
         variant = CompiledVariant(key, fullgraph, whole, how, impls)
@@ -171,5 +193,7 @@ def apply_compile(pipe, spec: CompileSpec, *, cache_engaged: bool) -> Engaged:
     if failed:
         return failed_to_compile(failed)
     note = " (fullgraph off: a step cache is engaged)" if cache_engaged and spec.fullgraph is not False else ""
-    variant = _activate(tr, spec, fullgraph)
-    return Engaged("compile", "on", True, f"compile: {variant.how}, fullgraph={fullgraph}, mode={spec.mode}{note}")
+    risky = int8pack_risks(tr)
+    variant = _activate(tr, spec, fullgraph, guard=bool(risky))
+    how = f"compile: {variant.how}, fullgraph={fullgraph}, mode={spec.mode}{note}{_guard_note(risky)}"
+    return Engaged("compile", "on", True, how)

@@ -1,0 +1,146 @@
+"""Issue 20's native crash (docs/known-crashes.md), each reproduction in a child process so the suite survives it.
+
+torch's CPU kernel for `aten._weight_int8pack_mm` (bfloat16 x int8) walks K in vector steps with aligned loads and no
+tail: 16 on an AVX512 build path, 8 on AVX2. A K off that step segfaults (row 1 of x is off alignment). Inductor
+hands it torchao's INT8 weight-only matmuls in bfloat16, and the tiny Z-Image's feed_forward.w2 has K = 170.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+CAPABILITY = torch.backends.cpu.get_cpu_capability()  # the ATen kernels this CPU runs: AVX512, AVX2, DEFAULT, ...
+K_STEP = {"AVX512": 16, "AVX2": 8}.get(CAPABILITY)
+needs_vector_kernel = pytest.mark.skipif(
+    K_STEP is None,
+    reason=f"ATen runs its {CAPABILITY} kernels here: the crashing vector paths of _weight_int8pack_mm are the x86 "
+    "AVX512 and AVX2 ones (the scalar one walks K one by one)",
+)
+
+
+def child(code: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter from the repository root; a crash there is only its own."""
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=full_env, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+
+
+def crashed(proc: subprocess.CompletedProcess) -> bool:
+    return proc.returncode == -signal.SIGSEGV
+
+
+EAGER_KERNEL = """
+    import torch
+    K = {k}
+    x = torch.randn(2, K, dtype=torch.bfloat16)
+    w = torch.randint(-128, 127, (4, K), dtype=torch.int8)
+    y = torch._weight_int8pack_mm(x, w, torch.ones(4, dtype=torch.bfloat16))
+    ref = x.float() @ w.float().t()
+    assert ((y.float() - ref).abs() <= 0.02 * ref.abs().max()).all(), (y, ref)
+    print("ok")
+"""
+
+
+@needs_vector_kernel
+@pytest.mark.parametrize("k", [170, 168, 176])
+def test_int8pack_mm_kernel_crashes_where_k_is_off_its_vector_step(k):
+    """The kernel alone, eagerly: 170 crashes on AVX512 and AVX2, 168 on AVX512 only, 176 nowhere."""
+    proc = child(EAGER_KERNEL.format(k=k), timeout=120)
+    if k % K_STEP:
+        assert crashed(proc), (proc.returncode, proc.stderr[-2000:])
+    else:
+        assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+
+
+# The shortest way in from the studio's libraries: one torchao INT8 weight-only Linear under torch.compile.
+COMPILED_LINEAR = """
+    import torch
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    from studio.engine.int8pack import GUARD, at_risk_layers, compile_options
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear({k}, 64, bias=False).to(torch.bfloat16)
+    quantize_(lin, Int8WeightOnlyConfig())
+    x = torch.randn(256, {k}, dtype=torch.bfloat16)
+    eager = lin(x)
+    y = torch.compile(lin, **({options}))(x)
+    print(json.dumps(dict(risky=at_risk_layers(torch.nn.Sequential(lin)), rewritten=GUARD.rewritten,
+                          err=(y.float() - eager.float()).abs().max().item())))
+"""
+
+
+def compiled_linear(k: int, guarded: bool) -> subprocess.CompletedProcess:
+    options = "dict(options=compile_options())" if guarded else "{}"
+    code = "import json\n" + textwrap.dedent(COMPILED_LINEAR).format(k=k, options=options)
+    # A fresh Inductor cache: a graph found in the cache is not compiled again, so the pass would not run.
+    return child(code, env={"TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"})
+
+
+@pytest.mark.slow
+@needs_vector_kernel
+def test_compiled_int8_linear_crashes_and_the_guard_avoids_it():
+    plain = compiled_linear(170, guarded=False)
+    assert crashed(plain), (plain.returncode, plain.stderr[-2000:])
+
+    guarded = compiled_linear(170, guarded=True)
+    assert guarded.returncode == 0, guarded.stderr[-3000:]
+    out = json.loads(guarded.stdout.strip().splitlines()[-1])
+    assert out["risky"] == ["0"] and out["rewritten"] == 1
+    assert out["err"] == 0.0  # lowered as torchao's eager math: the converted weight's matmul, then the scale
+
+
+@pytest.mark.slow
+def test_guard_leaves_aligned_matmuls_to_the_int8_kernel():
+    proc = compiled_linear(176, guarded=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["risky"] == [] and out["rewritten"] == 0
+
+
+@pytest.mark.slow
+def test_at_risk_layers_of_each_tiny_family():
+    """Only the tiny Z-Image has such layers (dim 64: feed-forward width int(64 / 3 * 8) = 170); in float32 none is
+    at risk, since Inductor's rewrite is for bfloat16 only. (The real Z-Image, dim 3840, has 10240: aligned.)"""
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    from studio.engine.int8pack import at_risk_layers
+    from studio.tiny.families import FAMILIES, build_family
+
+    found = {}
+    for name in FAMILIES:
+        tr = build_family(name).transformer.to(torch.bfloat16)
+        quantize_(tr, Int8WeightOnlyConfig(), filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear))
+        found[name] = at_risk_layers(tr)
+    assert {k: len(v) for k, v in found.items()} == {"flux": 0, "qwen-image": 0, "sd3": 0, "z-image": 6}
+    assert all(n.endswith("feed_forward.w2") for n in found["z-image"])
+
+    tr = build_family("z-image").transformer
+    quantize_(tr, Int8WeightOnlyConfig(), filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear))
+    assert at_risk_layers(tr) == []
+
+
+@pytest.mark.slow
+def test_doctor_row_for_z_image_int8_compile_finishes_in_bfloat16():
+    """The studio's own path, as issue 20 ran it (in bfloat16 on every CPU, so that the crash's condition holds)."""
+    args = "doctor --families z-image --presets cache-int8-sage-compile --no-kernels --json"
+    code = f"import sys; from studio.cli import main; sys.exit(main({args.split()!r}))"
+    proc = child(code, timeout=900, env={"STUDIO_DTYPE": "bfloat16"})
+    assert not crashed(proc), proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = json.loads(proc.stdout)["rows"]
+    compiled = next(line for line in row["engaged"] if line.startswith("compile:"))
+    assert "regional" in compiled and "without aten._weight_int8pack_mm" in compiled
+    assert "dtype: auto: bfloat16" in " ".join(row["engaged"]) and row["quality"] != "broken"
