@@ -21,11 +21,13 @@ import statistics
 import time
 from dataclasses import dataclass
 
-import torch
+# torch is imported where blocks are timed: the records below cross to the app's process, which loads no torch
 
 
-def block_list(transformer) -> list[torch.nn.Module]:
+def block_list(transformer) -> list:
     """Every block one full call runs, in order (FLUX: double-stream, then single-stream: cache-dit's order too)."""
+    import torch
+
     out = []
     for _, m in transformer.named_children():
         if isinstance(m, torch.nn.ModuleList):
@@ -36,7 +38,7 @@ def block_list(transformer) -> list[torch.nn.Module]:
 class BlockClock:
     """Pre/post forward hooks on every block, installed for one run (eager blocks only), read after it."""
 
-    def __init__(self, device: torch.device, clock=None):
+    def __init__(self, device, clock=None):
         """
         Args:
             clock: injectable for tests: a callable returning seconds (perf_counter by default, off CUDA).
@@ -61,6 +63,8 @@ class BlockClock:
 
     def _mark(self):
         if self.cuda:
+            import torch
+
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
             return ev
@@ -81,6 +85,8 @@ class BlockClock:
     def block_ms(self) -> list[float | None]:
         """The median time of each block over the calls it ran (None: it never ran)."""
         if self.cuda:
+            import torch
+
             torch.cuda.synchronize()
         out = []
         for i in sorted(self._spans):
