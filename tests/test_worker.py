@@ -217,3 +217,21 @@ def test_the_app_refuses_a_crashed_stack_and_keeps_serving_through_gradio(random
         demo.close()
         device.close()
     assert _gone_within(pid, 10)
+
+
+def test_on_zerogpu_the_device_runs_in_the_apps_process(random_model_dir, monkeypatch):
+    """ZeroGPU's `spaces` runs each device event in a process it forks: the same facade, no second process."""
+    import studio.worker
+    from studio.engine.thread import DEVICE_THREAD
+    from studio.worker.service import InProcess
+
+    monkeypatch.setattr(studio.worker, "on_zerogpu", lambda: True)
+    device = studio.worker.start_device(WorkerConfig(model=random_model_dir, device="cpu"), warm=["base"])
+    try:
+        assert isinstance(device, InProcess)
+        res = _generate(device)
+        info = device.info()
+        assert info["pid"] == os.getpid() and info["device_thread"] == DEVICE_THREAD._ident
+        assert res.metrics.cached_step_indices and res.image.shape == (64, 64, 3)
+    finally:
+        device.close()

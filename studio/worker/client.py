@@ -207,6 +207,9 @@ class WorkerClient(Device):
         except subprocess.TimeoutExpired:  # it closed its pipe but lives on: no use to anyone
             code = self._stop()
         how = how_it_died(code)
+        self._conn.close()
+        if self._closed:  # stopped by close() under this call (the app is exiting): no new worker
+            raise RunError(f"the device worker was stopped ({how}) during a {op} call: the app is shutting down")
         running = None
         if self._running is not None:
             name, tag, model = self._running
@@ -214,7 +217,6 @@ class WorkerClient(Device):
             self.refused[stack_key(model, tag)] = refusal_sentence(how, *running)
         sentence = crash_sentence(how, running, op)
         log.error("%s", sentence)
-        self._conn.close()
         self.restarts += 1
         self._start()
         if op != "warm_up":  # a warm-up that crashed is not tried again at once
@@ -223,7 +225,7 @@ class WorkerClient(Device):
 
     def _check_memory(self) -> None:
         limit = self.config.max_rss_gb
-        rss = rss_bytes(self._proc.pid) if limit else None
+        rss = rss_bytes(self._proc.pid) if limit and not self._closed else None
         if rss is None or rss <= limit * 2**30:
             return
         log.warning("the device worker holds %.2f GB, over its limit of %g GB: restarting it", rss / 2**30, limit)

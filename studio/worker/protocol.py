@@ -88,6 +88,8 @@ def how_it_died(exitcode: int | None) -> str:
     if exitcode is None:
         return "no exit code"
     if exitcode < 0:
+        if -exitcode == signal.SIGKILL:
+            return "SIGKILL: out of memory, or killed"  # the kernel's OOM killer sends SIGKILL
         try:
             return signal.Signals(-exitcode).name
         except ValueError:

@@ -90,6 +90,7 @@ class InProcess(Device):
         super().__init__(runner.model, runner.presets)
         self.runner = runner
         self.service = DeviceService(runner, probe_threads)
+        self._closed = False
 
     generate = _on_device_thread("generate")
     matrix = _on_device_thread("matrix")
@@ -98,5 +99,13 @@ class InProcess(Device):
     info = _on_device_thread("info")
 
     def close(self) -> None:
-        """Unload the model (parallel workers and a Ray runtime started for them end with it)."""
-        DEVICE_THREAD.call(self.runner.manager.unload)
+        """Unload the model (parallel workers and a Ray runtime started for them end with it); once."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            done = DEVICE_THREAD.submit(self.runner.manager.unload)
+        except RuntimeError:  # at exit the device thread's pool takes no more work, and nothing else runs torch now
+            self.runner.manager.unload()
+            return
+        done.result()
