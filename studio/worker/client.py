@@ -190,12 +190,12 @@ class WorkerClient(Device):
 
     def _next(self, op: str) -> tuple:
         while True:
-            if self._conn.poll(POLL_S):
-                try:
+            try:
+                if self._conn.poll(POLL_S):
                     return self._conn.recv()
-                except (EOFError, OSError):  # its end closed: it died
-                    break
-            elif self._proc.poll() is not None:
+            except (EOFError, OSError):  # its end closed (it died), or ours did (close() from another thread)
+                break
+            if self._proc.poll() is not None:
                 break
         self._died(op)
 

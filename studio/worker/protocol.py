@@ -100,7 +100,7 @@ def how_it_died(exitcode: int | None) -> str:
 def crash_sentence(how: str, running: tuple[str, str] | None, op: str) -> str:
     """The one sentence a request ends with when the worker died under it. running: (preset name, model) it had
     started, if any."""
-    doing = f"running {running[0]} on {running[1]}" if running else f"answering a {op} call"
+    doing = f"running {running[0]} on {running[1]}" if running else f"answering the app's {op} call"
     return f"the device worker crashed ({how}) while {doing}; it has been restarted and the model is loading again"
 
 
