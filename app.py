@@ -1,5 +1,10 @@
 """DiT Speed Studio: the Gradio app (a Hugging Face Space runs this file as is).
 
+Off ZeroGPU all device work (loading, the stack, runs, matrix, tune) runs in one supervised worker process
+(studio.worker): a native crash there ends the request in flight with a sentence, the worker is restarted and loads
+the model again, and this process (the UI, the queue, sessions, saved presets, history) never loads torch. On
+ZeroGPU the engine runs in this process, inside the process `spaces` forks for each device event.
+
 Environment:
     STUDIO_MODEL        model to start with: 'tiny' (the embedded model, default), a Hub id or a local folder
     STUDIO_MODELS       extra models offered in the picker, comma-separated
@@ -12,23 +17,26 @@ Environment:
     STUDIO_MAX_STEPS, STUDIO_MAX_SIDE   an operator's caps on steps and on width/height (e.g. for a public Space)
     STUDIO_DTYPE        bfloat16, float16 or float32 in place of what `dtype: auto` picks
     STUDIO_TRANSFORMER_SLOTS  transformer weight sets kept loaded (2 on the CPU, 1 on a GPU by default)
+    STUDIO_WORKER_MAX_RSS_GB  restart the device worker between requests once its resident memory is over this many
+                        GB (default: no limit; off ZeroGPU only), so a long-running Space does not creep into the OOM
+                        killer
     GRADIO_SERVER_NAME / GRADIO_SERVER_PORT   where to listen (gradio's own variables)
 """
 
 from __future__ import annotations
 
-import atexit
 import importlib.util
 import logging
 import os
+import signal
+import sys
+import threading
 
 if importlib.util.find_spec("spaces") is not None:  # ZeroGPU: `spaces` must patch CUDA before torch loads
     import spaces  # noqa: F401
 
-from studio.app.ui import CSS, build_app
-from studio.engine import ModelManager, Runner
-from studio.engine.thread import DEVICE_THREAD
-from studio.spec import PresetLibrary
+from studio.spec import ConfigError, ModelLoadError, PresetLibrary, RunError
+from studio.worker import WorkerConfig, start_device
 
 MODEL = os.environ.get("STUDIO_MODEL", "tiny")
 MODELS = [MODEL] + [
@@ -36,6 +44,7 @@ MODELS = [MODEL] + [
 ]
 
 PRESET = os.environ.get("STUDIO_PRESET", "cache")
+WARM = ["base"] + ([PRESET] if PRESET != "base" else [])  # warmed up at start, and again after a worker restart
 
 # Public (a Space, or STUDIO_PUBLIC=1): models load only from the operator's list above, never from a name a visitor
 # types (a local folder or another Hub id).
@@ -43,34 +52,51 @@ PUBLIC = bool(os.environ.get("SPACE_ID")) or os.environ.get("STUDIO_PUBLIC", "")
 
 if PUBLIC:  # a visitor's click must not start worker processes on a shared Space unless the operator says so
     os.environ.setdefault("STUDIO_PARALLEL", "0")
-manager = ModelManager(os.environ.get("STUDIO_DEVICE") or None, allowed=MODELS if PUBLIC else None)
-atexit.register(manager.unload)  # parallel workers and a Ray runtime started for them end with the app
 
 
-def _cap(name: str) -> int | None:
+def _number(name: str, kind=int):
     value = os.environ.get(name, "").strip()
-    return int(value) if value else None
+    return kind(value) if value else None
 
 
-runner = Runner(
-    manager, PresetLibrary(), model=MODEL, max_steps=_cap("STUDIO_MAX_STEPS"), max_side=_cap("STUDIO_MAX_SIDE")
+# Started before gradio is imported: the worker loads torch and the model while this process builds the page.
+# Its client stops it at exit (the worker also stops by itself when this process's end of its pipe closes).
+device = start_device(
+    WorkerConfig(
+        model=MODEL,
+        device=os.environ.get("STUDIO_DEVICE") or None,
+        allowed=tuple(MODELS) if PUBLIC else None,
+        max_steps=_number("STUDIO_MAX_STEPS"),
+        max_side=_number("STUDIO_MAX_SIDE"),
+        presets=PresetLibrary(),
+        max_rss_gb=_number("STUDIO_WORKER_MAX_RSS_GB", float),
+    ),
+    warm=WARM,
 )
-demo = build_app(runner, models=MODELS, default_preset=PRESET, public=PUBLIC)
 
 
 def prewarm() -> None:
     """Load the model and run the untimed warm-ups of base and the default preset at the profile's size while the
-    page opens, so the first click times warm stacks sooner. Queued on the device thread, where every click's torch
-    work runs too (studio.engine.thread): a click meanwhile waits for it."""
+    page is built and opens, so the first click times warm stacks sooner. The device runs one call at a time: a
+    click meanwhile waits for it."""
     try:
-        prompt = runner.profile().first_prompt
-        presets = ["base"] + ([PRESET] if PRESET in runner.presets.names() and PRESET != "base" else [])
-        runner.warm_up(runner.request(prompt, seed=42), presets)
-    except Exception as e:  # the app still works; the first click will load and warm up instead
+        request = device.request(device.profile().first_prompt, seed=42)
+        device.warm_up(request, [p for p in WARM if p in device.presets.names()])
+    except (ConfigError, ModelLoadError, RunError, ValueError) as e:  # the first click will load and warm up instead
         logging.getLogger("studio").warning("pre-warm failed: %s", e)
 
 
+if __name__ == "__main__" and os.environ.get("STUDIO_PREWARM", "1") != "0":
+    # At once: the worker loads and warms up while this process imports gradio and builds the page (on 2 quiet cores
+    # the first image came at 12.7-13.5 s from start, against 13.6-14.4 s with the warm-up started after the page).
+    threading.Thread(target=prewarm, name="studio-prewarm", daemon=True).start()
+
+from studio.app.ui import CSS, build_app  # noqa: E402
+
+demo = build_app(device, models=MODELS, default_preset=PRESET, public=PUBLIC)
+
 if __name__ == "__main__":
-    if os.environ.get("STUDIO_PREWARM", "1") != "0":
-        DEVICE_THREAD.submit(prewarm)
+    # A Space (or any supervisor) stops the app with SIGTERM: exit through Python, so the exit handlers stop the
+    # worker too, instead of dying at once.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     demo.launch(css=CSS, footer_links=["api", "gradio"])

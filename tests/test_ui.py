@@ -1,7 +1,8 @@
 """The Gradio app over the real engine: named API endpoints through gradio_client, and a real headless browser.
 
 The app runs on 127.0.0.1 with a tiny random FluxPipeline (fast); the browser test uses the embedded model
-as a user would get it from `python app.py`.
+as a user would get it from `python app.py`. As in app.py, the device work runs in the supervised worker process
+(studio.worker): the engine is reached through the device's calls, never in this process.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from studio.engine import ModelManager, Runner
 from studio.spec import PresetLibrary
 from studio.spec.preset import DTYPE_SHORT
+from studio.worker import WorkerClient, WorkerConfig
 
 PROMPT = "a red circle in the center, blue background"
 ARTIFACTS = os.environ.get("STUDIO_ARTIFACTS", "artifacts")
@@ -29,10 +30,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(runner, **kw):
+def _worker(model, presets, **kw) -> WorkerClient:
+    return WorkerClient(WorkerConfig(model=model, device="cpu", presets=presets, **kw))
+
+
+def _auto_dtype() -> str:
+    """What `dtype: auto` is on this CPU, short (the worker resolves it the same way)."""
+    import torch
+
+    from studio.engine.device import resolve_dtype
+
+    return DTYPE_SHORT[resolve_dtype("auto", torch.device("cpu")).name]
+
+
+def _launch(device, **kw):
     from studio.app.ui import CSS, build_app
 
-    demo = build_app(runner, **kw)
+    demo = build_app(device, **kw)
     port = _free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, css=CSS)
     return demo, f"http://127.0.0.1:{port}/"
@@ -44,11 +58,11 @@ def app(random_model_dir, tmp_path_factory):
     # float32: random weights put residual diffs near the threshold, where compiled bf16 rounding can flip a
     # decision (see test_compile); float32 compiled differs from eager by rounding only.
     lib.add("c32", "dtype: float32\ncache_config: {residual_diff_threshold: 0.5}\n")
-    runner = Runner(ModelManager("cpu"), lib, model=random_model_dir)
-    demo, url = _launch(runner, default_preset="cache")
-    yield runner, url
+    device = _worker(random_model_dir, lib, probe_threads=True)
+    demo, url = _launch(device, default_preset="cache")
+    yield device, url
     demo.close()
-    runner.manager.unload()
+    device.close()
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +104,7 @@ def test_generate_endpoint_with_per_request_cache_switch(client, app):
     img = np.asarray(Image.open(image_path))
     assert img.shape[0] >= 64 and img.shape[2] == 3
     assert "cached" in card and "DBCache" in card and "PSNR" in card
-    m = runner.base_entry(runner.request(PROMPT, model=model, seed=7, steps=10))
-    assert m is not None  # the base image for the comparison was computed and kept
+    assert runner.info()["bases"] >= 1  # the base image for the comparison was computed and kept
     off = client.predict(**_args(model=model), preset="cache", cache="false", threshold=None, api_name="/generate")
     assert "0 cached / 10 full" in off[1] and "identical" in off[1]  # cache off == base, bitwise
 
@@ -145,7 +158,7 @@ def test_compare_endpoint(client, app):
     headers = table["headers"]
     assert headers[:6] == ["stack", "denoise", "per-step", "vs base", "PSNR", "cached/full"]
     rows = table["data"]
-    dt = DTYPE_SHORT[runner.manager.resolve_dtype("auto").name]  # the device's best exact dtype ran
+    dt = _auto_dtype()  # the device's best exact dtype ran
     assert rows[0][0] == f"{dt}+sdpa" and rows[0][3] == "1.00x" and rows[0][4] == "inf"
     assert rows[1][0] == f"{dt}+int8wo+DBCache_F1B0W4R0.24MC3+sage"
     assert "sage: unavailable on cpu, using sdpa" in rows[1][-1]
@@ -229,8 +242,8 @@ def test_browser_generate_and_compare(tmp_path):
     pytest.importorskip("playwright", reason="the playwright package is not installed")
     from playwright.sync_api import expect, sync_playwright
 
-    runner = Runner(ModelManager("cpu"), PresetLibrary(user_dir=tmp_path), model="tiny")
-    dt = DTYPE_SHORT[runner.manager.resolve_dtype("auto").name]
+    runner = _worker("tiny", PresetLibrary(user_dir=tmp_path))
+    dt = _auto_dtype()
     demo, url = _launch(runner, default_preset="cache")
     os.makedirs(ARTIFACTS, exist_ok=True)
     try:
@@ -283,7 +296,7 @@ def test_browser_generate_and_compare(tmp_path):
             browser.close()
     finally:
         demo.close()
-        runner.manager.unload()
+        runner.close()
     shot = np.asarray(Image.open(os.path.join(ARTIFACTS, "ui-compare.png")).convert("RGB"))
     assert shot.shape[1] >= 1000 and shot.std() > 10  # a page was drawn, not a blank frame
 
@@ -292,19 +305,17 @@ def test_public_app_refuses_models_off_the_operators_list(random_model_dir, tmp_
     from gradio_client import Client
     from gradio_client.exceptions import AppError
 
-    runner = Runner(
-        ModelManager("cpu", allowed=[random_model_dir]), PresetLibrary(user_dir=tmp_path), model=random_model_dir
-    )
+    runner = _worker(random_model_dir, PresetLibrary(user_dir=tmp_path), allowed=(random_model_dir,))
     demo, url = _launch(runner)
     try:
         c = Client(url, verbose=False)
         with pytest.raises(AppError, match=r"model '/etc' is not served here; this studio serves: "):
             c.predict(prompt=PROMPT, model="/etc", api_name="/generate")
         ok = c.predict(prompt=PROMPT, model=random_model_dir, preset="base", steps=10, api_name="/generate")
-        assert ok[-1]["psnr_db"] == "inf" and runner.manager.current.source == random_model_dir
+        assert ok[-1]["psnr_db"] == "inf" and runner.info()["model"] == random_model_dir
     finally:
         demo.close()
-        runner.manager.unload()
+        runner.close()
 
 
 @pytest.mark.slow
@@ -337,38 +348,26 @@ def test_eight_clients_with_mixed_requests_get_what_they_would_get_alone(client,
     for kw, (img, cached, preset) in results:
         ref_img, ref_cached, ref_preset = alone[tuple(sorted(kw.items()))]
         assert np.array_equal(img, ref_img) and cached == ref_cached and preset == ref_preset, kw
-    assert len(runner.bases) <= runner.bases.size  # kept base images stay bounded
+    info = runner.info()
+    assert info["bases"] <= info["bases_size"]  # kept base images stay bounded
 
 
-def test_every_request_runs_torch_on_the_one_device_thread(client, app):
-    """Two clients at once: gradio hands the events to whichever worker thread is free, but every transformer call
-    runs on the device thread (a second OS thread running torch made every later CPU run 1.6x slower: see
-    studio.engine.thread)."""
-    import threading
+def test_every_request_runs_torch_on_the_one_device_thread_of_the_worker(client, app):
+    """Two clients at once: gradio hands the events to whichever of its threads is free, but every transformer call
+    runs in the worker process, on its one device thread (a second OS thread running torch made every later CPU run
+    1.6x slower: see studio.engine.thread)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    import torch
     from gradio_client import Client
 
-    from studio.engine.thread import DEVICE_THREAD
-
     runner, url = app
-    threads = set()
-
-    def hook(module, args):
-        if type(module).__name__.endswith("Transformer2DModel"):
-            threads.add(threading.get_ident())
-
-    handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
-    try:
-        clients = [Client(url, verbose=False) for _ in range(2)]
-        kw = dict(prompt=PROMPT, model=runner.model, steps=4, api_name="/generate")
-        with ThreadPoolExecutor(2) as pool:
-            for f in [pool.submit(c.predict, preset=p, **kw) for c in clients for p in ("base", "cache")]:
-                f.result(timeout=300)
-    finally:
-        handle.remove()
-    assert threads == {DEVICE_THREAD._ident} and DEVICE_THREAD._ident != threading.get_ident()
+    clients = [Client(url, verbose=False) for _ in range(2)]
+    kw = dict(prompt=PROMPT, model=runner.model, steps=4, api_name="/generate")
+    with ThreadPoolExecutor(2) as pool:
+        for f in [pool.submit(c.predict, preset=p, **kw) for c in clients for p in ("base", "cache")]:
+            f.result(timeout=300)
+    info = runner.info()  # the worker's probe saw every transformer call since it started
+    assert info["torch_threads"] == [info["device_thread"]] and info["pid"] == runner.pid != os.getpid()
 
 
 def test_a_cancelled_request_leaves_the_app_serving_the_same_pixels(client, app):
@@ -380,5 +379,7 @@ def test_a_cancelled_request_leaves_the_app_serving_the_same_pixels(client, app)
     again = client.predict(api_name="/generate", **kw)
     assert np.array_equal(np.asarray(Image.open(again[0])), np.asarray(Image.open(alone[0])))
     assert again[-1]["cached_step_indices"] == alone[-1]["cached_step_indices"]
-    assert runner.manager.lock.acquire(timeout=60)  # nothing holds the device lock: no stuck run
-    runner.manager.lock.release()
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:  # the worker answers: the cancelled run is not stuck in it
+        assert pool.submit(runner.info).result(timeout=60)["pid"] == runner.pid

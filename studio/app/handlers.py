@@ -1,8 +1,10 @@
 """The UI's event handlers: thin translations between form values and the engine, returning {component: value}.
 
-`Handlers` is bound to a facade (`Studio`: the runner, the models offered, a folder for downloads, the preset
+`Handlers` is bound to a facade (`Studio`: the device, the models offered, a folder for downloads, the preset
 library) and to the laid-out components (`ui`, an app.forms.UI: a record of components per tab), so the handlers
-can be called in a test with a fake engine and plain keys for components, no server. A device endpoint's handler
+can be called in a test with a fake engine and plain keys for components, no server. The device is a
+studio.worker.Device: off ZeroGPU the client of the supervised worker process that owns the engine, on ZeroGPU the
+engine in this process; either way this module loads no torch. A device endpoint's handler
 takes its form's values by name (app.forms: the API's parameter names) and builds the form from them.
 """
 
@@ -23,16 +25,15 @@ import numpy as np
 from PIL import Image
 
 from studio.app.forms import UI, CompareForm, GenerateForm, MatrixForm, RequestForm, TuneForm
-from studio.bench import run_matrix
-from studio.engine import ModelLoadError, RunError, Runner
 from studio.measure.quality import difference
 from studio.report.card import broken_flag, metrics_card
 from studio.report.images import enlarge, error_picture
 from studio.report.plots import plot_steps, plot_tradeoff
 from studio.report.table import COLUMNS, MatrixRow
-from studio.spec import ConfigError, PresetLibrary, parse_switch
+from studio.spec import ConfigError, ModelLoadError, PresetLibrary, RunError, parse_switch
 from studio.spec.presets import MAX_PRESET_BYTES
 from studio.spec.request import check_scale
+from studio.worker.protocol import Device
 
 CACHE_CHOICES = [("follow preset", "unset"), ("on", "true"), ("off", "false")]
 COMPILE_CHOICES = CACHE_CHOICES
@@ -43,12 +44,12 @@ PREDICTED = "speed-up the counts predict (screening, not timed)"
 
 @dataclass
 class Studio:
-    """The facade the UI talks to.
+    """The facade the UI talks to: `device` does the device work (studio.worker), the rest stays in this process.
 
     In public mode each visitor's presets live in a folder of their own session (under `tmpdir`), so what one
     visitor saves no other visitor sees; otherwise the one user folder of `presets` is shared."""
 
-    runner: Runner
+    device: Device
     models: list[str]
     presets: PresetLibrary
     public: bool = False
@@ -166,10 +167,10 @@ class Handlers:
             raise gr.Error(f"That request can't run: {e}") from None
         if not form.prompt or not str(form.prompt).strip():
             raise gr.Error("Write a prompt first: the prompt is empty.")
-        runner = self.studio.runner
+        device = self.studio.device
         try:
-            takes_guidance = runner.profile(form.model).guidance is not None
-            return runner.request(
+            takes_guidance = device.profile(form.model).guidance is not None
+            return device.request(
                 str(form.prompt),
                 model=form.model,
                 seed=int(form.seed if form.seed is not None else 0),
@@ -184,7 +185,7 @@ class Handlers:
     def _run(self, req, form: GenerateForm | CompareForm, preset: str, progress, request=None):
         on_step, on_status = progress_hooks(progress)
         try:
-            return self.studio.runner.generate(
+            return self.studio.device.generate(
                 req,
                 preset,
                 model=form.model,
@@ -251,8 +252,7 @@ class Handlers:
         if not form.presets:
             raise gr.Error("Choose at least one preset for the matrix.")
         try:
-            mat = run_matrix(
-                self.studio.runner,
+            mat = self.studio.device.matrix(
                 req,
                 list(form.presets),
                 model=form.model,
@@ -285,7 +285,6 @@ class Handlers:
         search on at most MAX_PUBLIC_TUNE_PROMPTS prompts (one tuner holds the device for minutes)."""
         from dataclasses import replace as _replace
 
-        from studio.bench.tune import QUICK, tune
         from studio.report.plots import plot_sweep
         from studio.report.text import tune_summary
         from studio.spec.presets import preset_to_yaml
@@ -298,9 +297,9 @@ class Handlers:
             prompts, size = prompts[:MAX_PUBLIC_TUNE_PROMPTS], "quick"
         try:
             floor = float(form.floor)
-            res = tune(
-                self.studio.runner, [_replace(req, prompt=p) for p in prompts], floor, model=form.model,
-                progress=lambda m: progress(0, desc=m), space=QUICK if size != "full" else None,
+            res = self.studio.device.tune(
+                [_replace(req, prompt=p) for p in prompts], floor, model=form.model,
+                progress=lambda m: progress(0, desc=m), quick=size != "full",
             )  # fmt: skip
         except (ConfigError, ModelLoadError, RunError, ValueError, TypeError) as e:
             raise gr.Error(str(e)) from None
@@ -372,7 +371,7 @@ class Handlers:
 
     def on_model(self, model):
         try:
-            p = self.studio.runner.profile(model)
+            p = self.studio.device.profile(model)
         except Exception as e:  # an unknown name only fails when used; keep the form as it is
             raise gr.Error(str(e)) from None
         r = self.ui.request

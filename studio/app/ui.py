@@ -23,21 +23,20 @@ import gradio as gr
 from studio.app import forms
 from studio.app.forms import UI, CompareTab, GenerateTab, HistoryTab, MatrixTab, PresetsTab, RequestPanel, TuneTab
 from studio.app.handlers import CACHE_CHOICES, COMPILE_CHOICES, HISTORY_COLUMNS, Handlers, Studio, notes_md
-from studio.engine import BASE, Runner
-from studio.engine.thread import on_device_thread
 from studio.measure.quality import ERROR_SCALE
 from studio.report import fmt
 from studio.report.card import CSS
 from studio.report.table import AB_COLUMNS, COLUMNS
+from studio.spec.presets import BASE
+from studio.worker.protocol import Device
 
 __all__ = ["CSS", "build_app"]
 
 
 def _gpu(fn):
-    """A device event's handler: run on the one thread that does all torch work (studio.engine.thread: a second
-    thread running torch makes every CPU kernel slower), and on ZeroGPU Spaces (the `spaces` package present) under
-    @spaces.GPU."""
-    fn = on_device_thread(fn)
+    """A device event's handler: on ZeroGPU Spaces (the `spaces` package present) under @spaces.GPU, which runs it in
+    a process `spaces` forks with the GPU attached. (Where torch runs, all of it runs on that process's one device
+    thread: the device does that, studio.worker.)"""
     if importlib.util.find_spec("spaces") is None:
         return fn
     import spaces  # noqa: PLC0415
@@ -46,7 +45,7 @@ def _gpu(fn):
 
 
 def _request_panel(studio: Studio) -> RequestPanel:
-    prof = studio.runner.profile(studio.models[0])
+    prof = studio.device.profile(studio.models[0])
     with gr.Row():
         with gr.Column(scale=3):
             # One line that grows: Enter generates (a box that starts at 2 lines takes Enter as a new line).
@@ -171,7 +170,7 @@ def _matrix_tab(names: list[str], default: list[str], runs: gr.State) -> MatrixT
 
 
 def _tune_tab(studio: Studio) -> TuneTab:
-    prof = studio.runner.profile(studio.models[0])
+    prof = studio.device.profile(studio.models[0])
     with gr.Tab("Tune"):
         gr.Markdown(
             "The fastest stack whose **worst** PSNR over the prompts stays at or above the target: cache knobs, "
@@ -286,20 +285,29 @@ def _wire(ui: UI, h: Handlers, demo) -> None:
 
 
 def build_app(
-    runner: Runner | None = None,
+    device=None,
     *,
     models: list[str] | None = None,
     default_preset: str | None = None,
     compare_presets: tuple[str, str] = (BASE, "cache-int8-sage"),
     public: bool = False,
 ) -> gr.Blocks:
-    """The studio. public: each visitor's saved presets stay in their own session (a public Space)."""
-    runner = runner or Runner()
-    # User presets need somewhere to live; the runner's library is not changed (the engine stays as it was given).
-    presets = runner.presets
+    """The studio over `device` (a studio.worker.Device: app.py passes the worker's client; a Runner, as tests pass,
+    runs in this process; None: a Runner on the embedded model, in this process).
+
+    Args:
+        public: each visitor's saved presets stay in their own session (a public Space).
+    """
+    if not isinstance(device, Device):
+        from studio.engine import Runner
+        from studio.worker.service import InProcess
+
+        device = InProcess(device or Runner())
+    # User presets need somewhere to live; the device's library is not changed (the engine stays as it was given).
+    presets = device.presets
     if presets.user_dir is None:
         presets = presets.with_user_dir(Path(tempfile.gettempdir()) / "dit-speed-studio-presets")
-    studio = Studio(runner, models or [runner.model], presets, public=public)
+    studio = Studio(device, models or [device.model], presets, public=public)
     names = studio.library().names()
     default_preset = default_preset if default_preset in names else ("cache" if "cache" in names else BASE)
     with gr.Blocks(title="DiT Speed Studio") as demo:

@@ -14,9 +14,10 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from studio.bench.bench import run_bench
+from studio.bench.records import Candidate, TuneResult
 from studio.engine import BASE
 from studio.report.text import tuned_description
 from studio.spec.preset import CacheSpec, Preset
@@ -29,44 +30,6 @@ MASKS = ("medium", "fast")
 NON_CACHE = ("base", "compile", "int8", "sage", "sage-int8")
 MARGIN_DB = 3.0  # a non-cache option must keep this much above the floor, to leave room for the cache
 FINALISTS = 3
-
-
-@dataclass
-class Candidate:
-    cache: CacheSpec
-    worst_db: float | None = None
-    passed: bool = False
-    predicted: float = 1.0  # speed-up the counts predict
-    cached: list[int] = field(default_factory=list)
-
-
-@dataclass
-class TuneResult:
-    preset: Preset
-    floor_db: float
-    worst_db: float | None
-    speedup: float | None
-    vs_cache: float | None  # tuned speed-up over the shipped `cache` preset's, same bench
-    screened: int  # screening runs
-    timed: int  # timed runs (the bench's)
-    candidates: list[Candidate]
-    non_cache: str
-    curve: list[tuple[float, float, float | None]]  # (threshold, predicted speed-up, worst dB): the search's sweep
-    prompts: list[str] = field(default_factory=list)  # the prompts the floor held on
-
-    @property
-    def runs(self) -> int:
-        return self.screened + self.timed
-
-    def as_dict(self) -> dict:
-        """The result as plain data (the CLI's --json, the Tune tab's JSON); studio.report.text.tune_summary says
-        it in a sentence."""
-        return {
-            "preset": self.preset.name, "floor_db": self.floor_db, "worst_psnr_db": self.worst_db,
-            "speedup": self.speedup, "vs_cache": self.vs_cache, "non_cache": self.non_cache,
-            "screening_runs": self.screened, "timed_runs": self.timed, "runs": self.runs, "prompts": self.prompts,
-            "knobs": self.preset.as_dict(),
-        }  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -10,17 +10,9 @@ of reloading weights and recompiling on every click.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 from studio.engine.state import CompiledVariant, Engaged, stack_state
+from studio.spec.hosting import on_zerogpu
 from studio.spec.preset import CompileSpec
-
-
-def on_zerogpu() -> bool:
-    """ZeroGPU Spaces: the GPU is attached per call, so run-time compilation is not available."""
-    return importlib.util.find_spec("spaces") is not None and os.environ.get("SPACES_ZERO_GPU", "") not in ("", "0")
-
 
 _UNSET = object()  # "forward" was not an instance attribute before compile
 

@@ -23,16 +23,13 @@ from studio.engine.cache import remove_cache
 from studio.engine.device import DtypeChoice, default_device, resolve_dtype
 from studio.engine.parallel import remove_parallel
 from studio.engine.stack import AppliedStack, apply_preset
+from studio.spec.errors import ModelLoadError
 from studio.spec.preset import Preset, QuantSpec
 from studio.spec.profiles import ModelProfile, profile_for, resolve_model
 
 log = logging.getLogger(__name__)
 
 SLOTS_ENV = "STUDIO_TRANSFORMER_SLOTS"
-
-
-class ModelLoadError(RuntimeError):
-    """A model could not be loaded; the message says which and why, in words a person can act on."""
 
 
 @dataclass

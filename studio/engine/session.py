@@ -8,39 +8,20 @@ paired with a stack and when a kept base may stand in (engine.baseline: read it 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
-
-import numpy as np
+from dataclasses import replace
 
 from studio.engine.baseline import CALLER_TIMES_BASE, BaseEntry, BaseStore, Paired, Pairing, base_itself, side_by_side
 from studio.engine.loader import ModelLoadError, ModelManager
 from studio.engine.parallel import remove_parallel, workers
 from studio.engine.run import Measured, RunContext, measure, pipeline_for, warm
 from studio.measure.blocks import IdealCheck, computed_blocks, price_cached_step
-from studio.measure.record import RunMetrics, Timing
+from studio.measure.record import RunMetrics, RunResult, Timing
 from studio.spec.checks import ConfigError
+from studio.spec.errors import RunError
 from studio.spec.preset import CacheSpec, Preset
-from studio.spec.presets import PresetLibrary
+from studio.spec.presets import BASE, PresetLibrary
 from studio.spec.profiles import ModelProfile, profile_for, resolve_model
 from studio.spec.request import GenerationRequest
-
-BASE = "base"
-
-
-class RunError(RuntimeError):
-    """A run failed inside the pipeline; the message is one sentence a person can read."""
-
-
-@dataclass
-class RunResult:
-    image: np.ndarray  # HxWx3 uint8
-    base_image: np.ndarray | None
-    metrics: RunMetrics
-
-    def pil(self):
-        from PIL import Image
-
-        return Image.fromarray(self.image)
 
 
 class Runner:
@@ -79,17 +60,7 @@ class Runner:
 
     def request(self, prompt: str, model: str | None = None, **overrides) -> GenerationRequest:
         """A request with the model profile's defaults for whatever is not given."""
-        prof = self.profile(model)
-        kw = dict(
-            steps=prof.steps,
-            width=prof.width,
-            height=prof.height,
-            guidance=prof.guidance,
-            true_cfg_scale=prof.true_cfg_scale,
-            max_sequence_length=prof.max_sequence_length,
-        )
-        kw.update({k: v for k, v in overrides.items() if v is not None})
-        return GenerationRequest(prompt=prompt, **kw)
+        return self.profile(model).request(prompt, **overrides)
 
     def check_request(self, request: GenerationRequest, model: str | None = None) -> None:
         """Raise ConfigError with a sentence when the model cannot take this size."""

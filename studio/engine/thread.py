@@ -1,4 +1,5 @@
-"""One OS thread for all of a process's torch work (the web app's; the CLI is one thread already).
+"""One OS thread for all of a process's torch work (the device worker's, or the web app's on ZeroGPU; the CLI is one
+thread already).
 
 Why: PyTorch's CPU kernels run on OpenMP, and libgomp keeps a team of worker threads for every OS thread that ever
 ran a parallel region. A web server runs each request on whichever pool thread is free (and the app warmed up on a

@@ -188,3 +188,18 @@ class RunMetrics:
     @property
     def broken(self) -> bool:
         return self.quality is Verdict.BROKEN
+
+
+@dataclass
+class RunResult:
+    """One generation as it leaves the engine (and crosses the device worker's pipe): the picture, its base, the
+    record."""
+
+    image: np.ndarray  # HxWx3 uint8
+    base_image: np.ndarray | None
+    metrics: RunMetrics
+
+    def pil(self):
+        from PIL import Image
+
+        return Image.fromarray(self.image)

@@ -7,23 +7,32 @@ the stream and read after one synchronize at the end; elsewhere `perf_counter` i
 Which steps were really computed is counted independently of any cache backend where it can be (a forward hook on
 the last Linear of the transformer's last block fires only when that block actually runs), and from the backend's
 own record where a compiled block hides the hook; `count_steps` cross-checks the sources it has.
+
+torch is imported where it is used, not at the top: the app's process reads `StepCounts` and `StepRecord` in the
+results the device worker sends (studio.worker) and never loads torch.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
+        import torch
+
         torch.cuda.synchronize(device)
 
 
 def last_block_probe_target(transformer) -> torch.nn.Module | None:
     """The last Linear inside the transformer's last block: it runs only when the full stack runs."""
+    import torch
+
     lists = [m for _, m in transformer.named_children() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
     if not lists:
         return None
@@ -34,16 +43,9 @@ def last_block_probe_target(transformer) -> torch.nn.Module | None:
 
 def block_count(transformer) -> int:
     """How many transformer blocks one full call runs: every block of every block list (FLUX: double + single)."""
+    import torch
+
     return sum(len(m) for _, m in transformer.named_children() if isinstance(m, torch.nn.ModuleList))
-
-
-def ideal_speedup(full: int, cached: int, computed_blocks: int, blocks: int) -> float | None:
-    """The speed-up a step cache would give if a cached step cost only its computed blocks (Fn+Bn of all blocks)
-    and nothing else: steps / (full + cached * computed/blocks). None when there is nothing to divide."""
-    steps = full + cached
-    if blocks <= 0 or steps == 0:
-        return None
-    return steps / (full + cached * min(1.0, computed_blocks / blocks))
 
 
 class _Clock:
@@ -54,6 +56,8 @@ class _Clock:
 
     def mark(self) -> None:
         if self.cuda:
+            import torch
+
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
             self.marks.append(ev)
@@ -65,6 +69,8 @@ class _Clock:
         if len(self.marks) < 2:
             return []
         if self.cuda:
+            import torch
+
             torch.cuda.synchronize(self.device)
             return [self.marks[0].elapsed_time(m) / 1000.0 for m in self.marks[1:]]
         return [m - self.marks[0] for m in self.marks[1:]]

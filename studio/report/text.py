@@ -97,7 +97,7 @@ def sweep_markdown(res) -> str:
 
 # tune ----------------------------------------------------------------------------------------------------------------
 def tune_summary(res, *, written: str | None = None, markdown: bool = False) -> str:
-    """One sentence for a tuner's result (a studio.bench.tune.TuneResult): the preset, its worst PSNR against the
+    """One sentence for a tuner's result (a studio.bench.records.TuneResult): the preset, its worst PSNR against the
     floor, its speed-ups, what the search cost. `written`: where the preset was saved; `markdown`: bold figures and
     code spans (the Tune tab), plain text otherwise (the CLI prints it as a YAML comment)."""
     b, c = ("**", "`") if markdown else ("", "")

@@ -4,6 +4,7 @@ The bottom of the house: imports nothing else from the studio.
 """
 
 from studio.spec.checks import ConfigError, parse_switch
+from studio.spec.errors import ModelLoadError, RunError
 from studio.spec.preset import MIN_CACHE_STEPS, CacheSpec, CompileSpec, Preset, QuantSpec
 from studio.spec.presets import PresetLibrary, load_preset, preset_from_text, preset_to_yaml
 from studio.spec.profiles import EMBEDDED_DIR, ModelProfile, profile_for, resolve_model
@@ -16,10 +17,12 @@ __all__ = [
     "CompileSpec",
     "ConfigError",
     "GenerationRequest",
+    "ModelLoadError",
     "ModelProfile",
     "Preset",
     "PresetLibrary",
     "QuantSpec",
+    "RunError",
     "load_preset",
     "parse_switch",
     "preset_from_text",

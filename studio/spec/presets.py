@@ -25,8 +25,9 @@ from studio.spec.preset import CacheSpec, CompileSpec, ParallelSpec, Preset, Qua
 BUILTIN_DIR = Path(__file__).resolve().parent.parent.parent / "presets"
 USER_DIR_ENV = "STUDIO_PRESETS_DIR"
 MAX_PRESET_BYTES = 64 * 1024  # a preset is a few hundred bytes of YAML; anything near this is not one
+BASE = "base"  # the reference every stack is compared with
 BUILTIN_ORDER = (
-    "base",
+    BASE,
     "sage",
     "int8",
     "sage-int8",

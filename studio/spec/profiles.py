@@ -11,6 +11,8 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
+from studio.spec.request import GenerationRequest
+
 PROFILE_FILE = "studio_profile.json"
 # The embedded tiny FLUX-architecture model (weights only; the tools that build it live in studio.tiny).
 EMBEDDED_DIR = Path(__file__).resolve().parent.parent / "models" / "tiny" / "pipeline"
@@ -50,6 +52,15 @@ class ModelProfile:
     def first_prompt(self) -> str:
         """The prompt a request starts from when none is given: the first example, or a generic one."""
         return self.example_prompts[0] if self.example_prompts else "a photo of a cat"
+
+    def request(self, prompt: str, **overrides) -> GenerationRequest:
+        """A request with this profile's defaults for whatever is not given (None: the default)."""
+        kw = dict(
+            steps=self.steps, width=self.width, height=self.height, guidance=self.guidance,
+            true_cfg_scale=self.true_cfg_scale, max_sequence_length=self.max_sequence_length,
+        )  # fmt: skip
+        kw.update({k: v for k, v in overrides.items() if v is not None})
+        return GenerationRequest(prompt=prompt, **kw)
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -1,0 +1,46 @@
+"""What the tuner returns, as plain records: they cross the device worker's pipe to the app's process, which reads
+them without loading the engine (so this module imports nothing of it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from studio.spec.preset import CacheSpec, Preset
+
+
+@dataclass
+class Candidate:
+    cache: CacheSpec
+    worst_db: float | None = None
+    passed: bool = False
+    predicted: float = 1.0  # speed-up the counts predict
+    cached: list[int] = field(default_factory=list)
+
+
+@dataclass
+class TuneResult:
+    preset: Preset
+    floor_db: float
+    worst_db: float | None
+    speedup: float | None
+    vs_cache: float | None  # tuned speed-up over the shipped `cache` preset's, same bench
+    screened: int  # screening runs
+    timed: int  # timed runs (the bench's)
+    candidates: list[Candidate]
+    non_cache: str
+    curve: list[tuple[float, float, float | None]]  # (threshold, predicted speed-up, worst dB): the search's sweep
+    prompts: list[str] = field(default_factory=list)  # the prompts the floor held on
+
+    @property
+    def runs(self) -> int:
+        return self.screened + self.timed
+
+    def as_dict(self) -> dict:
+        """The result as plain data (the CLI's --json, the Tune tab's JSON); studio.report.text.tune_summary says
+        it in a sentence."""
+        return {
+            "preset": self.preset.name, "floor_db": self.floor_db, "worst_psnr_db": self.worst_db,
+            "speedup": self.speedup, "vs_cache": self.vs_cache, "non_cache": self.non_cache,
+            "screening_runs": self.screened, "timed_runs": self.timed, "runs": self.runs, "prompts": self.prompts,
+            "knobs": self.preset.as_dict(),
+        }  # fmt: skip

@@ -1,0 +1,43 @@
+"""worker: the supervised process that owns the device, off ZeroGPU; the app's Studio facade is its client.
+
+    client.WorkerClient   the app's side: starts the worker, one call at a time, progress streamed back, a crash
+                          ended with one sentence, the crashed stack refused, the worker restarted and reloaded
+    server                the worker process: the Runner, the loaded model and the device thread
+    service               the device calls over a Runner (`DeviceService`), and `InProcess`, the same calls in the
+                          app's own process (ZeroGPU, where `spaces` runs handlers in a process of its own already)
+    protocol              the messages, the config, the errors and sentences that cross, the facade's base `Device`
+
+Importing this package, `client` or `protocol` loads no torch; `server` and `service` load the engine.
+"""
+
+from __future__ import annotations
+
+import atexit
+
+from studio.spec.hosting import on_zerogpu
+from studio.worker.client import WorkerClient
+from studio.worker.protocol import Device, WorkerConfig, WorkerCrashed
+
+__all__ = ["Device", "WorkerClient", "WorkerConfig", "WorkerCrashed", "start_device"]
+
+
+def start_device(config: WorkerConfig, *, warm: list[str] | tuple[str, ...] = ()) -> Device:
+    """The app's device: the engine in this process on ZeroGPU (where each device event's handler already runs in a
+    process `spaces` forks), a supervised worker process everywhere else.
+
+    Args:
+        warm: the presets a restarted worker warms up again on the current model (the app's pre-warm list).
+    """
+    if on_zerogpu():
+        from studio.engine import ModelManager, Runner
+        from studio.worker.service import InProcess
+
+        allowed = list(config.allowed) if config.allowed is not None else None
+        runner = Runner(
+            ModelManager(config.device, allowed=allowed), config.presets, model=config.model,
+            max_steps=config.max_steps, max_side=config.max_side,
+        )  # fmt: skip
+        device = InProcess(runner)
+        atexit.register(device.close)  # parallel workers and a Ray runtime started for them end with the app
+        return device
+    return WorkerClient(config, warm=warm or ("base",))

@@ -1,0 +1,236 @@
+"""The app's side of the device worker: it starts the worker (studio.worker.server) as a process of its own, sends
+it one call at a time, and passes the progress the worker streams back to the caller's functions.
+
+When the worker dies under a call (a signal, the OOM killer, an abort in a kernel), that call ends with one sentence
+(WorkerCrashed, a RunError: the handlers show it as they show any failed run), the stack it was running is
+remembered and refused for the rest of this process's life, and a new worker starts and loads the model again in
+the background, so the next request gets the same pixels as before the crash. Between calls, a worker whose resident
+memory is over `WorkerConfig.max_rss_gb` is restarted the same way. `close()` (also at exit) stops it: asked first,
+then SIGTERM, then SIGKILL.
+
+A caller that stops waiting (a cancelled Gradio event keeps its thread until the call returns) abandons nothing
+half-done: the worker finishes the call, its result is dropped, and the next call waits for it.
+
+Imports no torch: the app's process stays free of it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import multiprocessing
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from studio.spec.checks import ConfigError
+from studio.spec.errors import ModelLoadError, RunError
+from studio.spec.presets import BASE
+from studio.worker.protocol import (
+    Device,
+    WorkerConfig,
+    WorkerCrashed,
+    crash_sentence,
+    error_from,
+    how_it_died,
+    refusal_sentence,
+    stack_key,
+)
+
+log = logging.getLogger("studio.worker")
+
+ROOT = str(Path(__file__).resolve().parents[2])  # the folder `studio` is in: the worker imports it from there
+POLL_S = 0.5  # how often a waiting call looks whether the worker is still alive
+STOP_WAIT_S = 10.0  # how long a worker asked to stop may take to unload before it is terminated
+
+
+def rss_bytes(pid: int) -> int | None:
+    """A process's resident memory (Linux /proc); None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _remote(op: str):
+    def call(self, *args, **kwargs):
+        return self._call(op, args, kwargs)
+
+    call.__name__ = op
+    call.__doc__ = f"DeviceService.{op}, in the device worker; function-valued keywords (progress, ...) stream back."
+    return call
+
+
+class WorkerClient(Device):
+    """The device in a supervised worker process.
+
+    Args:
+        config: how the worker builds its engine (and test-only hooks).
+        warm: the presets a new worker warms up after a restart, on the current model (base alone by default).
+    """
+
+    def __init__(self, config: WorkerConfig | None = None, *, warm: list[str] | tuple[str, ...] = (BASE,)):
+        config = config or WorkerConfig()
+        super().__init__(config.model, config.presets)
+        self.config = config
+        self.warm = list(warm)
+        self.refused: dict[tuple[str, str], str] = {}  # stack key -> why it is refused
+        self.restarts = 0  # how many times a worker was replaced (crashed or over its memory limit)
+        self._lock = threading.Lock()  # one call at a time on the pipe
+        self._ids = itertools.count(1)
+        self._model = config.model  # the model the last call that went through used: reloaded after a restart
+        self._running: tuple[str, str, str] | None = None
+        self._closed = False
+        self._start()
+        atexit.register(self.close)
+
+    @property
+    def pid(self) -> int:
+        """The worker process's id."""
+        return self._proc.pid
+
+    generate = _remote("generate")
+    matrix = _remote("matrix")
+    tune = _remote("tune")
+    warm_up = _remote("warm_up")
+    info = _remote("info")
+
+    # the worker's life ---------------------------------------------------------------------------------------------
+    def _start(self) -> None:
+        ours, theirs = multiprocessing.Pipe()
+        paths = [ROOT] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "studio.worker.server", str(theirs.fileno())], pass_fds=[theirs.fileno()], env=env
+        )
+        theirs.close()  # only the worker holds its end now: its death reads as the end of the pipe here
+        self._conn = ours
+        ours.send(self.config)
+
+    def _stop(self) -> int | None:
+        """Ask the worker to unload and exit; terminate it, then kill it, if it does not. Its exit code."""
+        try:
+            self._conn.send(("stop",))
+        except OSError:  # BrokenPipeError among them: it is gone already
+            pass
+        for end in (None, self._proc.terminate, self._proc.kill):
+            if end is not None:
+                end()
+            try:
+                return self._proc.wait(STOP_WAIT_S if end is None else 5.0)
+            except subprocess.TimeoutExpired:
+                continue
+        return self._proc.poll()
+
+    def _reload(self) -> None:
+        """Warm the current model up again in a new worker, in the background (the next call waits for it)."""
+        model = self._model
+
+        def run():
+            try:
+                self.warm_up(self.request(self.profile(model).first_prompt, model=model, seed=42), self.warm, model)
+            except (RunError, ModelLoadError, ConfigError, ValueError) as e:  # the next request loads it instead
+                log.warning("loading %s again after a restart failed: %s", model, e)
+
+        threading.Thread(target=run, name="studio-worker-reload", daemon=True).start()
+
+    def close(self) -> None:
+        """Stop the worker; no call can start after this. Does not wait for a call in flight (it may be hung)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop()
+        self._conn.close()
+
+    # one call ----------------------------------------------------------------------------------------------------
+    def _call(self, op: str, args: tuple, kwargs: dict):
+        callbacks = {k: v for k, v in kwargs.items() if callable(v)}
+        plain = {k: v for k, v in kwargs.items() if k not in callbacks}
+        with self._lock:
+            if self._closed:
+                raise RunError("the device worker has been stopped: the app is shutting down")
+            call_id, self._running = next(self._ids), None
+            try:
+                self._conn.send(("call", call_id, op, args, plain, list(callbacks), dict(self.refused)))
+            except OSError:  # its end is closed: it died between calls
+                self._died(op)
+            result = self._wait(call_id, op, callbacks)
+            if plain.get("model"):
+                self._model = plain["model"]
+            self._check_memory()
+            return result
+
+    def _wait(self, call_id: int, op: str, callbacks: dict):
+        failed = None  # an exception from one of the caller's functions: raised once the worker is done with the call
+        while True:
+            msg = self._next(op)
+            if msg[0] == "ready" or msg[1] != call_id:
+                continue  # the worker's greeting, or a message of a call whose caller stopped waiting
+            kind = msg[0]
+            if kind == "running":
+                self._running = msg[2:]
+            elif kind == "callback":
+                try:
+                    callbacks[msg[2]](*msg[3])
+                except Exception as e:  # raised below, after the call: the worker must not be left mid-call
+                    failed = failed or e
+            elif failed is not None:
+                raise failed
+            elif kind == "done":
+                return msg[2]
+            elif kind == "error":
+                raise error_from(msg[2], msg[3])
+
+    def _next(self, op: str) -> tuple:
+        while True:
+            try:
+                if self._conn.poll(POLL_S):
+                    return self._conn.recv()
+            except (EOFError, OSError):  # its end closed (it died), or ours did (close() from another thread)
+                break
+            if self._proc.poll() is not None:
+                break
+        self._died(op)
+
+    def _died(self, op: str) -> None:
+        """The worker died under call `op`: remember the stack it was running, start a new one, and raise the
+        sentence."""
+        try:
+            code = self._proc.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:  # it closed its pipe but lives on: no use to anyone
+            code = self._stop()
+        how = how_it_died(code)
+        self._conn.close()
+        if self._closed:  # stopped by close() under this call (the app is exiting): no new worker
+            raise RunError(f"the device worker was stopped ({how}) during a {op} call: the app is shutting down")
+        running = None
+        if self._running is not None:
+            name, tag, model = self._running
+            running = (name, model)
+            self.refused[stack_key(model, tag)] = refusal_sentence(how, *running)
+        sentence = crash_sentence(how, running, op)
+        log.error("%s", sentence)
+        self.restarts += 1
+        self._start()
+        if op != "warm_up":  # a warm-up that crashed is not tried again at once
+            self._reload()
+        raise WorkerCrashed(sentence)
+
+    def _check_memory(self) -> None:
+        limit = self.config.max_rss_gb
+        rss = rss_bytes(self._proc.pid) if limit and not self._closed else None
+        if rss is None or rss <= limit * 2**30:
+            return
+        log.warning("the device worker holds %.2f GB, over its limit of %g GB: restarting it", rss / 2**30, limit)
+        self._stop()
+        self._conn.close()
+        self.restarts += 1
+        self._start()
+        self._reload()

@@ -1,0 +1,129 @@
+"""What crosses between the app's process and the device worker, as plain data, and the sentences a crash ends with.
+
+Messages, each a tuple whose first item is its kind:
+
+    app -> worker   ("call", id, op, kwargs, callbacks, refused)   run `op` of studio.worker.service.DeviceService
+                                                                   with `kwargs`; `callbacks` names the arguments that
+                                                                   are the app's functions (progress, on_status);
+                                                                   `refused`: {stack key: sentence} of crashed stacks
+                    ("stop",)                                      unload and exit
+    worker -> app   ("ready", pid)                                 the worker is up (no model loaded yet)
+                    ("running", id, name, tag, model)              call `id` starts a stack: what a crash is blamed on
+                    ("callback", id, name, args)                   call the app's function `name` with `args`
+                    ("done", id, value)                            the result: a RunResult, a Matrix, a TuneResult or
+                                                                   a dict (numpy arrays, dataclasses of plain values)
+                    ("error", id, kind, message)                   one of ERRORS by name, with its one sentence
+
+The pipeline, the model and torch never cross; this module and the records it names import none of them.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+from studio.spec.checks import ConfigError
+from studio.spec.errors import ModelLoadError, RunError
+from studio.spec.presets import PresetLibrary
+from studio.spec.profiles import ModelProfile, profile_for, resolve_model
+from studio.spec.request import GenerationRequest
+
+# The errors a call may end with, by name: the app raises the same class with the same sentence (handlers turn each
+# into a gr.Error). Any other exception inside the worker arrives as a RunError naming its type.
+ERRORS = {cls.__name__: cls for cls in (ConfigError, ModelLoadError, RunError, ValueError, TypeError)}
+
+
+class WorkerCrashed(RunError):
+    """The device worker died during a call (a signal, the OOM killer, an abort in a kernel); it has been restarted."""
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """How the worker builds its engine, and the app-side limits on it.
+
+    Args:
+        model: the model a request without one uses (and the one reloaded after a restart until another is used).
+        device, allowed: ModelManager's (allowed: the public mode's list of models that may load).
+        max_steps, max_side: the operator's caps (Runner's).
+        presets: the library preset names resolve in when a call names none (a visitor's own comes with each call).
+        max_rss_gb: restart the worker between requests once its resident memory is over this (None: no limit).
+        crash_on: TEST ONLY. The worker kills itself with SIGSEGV at the third denoising step of any run of the preset
+            of this name, as a native crash inside a kernel would (tests/test_worker.py).
+        probe_threads: TEST ONLY. Record the OS threads that call a transformer (the `info` call returns them).
+    """
+
+    model: str = "tiny"
+    device: str | None = None
+    allowed: tuple[str, ...] | None = None
+    max_steps: int | None = None
+    max_side: int | None = None
+    presets: PresetLibrary | None = None
+    max_rss_gb: float | None = None
+    crash_on: str | None = None
+    probe_threads: bool = False
+
+
+def error_message(e: BaseException) -> tuple[str, str]:
+    """(kind, message) for an exception raised in the worker: the nearest class of ERRORS, or a RunError saying what
+    it was."""
+    for cls in type(e).__mro__:
+        if cls.__name__ in ERRORS and cls is ERRORS[cls.__name__]:
+            return cls.__name__, str(e)
+    first = str(e).splitlines()[0][:200] if str(e) else ""
+    return "RunError", f"the device worker failed ({type(e).__name__}: {first}); it is still serving"
+
+
+def error_from(kind: str, message: str) -> Exception:
+    return ERRORS.get(kind, RunError)(message)
+
+
+def stack_key(model: str | None, tag: str) -> tuple[str, str]:
+    """What is remembered of a stack that crashed the worker: the model (resolved) and the stack's derived tag."""
+    return (resolve_model(model), tag)
+
+
+def how_it_died(exitcode: int | None) -> str:
+    """The worker's end in a word or two: the signal's name (SIGSEGV, SIGKILL: the OOM killer's, SIGABRT) or the
+    exit code."""
+    if exitcode is None:
+        return "no exit code"
+    if exitcode < 0:
+        if -exitcode == signal.SIGKILL:
+            return "SIGKILL: out of memory, or killed"  # the kernel's OOM killer sends SIGKILL
+        try:
+            return signal.Signals(-exitcode).name
+        except ValueError:
+            return f"signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+def crash_sentence(how: str, running: tuple[str, str] | None, op: str) -> str:
+    """The one sentence a request ends with when the worker died under it. running: (preset name, model) it had
+    started, if any."""
+    doing = f"running {running[0]} on {running[1]}" if running else f"answering the app's {op} call"
+    return f"the device worker crashed ({how}) while {doing}; it has been restarted and the model is loading again"
+
+
+def refusal_sentence(how: str, name: str, model: str) -> str:
+    """Why a stack that crashed the worker is not run again."""
+    return (
+        f"{name} on {model} is refused: it crashed the device worker ({how}) earlier in this app's run, and every "
+        "request in flight would be lost if it did again; choose another preset (or restart the app to try it again)"
+    )
+
+
+class Device:
+    """What the app's Studio facade holds: the torch-free part both the worker's client and the in-process device
+    share (profiles and requests are spec, read from files). The device calls (generate, matrix, tune, warm_up,
+    info, close) are the subclass's."""
+
+    def __init__(self, model: str = "tiny", presets: PresetLibrary | None = None):
+        self.model = model
+        self.presets = presets or PresetLibrary()
+
+    def profile(self, model: str | None = None) -> ModelProfile:
+        return profile_for(resolve_model(model or self.model))
+
+    def request(self, prompt: str, model: str | None = None, **overrides) -> GenerationRequest:
+        """A request with the model profile's defaults for whatever is not given."""
+        return self.profile(model).request(prompt, **overrides)

@@ -1,0 +1,191 @@
+"""The device worker: a process of its own that owns the engine (the Runner, the loaded model and the one device
+thread), so that a native crash in a kernel ends one request instead of the whole app. studio.worker.client starts
+and watches it.
+
+Run as `python -m studio.worker.server FD`, FD being its end of a socket pair read as a multiprocessing
+Connection. It reads its WorkerConfig, answers ("ready", pid), then serves one call at a time on its device thread
+(studio.worker.protocol lists the messages) until ("stop",) or until the app's end closes (the app is gone); then
+it unloads the model, which stops any parallel workers it started.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import pickle
+import resource
+import signal
+import sys
+from contextlib import contextmanager
+from multiprocessing.connection import Connection
+
+from studio.engine import BASE, ModelManager, Runner
+from studio.engine.thread import DEVICE_THREAD
+from studio.spec.errors import RunError
+from studio.spec.presets import PresetLibrary
+from studio.worker.protocol import WorkerConfig, error_message, stack_key
+from studio.worker.service import DeviceService
+
+log = logging.getLogger("studio.worker")
+
+CRASH_AT_STEP = 2  # WorkerConfig.crash_on: the denoising step (0-based) at which the test hook kills the worker
+GONE = (BrokenPipeError, ConnectionResetError, EOFError)  # the app's end of the pipe is closed
+
+
+class Call:
+    """The call being served: its id, the pipe, and the stacks the app refuses (they crashed a worker before)."""
+
+    def __init__(self, conn: Connection, call_id: int, refused: dict):
+        self.conn, self.id, self.refused = conn, call_id, refused
+
+    def send(self, kind: str, *rest) -> None:
+        self.conn.send((kind, self.id) + rest)
+
+    def callback(self, name: str):
+        """The app's function `name`, as a message: the app calls it with the same arguments."""
+
+        def call(*args):
+            self.send("callback", name, args)
+
+        return call
+
+
+def _crash_at_step(progress, step: int = CRASH_AT_STEP):
+    """TEST ONLY (WorkerConfig.crash_on): the worker dies by SIGSEGV in the middle of a run, as it would when a
+    kernel segfaults; the steps before it have reached the app."""
+
+    def on_step(i, total, rec):
+        if progress is not None:
+            progress(i, total, rec)
+        if i == step:
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file from a crash made on purpose
+            os.kill(os.getpid(), signal.SIGSEGV)
+
+    return on_step
+
+
+class WatchedRunner(Runner):
+    """The worker's Runner. Before a stack runs it tells the app which one (what a crash is blamed on, and what is
+    refused afterwards), and it refuses a stack that crashed a worker before. A stack's base run inside
+    `generate` is blamed on the stack: it runs only because the stack was asked for."""
+
+    def __init__(self, *args, crash_on: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.call: Call | None = None
+        self.crash_on = crash_on
+        self._running: list[tuple[str, str, str]] = []  # (preset name, tag, model): nested (screen runs base first)
+
+    def _stack(self, preset, presets, model, switches=(None, None, None)) -> tuple[str, str, str]:
+        p = self.resolve_preset(preset, presets).with_overrides(*switches)
+        return p.name, p.tag(self.manager.resolve_dtype(p.dtype).name), model or self.model
+
+    def _refusal(self, stack: tuple[str, str, str]) -> str | None:
+        return (self.call.refused if self.call else {}).get(stack_key(stack[2], stack[1]))
+
+    @contextmanager
+    def _runs(self, stack: tuple[str, str, str]):
+        reason = self._refusal(stack)
+        if reason:
+            raise RunError(reason)
+        self._running.append(stack)
+        if self.call:
+            self.call.send("running", *stack)
+        try:
+            yield
+        finally:
+            self._running.pop()
+            if self._running and self.call:  # back to the stack that ran this one
+                self.call.send("running", *self._running[-1])
+
+    def generate(self, request, preset=BASE, *, model=None, cache_enabled=None, cache_threshold=None,
+                 compile_enabled=None, progress=None, presets=None, **kwargs):  # fmt: skip
+        switches = (cache_enabled, cache_threshold, compile_enabled)
+        with self._runs(self._stack(preset, presets, model, switches)):
+            name = preset if isinstance(preset, str) else preset.name
+            if self.crash_on is not None and name == self.crash_on:
+                progress = _crash_at_step(progress)
+            return super().generate(
+                request, preset, model=model, cache_enabled=cache_enabled, cache_threshold=cache_threshold,
+                compile_enabled=compile_enabled, progress=progress, presets=presets, **kwargs,
+            )  # fmt: skip
+
+    def screen(self, request, preset, model=None):
+        with self._runs(self._stack(preset, None, model)):
+            return super().screen(request, preset, model)
+
+    def warm_up(self, request, presets, model=None) -> list[float]:
+        """Runner.warm_up, one preset at a time so that a crash is blamed on the right one; a refused stack is
+        skipped (0.0), not warmed up."""
+        out = []
+        for name in presets:
+            stack = self._stack(name, None, model)
+            if self._refusal(stack):
+                out.append(0.0)
+                continue
+            with self._runs(stack):
+                out += super().warm_up(request, [name], model)
+        return out
+
+
+def _serve_call(service: DeviceService, conn: Connection, msg: tuple) -> tuple:
+    """One call, on the device thread: its result or its error as a message (the worker keeps serving)."""
+    _, call_id, op, args, kwargs, callbacks, refused = msg
+    call = Call(conn, call_id, refused)
+    service.runner.call = call
+    try:
+        if op not in DeviceService.OPS:
+            raise RunError(f"the device worker has no call {op!r}; it serves {', '.join(DeviceService.OPS)}")
+        kwargs = dict(kwargs, **{name: call.callback(name) for name in callbacks})
+        return ("done", call_id, getattr(service, op)(*args, **kwargs))
+    except GONE:
+        raise  # the app is gone: nobody to answer
+    except Exception as e:  # every other failure goes back as its sentence, and the worker keeps serving
+        kind, message = error_message(e)
+        if kind == "RunError" and not isinstance(e, RunError):
+            log.exception("device call %s failed", op)
+        return ("error", call_id, kind, message)
+    finally:
+        service.runner.call = None
+
+
+def serve(conn: Connection, config: WorkerConfig) -> None:
+    """The worker's loop: one call at a time until ("stop",) or the app's end closes."""
+    manager = ModelManager(config.device, allowed=list(config.allowed) if config.allowed is not None else None)
+    runner = WatchedRunner(
+        manager, config.presets or PresetLibrary(), model=config.model, max_steps=config.max_steps,
+        max_side=config.max_side, crash_on=config.crash_on,
+    )  # fmt: skip
+    service = DeviceService(runner, config.probe_threads)
+    try:
+        conn.send(("ready", os.getpid()))
+        while True:
+            msg = conn.recv()
+            if msg[0] == "stop":
+                break
+            reply = DEVICE_THREAD.call(_serve_call, service, conn, msg)
+            try:
+                conn.send(reply)
+            except (pickle.PicklingError, TypeError, AttributeError) as e:  # a result that cannot cross: say so
+                conn.send(("error", reply[1], "RunError", f"the device worker could not send its result back ({e})"))
+    except GONE:
+        log.warning("the app's end of the pipe closed: the device worker stops")
+    finally:
+        DEVICE_THREAD.call(manager.unload)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    # A native crash prints the Python stack of every thread to stderr before the worker dies (the app then says
+    # which stack it was running).
+    faulthandler.enable()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the terminal is the app's: the app stops the worker
+    logging.basicConfig(level=logging.WARNING, format="[device worker %(process)d] %(levelname)s: %(message)s")
+    fd = int(argv[0])
+    os.set_inheritable(fd, False)  # processes this worker starts (Ray, compile workers) do not hold the app's pipe
+    conn = Connection(fd)
+    serve(conn, conn.recv())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""The device calls over one Runner: what the worker process serves (studio.worker.server) and what runs in the
+app's own process on ZeroGPU (`InProcess`).
+
+Every call is one of `DeviceService.OPS`; its arguments and result are plain data (requests, presets, preset
+libraries, RunResult, Matrix, TuneResult, dicts), and its progress arrives through keyword callbacks (`progress`,
+`on_status`) so that it can cross a pipe.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from studio.bench.matrix import run_matrix
+from studio.bench.records import TuneResult
+from studio.bench.tune import QUICK, tune
+from studio.engine import BASE, Runner, RunResult
+from studio.engine.thread import DEVICE_THREAD
+from studio.report.table import Matrix
+from studio.spec.request import GenerationRequest
+from studio.worker.protocol import Device
+
+
+class DeviceService:
+    """The studio's device work, named calls over one Runner.
+
+    Args:
+        probe_threads: TEST ONLY: remember the OS thread of every transformer call (`info()["torch_threads"]`).
+    """
+
+    OPS = ("generate", "matrix", "tune", "warm_up", "info")
+
+    def __init__(self, runner: Runner, probe_threads: bool = False):
+        self.runner = runner
+        self._threads: set[int] = set()
+        if probe_threads:
+            import torch
+
+            torch.nn.modules.module.register_module_forward_pre_hook(self._saw)
+
+    def _saw(self, module, args) -> None:
+        if type(module).__name__.endswith("Transformer2DModel"):
+            self._threads.add(threading.get_ident())
+
+    def generate(self, request: GenerationRequest, preset=BASE, **kwargs) -> RunResult:
+        """Runner.generate: one measured generation compared with its base."""
+        return self.runner.generate(request, preset, **kwargs)
+
+    def matrix(self, request: GenerationRequest, presets: list, **kwargs) -> Matrix:
+        """studio.bench.run_matrix on this runner."""
+        return run_matrix(self.runner, request, presets, **kwargs)
+
+    def tune(
+        self, requests: list[GenerationRequest], floor_db: float, *, model=None, progress=None, quick=True
+    ) -> TuneResult:
+        """studio.bench.tune on this runner; quick: the UI's small search space."""
+        return tune(self.runner, requests, floor_db, model=model, progress=progress, space=QUICK if quick else None)
+
+    def warm_up(self, request: GenerationRequest, presets: list[str], model: str | None = None) -> list[float]:
+        """Load the model and run the untimed warm-ups (Runner.warm_up) of the presets this runner knows."""
+        known = self.runner.presets.names()
+        return self.runner.warm_up(request, [n for n in presets if n in known], model)
+
+    def info(self) -> dict:
+        """Where the device stands: its process, the loaded model, the kept bases, the threads that ran torch."""
+        cur = self.runner.manager.current
+        return {
+            "pid": os.getpid(), "device": str(self.runner.manager.device),
+            "model": cur.source if cur is not None else None,
+            "bases": len(self.runner.bases), "bases_size": self.runner.bases.size,
+            "device_thread": DEVICE_THREAD._ident, "torch_threads": sorted(self._threads),
+        }  # fmt: skip
+
+
+def _on_device_thread(op: str):
+    def call(self, *args, **kwargs):
+        return DEVICE_THREAD.call(getattr(self.service, op), *args, **kwargs)
+
+    call.__name__ = op
+    call.__doc__ = f"DeviceService.{op}, on this process's device thread (studio.engine.thread)."
+    return call
+
+
+class InProcess(Device):
+    """The device in the app's own process: on ZeroGPU, where `spaces` already runs each device event's handler in a
+    process of its own (a second one inside it would hold a second copy of the model), and in tests over a Runner.
+    Every call runs on the process's one device thread."""
+
+    def __init__(self, runner: Runner, probe_threads: bool = False):
+        super().__init__(runner.model, runner.presets)
+        self.runner = runner
+        self.service = DeviceService(runner, probe_threads)
+        self._closed = False
+
+    generate = _on_device_thread("generate")
+    matrix = _on_device_thread("matrix")
+    tune = _on_device_thread("tune")
+    warm_up = _on_device_thread("warm_up")
+    info = _on_device_thread("info")
+
+    def close(self) -> None:
+        """Unload the model (parallel workers and a Ray runtime started for them end with it); once."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            done = DEVICE_THREAD.submit(self.runner.manager.unload)
+        except RuntimeError:  # at exit the device thread's pool takes no more work, and nothing else runs torch now
+            self.runner.manager.unload()
+            return
+        done.result()

@@ -1,0 +1,237 @@
+"""The supervised device worker (studio.worker) with the real engine in it: a native crash during a request costs
+that request only, progress streams back, the memory limit restarts it, and no worker outlives the app.
+
+The crash is real: the worker started with the test-only `WorkerConfig.crash_on` kills itself with SIGSEGV at the
+third denoising step of that preset's run, as a segfaulting kernel would.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from studio.spec import ConfigError, PresetLibrary, RunError
+from studio.worker import WorkerClient, WorkerConfig, WorkerCrashed
+
+PROMPT = "a red circle in the center, blue background"
+ROOT = Path(__file__).resolve().parents[1]
+CACHED = dict(preset="cache", cache_threshold=0.5)  # random weights cache at R=0.5
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie waiting for its parent counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d.name))
+    return out
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if not _alive(pid):
+            return True
+        time.sleep(0.2)
+    return not _alive(pid)
+
+
+@pytest.fixture(scope="module")
+def worker(random_model_dir):
+    w = WorkerClient(WorkerConfig(model=random_model_dir, device="cpu", crash_on="int8"))
+    yield w
+    w.close()
+
+
+def _generate(w, seed=5, **kw):
+    kw = {**CACHED, **kw}
+    return w.generate(w.request(PROMPT, seed=seed, steps=10), kw.pop("preset"), **kw)
+
+
+def test_progress_and_status_lines_stream_back_from_the_worker(worker):
+    steps, lines = [], []
+    res = _generate(worker, progress=lambda i, n, rec: steps.append((i, n, rec.cached)), on_status=lines.append)
+    runs = [steps[k : k + 10] for k in range(0, len(steps), 10)]  # the warm-up and timed runs, step by step
+    assert runs and all([s[:2] for s in run] == [(i, 10) for i in range(10)] for run in runs)
+    assert [i for i, _, cached in runs[-1] if cached] == res.metrics.cached_step_indices != []
+    assert any("base" in line for line in lines)  # the slow phases' status lines came too
+    assert res.image.shape == (64, 64, 3) and res.image.dtype == np.uint8
+
+
+def test_an_error_in_the_worker_comes_back_as_its_class_with_its_sentence(worker):
+    pid = worker.pid
+    with pytest.raises(ConfigError, match="width 60 is not a multiple of 8"):
+        worker.generate(worker.request(PROMPT, width=60, steps=10), "base")
+    with pytest.raises(ConfigError, match="warp-speed"):
+        worker.generate(worker.request(PROMPT, steps=10), "warp-speed")
+    assert worker.pid == pid and worker.restarts == 0  # a Python error changes nothing
+
+
+def test_a_native_crash_ends_one_call_and_the_next_gets_the_same_pixels(worker, random_model_dir):
+    before = _generate(worker)
+    pid, steps = worker.pid, []
+    with pytest.raises(WorkerCrashed) as crash:
+        _generate(worker, preset="int8", cache_threshold=None, progress=lambda i, t, rec: steps.append(i))
+    assert str(crash.value) == (
+        f"the device worker crashed (SIGSEGV) while running int8 on {random_model_dir}; it has been restarted and "
+        "the model is loading again"
+    )
+    assert isinstance(crash.value, RunError)  # what the handlers already turn into a gr.Error
+    assert steps == [0, 1, 2]  # its progress reached this process up to the step it died in
+    assert not _alive(pid) and worker.pid != pid and worker.restarts == 1
+    after = _generate(worker)
+    assert np.array_equal(after.image, before.image)
+    assert after.metrics.cached_step_indices == before.metrics.cached_step_indices
+    with pytest.raises(RunError, match=r"int8 on .* is refused: it crashed the device worker \(SIGSEGV\) earlier"):
+        _generate(worker, preset="int8", cache_threshold=None)
+    assert worker.restarts == 1  # refused, not crashed again
+
+
+def test_the_memory_limit_restarts_the_worker_between_requests(random_model_dir):
+    w = WorkerClient(WorkerConfig(model=random_model_dir, device="cpu", max_rss_gb=0.05))
+    try:
+        first_pid = w.pid
+        first = _generate(w, preset="base", cache_threshold=None)  # returned whole; then the worker (over 50 MB) goes
+        assert w.restarts == 1 and w.pid != first_pid and _gone_within(first_pid, 5)
+        again = _generate(w, preset="base", cache_threshold=None)
+        assert np.array_equal(again.image, first.image)
+    finally:
+        w.close()
+    assert _gone_within(w.pid, 5)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _app_env(model: str, **extra) -> dict:
+    env = dict(os.environ, STUDIO_MODEL=model, STUDIO_DEVICE="cpu", STUDIO_PREWARM="0", HF_HUB_OFFLINE="1")
+    env["PYTHONPATH"] = str(ROOT)
+    return {**env, **extra}
+
+
+APP_SCRIPT = """
+import os, sys
+import app
+res = app.device.generate(app.device.request("a red circle", steps=4), "base")
+print("torch loaded:", "torch" in sys.modules, "worker:", app.device.pid, "image:", res.image.shape, flush=True)
+if sys.argv[1] == "kill":
+    os.kill(os.getpid(), 9)
+"""
+
+
+@pytest.mark.parametrize("end", ["exit", "kill"])
+def test_the_app_process_loads_no_torch_and_leaves_no_worker_behind(random_model_dir, end):
+    """The app's process (app.py, imported as a Space does) serves a generation without importing torch; when it
+    exits its worker is stopped, and when it is killed outright its worker stops by itself."""
+    out = subprocess.run(
+        [sys.executable, "-c", APP_SCRIPT, end], cwd=ROOT, env=_app_env(random_model_dir), capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    line = [x for x in out.stdout.splitlines() if x.startswith("torch loaded:")]
+    assert line, out.stdout + out.stderr[-3000:]
+    words = line[0].split()
+    assert words[2] == "False" and words[6:] == ["(64,", "64,", "3)"]
+    assert out.returncode == (-9 if end == "kill" else 0)
+    assert _gone_within(int(words[4]), 15)  # killed: the worker saw its pipe close and stopped
+
+
+def test_sigterm_to_a_running_app_stops_its_worker(random_model_dir):
+    """`python app.py` as a Space runs it; a supervisor stops it with SIGTERM."""
+    from gradio_client import Client
+
+    port = _port()
+    env = _app_env(random_model_dir, GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port))
+    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+                break
+            except Exception:  # not listening yet (httpx's connect error, or gradio's while it starts)
+                assert time.monotonic() < deadline and proc.poll() is None, "the app did not come up"
+                time.sleep(0.5)
+        out = client.predict(prompt=PROMPT, preset="base", steps=4, width=64, height=64, api_name="/generate")
+        assert np.asarray(Image.open(out[0])).shape[2] == 3
+        workers = _children(proc.pid)
+        assert len(workers) == 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        assert _gone_within(workers[0], 15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_the_app_refuses_a_crashed_stack_and_keeps_serving_through_gradio(random_model_dir, tmp_path):
+    """The same crash through the app: /generate ends with the sentence, the app still serves the same pixels."""
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    from studio.app.ui import CSS, build_app
+
+    device = WorkerClient(
+        WorkerConfig(model=random_model_dir, device="cpu", presets=PresetLibrary(user_dir=tmp_path), crash_on="int8")
+    )
+    demo = build_app(device, default_preset="cache")
+    port = _port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, css=CSS)
+    try:
+        c = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        kw = dict(prompt=PROMPT, model=random_model_dir, seed=3, steps=10, api_name="/generate")
+        before = c.predict(preset="cache", threshold=0.5, **kw)
+        with pytest.raises(AppError, match=r"the device worker crashed \(SIGSEGV\) while running int8 on "):
+            c.predict(preset="int8", **kw)
+        after = c.predict(preset="cache", threshold=0.5, **kw)
+        assert np.array_equal(np.asarray(Image.open(after[0])), np.asarray(Image.open(before[0])))
+        assert after[-1]["cached_step_indices"] == before[-1]["cached_step_indices"] != []
+        with pytest.raises(AppError, match=r"int8 on .* is refused"):
+            c.predict(preset="int8", **kw)
+        pid = device.pid
+    finally:
+        demo.close()
+        device.close()
+    assert _gone_within(pid, 10)
+
+
+def test_on_zerogpu_the_device_runs_in_the_apps_process(random_model_dir, monkeypatch):
+    """ZeroGPU's `spaces` runs each device event in a process it forks: the same facade, no second process."""
+    import studio.worker
+    from studio.engine.thread import DEVICE_THREAD
+    from studio.worker.service import InProcess
+
+    monkeypatch.setattr(studio.worker, "on_zerogpu", lambda: True)
+    device = studio.worker.start_device(WorkerConfig(model=random_model_dir, device="cpu"), warm=["base"])
+    try:
+        assert isinstance(device, InProcess)
+        res = _generate(device)
+        info = device.info()
+        assert info["pid"] == os.getpid() and info["device_thread"] == DEVICE_THREAD._ident
+        assert res.metrics.cached_step_indices and res.image.shape == (64, 64, 3)
+    finally:
+        device.close()
