@@ -128,7 +128,10 @@ def _doctor(args) -> int:
 
     fams = args.families.split(",") if args.families else list(FAMILIES)
     names = args.presets.split(",") if args.presets else None
-    rows = doctor.run_doctor(fams, names, args.device, on_status=say)
+    # each family in child processes: a native crash costs its own row (studio.bench.isolated), not the table
+    from studio.bench.isolated import run_isolated
+
+    rows = run_isolated(fams, names, args.device, on_status=say)
     device = str(args.device or default_device())
     kernels = []
     if device.startswith("cuda") and not args.no_kernels:

@@ -144,3 +144,19 @@ def test_doctor_row_for_z_image_int8_compile_finishes_in_bfloat16():
     compiled = next(line for line in row["engaged"] if line.startswith("compile:"))
     assert "regional" in compiled and "without aten._weight_int8pack_mm" in compiled
     assert "dtype: auto: bfloat16" in " ".join(row["engaged"]) and row["quality"] != "broken"
+
+
+def test_a_crash_in_the_doctor_costs_its_own_row_not_the_table(monkeypatch):
+    """Each family runs in child processes: the preset whose run kills its process (a real SIGSEGV, from a test-only
+    hook in the child) is a row that says so, and the presets after it still run, in a new child."""
+    from studio.bench.doctor import healthy
+    from studio.bench.isolated import CRASH_ENV, run_isolated
+    from studio.report.text import doctor_table
+
+    monkeypatch.setenv(CRASH_ENV, "flux:cache")
+    rows = run_isolated(["flux"], ["base", "cache", "int8"], "cpu")
+    assert [(r.preset, r.crashed) for r in rows] == [("base", None), ("cache", "SIGSEGV"), ("int8", None)]
+    assert rows[0].quality == "identical" and rows[2].psnr_db > 30 and not healthy(rows)
+    assert "the run crashed its process (SIGSEGV)" in rows[1].fallbacks[0]
+    table = doctor_table(rows)
+    assert table.count("| flux |") == 3 and "crashed" in table

@@ -38,6 +38,7 @@ class DoctorRow:
     quality: str
     engaged: list[str]
     fallbacks: list[str]
+    crashed: str | None = None  # how the run's process died (studio.bench.isolated), None: it did not
 
 
 def _row(family: str, preset: str, m) -> DoctorRow:
@@ -48,7 +49,10 @@ def _row(family: str, preset: str, m) -> DoctorRow:
     )  # fmt: skip
 
 
-def check_family(family: str, folder: Path, presets: list[str], device=None, on_status=None) -> list[DoctorRow]:
+def check_family(
+    family: str, folder: Path, presets: list[str], device=None, on_status=None, on_row=None
+) -> list[DoctorRow]:
+    """The presets on one family's instance in `folder`; `on_row(row)` as each row is done."""
     lib = PresetLibrary()
     runner = Runner(ModelManager(device), lib, model=str(folder), cheap_pairs=1)
     rows, eager_rows = [], {}
@@ -71,6 +75,8 @@ def check_family(family: str, folder: Path, presets: list[str], device=None, on_
             if not p.compile.enabled:
                 eager_rows.setdefault((p.quantize_config, p.cache_config), row)
             rows.append(row)
+            if on_row:
+                on_row(row)
     finally:
         runner.manager.unload()
     return rows
@@ -96,8 +102,8 @@ def as_json(rows: list[DoctorRow], device: str) -> str:
 
 
 def healthy(rows: list[DoctorRow]) -> bool:
-    """Every count agrees with the cache's own list and no stack is broken."""
-    return all(r.counts_agree is not False and r.quality != Verdict.BROKEN for r in rows)
+    """Every count agrees with the cache's own list, no stack is broken, and none crashed its process."""
+    return all(r.counts_agree is not False and r.quality != Verdict.BROKEN and r.crashed is None for r in rows)
 
 
 # The non-cache techniques on a transformer of real size (GPU only): random weights do not cache, but their kernels

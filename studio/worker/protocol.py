@@ -19,11 +19,14 @@ The pipeline, the model and torch never cross; this module and the records it na
 
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass
 
 from studio.spec.checks import ConfigError
-from studio.spec.errors import ModelLoadError, RunError
+from studio.spec.errors import (
+    ModelLoadError,
+    RunError,
+    how_it_died,  # noqa: F401  (the worker's end in words, for the client)
+)
 from studio.spec.presets import PresetLibrary
 from studio.spec.profiles import ModelProfile, profile_for, resolve_model
 from studio.spec.request import GenerationRequest
@@ -80,21 +83,6 @@ def error_from(kind: str, message: str) -> Exception:
 def stack_key(model: str | None, tag: str) -> tuple[str, str]:
     """What is remembered of a stack that crashed the worker: the model (resolved) and the stack's derived tag."""
     return (resolve_model(model), tag)
-
-
-def how_it_died(exitcode: int | None) -> str:
-    """The worker's end in a word or two: the signal's name (SIGSEGV, SIGKILL: the OOM killer's, SIGABRT) or the
-    exit code."""
-    if exitcode is None:
-        return "no exit code"
-    if exitcode < 0:
-        if -exitcode == signal.SIGKILL:
-            return "SIGKILL: out of memory, or killed"  # the kernel's OOM killer sends SIGKILL
-        try:
-            return signal.Signals(-exitcode).name
-        except ValueError:
-            return f"signal {-exitcode}"
-    return f"exit code {exitcode}"
 
 
 def crash_sentence(how: str, running: tuple[str, str] | None, op: str) -> str:
