@@ -247,5 +247,5 @@ def test_prompt_length_is_bounded_and_not_echoed():
     with pytest.raises(ConfigError) as e:
         GenerationRequest(prompt="y" * 20_000)
     assert str(e.value) == "request.prompt is 20000 characters long: at most 2000 are allowed"
-    with pytest.raises(ConfigError, match="guidance=-5 is not valid: must be >= 0.0"):
+    with pytest.raises(ConfigError, match=r"guidance=-5 is not valid: guidance is a finite number from 0 to 50"):
         GenerationRequest(prompt="x", guidance=-5)

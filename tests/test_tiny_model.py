@@ -263,7 +263,7 @@ def test_same_request_twice_same_image_and_cached_steps(tiny_runner):
     a = tiny_runner.generate(r, "cache-int8")
     b = tiny_runner.generate(r, "cache-int8")
     assert np.array_equal(a.image, b.image) and a.metrics.cached_step_indices == b.metrics.cached_step_indices
-    assert "R0.24 (set)" in " ".join(a.metrics.engaged)  # an explicit threshold wins over the INT8 default
+    assert "R0.24MC3 (set)" in " ".join(a.metrics.engaged)  # an explicit threshold wins over the INT8 default
     assert a.metrics.psnr_db > 25
 
 
