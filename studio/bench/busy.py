@@ -34,8 +34,8 @@ class BusyReport:
         q = self.quiet_median
         out = []
         for v, note in self.busy:
-            if v is None:
-                out.append("flagged" if note and note.startswith("timing unreliable") else "WRONG (no number, no why)")
+            if v is None:  # no number: right only with the reason (a busy machine, or a reading beyond its ideal)
+                out.append("flagged" if note else "WRONG (no number, no why)")
             elif q is not None and abs(v / q - 1) <= BOUND:
                 out.append("within bound")
             else:

@@ -64,6 +64,8 @@ class Ratio:
     pairs: int
     base_range: float  # slowest base run over the fastest (1.0: they agree)
     left_out: int = 0  # pairs left out as spoilt by a stall (the rest agreed)
+    lo: float | None = None  # the lowest and highest pair ratio behind it
+    hi: float | None = None
 
     @property
     def reliable(self) -> bool:
@@ -75,7 +77,8 @@ class Ratio:
             return None
         return (
             f"timing unreliable: the machine was busy (base runs differed by {self.base_range:.1f}x, pair ratios "
-            f"{self.value - self.spread:.2f}x..{self.value + self.spread:.2f}x over {self.pairs} pairs); "
+            f"{self.lo if self.lo is not None else self.value - self.spread:.2f}x.."
+            f"{self.hi if self.hi is not None else self.value + self.spread:.2f}x over {self.pairs} pairs); "
             "speed-up not shown"
         )
 
@@ -102,7 +105,9 @@ def ratio(bases: list[Steady], runs: list[Steady]) -> Ratio:
         return Ratio(value, _one_pair_spread(bases[0], runs[0], value), 1, base_range)
     used = agreeing(per_pair) if agree(per_pair) else per_pair
     spread = (max(used) - min(used)) / 2
-    return Ratio(statistics.median(used), spread, len(per_pair), base_range, len(per_pair) - len(used))
+    return Ratio(
+        statistics.median(used), spread, len(per_pair), base_range, len(per_pair) - len(used), min(used), max(used)
+    )
 
 
 def _one_pair_spread(base: Steady, run: Steady, value: float) -> float:
