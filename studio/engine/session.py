@@ -285,7 +285,8 @@ class Runner:
             return None
         ideal = price.ideal_speedup(run.counts.full, run.counts.cached)
         if self._twin_is_base(p):
-            return IdealCheck(ideal, paired.ratio.value if paired.ratio else None, "base", price)
+            reliable = paired.ratio is not None and paired.ratio.reliable  # a busy machine: no reading at all
+            return IdealCheck(ideal, paired.ratio.value if reliable else None, "base", price)
         # compiled / quantized / other attention: its non-cache twin is not base; its own full steps stand in
         own_full = run.priced.full_ms
         measured = (len(run.step_ms) * own_full / 1e3) / run.priced.robust_s if own_full else None

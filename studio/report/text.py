@@ -175,7 +175,7 @@ def ideal_worked(m) -> str:
         f"{m.ideal_speedup:.3f}x",
     ]
     if m.of_ideal is not None:
-        vs = m.speedup if m.of_ideal_against == "base" else m.of_ideal * m.ideal_speedup
+        vs = m.of_ideal * m.ideal_speedup  # the measured speed-up over its reference
         lines.append(
             f"  measured {vs:.3f}x against {m.of_ideal_against}: of ideal {vs:.3f} / {m.ideal_speedup:.3f} = "
             f"{m.of_ideal:.3f}"
