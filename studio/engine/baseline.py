@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from studio.measure.steady import Ratio, Steady, agree, ratio
+from studio.measure.steady import Ratio, Steady, agree, ratio, steady
 
 
 @dataclass(frozen=True)
@@ -36,14 +36,13 @@ class BaseEntry:
     denoise_s: float
     step_ms: list[float]
     timed_at: float = field(default_factory=time.monotonic)  # when the timed run ended (time.monotonic)
-    priced: Steady | None = None  # its step-median price (None: priced by its wall time)
     agreed: bool = True  # its repeats agreed (or, timed once, its steps did): a timing that may be kept
     block_ms: tuple | None = None  # its blocks' median times (eager): what a compiled stack's ideal is priced by
-    calls_per_step: int = 1
 
     @property
     def price(self) -> Steady:
-        return self.priced or Steady(self.denoise_s, self.denoise_s, None, None)
+        """Its step-median price (every base step is a full one)."""
+        return steady(self.denoise_s, self.step_ms, [])
 
     def age(self, now: float | None = None) -> float:
         return (time.monotonic() if now is None else now) - self.timed_at
@@ -52,9 +51,8 @@ class BaseEntry:
 def entry_of(run, agreed: bool | None = None) -> BaseEntry:
     """A base entry from a measured run (engine.run.Measured); `agreed` None: as steady as its own steps."""
     return BaseEntry(
-        run.image, run.denoise_s, run.step_ms, run.ended, priced=run.priced,
+        run.image, run.denoise_s, run.step_ms, run.ended,
         agreed=run.priced.steady if agreed is None else agreed, block_ms=run.block_ms,
-        calls_per_step=run.calls_per_step,
     )  # fmt: skip
 
 
