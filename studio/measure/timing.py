@@ -43,9 +43,9 @@ def last_block_probe_target(transformer) -> torch.nn.Module | None:
 
 def block_count(transformer) -> int:
     """How many transformer blocks one full call runs: every block of every block list (FLUX: double + single)."""
-    import torch
+    from studio.measure.blocks import block_list
 
-    return sum(len(m) for _, m in transformer.named_children() if isinstance(m, torch.nn.ModuleList))
+    return len(block_list(transformer))
 
 
 class _Clock:
