@@ -68,6 +68,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--csv", action="store_true", help="print the rows as CSV")
     b.add_argument("--out", default=None, help="write the report: .md, .csv or .json by extension")
     b.add_argument("--plot", default=None, help="write the speed-up vs PSNR plot (PNG)")
+    b.add_argument(
+        "--in-process", action="store_true", help="run here, not in a child process (a native crash then ends it)"
+    )
     s = sub.add_parser("sweep", help="one cache knob over a prompt set: speed-up and worst PSNR, the cliff marked")
     _common(s)
     s.add_argument("--preset", default="cache")
@@ -192,17 +195,24 @@ def _prompt_requests(runner, req, args, examples: bool = True) -> list:
 
 def _bench(runner, req, args) -> int:
     from studio.bench.bench import run_bench
+    from studio.bench.contained import BenchJob, run_contained
     from studio.report.plots import plot_tradeoff
     from studio.report.text import bench_header, bench_markdown
 
     names = args.presets.split(",") if args.presets else None
     tick, close = progress_bar("bench")
     try:
-        reqs = _prompt_requests(runner, req, args, examples=False)
-        rep = run_bench(
-            runner, reqs, names, model=args.model, repeats=args.repeats, progress=tick,
-            cache_enabled=args.cache, compile_enabled=args.compile, vs_raw=args.vs_raw,
+        job = BenchJob(
+            _prompt_requests(runner, req, args, examples=False), names, args.model, args.repeats, args.device,
+            args.presets_dir, args.cache, args.compile, args.vs_raw,
         )  # fmt: skip
+        if args.in_process:
+            rep = run_bench(
+                runner, job.requests, names, model=args.model, repeats=args.repeats, progress=tick,
+                cache_enabled=args.cache, compile_enabled=args.compile, vs_raw=args.vs_raw,
+            )  # fmt: skip
+        else:  # each stack's native crash costs its own row (studio.bench.contained)
+            rep = run_contained(job, tick, on_status=lambda msg: print(msg, file=sys.stderr))
     finally:
         close()
     if args.json:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -73,15 +74,22 @@ def test_vs_raw_gives_the_plain_diffusers_picture(tiny_runner):
 
 
 def test_cli_bench_over_prompts_json_and_csv(tmp_path):
+    """The CLI's bench, in a child process: `sage` kills it (a real SIGSEGV from a test-only hook), so the bench
+    runs again without it and every other row is there, the crash said in the report."""
+    from studio.bench.contained import CRASH_ENV
+
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("# two scenes\n" + "\n".join(PROMPTS) + "\n\n")
     csv_path = tmp_path / "bench.csv"
-    cmd = [sys.executable, "-m", "studio", "bench", "--presets", "base,cache", "--repeats", "1", "--prompts",
+    cmd = [sys.executable, "-m", "studio", "bench", "--presets", "base,cache,sage", "--repeats", "1", "--prompts",
            str(prompts), "--json", "--out", str(csv_path)]  # fmt: skip
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    env = dict(os.environ, **{CRASH_ENV: "sage"})
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     d = json.loads(p.stdout)
     assert d["prompts"] == PROMPTS
+    assert d["crashed"] == {"sage": "SIGSEGV"} and [r["preset"] for r in d["rows"]] == ["base", "cache"]
+    assert "sage crashed the bench's process (SIGSEGV); the bench runs again without it" in p.stderr
     cache = next(r for r in d["rows"] if r["preset"] == "cache")
     assert cache["prompts"] == 2 and len(cache["cached_by_prompt"]) == 2
     assert cache["worst_psnr_db"] <= cache["mean_psnr_db"]

@@ -320,7 +320,7 @@ def test_public_app_refuses_models_off_the_operators_list(random_model_dir, tmp_
 
 @pytest.mark.slow
 def test_eight_clients_with_mixed_requests_get_what_they_would_get_alone(client, app):
-    """8 gradio_client clients x 3 mixed requests at once: same pixels and cached steps as each request alone."""
+    """8 gradio_client clients x 2 mixed requests at once: same pixels and cached steps as each request alone."""
     from concurrent.futures import ThreadPoolExecutor
 
     from gradio_client import Client
@@ -331,7 +331,7 @@ def test_eight_clients_with_mixed_requests_get_what_they_would_get_alone(client,
         dict(preset="cache", cache="unset", threshold=0.5),
         dict(preset="cache", cache="false", threshold=0),
     ]
-    jobs = [(c, i, dict(kinds[(c + i) % 3], seed=c % 4)) for c in range(8) for i in range(3)]
+    jobs = [(c, i, dict(kinds[(c + i) % 3], seed=c % 2)) for c in range(8) for i in range(2)]
 
     def run(kw, cl):
         out = cl.predict(prompt=PROMPT, model=runner.model, steps=10, api_name="/generate", **kw)
@@ -344,7 +344,7 @@ def test_eight_clients_with_mixed_requests_get_what_they_would_get_alone(client,
     with ThreadPoolExecutor(8) as pool:
         futures = [(kw, pool.submit(run, kw, clients[c])) for c, _, kw in jobs]
         results = [(kw, f.result(timeout=600)) for kw, f in futures]
-    assert len(results) == 24
+    assert len(results) == 16
     for kw, (img, cached, preset) in results:
         ref_img, ref_cached, ref_preset = alone[tuple(sorted(kw.items()))]
         assert np.array_equal(img, ref_img) and cached == ref_cached and preset == ref_preset, kw

@@ -102,13 +102,18 @@ def _plain(rot: Rotation, raw, name: str, p: Preset, request, tick) -> None:
         tick(name + " (plain)")
 
 
-def rotate(runner: Runner, request, presets: list[Preset], repeats: int, model=None, tick=None, raw=None) -> Rotation:
+def rotate(
+    runner: Runner, request, presets: list[Preset], repeats: int, model=None, tick=None, *, raw=None, started=None
+) -> Rotation:
     """Round-robin timing of `presets` (base first, then base a second time last: AGAIN) on one request;
-    with `raw` (a RawPool), each preset's plain run beside its studio run. `tick(label)` after each run."""
+    with `raw` (a RawPool), each preset's plain run beside its studio run. `tick(label)` after each run,
+    `started(name)` before each (a contained bench's parent learns from it which stack a crash was in)."""
     rot = Rotation(request)
     order = [(p.name, p) for p in presets] + [(AGAIN, presets[0])]
     for r in range(repeats):
         for name, p in order:
+            if started:
+                started(p.name)
             plain_first = raw is not None and name != AGAIN and r % 2 == 1
             if plain_first:  # the pair's order alternates between repeats: neither side always runs second
                 _plain(rot, raw, name, p, request, tick)
@@ -147,6 +152,7 @@ class BenchReport:
     cost: list[CostRow]
     twins: dict[str, str]
     meta: dict
+    crashed: dict[str, str] = field(default_factory=dict)  # stack -> how it killed its process (contained bench)
 
     def as_dict(self) -> dict:
         return {
@@ -154,6 +160,7 @@ class BenchReport:
             "rows": [r.as_dict() for r in self.matrix.rows],
             "noise_floor": self.noise.__dict__,
             "compile_cost": [c.__dict__ for c in self.cost],
+            "crashed": dict(self.crashed),
         }
 
 
@@ -244,6 +251,16 @@ def _cost(rots: list[Rotation], twins: dict[str, str]) -> list[CostRow]:
     return out
 
 
+def _without(resolved: list[Preset], twins: dict, refs: dict, gone: set) -> tuple[list[Preset], dict, dict]:
+    """The presets, eager twins and non-cache twins less the stacks in `gone` (a pairing loses its row's reference
+    when either side is gone; that row then reads its ideal as the engine does)."""
+    if BASE in gone:
+        raise ValueError("base cannot be left out of a bench: every speed-up is measured against it")
+    keep = [p for p in resolved if p.name not in gone]
+    pairs = [{a: b for a, b in d.items() if a not in gone and b not in gone} for d in (twins, refs)]
+    return keep, pairs[0], pairs[1]
+
+
 def run_bench(
     runner: Runner,
     requests: list[GenerationRequest],
@@ -256,12 +273,16 @@ def run_bench(
     compile_enabled: bool | None = None,
     presets_library=None,
     vs_raw: bool = False,
+    exclude=(),
+    started=None,
 ) -> BenchReport:
     """The bench (module doc). `progress(done, total, label)` after each timed run; `vs_raw` runs each preset
-    through plain diffusers too (studio.bench.raw) for the studio_over_raw column."""
+    through plain diffusers too (studio.bench.raw) for the studio_over_raw column. `exclude`: stacks left out
+    after the twins are added (a contained bench's crashed ones); `started(name)` before each run."""
     lib = presets_library or runner.presets
     resolved, twins = with_twins(resolve_presets(runner, presets, lib, cache_enabled, compile_enabled))
     resolved, refs = cache_twins(resolved)  # each cached preset's `of ideal` against the same stack uncached
+    resolved, twins, refs = _without(resolved, twins, refs, set(exclude))
     total = len(requests) * repeats * (len(resolved) * (2 if vs_raw else 1) + 1)
     done = [0]
 
@@ -276,7 +297,7 @@ def run_bench(
 
         raw = RawPool(runner, model)
     try:
-        rots = [rotate(runner, req, resolved, repeats, model, tick, raw) for req in requests]
+        rots = [rotate(runner, req, resolved, repeats, model, tick, raw=raw, started=started) for req in requests]
     finally:
         if raw is not None:
             raw.close()

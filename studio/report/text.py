@@ -70,6 +70,11 @@ def bench_markdown(rep) -> str:
     parts = [rep.matrix.markdown(), "", "Noise floor:"] + [f"- {x}" for x in noise_lines(rep.noise)]
     if rep.cost:
         parts += ["", "Compile cost:", ""] + _table(COST_COLUMNS, [cost_cells(c) for c in rep.cost])
+    if rep.crashed:
+        parts += ["", "Crashed (no row):"] + [
+            f"- {name}: the run crashed its process ({how}); the bench ran again without it"
+            for name, how in rep.crashed.items()
+        ]
     return "\n".join(parts)
 
 
