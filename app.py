@@ -14,6 +14,8 @@ Environment:
     STUDIO_PREWARM      1 (default): load the model and warm base and the default preset up while the page opens
     STUDIO_PUBLIC       1: public mode (also on when SPACE_ID is set, i.e. on a Space): only STUDIO_MODEL and
                         STUDIO_MODELS load; any other Hub id or folder a visitor names is refused
+    STUDIO_COMPARE      on, auto or off: the Generate tab's default compare mode (default: auto on a public studio,
+                        where a click then costs about one image once a shape's base timing is kept; on elsewhere)
     STUDIO_MAX_STEPS, STUDIO_MAX_SIDE   an operator's caps on steps and on width/height (e.g. for a public Space)
     STUDIO_DTYPE        bfloat16, float16 or float32 in place of what `dtype: auto` picks
     STUDIO_TRANSFORMER_SLOTS  transformer weight sets kept loaded (2 on the CPU, 1 on a GPU by default)
@@ -49,6 +51,8 @@ WARM = ["base"] + ([PRESET] if PRESET != "base" else [])  # warmed up at start, 
 # Public (a Space, or STUDIO_PUBLIC=1): models load only from the operator's list above, never from a name a visitor
 # types (a local folder or another Hub id).
 PUBLIC = bool(os.environ.get("SPACE_ID")) or os.environ.get("STUDIO_PUBLIC", "") not in ("", "0")
+
+COMPARE = os.environ.get("STUDIO_COMPARE") or ("auto" if PUBLIC else "on")
 
 if PUBLIC:  # a visitor's click must not start worker processes on a shared Space unless the operator says so
     os.environ.setdefault("STUDIO_PARALLEL", "0")
@@ -93,7 +97,7 @@ if __name__ == "__main__" and os.environ.get("STUDIO_PREWARM", "1") != "0":
 
 from studio.app.ui import CSS, build_app  # noqa: E402
 
-demo = build_app(device, models=MODELS, default_preset=PRESET, public=PUBLIC)
+demo = build_app(device, models=MODELS, default_preset=PRESET, public=PUBLIC, compare=COMPARE)
 
 if __name__ == "__main__":
     # A Space (or any supervisor) stops the app with SIGTERM: exit through Python, so the exit handlers stop the

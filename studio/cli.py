@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -58,6 +59,11 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--out", default=None, help="write the image here (PNG)")
     g.add_argument("--json", action="store_true", help="print one JSON object with the metrics")
     g.add_argument("--ideal", action="store_true", help="also print how the ideal speed-up was worked out")
+    g.add_argument(
+        "--compare", default=os.environ.get("STUDIO_COMPARE") or "on", choices=("on", "auto", "off"),
+        help="on: base timed beside the run and PSNR against it (default, or STUDIO_COMPARE); auto: a kept base "
+        "timing of the same shape (a fresh process has none: as on); off: the stack alone",
+    )  # fmt: skip
     b = sub.add_parser("bench", help="every preset (or --presets a,b) side by side on one request")
     _common(b)
     b.add_argument("--presets", default=None, help="comma-separated preset names (default: all)")
@@ -165,6 +171,7 @@ def _generate(runner, req, args) -> int:
         cache_enabled=args.cache,
         cache_threshold=args.threshold,
         compile_enabled=args.compile,
+        compare=args.compare,
     )
     if args.out:
         res.pil().save(args.out)

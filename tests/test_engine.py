@@ -21,7 +21,7 @@ import torch
 from studio.engine import STACK_ORDER, ModelLoadError, stack_state
 from studio.engine.quantize import apply_quant, quantized_mode
 from studio.measure.quality import psnr
-from studio.spec import CacheSpec, CompileSpec, GenerationRequest, QuantSpec
+from studio.spec import CacheSpec, CompileSpec, ConfigError, GenerationRequest, QuantSpec
 
 PROMPT = "a red circle in the center, blue background"
 
@@ -339,6 +339,50 @@ def test_a_caller_that_times_base_itself_gets_one_base_run_when_none_is_kept(run
     kept = runner.base_entry(r)
     again = runner.generate(r, "cache", cache_threshold=0.5, pairing=CALLER_TIMES_BASE)
     assert runner.base_entry(r) is kept and "s before (kept)" in again.metrics.timing  # used as it is
+
+
+def _transformer_calls(runner, r, preset, **kw):
+    """Run one generate; (its result, transformer calls it made in all): base runs and warm-ups counted too."""
+    calls = []
+
+    def count(module, args):
+        if type(module).__name__.endswith("Transformer2DModel"):
+            calls.append(1)
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(count)
+    try:
+        return runner.generate(r, preset, cache_threshold=0.5, **kw), len(calls)
+    finally:
+        handle.remove()
+
+
+def test_compare_auto_on_a_known_shape_runs_the_stack_once_and_no_base(runner):
+    """Issue 22: once a shape's base timing is kept (its pairs agreed), a Generate in `auto` of another prompt of that
+    shape is the stack's one run (counted, not timed); its base picture only where it is kept."""
+    runner.pairing = replace(runner.pairing, cheap_pairs=1)  # one pair is enough to keep a steady timing here
+    a, b = req(), req(prompt="an orange triangle on the left, black background")
+    for _ in range(3):  # a pair spoilt by a stall keeps no shape timing: time again (at most 3 times)
+        runner.generate(a, "cache", cache_threshold=0.5, compare="on")
+        if len(runner.shapes):
+            break
+    assert len(runner.shapes) == 1, "no base timing of the shape agreed in 3 tries"
+    res, calls = _transformer_calls(runner, b, "cache", compare="auto")
+    m = res.metrics
+    assert calls == a.steps  # one run of the stack: no base run, no warm-up (this stack is warm at this shape)
+    assert "base timed on a request of the same shape (prompt and seed aside)" in m.timing
+    assert m.base_denoise_s == runner.shapes.get(next(iter(runner.shapes._entries))).denoise_s
+    assert res.base_image is None and m.psnr_db is None and str(m.quality) == "not compared"
+    on = runner.generate(b, "cache", cache_threshold=0.5, compare="on")  # "Compare with base"
+    assert on.metrics.psnr_db is not None and np.array_equal(on.image, res.image)
+    again, calls = _transformer_calls(runner, b, "cache", compare="auto")  # now this request's picture is kept
+    assert calls == a.steps and again.metrics.psnr_db == on.metrics.psnr_db
+    # another shape (fewer steps) is not known: auto pairs base beside the run, as `on` does
+    _, calls = _transformer_calls(runner, req(steps=8), "cache", compare="auto")
+    assert calls >= 2 * 8  # a base run beside the stack's (one pair here)
+    _, calls = _transformer_calls(runner, b, "cache", compare="off")
+    assert calls == a.steps
+    with pytest.raises(ConfigError, match="request.compare"):
+        runner.generate(b, "cache", compare="sometimes")
 
 
 def test_every_stack_warms_up_once_per_shape_untimed(runner):

@@ -255,7 +255,12 @@ def test_a_stall_injected_into_one_base_run_gives_the_quiet_ratio_or_the_unrelia
     r = GenerationRequest(prompt="a red circle", seed=3, steps=12, width=64, height=64, max_sequence_length=32)
     runner.pairing = replace(runner.pairing, retime_under_s=1e9)  # cheap: pairs, however loaded the machine
     runner.generate(r, "base")
-    quiet = _generate_cache(runner, r)
+    for _ in range(3):  # the reference must be a reading: another process on the cores can make it unreliable too
+        quiet = _generate_cache(runner, r)
+        if quiet.speedup is not None:
+            break
+    else:
+        pytest.skip(f"no quiet reference in 3 tries (the machine is busy: {quiet.speedup_note})")
     step = quiet.base_denoise_s / 12
 
     def judged(m):

@@ -85,7 +85,7 @@ def test_api_has_the_four_named_endpoints_with_their_parameters(client):
     assert not api["unnamed_endpoints"]
     request = ["prompt", "model", "seed", "steps", "width", "height", "guidance"]
     expected = {
-        "/generate": request + ["preset", "cache", "threshold", "compile"],
+        "/generate": request + ["preset", "cache", "threshold", "compile", "compare"],
         "/compare": request + ["preset_a", "preset_b", "cache", "threshold", "compile"],
         "/matrix": request + ["presets", "repeats", "cache", "compile"],
         "/tune": request + ["floor", "prompts_text", "size"],

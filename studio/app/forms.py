@@ -35,6 +35,7 @@ class GenerateForm(RequestForm):
     cache: str = "unset"
     threshold: float | None = None
     compile: str = "unset"
+    compare: str = "on"  # on / auto / off: how the run is compared with base (spec.request.COMPARE_MODES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,7 +105,9 @@ class GenerateTab:
     cache: gr.Radio
     threshold: gr.Number
     compile: gr.Radio
+    compare: gr.Radio
     button: gr.Button
+    compare_button: gr.Button  # the same request with compare `on`: its base picture, PSNR and error map
     image: gr.Image
     card: gr.HTML
     json: gr.JSON

@@ -32,7 +32,7 @@ from studio.report.plots import plot_steps, plot_tradeoff
 from studio.report.table import COLUMNS, MatrixRow
 from studio.spec import ConfigError, ModelLoadError, PresetLibrary, RunError, parse_switch
 from studio.spec.presets import MAX_PRESET_BYTES
-from studio.spec.request import check_scale
+from studio.spec.request import check_scale, compare_mode
 from studio.worker.protocol import Device
 
 CACHE_CHOICES = [("follow preset", "unset"), ("on", "true"), ("off", "false")]
@@ -192,6 +192,7 @@ class Handlers:
                 cache_enabled=parse_switch(form.cache, "cache switch"),
                 cache_threshold=threshold_value(form.threshold),
                 compile_enabled=parse_switch(form.compile, "compile switch"),
+                compare=compare_mode(getattr(form, "compare", "on")),  # the A/B tab always compares
                 progress=on_step,
                 on_status=on_status,
                 presets=self.studio.library(request),
@@ -222,6 +223,11 @@ class Handlers:
             gen.json: json_safe(res.metrics.as_dict()),
             **self._history(history, req, [res]),
         }
+
+    def generate_compared(self, request: gr.Request = None, progress=gr.Progress(), *, history=None, **values):
+        """ "Compare with base": the Generate form's request with compare `on` (the same request's base picture,
+        PSNR, SSIM and the error map, and base timed beside the run)."""
+        return self.generate(request, progress, history=history, **{**values, "compare": "on"})
 
     def compare(self, request: gr.Request = None, progress=gr.Progress(), *, history=None, **values):
         form = CompareForm(**values)

@@ -28,6 +28,7 @@ from studio.report import fmt
 from studio.report.card import CSS
 from studio.report.table import AB_COLUMNS, COLUMNS
 from studio.spec.presets import BASE
+from studio.spec.request import COMPARE_MODES, compare_mode
 from studio.worker.protocol import Device
 
 __all__ = ["CSS", "build_app"]
@@ -82,13 +83,17 @@ def _switches() -> tuple[gr.Radio, gr.Number, gr.Radio]:
     )
 
 
-def _generate_tab(names: list[str], default_preset: str) -> GenerateTab:
+def _generate_tab(names: list[str], default_preset: str, compare: str) -> GenerateTab:
     with gr.Tab("Generate"):
         with gr.Row():
             with gr.Column(scale=1):
                 preset = gr.Dropdown(label="Preset", choices=names, value=default_preset)
                 cache, threshold, compile_ = _switches()
+                compare_ = gr.Radio(
+                    label="Compare with base", choices=list(COMPARE_MODES), value=compare, info=fmt.COMPARE_INFO
+                )
                 button = gr.Button("Generate", variant="primary")
+                compare_button = gr.Button("Compare with base", variant="secondary")
             with gr.Column(scale=2):
                 image = gr.Image(label="Image", type="numpy", format="png", interactive=False)
                 card = gr.HTML(label="Metrics")
@@ -102,8 +107,9 @@ def _generate_tab(names: list[str], default_preset: str) -> GenerateTab:
                 gr.Markdown(fmt.error_map_note(ERROR_SCALE, "Above"))
                 steps_plot = gr.Image(label="Per-step time and residual diff", type="numpy", interactive=False)
     return GenerateTab(
-        preset=preset, cache=cache, threshold=threshold, compile=compile_, button=button, image=image, card=card,
-        json=json, base_image=base_image, error_map=error_map, steps_plot=steps_plot,
+        preset=preset, cache=cache, threshold=threshold, compile=compile_, compare=compare_, button=button,
+        compare_button=compare_button, image=image, card=card, json=json, base_image=base_image, error_map=error_map,
+        steps_plot=steps_plot,
     )  # fmt: skip
 
 
@@ -246,14 +252,12 @@ def _wire(ui: UI, h: Handlers, demo) -> None:
     # The inputs by name (app.forms): the names are the API's parameter names and the handler's form fields.
     # A new output goes just before the metrics (always last), so the outputs' places in the API stay as they were.
     # One event for the button and Enter in the prompt box: one endpoint, /generate.
-    gr.on(
-        [gen.button.click, r.prompt.submit],
-        _gpu(h.generate),
-        inputs_kwargs=forms.inputs(forms.GenerateForm, r, gen) | hist_in,
-        outputs=[gen.image, gen.card, gen.base_image, gen.steps_plot] + hist_out + [gen.error_map, gen.json],
-        api_name="generate",
-        **device,
-    )
+    gen_out = [gen.image, gen.card, gen.base_image, gen.steps_plot] + hist_out + [gen.error_map, gen.json]
+    gen_in = forms.inputs(forms.GenerateForm, r, gen) | hist_in
+    gr.on([gen.button.click, r.prompt.submit], _gpu(h.generate), inputs_kwargs=gen_in, outputs=gen_out,
+          api_name="generate", **device)  # fmt: skip
+    # the same request compared `on` (API callers pass compare="on" to /generate)
+    gen.compare_button.click(_gpu(h.generate_compared), inputs_kwargs=gen_in, outputs=gen_out, **private, **device)
     ab.button.click(
         _gpu(h.compare),
         inputs_kwargs=forms.inputs(forms.CompareForm, r, ab) | hist_in,
@@ -291,13 +295,17 @@ def build_app(
     default_preset: str | None = None,
     compare_presets: tuple[str, str] = (BASE, "cache-int8-sage"),
     public: bool = False,
+    compare: str = "on",
 ) -> gr.Blocks:
     """The studio over `device` (a studio.worker.Device: app.py passes the worker's client; a Runner, as tests pass,
     runs in this process; None: a Runner on the embedded model, in this process).
 
     Args:
         public: each visitor's saved presets stay in their own session (a public Space).
+        compare: the Generate tab's default compare mode (on / auto / off; app.py: STUDIO_COMPARE, `auto` on a
+            public studio): `auto` costs about one image a click once a shape's base timing is kept.
     """
+    compare = compare_mode(compare)
     if not isinstance(device, Device):
         from studio.engine import Runner
         from studio.worker.service import InProcess
@@ -320,7 +328,7 @@ def build_app(
         with gr.Tabs():
             ui = UI(
                 request=request,
-                gen=_generate_tab(names, default_preset),
+                gen=_generate_tab(names, default_preset, compare),
                 ab=_compare_tab(names, compare_presets),
                 mx=_matrix_tab(names, studio.library().one_process_names(), matrix_runs),
                 tn=_tune_tab(studio),

@@ -16,7 +16,12 @@ The method (the numbers are the product):
 - CALLER_TIMES_BASE: a caller that times base itself in its own rotation (the bench, the matrix) asks for no
   pairing: a kept base is used as it is, and only a missing one (another dtype, say) is computed, once;
 - a `base` run is itself compared with the kept base picture: bitwise equal, it refreshes the kept timing (median
-  of its repeats while cheap); different, it is news, shown against the kept picture.
+  of its repeats while cheap); different, it is news, shown against the kept picture;
+- BY SHAPE (compare `auto`, a public studio's default: a click costs about one image): a DiT's denoise time depends
+  on the shape of a request (model, dtype, size, steps, text length, guidance, true CFG), not on its prompt or seed,
+  so a kept base timing of the same shape whose repeats agreed, younger than `shape_max_age_s`, divides the run;
+  the stack runs once. Absent or stale, the run is paired side by side as above, which keeps a new one. The same
+  request's base picture is used where it is kept; otherwise PSNR is not computed (the caller asks for it).
 """
 
 from __future__ import annotations
@@ -87,6 +92,7 @@ class Pairing:
     caller_times_base: bool = False  # the caller times base in its own rotation: use the kept base as it is
     max_extra_pairs: int = 4  # pairs timed beyond the first ones while their ratios disagree...
     max_extra_s: float = 20.0  # ...and for at most this long
+    shape_max_age_s: float = 120.0  # compare `auto`: a kept timing of the shape divides runs while younger than this
 
     def reusable(self, entry: BaseEntry, now: float | None = None) -> bool:
         """Whether a kept base timing may divide a new run's without timing base again: only one whose repeats
@@ -111,6 +117,7 @@ class Paired:
     runs: int  # timed runs of the stack
     base_now: bool  # the base timing was taken in this call
     ratio: Ratio | None = None  # base over the stack, from the pairs (None: not compared)
+    by_shape: bool = False  # the base timing is a kept one of the same shape, maybe of another prompt (compare auto)
 
 
 def median_run(runs: list):
@@ -161,6 +168,23 @@ def side_by_side(pairing: Pairing, store: BaseStore, key: tuple, time_base, time
     base = store.put(key, replace(_median_entry([entry_of(b) for b in bases]), agreed=agreed))
     r = ratio([b.priced for b in bases], [x.priced for x in runs])
     return Paired(base, median_run(runs), len(runs), base_now=True, ratio=r)
+
+
+def shape_timing(pairing: Pairing, shapes: BaseStore, shape: tuple, now: float | None = None) -> BaseEntry | None:
+    """A kept base timing of this shape that may divide a run of any prompt of it: one whose repeats agreed, while
+    younger than `pairing.shape_max_age_s` (module doc); None: time base beside the run."""
+    kept = shapes.get(shape)
+    if kept is None or not kept.agreed or kept.age(now) > pairing.shape_max_age_s:
+        return None
+    return kept
+
+
+def by_shape(shaped: BaseEntry, same_request: BaseEntry | None, time_stack) -> Paired:
+    """The stack timed once, divided by the shape's kept base timing; the base picture is the same request's where
+    it is kept (PSNR), else none."""
+    run = time_stack()
+    base = replace(shaped, image=same_request.image if same_request is not None else None)
+    return Paired(base, run, 1, base_now=False, ratio=ratio([shaped.price], [run.priced]), by_shape=True)
 
 
 def base_itself(pairing: Pairing, store: BaseStore, key: tuple, time_base) -> Paired:

@@ -45,6 +45,15 @@ class RunContext:
         """The request's base key: the same key, the same base picture."""
         return self.request.key(resolve_model(self.model), self.dtype.name)
 
+    @property
+    def shape(self) -> tuple:
+        """The request's shape key: what a DiT's denoise time depends on (model, dtype, size, steps, text length,
+        guidance, whether true CFG runs: two transformer calls a step), and not the prompt or the seed."""
+        r, cur = self.request, self.manager.current
+        cfg = true_cfg(cur.pipe, r) if cur is not None else r.true_cfg_scale
+        return (resolve_model(self.model), self.dtype.name, r.width, r.height, r.steps, r.max_sequence_length,
+                r.guidance, cfg)  # fmt: skip
+
     def status(self, message: str) -> None:
         if self.on_status:
             self.on_status(message)

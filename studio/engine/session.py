@@ -10,7 +10,17 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from studio.engine.baseline import CALLER_TIMES_BASE, BaseEntry, BaseStore, Paired, Pairing, base_itself, side_by_side
+from studio.engine.baseline import (
+    CALLER_TIMES_BASE,
+    BaseEntry,
+    BaseStore,
+    Paired,
+    Pairing,
+    base_itself,
+    by_shape,
+    shape_timing,
+    side_by_side,
+)
 from studio.engine.loader import ModelLoadError, ModelManager
 from studio.engine.parallel import remove_parallel, workers
 from studio.engine.run import Measured, RunContext, measure, pipeline_for, warm
@@ -21,7 +31,7 @@ from studio.spec.errors import RunError
 from studio.spec.preset import CacheSpec, Preset
 from studio.spec.presets import BASE, PresetLibrary
 from studio.spec.profiles import ModelProfile, profile_for, resolve_model
-from studio.spec.request import GenerationRequest
+from studio.spec.request import GenerationRequest, compare_mode
 
 
 class Runner:
@@ -35,20 +45,23 @@ class Runner:
         base_max_age_s: float = Pairing.max_age_s,
         base_retime_under_s: float = Pairing.retime_under_s,
         cheap_pairs: int = Pairing.cheap_pairs,
+        shape_max_age_s: float = Pairing.shape_max_age_s,
         max_steps: int | None = None,
         max_side: int | None = None,
     ):
         """
         Args:
-            base_max_age_s, base_retime_under_s, cheap_pairs: when base is timed beside a stack (engine.baseline).
+            base_max_age_s, base_retime_under_s, cheap_pairs, shape_max_age_s: when base is timed beside a stack,
+                and how long a kept timing of a shape divides runs under compare `auto` (engine.baseline).
             max_steps, max_side: an operator's caps on steps and on width/height (a public Space), on top of what
                 the model's profile allows.
         """
         self.manager = manager or ModelManager()
         self.presets = presets or PresetLibrary()
         self.model = model or "tiny"
-        self.bases = BaseStore(base_cache_size)
-        self.pairing = Pairing(base_retime_under_s, base_max_age_s, cheap_pairs)
+        self.bases = BaseStore(base_cache_size)  # request key -> its base picture and timing
+        self.shapes = BaseStore(base_cache_size)  # shape key -> a base timing that agreed (compare auto)
+        self.pairing = Pairing(base_retime_under_s, base_max_age_s, cheap_pairs, shape_max_age_s=shape_max_age_s)
         self.max_steps, self.max_side = max_steps, max_side
 
     # requests --------------------------------------------------------------------------------------------
@@ -126,7 +139,7 @@ class Runner:
         compile_enabled: bool | None = None,
         progress=None,
         on_status=None,
-        compare: bool = True,
+        compare: bool | str = True,
         pairing: Pairing | None = None,
         presets: PresetLibrary | None = None,
     ) -> RunResult:
@@ -136,12 +149,15 @@ class Runner:
             cache_enabled, cache_threshold, compile_enabled: the per-request switches (None follows the preset).
             progress: callable(step_index, total_steps, StepRecord) after each denoising step.
             on_status: callable(str) for slow phases (loading, warm-up, compiling, the base run).
-            compare: compute (or reuse) the base image for PSNR/SSIM and speed-up.
+            compare: on (True) / auto / off (False): how the run is compared with base (spec.request.COMPARE_MODES,
+                engine.baseline): on times base beside it and computes the same request's base picture; auto
+                divides by a kept base timing of the same shape when there is one; off runs the stack alone.
             pairing: how base is timed beside the stack (engine.baseline); the runner's own by default, or
                 `baseline.CALLER_TIMES_BASE` for a caller that times base itself (the bench).
             presets: the library to resolve preset names in (a visitor's own presets); the runner's by default.
         """
         t0 = time.perf_counter()
+        compare = compare_mode(compare)
         p = self.resolve_preset(preset, presets).with_overrides(cache_enabled, cache_threshold, compile_enabled)
         ctx = self.context(request, p, model, progress=progress, on_status=on_status)
         with self.manager.lock:
@@ -172,27 +188,34 @@ class Runner:
         remove_parallel(cur.pipe)
         return True
 
-    def _generate(self, ctx: RunContext, p: Preset, pairing: Pairing, compare: bool, t0: float) -> RunResult:
+    def _generate(self, ctx: RunContext, p: Preset, pairing: Pairing, compare: str, t0: float) -> RunResult:
         """generate()'s body, under the manager's lock: the base (when compared), the timed run, the record."""
         base_p = self.base_preset(ctx.dtype.name)
         is_base = replace(p, dtype=ctx.dtype.name).stack == base_p.stack
+        known = compare == "auto" and shape_timing(pairing, self.shapes, ctx.shape) is not None
         if is_base:
-            how = pairing if compare else CALLER_TIMES_BASE  # not compared: one run, still checked against the kept
-            paired = base_itself(how, self.bases, ctx.key, lambda: measure(ctx, p))
-        elif compare:
+            how = pairing if compare == "on" or (compare == "auto" and not known) else CALLER_TIMES_BASE
+            paired = base_itself(how, self.bases, ctx.key, lambda: measure(ctx, p))  # one run when not compared
+        elif compare != "off":
             # the stack's warm-up (a compile can take a minute) before the pairing decides whether a kept base is
             # recent enough: a base kept 50 s ago must not divide a run that ends 50 s of compiling later
             pipe, stack, reloaded = pipeline_for(ctx, p)
             warmup_s = warm(ctx, pipe, stack, p)
-            paired = side_by_side(
-                pairing, self.bases, ctx.key,
-                time_base=lambda: measure(ctx, base_p, show_steps=False), time_stack=lambda: measure(ctx, p),
-                on_status=ctx.on_status,
-            )  # fmt: skip
+            shaped = shape_timing(pairing, self.shapes, ctx.shape) if compare == "auto" else None
+            if shaped is not None:
+                paired = by_shape(shaped, self.bases.get(ctx.key), lambda: measure(ctx, p))
+            else:
+                paired = side_by_side(
+                    pairing, self.bases, ctx.key,
+                    time_base=lambda: measure(ctx, base_p, show_steps=False), time_stack=lambda: measure(ctx, p),
+                    on_status=ctx.on_status,
+                )  # fmt: skip
             first = paired.run
             paired = replace(paired, run=replace(first, warmup_s=warmup_s, reloaded=reloaded or first.reloaded))
         else:
             paired = Paired(None, measure(ctx, p), 1, False)
+        if paired.base is not None and paired.base.agreed and not paired.by_shape and (is_base or paired.base_now):
+            self.shapes.put(ctx.shape, paired.base)  # a timing that agreed: it may divide this shape's next runs
         metrics = self._metrics(ctx, p, paired, time.perf_counter() - t0, is_base=is_base)
         return RunResult(paired.run.image, paired.base.image if paired.base else None, metrics)
 
@@ -207,6 +230,7 @@ class Runner:
             warmup_in_call=run.warmup_s is not None, runs=paired.runs, interleaved=not is_base,
             base_now=None if base is None or is_base else paired.base_now, in_workers=info is not None,
             screening=screening, left_out=paired.ratio.left_out if paired.ratio and not is_base else 0,
+            by_shape=paired.by_shape,
         )  # fmt: skip
         cache_on = run.stack.is_engaged("cache")
         ideal = self._ideal(p, paired)

@@ -40,6 +40,7 @@ class Timing:
     in_workers: bool = False  # timed inside parallel worker rank 0
     screening: bool = False  # not a measurement: no warm-up, time not reported (the tuner's screening runs)
     left_out: int = 0  # timed pairs left out as spoilt by a stall (measure.steady)
+    by_shape: bool = False  # the base timing is a kept one of the same shape (compare auto), maybe another prompt's
 
     def text(self, base_age_s: float | None) -> str:
         if self.screening:
@@ -50,7 +51,9 @@ class Timing:
         out += " (timed inside parallel worker rank 0)" if self.in_workers else ""
         if self.left_out:
             out += f"; {self.left_out} of {self.runs} pairs left out (a stall spoilt them)"
-        if self.base_now is True:
+        if self.by_shape:
+            out += f"; base timed on a request of the same shape (prompt and seed aside), {base_age_s:.0f} s ago"
+        elif self.base_now is True:
             out += "; base timed warm right before, in this call"
         elif self.base_now is False:
             out += f"; base timed warm {base_age_s:.1f} s before (kept)"

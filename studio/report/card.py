@@ -50,6 +50,13 @@ def _stall(m) -> str:
     )
 
 
+def _uncompared(m) -> str:
+    """Why a run has no PSNR: compare off, or compare auto without this request's base picture kept."""
+    if m.base_denoise_s is None:
+        return "not compared (compare off)"
+    return "not compared: this request's base picture is not kept yet (<b>Compare with base</b> computes it)"
+
+
 def metrics_card(m) -> str:
     """`m` is a RunMetrics."""
     esc = html.escape
@@ -69,7 +76,7 @@ def metrics_card(m) -> str:
         ("denoise", f"{fmt.seconds(m.denoise_s)} &nbsp; ({m.mean_step_ms:.1f} ms/step)"),
         ("steps", steps),
         ("vs base", vs),
-        ("PSNR / SSIM", f"{fmt.psnr(m.psnr_db)} / {fmt.ssim(m.ssim)}"),
+        ("PSNR / SSIM", f"{fmt.psnr(m.psnr_db)} / {fmt.ssim(m.ssim)}" if m.psnr_db is not None else _uncompared(m)),
         (f"worst {TILE}x{TILE} tile", fmt.tile(m.worst_tile_psnr_db, m.worst_tile_yx)),
         ("quality", verdict_flag(m.quality)),
         *([("of ideal", esc(fmt.ideal_line(m)))] if m.ideal_speedup else []),

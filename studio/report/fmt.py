@@ -64,6 +64,11 @@ def tile(db: float | None, yx) -> str:
     return f"{psnr(db)} at (y {yx[0]}, x {yx[1]})"
 
 
+COMPARE_INFO = (
+    "on: base timed beside the run, PSNR against this request's base picture; auto: about one image a click, the "
+    "speed-up against a kept base timing of the same shape (PSNR where this request's base picture is kept); off: "
+    "the stack alone"
+)
 AB_TILE_NOTE = "The table's worst tile is each stack's against base."  # under A/B's map of B against A
 
 

@@ -25,6 +25,22 @@ def check_scale(name: str, value) -> None:
         fail("request", name, value, f"{name} is a finite number from {lo:g} to {hi:g} ({meaning}), or unset")
 
 
+# How a run is compared with base (studio.engine.baseline): `on` times base beside the run and computes the same
+# request's base picture (PSNR, SSIM, error map); `auto` divides by a kept base timing of the same shape (a DiT's
+# denoise time does not depend on the prompt), timed when absent or stale, and uses the same request's base picture
+# only where it is kept; `off` runs the stack alone.
+COMPARE_MODES = ("on", "auto", "off")
+
+
+def compare_mode(value) -> str:
+    """A compare setting as one of COMPARE_MODES (True: on, False: off); ConfigError with a sentence otherwise."""
+    if value is True or value is False:
+        return "on" if value else "off"
+    if isinstance(value, str) and value.strip().lower() in COMPARE_MODES:
+        return value.strip().lower()
+    fail("request", "compare", value, "one of on, auto, off")
+
+
 @dataclass(frozen=True)
 class GenerationRequest(Record):
     prompt: str
