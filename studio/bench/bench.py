@@ -1,8 +1,10 @@
 """`python -m studio bench`: the stack table in one command, with its noise floor and compile's cost.
 
 Method (the engine's own loading, timing and measuring; nothing here times anything itself):
-- every preset's stack is warmed up untimed by the engine on its first run; then the presets are timed round-robin
-  (base A B C base' base A B C base' ...), so machine noise hits every preset alike; rows hold medians of repeats;
+- every preset's stack is warmed up untimed by the engine on its first run, and each rotation starts with an untimed
+  run of its first stack (Runner.settle: the first timed slot then follows a run, as every other does); then the
+  presets are timed round-robin (base A B C base' base A B C base' ...), so machine noise hits every preset alike;
+  rows hold medians of repeats;
 - `base'` is base run a second time in the same rotation: base against itself is the noise floor of a speed-up;
 - a compiled preset is timed beside its eager twin (the same stack without compile, added when not asked for):
   their PSNR is the noise floor of compile, and the twin's time gives compile's saving per image;
@@ -110,6 +112,9 @@ def rotate(
     `started(name)` before each (a contained bench's parent learns from it which stack a crash was in)."""
     rot = Rotation(request)
     order = [(p.name, p) for p in presets] + [(AGAIN, presets[0])]
+    if started:
+        started(presets[0].name)
+    runner.settle(request, presets[0], model)  # untimed: the first slot then runs right after a run, as all others do
     for r in range(repeats):
         for name, p in order:
             if started:

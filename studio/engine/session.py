@@ -23,7 +23,7 @@ from studio.engine.baseline import (
 )
 from studio.engine.loader import ModelLoadError, ModelManager
 from studio.engine.parallel import remove_parallel, workers
-from studio.engine.run import Measured, RunContext, measure, pipeline_for, warm
+from studio.engine.run import Measured, RunContext, measure, pipeline_for, settle, warm
 from studio.measure.blocks import IdealCheck, computed_blocks, price_cached_step
 from studio.measure.record import RunMetrics, RunResult, Timing
 from studio.spec.checks import ConfigError
@@ -115,6 +115,12 @@ class Runner:
                 pipe, stack, _ = pipeline_for(ctx, p)
                 out.append(warm(ctx, pipe, stack, p) or 0.0)
         return out
+
+    def settle(self, request: GenerationRequest, preset: str | Preset, model: str | None = None) -> float:
+        """One untimed run of `preset` (engine.run.settle): a caller's round of timed runs starts after it."""
+        p = self.resolve_preset(preset)
+        with self.manager.lock:
+            return settle(self.context(request, p, model), p)
 
     def screen(self, request: GenerationRequest, preset: str | Preset, model: str | None = None) -> RunMetrics:
         """One run of `preset` without a warm-up, for its picture and step counts judged against the base image
