@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import socket
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -383,3 +384,50 @@ def test_a_cancelled_request_leaves_the_app_serving_the_same_pixels(client, app)
 
     with ThreadPoolExecutor(1) as pool:  # the worker answers: the cancelled run is not stuck in it
         assert pool.submit(runner.info).result(timeout=60)["pid"] == runner.pid
+
+
+def test_a_public_studio_refuses_what_burns_its_gpu_before_any_load(random_model_dir, tmp_path):
+    """Issue 22: in public mode a visitor's compile, an oversized Matrix and a burst of requests are refused with a
+    sentence before any model work (a spy on the loader counts loads); the operator's caps come before the load too."""
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    from studio.app.limits import PublicGuard, PublicLimits, Refused
+    from studio.engine import ModelManager, Runner
+    from studio.spec.presets import preset_from_text
+
+    runner = Runner(ModelManager("cpu"), PresetLibrary(user_dir=tmp_path), model=random_model_dir, max_steps=20)
+    loads = []
+    real_load = runner.manager.load
+    runner.manager.load = lambda *a, **k: loads.append(a) or real_load(*a, **k)
+    limits = PublicLimits(max_matrix_runs=4, requests_per_minute=2, compiled_shapes=1)
+    demo, url = _launch(runner, public=True, limits=limits)
+    try:
+        c = Client(url, verbose=False)
+        common = dict(prompt=PROMPT, model=random_model_dir, steps=10)
+        with pytest.raises(AppError, match="compile is this public studio's operator's choice"):
+            c.predict(**common, preset="base", compile="true", api_name="/generate")
+        with pytest.raises(AppError, match=r"a matrix of 4 presets x 1 repeats is 5 timed runs: .* at most 4"):
+            c.predict(**common, presets=["base", "cache", "sage", "int8"], repeats=1, api_name="/matrix")
+        with pytest.raises(AppError, match="steps 50 is over this studio's limit of 20"):
+            c.predict(**{**common, "steps": 50}, preset="base", api_name="/generate")
+        with pytest.raises(AppError, match="at most 2 requests a minute per visitor: try again in"):
+            c.predict(**common, preset="base", api_name="/generate")
+        assert loads == []  # nothing above loaded a model
+        ok = Client(url, verbose=False).predict(**common, preset="base", api_name="/generate")  # another visitor
+        assert ok[-1]["psnr_db"] == "inf" and len(loads) == 1
+    finally:
+        demo.close()
+        runner.manager.unload()
+    # a visitor's own preset may not compile; the operator's may, at a bounded number of shapes
+    guard = PublicGuard(limits)
+    mine = preset_from_text("compile: {enabled: true, mode: max-autotune}\n", "mine")
+    with pytest.raises(Refused, match="only the built-in presets compile"):
+        guard.preset(mine, builtin=False)
+    guard.preset(mine, builtin=True)
+    req = runner.request(PROMPT, steps=10)
+    guard.shape(mine, "m", req, compiled=True)
+    guard.shape(mine, "m", req, compiled=True)  # the same shape again: no new compile
+    with pytest.raises(Refused, match="compiled stacks here have met 1 shapes already"):
+        guard.shape(mine, "m", replace(req, steps=12), compiled=True)
+    guard.shape(mine, "m", replace(req, steps=12), compiled=False)  # uncompiled: no limit

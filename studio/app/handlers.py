@@ -16,7 +16,6 @@ import io
 import math
 import os
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,13 +24,16 @@ import numpy as np
 from PIL import Image
 
 from studio.app.forms import UI, CompareForm, GenerateForm, MatrixForm, RequestForm, TuneForm
+from studio.app.gpu_time import Durations
+from studio.app.limits import PublicGuard
+from studio.app.progress import progress_hooks
 from studio.measure.quality import difference
 from studio.report.card import broken_flag, metrics_card
 from studio.report.images import enlarge, error_picture
 from studio.report.plots import plot_steps, plot_tradeoff
 from studio.report.table import COLUMNS, MatrixRow
 from studio.spec import ConfigError, ModelLoadError, PresetLibrary, RunError, parse_switch
-from studio.spec.presets import MAX_PRESET_BYTES
+from studio.spec.presets import MAX_PRESET_BYTES, preset_from_text
 from studio.spec.request import check_scale, compare_mode
 from studio.worker.protocol import Device
 
@@ -53,6 +55,7 @@ class Studio:
     models: list[str]
     presets: PresetLibrary
     public: bool = False
+    guard: PublicGuard | None = None  # a public studio's limits (app.limits); None: none
     tmpdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="studio-")))
 
     def write(self, name: str, text: str) -> str:
@@ -109,40 +112,6 @@ def threshold_value(value) -> float | None:
     return float(value)
 
 
-PROGRESS_EVERY_S = 1.0
-
-
-def progress_hooks(progress, every_s: float = PROGRESS_EVERY_S):
-    """(on_step, on_status) callbacks that drive a gr.Progress from the engine.
-
-    Step updates go out at most once every `every_s` seconds, so a run under a second sends none: each update
-    costs the server several ms and makes the browser redraw (measured on the embedded model: +6.5 ms per step
-    with one update per step, and with the browser on the same 2 cores, stack runs slowed while the base runs
-    beside them, which report no steps, did not: a speed-up of 1.19x where the bench said 1.64x)."""
-    cached = []
-    started = [None]
-
-    def on_step(i, total, rec):
-        if rec.cached:
-            cached.append(i)
-        now = time.monotonic()
-        if started[0] is None or i == 0:
-            started[0] = now
-        if now - started[0] < every_s:
-            return
-        started[0] = now
-        desc = f"denoising step {i + 1}/{total}" + (" — served from cache" if rec.cached else "")
-        if cached:
-            desc += f" (cached so far: {len(cached)})"
-        progress((i + 1, total), desc=desc, unit="steps")
-
-    def on_status(msg):
-        cached.clear()
-        progress(0, desc=msg)
-
-    return on_step, on_status
-
-
 HISTORY_MAX = 200  # rows kept per session: a visitor's history never grows without bound
 
 
@@ -158,6 +127,7 @@ class Handlers:
     def __init__(self, studio: Studio, ui: UI):
         self.studio = studio
         self.ui = ui
+        self.durations = Durations(studio)  # what each event reserves on ZeroGPU (app.gpu_time)
 
     # helpers ---------------------------------------------------------------------------------------------
     def _request(self, form: RequestForm):
@@ -200,6 +170,19 @@ class Handlers:
         except (ConfigError, ModelLoadError, RunError, ValueError) as e:
             raise gr.Error(str(e)) from None
 
+    def _guard(self, request, req, form, presets: list[str]) -> None:
+        """A public studio's limits (app.limits), from the form and the presets alone: before any device work."""
+        if self.studio.guard is None:
+            return
+        try:
+            lib = self.studio.library(request)
+            self.studio.guard.event(
+                getattr(request, "session_hash", None), parse_switch(getattr(form, "compile", "unset"), "compile"),
+                [(lib.get(n), lib.is_builtin(n)) for n in presets], form.model or self.studio.models[0], req,
+            )  # fmt: skip
+        except (ConfigError, ValueError) as e:
+            raise gr.Error(str(e)) from None
+
     def _history(self, hist, req, results) -> dict:
         hist = history_rows(hist or [], req, results)
         return {self.ui.hist.table: hist, self.ui.hist.rows: hist}
@@ -210,6 +193,7 @@ class Handlers:
     def generate(self, request: gr.Request = None, progress=gr.Progress(), *, history=None, **values):
         form = GenerateForm(**values)
         req = self._request(form)
+        self._guard(request, req, form, [form.preset])
         res = self._run(req, form, form.preset, progress, request)
         gen = self.ui.gen
         return {
@@ -232,6 +216,7 @@ class Handlers:
     def compare(self, request: gr.Request = None, progress=gr.Progress(), *, history=None, **values):
         form = CompareForm(**values)
         req = self._request(form)
+        self._guard(request, req, form, [form.preset_a, form.preset_b])
         ra = self._run(req, form, form.preset_a, progress, request)
         rb = self._run(req, form, form.preset_b, progress, request)
         rows = [MatrixRow.from_metrics(ra.metrics), MatrixRow.from_metrics(rb.metrics)]
@@ -257,6 +242,12 @@ class Handlers:
         req = self._request(form)
         if not form.presets:
             raise gr.Error("Choose at least one preset for the matrix.")
+        if self.studio.guard is not None:
+            try:
+                self.studio.guard.matrix(len(form.presets), int(form.repeats or 1))
+            except ConfigError as e:
+                raise gr.Error(str(e)) from None
+        self._guard(request, req, form, list(form.presets))
         try:
             mat = self.studio.device.matrix(
                 req,
@@ -297,6 +288,7 @@ class Handlers:
 
         form = TuneForm(**values)
         req = self._request(form)
+        self._guard(request, req, form, [])
         prompts = [x.strip() for x in (form.prompts_text or "").splitlines() if x.strip()] or [req.prompt]
         size = form.size
         if self.studio.public:
@@ -358,6 +350,8 @@ class Handlers:
             raise gr.Error("Give the new preset a name.")
         try:
             lib = self.studio.library(request)
+            if self.studio.guard is not None:  # checked before the file is written
+                self.studio.guard.preset(preset_from_text(text or "", name), builtin=False)
             p = lib.add(name, text or "")
         except ConfigError as e:
             raise gr.Error(f"Preset not saved: {e}") from None

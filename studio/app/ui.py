@@ -23,6 +23,7 @@ import gradio as gr
 from studio.app import forms
 from studio.app.forms import UI, CompareTab, GenerateTab, HistoryTab, MatrixTab, PresetsTab, RequestPanel, TuneTab
 from studio.app.handlers import CACHE_CHOICES, COMPILE_CHOICES, HISTORY_COLUMNS, Handlers, Studio, notes_md
+from studio.app.limits import PublicGuard, PublicLimits
 from studio.measure.quality import ERROR_SCALE
 from studio.report import fmt
 from studio.report.card import CSS
@@ -34,15 +35,16 @@ from studio.worker.protocol import Device
 __all__ = ["CSS", "build_app"]
 
 
-def _gpu(fn):
+def _gpu(fn, duration=None):
     """A device event's handler: on ZeroGPU Spaces (the `spaces` package present) under @spaces.GPU, which runs it in
-    a process `spaces` forks with the GPU attached. (Where torch runs, all of it runs on that process's one device
-    thread: the device does that, studio.worker.)"""
+    a process `spaces` forks with the GPU attached, for `duration` (a callable of the event's arguments: app.gpu_time)
+    seconds. (Where torch runs, all of it runs on that process's one device thread: the device does that,
+    studio.worker.) Off ZeroGPU `spaces.GPU` returns the handler as it is."""
     if importlib.util.find_spec("spaces") is None:
         return fn
     import spaces  # noqa: PLC0415
 
-    return spaces.GPU(fn)
+    return spaces.GPU(fn, duration=duration)
 
 
 def _request_panel(studio: Studio) -> RequestPanel:
@@ -254,19 +256,23 @@ def _wire(ui: UI, h: Handlers, demo) -> None:
     # One event for the button and Enter in the prompt box: one endpoint, /generate.
     gen_out = [gen.image, gen.card, gen.base_image, gen.steps_plot] + hist_out + [gen.error_map, gen.json]
     gen_in = forms.inputs(forms.GenerateForm, r, gen) | hist_in
-    gr.on([gen.button.click, r.prompt.submit], _gpu(h.generate), inputs_kwargs=gen_in, outputs=gen_out,
-          api_name="generate", **device)  # fmt: skip
+    gr.on(
+        [gen.button.click, r.prompt.submit], _gpu(h.generate, h.durations.generate), inputs_kwargs=gen_in,
+        outputs=gen_out, api_name="generate", **device,
+    )  # fmt: skip
     # the same request compared `on` (API callers pass compare="on" to /generate)
-    gen.compare_button.click(_gpu(h.generate_compared), inputs_kwargs=gen_in, outputs=gen_out, **private, **device)
+    gen.compare_button.click(
+        _gpu(h.generate_compared, h.durations.generate), inputs_kwargs=gen_in, outputs=gen_out, **private, **device
+    )
     ab.button.click(
-        _gpu(h.compare),
+        _gpu(h.compare, h.durations.compare),
         inputs_kwargs=forms.inputs(forms.CompareForm, r, ab) | hist_in,
         outputs=[ab.slider, ab.img_a, ab.img_b, ab.table, ab.flag] + hist_out + [ab.error_map, ab.json],
         api_name="compare",
         **device,
     )
     mx.button.click(
-        _gpu(h.matrix),
+        _gpu(h.matrix, h.durations.matrix),
         inputs_kwargs=forms.inputs(forms.MatrixForm, r, mx) | hist_in,
         outputs=[mx.table, mx.plot, mx.pick, mx.steps_plot, mx.csv, mx.md, mx.runs, mx.noise] + hist_out + [mx.json],
         api_name="matrix",
@@ -274,7 +280,7 @@ def _wire(ui: UI, h: Handlers, demo) -> None:
     )
     mx.pick.change(h.pick_steps, [mx.pick, mx.runs], mx.steps_plot, **private)
     tn.button.click(
-        _gpu(h.tune),
+        _gpu(h.tune, h.durations.tune),
         inputs_kwargs=forms.inputs(forms.TuneForm, r, tn),
         outputs=[tn.result, tn.plot, tn.yaml, tn.name, tn.json],
         api_name="tune",
@@ -296,12 +302,15 @@ def build_app(
     compare_presets: tuple[str, str] = (BASE, "cache-int8-sage"),
     public: bool = False,
     compare: str = "on",
+    limits: PublicLimits | None = None,
 ) -> gr.Blocks:
     """The studio over `device` (a studio.worker.Device: app.py passes the worker's client; a Runner, as tests pass,
     runs in this process; None: a Runner on the embedded model, in this process).
 
     Args:
-        public: each visitor's saved presets stay in their own session (a public Space).
+        public: each visitor's saved presets stay in their own session (a public Space), and the public limits
+            (`limits`, app.limits: compile only from the operator's presets, bounded shapes, Matrix size, rate)
+            are checked before any device work.
         compare: the Generate tab's default compare mode (on / auto / off; app.py: STUDIO_COMPARE, `auto` on a
             public studio): `auto` costs about one image a click once a shape's base timing is kept.
     """
@@ -315,7 +324,8 @@ def build_app(
     presets = device.presets
     if presets.user_dir is None:
         presets = presets.with_user_dir(Path(tempfile.gettempdir()) / "dit-speed-studio-presets")
-    studio = Studio(device, models or [device.model], presets, public=public)
+    guard = PublicGuard(limits or PublicLimits()) if public else None
+    studio = Studio(device, models or [device.model], presets, public=public, guard=guard)
     names = studio.library().names()
     default_preset = default_preset if default_preset in names else ("cache" if "cache" in names else BASE)
     with gr.Blocks(title="DiT Speed Studio") as demo:

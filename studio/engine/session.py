@@ -167,8 +167,8 @@ class Runner:
         p = self.resolve_preset(preset, presets).with_overrides(cache_enabled, cache_threshold, compile_enabled)
         ctx = self.context(request, p, model, progress=progress, on_status=on_status)
         with self.manager.lock:
-            self.manager.ensure(ctx.model, ctx.dtype, on_status)  # a model that cannot load says so first
-            self.check_request(request, ctx.model)
+            self.check_request(request, ctx.model)  # an operator's caps before any load (the profile alone)
+            self.manager.ensure(ctx.model, ctx.dtype, on_status)
             try:
                 return self._generate(ctx, p, pairing or self.pairing, compare, t0)
             except (ConfigError, ModelLoadError):

@@ -40,6 +40,9 @@ class ModelProfile:
     max_size: int = 2048
     example_prompts: tuple[str, ...] = ()
     notes: str = ""  # shown under the model picker
+    # What to reserve on ZeroGPU per transformer call at this profile's size, in seconds (studio.app.gpu_time): an
+    # estimate for the reservation only, never shown as a measurement; bf16 on an H200 slice, rounded up
+    gpu_step_s: float = 0.15
 
     def __post_init__(self):
         for f in ("width", "height", "steps", "size_multiple", "min_size", "max_size"):
@@ -81,7 +84,12 @@ _FLUX_PROMPTS = (
 )
 HUB_PROFILES: dict[str, ModelProfile] = {
     "black-forest-labs/FLUX.1-dev": ModelProfile(
-        "FLUX.1-dev", steps=28, guidance=3.5, max_sequence_length=512, example_prompts=_FLUX_PROMPTS
+        "FLUX.1-dev",
+        steps=28,
+        guidance=3.5,
+        max_sequence_length=512,
+        example_prompts=_FLUX_PROMPTS,
+        gpu_step_s=0.15,
     ),
     "black-forest-labs/FLUX.1-schnell": ModelProfile(
         "FLUX.1-schnell", steps=4, guidance=0.0, max_sequence_length=256, example_prompts=_FLUX_PROMPTS
@@ -93,9 +101,12 @@ HUB_PROFILES: dict[str, ModelProfile] = {
         steps=50,
         guidance=None,
         true_cfg_scale=4.0,
+        gpu_step_s=0.35,  # a 20B DiT at 1328x1328
         example_prompts=('a coffee shop sign that reads "Speed Studio", warm evening light',) + _FLUX_PROMPTS[:2],
     ),
-    "Tongyi-MAI/Z-Image-Turbo": ModelProfile("Z-Image-Turbo", steps=9, guidance=0.0, example_prompts=_FLUX_PROMPTS),
+    "Tongyi-MAI/Z-Image-Turbo": ModelProfile(
+        "Z-Image-Turbo", steps=9, guidance=0.0, example_prompts=_FLUX_PROMPTS, gpu_step_s=0.1
+    ),
     "stabilityai/stable-diffusion-3.5-large": ModelProfile(
         "SD3.5-large", steps=28, guidance=3.5, size_multiple=16, example_prompts=_FLUX_PROMPTS
     ),

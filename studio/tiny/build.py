@@ -212,6 +212,7 @@ def tiny_profile(cfg: TinyConfig) -> ModelProfile:
         size_multiple=cfg.vae_scale * 2,
         min_size=cfg.size // 2,
         max_size=cfg.size * 2,
+        gpu_step_s=0.02,
         example_prompts=EXAMPLE_PROMPTS,
         notes="trained by the project on drawn scenes: 'a <colour> <shape> <where>[ and ...], <colour> background'",
     )
