@@ -75,15 +75,21 @@ class Runner:
         """A request with the model profile's defaults for whatever is not given."""
         return self.profile(model).request(prompt, **overrides)
 
-    def check_request(self, request: GenerationRequest, model: str | None = None) -> None:
-        """Raise ConfigError with a sentence when the model cannot take this size."""
-        prof = self.profile(model)
+    def check_caps(self, request: GenerationRequest) -> None:
+        """Raise ConfigError with a sentence when the request is over the operator's caps (before any load)."""
         if self.max_steps is not None and request.steps > self.max_steps:
             raise ConfigError(f"steps {request.steps} is over this studio's limit of {self.max_steps}")
         for name in ("width", "height"):
             v = getattr(request, name)
             if self.max_side is not None and v > self.max_side:
                 raise ConfigError(f"{name} {v} is over this studio's limit of {self.max_side}")
+
+    def check_request(self, request: GenerationRequest, model: str | None = None) -> None:
+        """Raise ConfigError with a sentence when the request is over the caps or the model cannot take this size."""
+        self.check_caps(request)
+        prof = self.profile(model)
+        for name in ("width", "height"):
+            v = getattr(request, name)
             if v % prof.size_multiple:
                 raise ConfigError(f"{name} {v} is not a multiple of {prof.size_multiple}, which {prof.name} needs")
             if not prof.min_size <= v <= prof.max_size:
@@ -167,8 +173,9 @@ class Runner:
         p = self.resolve_preset(preset, presets).with_overrides(cache_enabled, cache_threshold, compile_enabled)
         ctx = self.context(request, p, model, progress=progress, on_status=on_status)
         with self.manager.lock:
-            self.check_request(request, ctx.model)  # an operator's caps before any load (the profile alone)
-            self.manager.ensure(ctx.model, ctx.dtype, on_status)
+            self.check_caps(request)  # an operator's caps before any load
+            self.manager.ensure(ctx.model, ctx.dtype, on_status)  # a model that cannot load says so next
+            self.check_request(request, ctx.model)
             try:
                 return self._generate(ctx, p, pairing or self.pairing, compare, t0)
             except (ConfigError, ModelLoadError):
