@@ -1,4 +1,4 @@
-"""Command line: python -m studio generate|bench|sweep|tune|busy|presets|doctor (text: studio.report.text).
+"""Command line: python -m studio generate|bench|sweep|tune|busy|clicks|presets|doctor (text: studio.report.text).
 
 python -m studio generate --preset cache --prompt "a red circle in the center, blue background" --json
 python -m studio generate --preset cache --compile true --json
@@ -114,6 +114,11 @@ def parser() -> argparse.ArgumentParser:
     bz.add_argument("--quiet", type=int, default=3, help="readings on the quiet machine")
     bz.add_argument("--busy", type=int, default=3, help="readings with the load running")
     bz.add_argument("--api", default=None, help="read through a running app's /generate (e.g. http://127.0.0.1:7860/)")
+    ck = sub.add_parser("clicks", help="what a Generate click costs through a running app, per compare mode")
+    ck.add_argument("--api", required=True, help="the running app (e.g. http://127.0.0.1:7860/)")
+    ck.add_argument("--preset", default="cache")
+    ck.add_argument("--prompt", default="a red circle in the center, blue background")
+    ck.add_argument("--rounds", type=int, default=2, help="rounds of off, auto and on clicks (3 prompts each)")
     d = sub.add_parser("doctor", help="every shipped preset on a tiny instance of every DiT family, on this machine")
     d.add_argument("--families", default=None, help="comma-separated (default: flux,qwen-image,sd3,z-image)")
     d.add_argument("--presets", default=None, help="comma-separated preset names (default: all shipped)")
@@ -306,6 +311,15 @@ def _busy(runner, req, args) -> int:
     return 0 if rep.passed else 1
 
 
+def _clicks(args) -> int:
+    from studio.bench.clicks import run_clicks
+    from studio.report.text import clicks_text
+
+    rep = run_clicks(args.api, args.prompt, args.preset, args.rounds, progress=lambda m: print(m, file=sys.stderr))
+    print(clicks_text(rep, args.api))
+    return 0 if rep.passed else 1
+
+
 def _presets(lib, args) -> int:
     if args.action == "list":
         for name in lib.names():
@@ -349,6 +363,8 @@ def main(argv=None) -> int:
 
     if args.cmd == "doctor":
         return _doctor(args)
+    if args.cmd == "clicks":
+        return _clicks(args)
     lib = PresetLibrary(user_dir=getattr(args, "presets_dir", None))
     if args.cmd == "presets":
         try:

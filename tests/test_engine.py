@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -376,6 +377,15 @@ def test_compare_auto_on_a_known_shape_runs_the_stack_once_and_no_base(runner):
     assert on.metrics.psnr_db is not None and np.array_equal(on.image, res.image)
     again, calls = _transformer_calls(runner, b, "cache", compare="auto")  # now this request's picture is kept
     assert calls == a.steps and again.metrics.psnr_db == on.metrics.psnr_db
+    # the machine slows down after the base timing was kept (here: every transformer call waits as long again as a
+    # full step took): the run's full steps no longer match the stack's beside that timing, so no number is shown
+    wait = max(again.metrics.step_ms) / 1e3
+    handle = runner.manager.current.pipe.transformer.register_forward_pre_hook(lambda *_: time.sleep(wait))
+    try:
+        slow = runner.generate(b, "cache", cache_threshold=0.5, compare="auto").metrics
+    finally:
+        handle.remove()
+    assert slow.speedup is None and "the machine's load changed since" in slow.speedup_note, slow.speedup_note
     # another shape (fewer steps) is not known: auto pairs base beside the run, as `on` does
     _, calls = _transformer_calls(runner, req(steps=8), "cache", compare="auto")
     assert calls >= 2 * 8  # a base run beside the stack's (one pair here)

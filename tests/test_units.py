@@ -277,7 +277,8 @@ def test_handlers_take_the_forms_fields_by_name():
     from studio.app import forms
 
     # the forms are the endpoints' API parameters, in the API's order (gradio_client users call them by name)
-    assert forms.names(forms.GenerateForm) == forms.REQUEST_FIELDS + ("preset", "cache", "threshold", "compile")
+    generate = ("preset", "cache", "threshold", "compile", "compare")
+    assert forms.names(forms.GenerateForm) == forms.REQUEST_FIELDS + generate
     assert forms.names(forms.MatrixForm)[len(forms.REQUEST_FIELDS) :] == ("presets", "repeats", "cache", "compile")
     assert forms.names(forms.TuneForm)[len(forms.REQUEST_FIELDS) :] == ("floor", "prompts_text", "size")
     h, _ = _handlers()

@@ -19,9 +19,12 @@ The method (the numbers are the product):
   of its repeats while cheap); different, it is news, shown against the kept picture;
 - BY SHAPE (compare `auto`, a public studio's default: a click costs about one image): a DiT's denoise time depends
   on the shape of a request (model, dtype, size, steps, text length, guidance, true CFG), not on its prompt or seed,
-  so a kept base timing of the same shape whose repeats agreed, younger than `shape_max_age_s`, divides the run;
-  the stack runs once. Absent or stale, the run is paired side by side as above, which keeps a new one. The same
-  request's base picture is used where it is kept; otherwise PSNR is not computed (the caller asks for it).
+  so a kept base timing of the same shape whose repeats agreed, younger than `shape_max_age_s`, and taken beside
+  this same stack, divides the run; the stack runs once. The stack's price beside that base timing is kept with it:
+  a run whose full steps moved beyond DRIFT_BOUND (15%) of it means the machine's speed changed since (a browser
+  drawing the last result, another process), and its ratio is not shown. Absent or stale, the run is paired side by
+  side as above, which keeps a new one. The same request's base picture is used where it is kept; otherwise PSNR
+  is not computed (the caller asks for it).
 """
 
 from __future__ import annotations
@@ -179,12 +182,16 @@ def shape_timing(pairing: Pairing, shapes: BaseStore, shape: tuple, now: float |
     return kept
 
 
-def by_shape(shaped: BaseEntry, same_request: BaseEntry | None, time_stack) -> Paired:
-    """The stack timed once, divided by the shape's kept base timing; the base picture is the same request's where
-    it is kept (PSNR), else none."""
+def by_shape(shaped: BaseEntry, then: Steady, same_request: BaseEntry | None, time_stack) -> Paired:
+    """The stack timed once, divided by the shape's kept base timing; `then`: the same stack's price when that base
+    timing was taken beside it (a run whose full steps moved beyond DRIFT_BOUND of it is not divided: the machine's
+    speed changed). The base picture is the same request's where it is kept (PSNR), else none."""
     run = time_stack()
     base = replace(shaped, image=same_request.image if same_request is not None else None)
-    return Paired(base, run, 1, base_now=False, ratio=ratio([shaped.price], [run.priced]), by_shape=True)
+    r = ratio([shaped.price], [run.priced])
+    if then.full_ms and run.priced.full_ms:
+        r = replace(r, drift=run.priced.full_ms / then.full_ms)
+    return Paired(base, run, 1, base_now=False, ratio=r, by_shape=True)
 
 
 def base_itself(pairing: Pairing, store: BaseStore, key: tuple, time_base) -> Paired:

@@ -61,6 +61,8 @@ class Runner:
         self.model = model or "tiny"
         self.bases = BaseStore(base_cache_size)  # request key -> its base picture and timing
         self.shapes = BaseStore(base_cache_size)  # shape key -> a base timing that agreed (compare auto)
+        # (shape, stack) -> (when that base timing was taken, the stack's price beside it): an auto run's drift check
+        self.stack_prices = BaseStore(4 * base_cache_size)
         self.pairing = Pairing(base_retime_under_s, base_max_age_s, cheap_pairs, shape_max_age_s=shape_max_age_s)
         self.max_steps, self.max_side = max_steps, max_side
 
@@ -215,8 +217,9 @@ class Runner:
             pipe, stack, reloaded = pipeline_for(ctx, p)
             warmup_s = warm(ctx, pipe, stack, p)
             shaped = shape_timing(pairing, self.shapes, ctx.shape) if compare == "auto" else None
-            if shaped is not None:
-                paired = by_shape(shaped, self.bases.get(ctx.key), lambda: measure(ctx, p))
+            then = self.stack_prices.get((ctx.shape, p.stack)) if shaped is not None else None
+            if then is not None and then[0] == shaped.timed_at:  # this stack was timed beside that very base timing
+                paired = by_shape(shaped, then[1], self.bases.get(ctx.key), lambda: measure(ctx, p))
             else:
                 paired = side_by_side(
                     pairing, self.bases, ctx.key,
@@ -229,6 +232,8 @@ class Runner:
             paired = Paired(None, measure(ctx, p), 1, False)
         if paired.base is not None and paired.base.agreed and not paired.by_shape and (is_base or paired.base_now):
             self.shapes.put(ctx.shape, paired.base)  # a timing that agreed: it may divide this shape's next runs
+            if not is_base:
+                self.stack_prices.put((ctx.shape, p.stack), (paired.base.timed_at, paired.run.priced))
         metrics = self._metrics(ctx, p, paired, time.perf_counter() - t0, is_base=is_base)
         return RunResult(paired.run.image, paired.base.image if paired.base else None, metrics)
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 STALL_BOUND = 1.15  # a run whose wall time is over 1.15x its step-median price was stalled within itself
 AGREE_BOUND = 0.10  # pair ratios within +-10% of their median agree: no more pairs needed
 UNRELIABLE_SPREAD = 0.25  # a ratio whose spread is over 25% of itself is not shown
+DRIFT_BOUND = 0.15  # a run over a kept base timing: its full steps within +-15% of the same stack's steps back then
 
 
 @dataclass(frozen=True)
@@ -66,15 +67,29 @@ class Ratio:
     left_out: int = 0  # pairs left out as spoilt by a stall (the rest agreed)
     lo: float | None = None  # the lowest and highest pair ratio behind it
     hi: float | None = None
+    # over a kept base timing of the shape (compare auto): this run's median full step over the same stack's when
+    # that base timing was taken beside it; beyond DRIFT_BOUND the machine's speed changed since, so the old base
+    # timing cannot divide this run
+    drift: float | None = None
+
+    @property
+    def drifted(self) -> bool:
+        return self.drift is not None and abs(self.drift - 1.0) > DRIFT_BOUND
 
     @property
     def reliable(self) -> bool:
-        return self.spread <= UNRELIABLE_SPREAD * self.value
+        return self.spread <= UNRELIABLE_SPREAD * self.value and not self.drifted
 
     def why_not(self) -> str | None:
         """Why the ratio is not shown, in words, or None when it is."""
         if self.reliable:
             return None
+        if self.drifted:
+            return (
+                f"timing unreliable: this run's full steps took {self.drift:.2f}x what the same stack's took when the "
+                "kept base timing was taken (the machine's load changed since); speed-up not shown (compare on times "
+                "base beside it)"
+            )
         return (
             f"timing unreliable: the machine was busy (base runs differed by {self.base_range:.1f}x, pair ratios "
             f"{self.lo if self.lo is not None else self.value - self.spread:.2f}x.."

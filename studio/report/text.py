@@ -207,3 +207,15 @@ def busy_text(rep, where: str) -> str:
         "FAIL: a busy reading is wrong"
     )  # fmt: skip
     return "\n".join(lines)
+
+
+# clicks --------------------------------------------------------------------------------------------------------------
+def clicks_text(rep, where: str) -> str:
+    """`python -m studio clicks`: each mode's click wall time and the verdict (a studio.bench.clicks.ClickReport)."""
+    lines = [f"{rep.preset} through {where}, a Generate click's wall time (median of {len(rep.wall['off'])}):"]
+    off = rep.median("off")
+    for mode in rep.wall:
+        lines.append(f"  {mode:4s} {rep.median(mode):6.2f} s ({rep.median(mode) / off:.2f}x off), {rep.timing[mode]}")
+    verdict = "PASS" if rep.passed else "FAIL"
+    lines.append(f"{verdict}: an auto click is {rep.auto_over_off:.2f}x the stack's own run (target <= {rep.bound}x)")
+    return "\n".join(lines)

@@ -21,6 +21,20 @@ from studio.worker.protocol import Device, WorkerConfig, WorkerCrashed
 __all__ = ["Device", "WorkerClient", "WorkerConfig", "WorkerCrashed", "start_device"]
 
 
+def _load_at_import(runner) -> None:
+    """ZeroGPU: the pipeline loads at import, in the main process (`spaces` defers its move to the GPU into each call's
+    forked process, which inherits the loaded weights), not lazily inside the first GPU call, whose reserved
+    seconds would then go on reading weights. A model that cannot load is said by the first request instead."""
+    import logging
+
+    from studio.spec.errors import ModelLoadError
+
+    try:
+        runner.manager.ensure(runner.model)
+    except ModelLoadError as e:
+        logging.getLogger("studio").warning("loading %s at import failed: %s", runner.model, e)
+
+
 def start_device(config: WorkerConfig, *, warm: list[str] | tuple[str, ...] = ()) -> Device:
     """The app's device: the engine in this process on ZeroGPU (where each device event's handler already runs in a
     process `spaces` forks), a supervised worker process everywhere else.
@@ -38,6 +52,7 @@ def start_device(config: WorkerConfig, *, warm: list[str] | tuple[str, ...] = ()
             max_steps=config.max_steps, max_side=config.max_side,
         )  # fmt: skip
         device = InProcess(runner)
+        _load_at_import(runner)
         atexit.register(device.close)  # parallel workers and a Ray runtime started for them end with the app
         return device
     return WorkerClient(config, warm=warm or ("base",))

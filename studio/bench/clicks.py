@@ -1,0 +1,68 @@
+"""`python -m studio clicks --api URL`: what one Generate click costs through a running app, per compare mode.
+
+The target (issue 22): once a shape's base timing is known, a Generate click in `auto` takes at most 1.3x the wall
+time of the stack's own run. The stack's own run, through the same path, is a click with compare `off`. This
+clicks `/generate` with gradio_client: one `on` click first (it keeps the shape's base timing), then rounds of
+off, auto, on clicks on other prompts of the same shape, each on a prompt and seed not asked before (so `auto`
+finds no base picture of its own and `on` has to time base); the verdict is the median auto click over the median
+off click.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+BOUND = 1.3  # an auto click's wall time over the stack's own run (an off click), at most
+PROMPTS = (
+    "an orange triangle on the left, black background",
+    "a green square on the right, white background",
+    "a blue circle at the top, yellow background",
+)
+MODES = ("off", "auto", "on")
+
+
+@dataclass
+class ClickReport:
+    preset: str
+    wall: dict[str, list[float]] = field(default_factory=lambda: {m: [] for m in MODES})  # seconds per click
+    timing: dict[str, str] = field(default_factory=dict)  # the last click's timing line, per mode
+
+    def median(self, mode: str) -> float:
+        return statistics.median(self.wall[mode])
+
+    @property
+    def auto_over_off(self) -> float:
+        return self.median("auto") / self.median("off")
+
+    bound: float = BOUND
+
+    @property
+    def passed(self) -> bool:
+        return self.auto_over_off <= self.bound
+
+
+def run_clicks(url: str, prompt: str, preset: str, rounds: int = 2, progress=None) -> ClickReport:
+    """`rounds` rounds of off, auto and on clicks (module doc), after one `on` click that keeps the shape's timing."""
+    from gradio_client import Client
+
+    client = Client(url, verbose=False)
+    rep = ClickReport(preset)
+
+    def click(p: str, mode: str, seed: int) -> None:
+        t0 = time.perf_counter()
+        out = client.predict(prompt=p, preset=preset, seed=seed, compare=mode, api_name="/generate")
+        rep.wall[mode].append(time.perf_counter() - t0)
+        rep.timing[mode] = out[-1]["timing"]
+        if progress:
+            progress(f"{mode}: {rep.wall[mode][-1]:.2f} s ({p[:30]}..., seed {seed})")
+
+    click(prompt, "on", 1)  # the shape's base timing, kept
+    seed = 100
+    for _ in range(rounds):
+        for mode in MODES:
+            for p in PROMPTS:
+                seed += 1
+                click(p, mode, seed)
+    return rep
