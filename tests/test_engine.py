@@ -222,8 +222,8 @@ def test_speedup_and_psnr_are_against_the_same_request(runner):
     ratio = entry.price.robust_s / (m.denoise_s / m.stall)
     if m.speedup_note is None:
         assert m.speedup == pytest.approx(ratio) and m.speedup_spread >= 0
-    else:  # a stall inside either run wider than a quarter of the ratio: no number, and why
-        assert m.speedup is None and m.speedup_note.startswith("timing unreliable")
+    else:  # a stall inside either run wider than a quarter of the ratio, or a reading over its ideal: no number, why
+        assert m.speedup is None and m.speedup_note.startswith(("timing unreliable", "measurement error"))
     assert res.metrics.psnr_db == pytest.approx(psnr(res.image, entry.image))
     assert len(res.metrics.step_ms) == 12
     assert sum(res.metrics.step_ms) / 1e3 == pytest.approx(res.metrics.denoise_s, rel=1e-6)
