@@ -265,8 +265,11 @@ def test_cli_generate_json(random_model_dir, tmp_path):
     proc = subprocess.run(cmd + ["--threshold", "0.5"], capture_output=True, text=True, timeout=300)
     d = json.loads(proc.stdout)
     assert d["cached_steps"] > 0 and 20 < d["psnr_db"] < math.inf
-    # a speed-up with its spread, or none and why (a busy machine: studio.measure.steady)
-    assert (d["speedup"] > 0 and d["speedup_spread"] >= 0) or d["speedup_note"].startswith("timing unreliable")
+    # a speed-up with its spread, or none and why (a busy machine: studio.measure.steady; or a reading over its ideal)
+    if d["speedup"] is None:
+        assert d["speedup_note"].startswith(("timing unreliable", "measurement error")), d["speedup_note"]
+    else:
+        assert d["speedup"] > 0 and d["speedup_spread"] >= 0
     bad = subprocess.run(cmd + ["--preset", "nope"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "preset 'nope' not found" in bad.stderr
 

@@ -265,7 +265,8 @@ def test_a_stall_injected_into_one_base_run_gives_the_quiet_ratio_or_the_unrelia
 
     def judged(m):
         if m.speedup is None:
-            assert m.speedup_note.startswith("timing unreliable"), m.speedup_note
+            # the busy machine said so, or the stalled base made a reading over the ideal, said as an error
+            assert m.speedup_note.startswith(("timing unreliable", "measurement error")), m.speedup_note
             return "flagged"
         assert quiet.speedup is not None and abs(m.speedup / quiet.speedup - 1) <= 0.25, (m.speedup, quiet.speedup)
         return "within bound"
