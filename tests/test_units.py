@@ -468,3 +468,27 @@ def test_device_thread_runs_every_caller_on_one_thread_with_its_context():
     assert sorted(name for _, name, _ in seen) == ["main", "t0", "t1", "t2"]
     with pytest.raises(ZeroDivisionError):
         dev.call(lambda: 1 / 0)
+
+
+def test_a_gated_model_says_how_to_get_in_not_a_network_error(monkeypatch):
+    """Issue 22: huggingface_hub's GatedRepoError (here wrapped as diffusers wraps it) names the fix."""
+    import httpx
+    from huggingface_hub.errors import GatedRepoError
+
+    from studio.engine.loader import load_hint
+
+    response = httpx.Response(403, request=httpx.Request("GET", "https://huggingface.co/api/models/x"))
+    gated = GatedRepoError(
+        "403 Client Error. Cannot access gated repo for url https://huggingface.co/x.", response=response
+    )
+    try:
+        try:
+            raise gated
+        except GatedRepoError as inner:
+            raise OSError("could not fetch model_index.json") from inner
+    except OSError as wrapped:
+        assert "this model is gated" in load_hint(wrapped) and "HF_TOKEN" in load_hint(wrapped)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert "offline" in load_hint(OSError("not in cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    assert load_hint(OSError("connection refused")) == " (check the Hub id and your network)"

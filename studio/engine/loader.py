@@ -55,6 +55,25 @@ class Loaded:
         return self.variants[self.active].stack if self.active in self.variants else None
 
 
+def load_hint(e: BaseException) -> str:
+    """Why a Hub model did not load, as the fix: a gated model without a token (huggingface_hub's GatedRepoError,
+    anywhere in the exception's chain, or diffusers' wrapped message), offline, or else the id or the network."""
+    from huggingface_hub.errors import GatedRepoError
+
+    chain, seen = [], e
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    if any(isinstance(x, GatedRepoError) or "gated repo" in str(x).lower() for x in chain):
+        return (
+            " (this model is gated: accept its license on its Hub page, and set HF_TOKEN to a token of that account; "
+            "on a Space, in its secrets)"
+        )
+    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
+        return " (offline: HF_HUB_OFFLINE is set and the model is not in the local cache)"
+    return " (check the Hub id and your network)"
+
+
 class ModelManager:
     """Holds the current pipeline and the stack applied to it. Thread-safe for one caller at a time."""
 
@@ -88,16 +107,9 @@ class ModelManager:
             )
         except ModelLoadError:
             raise
-        except Exception as e:
+        except Exception as e:  # any failure of from_pretrained: one sentence with its likely cause (load_hint)
             msg = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
-            offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-            hint = ""
-            if not looks_local:
-                hint = (
-                    " (offline: HF_HUB_OFFLINE is set and the model is not in the local cache)"
-                    if offline
-                    else " (check the Hub id and your network)"
-                )
+            hint = "" if looks_local else load_hint(e)
             raise ModelLoadError(f"could not load model {source!r}: {type(e).__name__}: {msg}{hint}") from e
         return pipe.to(self.device)
 
