@@ -21,10 +21,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from studio.spec.errors import RunError, how_it_died
+from studio.spec.hosting import child_env
 from studio.spec.presets import BASE
 
 CRASH_ENV = "STUDIO_BENCH_CRASH_ON"  # TEST ONLY: a stack's name makes the child kill itself with SIGSEGV there
-ROOT = str(Path(__file__).resolve().parents[2])
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,8 @@ def _child(job: BenchJob, progress, on_status) -> tuple[object | None, str | Non
     with tempfile.TemporaryDirectory(prefix="studio-bench-") as tmp:
         job_file, out_file = Path(tmp) / "job.pkl", Path(tmp) / "report.pkl"
         job_file.write_bytes(pickle.dumps(job))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
         cmd = [sys.executable, "-m", "studio.bench.contained", str(job_file), str(out_file)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=child_env())
         last, error = None, None
         for line in proc.stdout:
             kind, _, rest = line.rstrip("\n").partition(" ")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from studio.bench.doctor import DoctorRow, check_family
 from studio.spec.errors import how_it_died
+from studio.spec.hosting import child_env
 from studio.spec.presets import PresetLibrary
 
 CRASH_ENV = "STUDIO_DOCTOR_CRASH_ON"  # TEST ONLY: "family:preset" makes the child kill itself with SIGSEGV there
@@ -33,9 +34,7 @@ def crashed_row(family: str, preset: str, how: str) -> DoctorRow:
 def _child(family: str, presets: list[str], device, on_status) -> tuple[list[DoctorRow], str | None]:
     """One child over `presets`: the rows it printed, and how it died (None: it finished)."""
     cmd = [sys.executable, "-m", "studio.bench.isolated", family, ",".join(presets), str(device or "")]
-    root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=child_env())
     rows = []
     for line in proc.stdout:
         if line.startswith("{"):

@@ -207,8 +207,8 @@ class Runner:
         """generate()'s body, under the manager's lock: the base (when compared), the timed run, the record."""
         base_p = self.base_preset(ctx.dtype.name)
         is_base = replace(p, dtype=ctx.dtype.name).stack == base_p.stack
-        known = compare == "auto" and shape_timing(pairing, self.shapes, ctx.shape) is not None
         if is_base:
+            known = compare == "auto" and shape_timing(pairing, self.shapes, ctx.shape) is not None
             how = pairing if compare == "on" or (compare == "auto" and not known) else CALLER_TIMES_BASE
             paired = base_itself(how, self.bases, ctx.key, lambda: measure(ctx, p))  # one run when not compared
         elif compare != "off":

@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
+
+ROOT = str(Path(__file__).resolve().parents[2])  # the folder `studio` is in
+
+
+def child_env() -> dict:
+    """This process's environment with the studio's folder first on PYTHONPATH: a child process started with
+    `python -m studio...` (the device worker, the doctor's and the bench's children) imports this same studio."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
 
 
 def on_zerogpu() -> bool:

@@ -20,14 +20,13 @@ import atexit
 import itertools
 import logging
 import multiprocessing
-import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 from studio.spec.checks import ConfigError
 from studio.spec.errors import ModelLoadError, RunError
+from studio.spec.hosting import child_env
 from studio.spec.presets import BASE
 from studio.worker.protocol import (
     Device,
@@ -42,7 +41,6 @@ from studio.worker.protocol import (
 
 log = logging.getLogger("studio.worker")
 
-ROOT = str(Path(__file__).resolve().parents[2])  # the folder `studio` is in: the worker imports it from there
 POLL_S = 0.5  # how often a waiting call looks whether the worker is still alive
 STOP_WAIT_S = 10.0  # how long a worker asked to stop may take to unload before it is terminated
 
@@ -105,11 +103,10 @@ class WorkerClient(Device):
     # the worker's life ---------------------------------------------------------------------------------------------
     def _start(self) -> None:
         ours, theirs = multiprocessing.Pipe()
-        paths = [ROOT] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "studio.worker.server", str(theirs.fileno())], pass_fds=[theirs.fileno()], env=env
-        )
+            [sys.executable, "-m", "studio.worker.server", str(theirs.fileno())], pass_fds=[theirs.fileno()],
+            env=child_env(),
+        )  # fmt: skip
         theirs.close()  # only the worker holds its end now: its death reads as the end of the pipe here
         self._conn = ours
         ours.send(self.config)
