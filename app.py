@@ -17,6 +17,8 @@ Environment:
     STUDIO_COMPARE      on, auto or off: the Generate tab's default compare mode (default: auto on a public studio,
                         where a click then costs about one image once a shape's base timing is kept; on elsewhere)
     STUDIO_MAX_STEPS, STUDIO_MAX_SIDE   an operator's caps on steps and on width/height (e.g. for a public Space)
+    STUDIO_MAX_REQUEST_S  seconds a request may run on the device before it is stopped (default: 300 in public
+                        mode, none otherwise)
     STUDIO_DTYPE        bfloat16, float16 or float32 in place of what `dtype: auto` picks
     STUDIO_TRANSFORMER_SLOTS  transformer weight sets kept loaded (2 on the CPU, 1 on a GPU by default)
     STUDIO_WORKER_MAX_RSS_GB  restart the device worker between requests once its resident memory is over this many
@@ -97,7 +99,10 @@ if __name__ == "__main__" and os.environ.get("STUDIO_PREWARM", "1") != "0":
 
 from studio.app.ui import CSS, build_app  # noqa: E402
 
-demo = build_app(device, models=MODELS, default_preset=PRESET, public=PUBLIC, compare=COMPARE)
+demo = build_app(
+    device, models=MODELS, default_preset=PRESET, public=PUBLIC, compare=COMPARE,
+    time_limit_s=_number("STUDIO_MAX_REQUEST_S", float),
+)  # fmt: skip
 
 if __name__ == "__main__":
     # A Space (or any supervisor) stops the app with SIGTERM: exit through Python, so the exit handlers stop the

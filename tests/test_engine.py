@@ -562,3 +562,30 @@ def test_a_backend_that_fails_its_first_forward_falls_back_with_the_reason(runne
         "sage: failed a test call (RuntimeError: No viable backend for scaled_dot_product_attention), using sdpa"
     ]
     assert np.array_equal(sage.image, base.image)
+
+
+def test_a_request_over_its_time_limit_stops_between_steps_and_the_next_runs_as_before(runner):
+    """A public studio's limit per request (app.limits request_s, STUDIO_MAX_REQUEST_S): the device call stops
+    between two denoising steps once it has run that long, with a sentence naming where; the stack, its cache and the
+    kept base pictures are as they were, so the next request gets the pixels it got before. Through the device
+    service (what the worker serves), over one image and over a Matrix."""
+    from studio.spec.errors import OverTime
+    from studio.worker.service import InProcess
+
+    dev = InProcess(runner)
+    req = runner.request(PROMPT, steps=10)
+    before = dev.generate(req, "cache", compare="off")  # warms the stack up at this shape
+
+    def slow(i, total, rec):  # the 3rd step's progress takes 1.5 s: the check after the 4th step stops it
+        if i == 2:
+            time.sleep(1.5)
+
+    with pytest.raises(OverTime, match=r"limit of 1 s per request and was stopped after step 4 of 10 of cache;"):
+        dev.generate(req, "cache", compare="off", progress=slow, time_limit_s=1)
+    assert runner.deadline is None  # the limit was the request's own
+    after = dev.generate(req, "cache", compare="off")
+    assert np.array_equal(after.image, before.image)
+    assert after.metrics.cached_step_indices == before.metrics.cached_step_indices
+    with pytest.raises(OverTime, match=r"limit of 0\.001 s per request and was stopped (before|after)"):
+        dev.matrix(req, ["base", "cache"], repeats=1, time_limit_s=0.001)
+    assert dev.generate(req, "cache", compare="off").metrics.cached_step_indices == before.metrics.cached_step_indices

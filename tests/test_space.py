@@ -3,6 +3,10 @@ needed: the callables are plain functions of the event's arguments, as ZeroGPU c
 
 from __future__ import annotations
 
+import inspect
+
+import pytest
+
 from studio.app.gpu_time import MAX_S, MIN_S, Durations, run_seconds
 from studio.app.handlers import Studio
 from studio.engine import ModelManager, Runner
@@ -37,3 +41,51 @@ def test_a_zerogpu_call_reserves_what_its_request_needs():
     assert d.generate(**{**one, "width": 512, "height": 512}, compare="on") < on
     assert d.generate(**{**one, "steps": "many"}, compare="on") == MIN_S
     assert d.tune(**one, prompts_text="a\nb\nc") > d.tune(**one, prompts_text="a")
+
+
+def test_spaces_off_zerogpu_and_compile_on_zerogpu(monkeypatch, random_model_dir):
+    """What the `spaces` package does offline (installed, no ZeroGPU): its decorator hands a handler back as it is,
+    its AoT helpers are there by name and need a CUDA build of torch; and what the studio does on ZeroGPU with a
+    compiled preset: runs it eagerly and says why (ahead-of-time compilation is not used: engine.compile)."""
+    import spaces
+    import torch
+
+    from studio.app.ui import _gpu
+    from studio.engine.compile import ZEROGPU_COMPILE
+    from studio.report.card import metrics_card
+
+    d = _durations()
+    handler = d.generate  # any callable: off ZeroGPU spaces.GPU returns it unwrapped, duration unread
+    assert _gpu(handler, d.generate) is handler and spaces.GPU(handler, duration=d.generate) is handler
+    for name in ("aoti_capture", "aoti_compile", "aoti_apply"):
+        helper = getattr(spaces, name)
+        if torch.version.cuda is None:  # this CPU build: the helpers' module patches CUDA at import
+            with pytest.raises(AttributeError, match="startswith"):
+                helper.__wrapped__  # noqa: B018 (the import is the check)
+        else:
+            assert "module" in inspect.signature(helper.__wrapped__).parameters or name == "aoti_compile"
+    monkeypatch.setenv("SPACES_ZERO_GPU", "1")  # read at each call (spec.hosting.on_zerogpu), spaces already imported
+    runner = Runner(ModelManager("cpu"), PresetLibrary(), model=random_model_dir)
+    res = runner.generate(runner.request("a red circle", steps=6), "cache-compile", compare="off")
+    m = res.metrics.as_dict()
+    assert ZEROGPU_COMPILE in m["fallbacks"] and "compile: skipped on ZeroGPU" in metrics_card(res.metrics)
+    assert m["cached_steps"] + m["full_steps"] == 6 and "DBCache" in m["tag"]  # the cache ran, eagerly
+    tr = runner.manager.current.pipe.transformer
+    assert not any(getattr(b, "_compiled_call_impl", None) for b in tr.modules())  # nothing was compiled
+
+
+def test_the_space_front_matter_matches_what_runs():
+    """The README's front matter is the Space's configuration: the gradio it names is the pinned one, the app file
+    exists, and the hardware and start-up keys a host reads are there (README: Deploy to a Space)."""
+    from pathlib import Path
+
+    import gradio
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    head = (root / "README.md").read_text().split("---\n")[1]
+    meta = yaml.safe_load(head)
+    assert meta["sdk"] == "gradio" and meta["sdk_version"] == gradio.__version__
+    assert f"gradio=={meta['sdk_version']}" in (root / "requirements.txt").read_text().split()
+    assert (root / meta["app_file"]).is_file() and meta["suggested_hardware"] == "cpu-basic"
+    assert meta["startup_duration_timeout"] == "30m" and "preload_from_hub" not in meta  # the model is in the repo

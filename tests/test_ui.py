@@ -7,11 +7,13 @@ as a user would get it from `python app.py`. As in app.py, the device work runs 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import socket
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -133,14 +135,20 @@ def test_api_defaults_and_numbers_as_data(client, app):
     for key in ("speedup", "psnr_db", "ssim", "denoise_s", "cached_step_indices", "dtype", "engaged"):
         assert key in m
     assert f"{m['cached_steps']} cached / {m['full_steps']} full" in out[1]  # the card and the data agree
-    # the error map (|image - base| x8) comes just before the metrics, a path like the image
-    assert np.asarray(Image.open(out[-2])).shape == np.asarray(Image.open(out[0])).shape
+    # the error map (|image - base| x8), a path like the image; the metrics as a download, the same data
+    assert np.asarray(Image.open(out[5])).shape == np.asarray(Image.open(out[0])).shape
+    assert json.loads(Path(out[6]).read_text()) == m and Path(out[6]).name == "metrics.json"
+    # the session's thumbnails, newest first, each captioned with its history row (a client is one session)
+    newest = out[7][0]
+    assert newest["caption"].startswith("#") and f"cache.override · {m['speedup']:.2f}x" in newest["caption"]
+    assert newest["caption"].endswith(f" · {m['psnr_db']:.2f} dB")
+    assert max(np.asarray(Image.open(newest["image"])).shape[:2]) == 128
     assert isinstance(m["worst_tile_psnr_db"], float) and m["worst_tile_psnr_db"] <= m["psnr_db"]
     assert "worst 8x8 tile" in out[1] and len(m["worst_tile_yx"]) == 2
     base_out = client.predict(prompt=PROMPT, model=runner.model, preset="base", api_name="/generate")
     base = base_out[-1]
     assert base["psnr_db"] == "inf" and base["speedup"] == 1.0  # JSON has no Infinity
-    assert base["worst_tile_psnr_db"] == "inf" and not np.asarray(Image.open(base_out[-2])).any()  # all zero
+    assert base["worst_tile_psnr_db"] == "inf" and not np.asarray(Image.open(base_out[5])).any()  # all zero
 
 
 def test_compare_endpoint(client, app):
@@ -164,7 +172,7 @@ def test_compare_endpoint(client, app):
     assert rows[1][0] == f"{dt}+int8wo+DBCache_F1B0W4R0.24MC3+sage"
     assert "sage: unavailable on cpu, using sdpa" in rows[1][-1]
     assert headers[6] == "worst 8x8 tile" and rows[0][6] == "inf"
-    error_map, data = out[-2], out[-1]  # the map beside the slider: |B - A|, with its numbers in the data
+    error_map, data = out[6], out[-1]  # the map beside the slider: |B - A|, with its numbers in the data
     assert np.asarray(Image.open(error_map)).shape == np.asarray(Image.open(b)).shape
     assert data["b_vs_a"]["psnr_db"] == data["b"]["psnr_db"] and data["b_vs_a"]["map_scale"] == 8  # A is base
 

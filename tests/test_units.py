@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -260,15 +262,20 @@ def test_generate_handler_passes_switches_and_returns_components():
     req, preset, kw = runner.calls[0]
     assert (req.seed, req.steps, preset) == (7, 10, "cache")
     assert (kw["cache_enabled"], kw["cache_threshold"], kw["compile_enabled"]) == (True, None, False)
+    assert kw["time_limit_s"] is None  # no limit per request unless the operator (or public mode) sets one
+    h.studio.time_limit_s = 300
+    h.generate(**NO_PROGRESS, history=None, **REQUEST, preset="cache")
+    assert runner.calls[-1][2]["time_limit_s"] == 300
     expected = {"gen.image", "gen.card", "gen.base_image", "gen.steps_plot", "hist.table", "hist.rows", "gen.json"}
-    assert set(out) == expected | {"gen.error_map"}
+    assert set(out) == expected | {"gen.error_map", "gen.json_file", "hist.gallery"}
     from studio.report.images import FRAME_RGB
 
     pic = out["gen.error_map"].reshape(-1, 3)  # the fake's image is its base: black, but for the metrics' tile frame
     assert out["gen.error_map"].shape == (384, 384, 3) and {tuple(p) for p in pic[pic.any(axis=1)]} == {FRAME_RGB}
     assert out["gen.json"]["cached_step_indices"] == [4, 5, 7, 8] and out["gen.json"]["speedup"] == 1.8
     assert out["gen.image"].shape == (384, 384, 3)  # 64 px shown enlarged x6, nearest neighbour
-    assert "4 cached / 6 full" in out["gen.card"] and len(out["hist.rows"]) == 1
+    assert "4 cached / 6 full" in out["gen.card"] and len(out["hist.rows"].rows) == 1
+    assert json.loads(Path(out["gen.json_file"]).read_text())["cached_step_indices"] == [4, 5, 7, 8]
 
 
 def test_handlers_take_the_forms_fields_by_name():
@@ -292,7 +299,9 @@ def test_compare_handler_flags_broken_stacks():
     h, runner = _handlers()
     out = h.compare(**NO_PROGRESS, history=[], **REQUEST, preset_a="base", preset_b="cache", threshold=0.3)
     assert [c[1] for c in runner.calls] == ["base", "cache"] and runner.calls[0][2]["cache_threshold"] == 0.3
-    assert out["ab.flag"] == "" and len(out["ab.table"]) == 2 and len(out["hist.rows"]) == 2
+    assert out["ab.flag"] == "" and len(out["ab.table"]) == 2 and len(out["hist.rows"].rows) == 2
+    captions = [c for _, c in out["hist.gallery"]]  # newest first: B, then A
+    assert captions[0] == "#2 cache · 1.80x · 41.23 dB" and captions[1].startswith("#1 ")
     from studio.report.table import AB_COLUMNS
 
     assert AB_COLUMNS[4:7] == ("PSNR", "cached/full", "worst 8x8 tile") and len(out["ab.table"][1]) == len(AB_COLUMNS)
@@ -426,16 +435,23 @@ def test_preset_files_are_bounded_and_written_whole(tmp_path):
 
 
 def test_history_is_bounded_per_session():
-    from studio.app.handlers import HISTORY_MAX, history_rows
+    from studio.app.history import HISTORY_COLUMNS, HISTORY_MAX, THUMBS_MAX, record
     from studio.engine.session import RunResult
     from studio.spec import GenerationRequest
 
     img = np.zeros((8, 8, 3), np.uint8)
-    res = RunResult(img, img, make_metrics())
-    hist = []
-    for _ in range(HISTORY_MAX + 5):
-        hist = history_rows(hist, GenerationRequest(prompt="p" * 1500), [res])
-    assert len(hist) == HISTORY_MAX and hist[-1][0] == HISTORY_MAX + 5 and len(hist[-1][1]) == 200
+    big = np.zeros((1024, 768, 3), np.uint8)
+    hist = None
+    for i in range(HISTORY_MAX + 5):
+        hist = record(
+            hist, GenerationRequest(prompt="p" * 1500), [RunResult(big if i % 2 else img, img, make_metrics())]
+        )
+    rows, thumbs = hist.rows, hist.thumbs
+    assert len(rows) == HISTORY_MAX and rows[-1][0] == HISTORY_MAX + 5 and len(rows[-1][1]) == 200
+    # thumbnails: the newest THUMBS_MAX, newest first, the longer side 128 px (8 px enlarged x16, 1024 reduced x8)
+    assert len(thumbs) == THUMBS_MAX and thumbs[0][1].startswith(f"#{HISTORY_MAX + 5} ")
+    assert thumbs[0][0].shape == (128, 128, 3) and thumbs[1][0].shape == (128, 96, 3)
+    assert len(HISTORY_COLUMNS) == len(rows[-1])
 
 
 def test_device_thread_runs_every_caller_on_one_thread_with_its_context():

@@ -111,6 +111,7 @@ class GenerateTab:
     image: gr.Image
     card: gr.HTML
     json: gr.JSON
+    json_file: gr.DownloadButton  # the metrics as a .json file
     base_image: gr.Image
     error_map: gr.Image  # |image - base|, amplified (measure.quality.ERROR_SCALE)
     steps_plot: gr.Image
@@ -171,6 +172,8 @@ class PresetsTab:
     name: gr.Dropdown
     desc: gr.Markdown
     yaml: gr.Code
+    yaml_file: gr.DownloadButton  # the preset's YAML
+    export_file: gr.DownloadButton  # its cache-dit export (cache_dit.load_configs reads it)
     new_name: gr.Textbox
     new_yaml: gr.Code
     upload: gr.File
@@ -180,8 +183,9 @@ class PresetsTab:
 
 @dataclass
 class HistoryTab:
-    rows: gr.State  # the session's runs, added to by every device endpoint
+    rows: gr.State  # the session's runs (app.history.History), added to by every device endpoint
     table: gr.Dataframe
+    gallery: gr.Gallery  # the runs' thumbnails, newest first
     export: gr.Button
     file: gr.File
 

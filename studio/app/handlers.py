@@ -10,9 +10,9 @@ takes its form's values by name (app.forms: the API's parameter names) and build
 
 from __future__ import annotations
 
-import csv
 import html
 import io
+import json
 import math
 import os
 import tempfile
@@ -25,21 +25,22 @@ from PIL import Image
 
 from studio.app.forms import UI, CompareForm, GenerateForm, MatrixForm, RequestForm, TuneForm
 from studio.app.gpu_time import Durations
+from studio.app.history import History, history_csv, record
 from studio.app.limits import PublicGuard
 from studio.app.progress import progress_hooks
 from studio.measure.quality import difference
 from studio.report.card import broken_flag, metrics_card
 from studio.report.images import enlarge, error_picture
 from studio.report.plots import plot_steps, plot_tradeoff
-from studio.report.table import COLUMNS, MatrixRow
+from studio.report.table import MatrixRow
 from studio.spec import ConfigError, ModelLoadError, PresetLibrary, RunError, parse_switch
+from studio.spec.export import cache_dit_yaml
 from studio.spec.presets import MAX_PRESET_BYTES, preset_from_text
 from studio.spec.request import check_scale, compare_mode
 from studio.worker.protocol import Device
 
 CACHE_CHOICES = [("follow preset", "unset"), ("on", "true"), ("off", "false")]
 COMPILE_CHOICES = CACHE_CHOICES
-HISTORY_COLUMNS = ["#", "prompt", "seed", "steps", "size"] + list(COLUMNS)
 MAX_PUBLIC_TUNE_PROMPTS = 3
 PREDICTED = "speed-up the counts predict (screening, not timed)"
 
@@ -56,11 +57,13 @@ class Studio:
     presets: PresetLibrary
     public: bool = False
     guard: PublicGuard | None = None  # a public studio's limits (app.limits); None: none
+    time_limit_s: float | None = None  # seconds a request may run on the device (app.limits: request_s); None: none
     tmpdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="studio-")))
 
     def write(self, name: str, text: str) -> str:
-        """Write a download atomically (a crash leaves the old file or the new one, never half of one)."""
-        path = self.tmpdir / name
+        """Write a download under `name` in a folder of its own (two visitors' downloads of the same name never
+        meet), atomically (a crash leaves no half of one)."""
+        path = Path(tempfile.mkdtemp(dir=self.tmpdir, prefix="dl-")) / name
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(text)
         os.replace(tmp, path)
@@ -112,17 +115,6 @@ def threshold_value(value) -> float | None:
     return float(value)
 
 
-HISTORY_MAX = 200  # rows kept per session: a visitor's history never grows without bound
-
-
-def history_rows(hist: list, req, results) -> list:
-    for res in results:
-        number = hist[-1][0] + 1 if hist else 1
-        row = [number, req.prompt[:200], req.seed, req.steps, f"{req.width}x{req.height}"]
-        hist = hist + [row + MatrixRow.from_metrics(res.metrics).cells()]
-    return hist[-HISTORY_MAX:]
-
-
 class Handlers:
     def __init__(self, studio: Studio, ui: UI):
         self.studio = studio
@@ -166,6 +158,7 @@ class Handlers:
                 progress=on_step,
                 on_status=on_status,
                 presets=self.studio.library(request),
+                time_limit_s=self.studio.time_limit_s,
             )
         except (ConfigError, ModelLoadError, RunError, ValueError) as e:
             raise gr.Error(str(e)) from None
@@ -183,9 +176,10 @@ class Handlers:
         except (ConfigError, ValueError) as e:
             raise gr.Error(str(e)) from None
 
-    def _history(self, hist, req, results) -> dict:
-        hist = history_rows(hist or [], req, results)
-        return {self.ui.hist.table: hist, self.ui.hist.rows: hist}
+    def _history(self, hist: History | None, req, results) -> dict:
+        hist = record(hist, req, results)
+        h = self.ui.hist
+        return {h.table: hist.rows, h.rows: hist, h.gallery: hist.thumbs}
 
     # events ----------------------------------------------------------------------------------------------
     # The device endpoints take the form's fields by name (gradio's inputs_kwargs: see app.forms); the session's
@@ -195,7 +189,7 @@ class Handlers:
         req = self._request(form)
         self._guard(request, req, form, [form.preset])
         res = self._run(req, form, form.preset, progress, request)
-        gen = self.ui.gen
+        gen, metrics = self.ui.gen, json_safe(res.metrics.as_dict())
         return {
             gen.image: enlarge(res.image),
             gen.card: metrics_card(res.metrics),
@@ -204,7 +198,8 @@ class Handlers:
                 res.image, res.base_image, tile_at(res.metrics.worst_tile_psnr_db, res.metrics.worst_tile_yx)
             ),
             gen.steps_plot: png(lambda buf: plot_steps(res.metrics, buf)),
-            gen.json: json_safe(res.metrics.as_dict()),
+            gen.json: metrics,
+            gen.json_file: self.studio.write("metrics.json", json.dumps(metrics, indent=1)),
             **self._history(history, req, [res]),
         }
 
@@ -258,6 +253,7 @@ class Handlers:
                 cache_enabled=parse_switch(form.cache, "cache switch"),
                 compile_enabled=parse_switch(form.compile, "compile switch"),
                 presets_library=self.studio.library(request),
+                time_limit_s=self.studio.time_limit_s,
             )
         except (ConfigError, ModelLoadError, RunError, ValueError) as e:
             raise gr.Error(str(e)) from None
@@ -297,7 +293,7 @@ class Handlers:
             floor = float(form.floor)
             res = self.studio.device.tune(
                 [_replace(req, prompt=p) for p in prompts], floor, model=form.model,
-                progress=lambda m: progress(0, desc=m), quick=size != "full",
+                progress=lambda m: progress(0, desc=m), quick=size != "full", time_limit_s=self.studio.time_limit_s,
             )  # fmt: skip
         except (ConfigError, ModelLoadError, RunError, ValueError, TypeError) as e:
             raise gr.Error(str(e)) from None
@@ -325,15 +321,22 @@ class Handlers:
             return {self.ui.mx.steps_plot: None}
         return {self.ui.mx.steps_plot: png(lambda buf: plot_steps(runs[name], buf))}
 
-    def show_preset(self, name, request: gr.Request = None):
+    def show_preset(self, name, steps=None, request: gr.Request = None):
+        """A preset's description and YAML, and both as downloads: the studio's YAML and its cache-dit export
+        (`cache_dit.load_configs` reads it; a step mask is sized to the request's `steps`)."""
         lib = self.studio.library(request)
         try:
             p = lib.get(name)
-        except ConfigError as e:
+            export = cache_dit_yaml(p, int(steps) if steps else None)
+        except (ConfigError, ValueError) as e:
             raise gr.Error(str(e)) from None
         origin = "built in" if lib.is_builtin(name) else "user preset"
         desc = f"**{name}** ({origin}) — `{p.tag()}`\n\n{p.description}"
-        return {self.ui.pv.desc: desc, self.ui.pv.yaml: lib.text(name)}
+        pv, text = self.ui.pv, lib.text(name)
+        return {
+            pv.desc: desc, pv.yaml: text, pv.yaml_file: self.studio.write(f"{name}.yaml", text),
+            pv.export_file: self.studio.write(f"{name}.cache-dit.yaml", export),
+        }  # fmt: skip
 
     def load_upload(self, path):
         if not path:
@@ -363,11 +366,7 @@ class Handlers:
         return out
 
     def export_history(self, hist):
-        buf = io.StringIO()
-        w = csv.writer(buf)
-        w.writerow(HISTORY_COLUMNS)
-        w.writerows(hist or [])
-        return {self.ui.hist.file: self.studio.write("history.csv", buf.getvalue())}
+        return {self.ui.hist.file: self.studio.write("history.csv", history_csv(hist))}
 
     def on_model(self, model):
         try:

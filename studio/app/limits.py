@@ -6,7 +6,9 @@ the form and the preset alone, before any model work or load, and refused with a
 - compiled stacks meet a bounded number of distinct shapes per process (each new one is a compile of minutes on a
   real model, and torch.compile's recompile limit is 8 per frame);
 - a Matrix is at most `max_matrix_runs` timed runs (presets + 1 for `base (again)`, times repeats);
-- each session may start at most `requests_per_minute` device events in any 60 s.
+- each session may start at most `requests_per_minute` device events in any 60 s;
+- a request (one Generate, A/B, Matrix or tuner's search) stops between two denoising steps once it has run
+  `request_s` seconds, with a sentence (engine.run.Deadline: the only limit that is checked while it runs).
 
 Not gradio: the handlers call these and turn a refusal into the page's error.
 """
@@ -34,11 +36,12 @@ class PublicLimits:
     max_repeats: int = 3
     requests_per_minute: int = 12  # device events per session, in any 60 s
     compiled_shapes: int = 4  # distinct (model, width, height, steps) a compiled stack may meet per process
+    request_s: int = 300  # seconds one request may run on the device (STUDIO_MAX_REQUEST_S)
 
     def __post_init__(self):
         for name, lo in (("max_matrix_runs", 2), ("max_repeats", 1), ("requests_per_minute", 1),
-                         ("compiled_shapes", 1)):  # fmt: skip
-            check_int("limits", name, getattr(self, name), lo, 10_000)
+                         ("compiled_shapes", 1), ("request_s", 1)):  # fmt: skip
+            check_int("limits", name, getattr(self, name), lo, 100_000)
 
 
 @dataclass

@@ -22,7 +22,8 @@ import gradio as gr
 
 from studio.app import forms
 from studio.app.forms import UI, CompareTab, GenerateTab, HistoryTab, MatrixTab, PresetsTab, RequestPanel, TuneTab
-from studio.app.handlers import CACHE_CHOICES, COMPILE_CHOICES, HISTORY_COLUMNS, Handlers, Studio, notes_md
+from studio.app.handlers import CACHE_CHOICES, COMPILE_CHOICES, Handlers, Studio, notes_md
+from studio.app.history import HISTORY_COLUMNS, History
 from studio.app.limits import PublicGuard, PublicLimits
 from studio.measure.quality import ERROR_SCALE
 from studio.report import fmt
@@ -101,6 +102,7 @@ def _generate_tab(names: list[str], default_preset: str, compare: str) -> Genera
                 card = gr.HTML(label="Metrics")
                 with gr.Accordion("Metrics as JSON (what the API returns)", open=False):
                     json = gr.JSON(label="metrics")
+                json_file = gr.DownloadButton("Download metrics (JSON)", value=None, size="sm")
             with gr.Column(scale=2):
                 base_image = gr.Image(label="base image (same request)", type="numpy", format="png", interactive=False)
                 error_map = gr.Image(
@@ -110,8 +112,8 @@ def _generate_tab(names: list[str], default_preset: str, compare: str) -> Genera
                 steps_plot = gr.Image(label="Per-step time and residual diff", type="numpy", interactive=False)
     return GenerateTab(
         preset=preset, cache=cache, threshold=threshold, compile=compile_, compare=compare_, button=button,
-        compare_button=compare_button, image=image, card=card, json=json, base_image=base_image, error_map=error_map,
-        steps_plot=steps_plot,
+        compare_button=compare_button, image=image, card=card, json=json, json_file=json_file, base_image=base_image,
+        error_map=error_map, steps_plot=steps_plot,
     )  # fmt: skip
 
 
@@ -217,6 +219,9 @@ def _presets_tab(studio: Studio, names: list[str], default_preset: str) -> Prese
                 name = gr.Dropdown(label="Preset", choices=names, value=default_preset)
                 desc = gr.Markdown()
                 yaml = gr.Code(label="YAML", language="yaml", interactive=False)
+                with gr.Row():
+                    yaml_file = gr.DownloadButton("Download YAML", value=None, size="sm")
+                    export_file = gr.DownloadButton("Download cache-dit config", value=None, size="sm")
             with gr.Column():
                 new_name = gr.Textbox(label="New preset name")
                 new_yaml = gr.Code(
@@ -229,18 +234,31 @@ def _presets_tab(studio: Studio, names: list[str], default_preset: str) -> Prese
                 save = gr.Button("Validate and save", variant="primary")
                 msg = gr.Markdown()
     return PresetsTab(
-        name=name, desc=desc, yaml=yaml, new_name=new_name, new_yaml=new_yaml, upload=upload, save=save, msg=msg
+        name=name,
+        desc=desc,
+        yaml=yaml,
+        yaml_file=yaml_file,
+        export_file=export_file,
+        new_name=new_name,
+        new_yaml=new_yaml,
+        upload=upload,
+        save=save,
+        msg=msg,
     )
 
 
 def _history_tab(rows: gr.State) -> HistoryTab:
     with gr.Tab("History"):
+        gallery = gr.Gallery(
+            label="Pictures this session (newest first; the caption names the table's row)",
+            columns=8, height="auto", object_fit="contain", elem_id="history-gallery", format="png",
+        )  # fmt: skip
         table = gr.Dataframe(
             headers=HISTORY_COLUMNS, label="Runs this session", interactive=False, elem_id="history-table", wrap=True
         )
         export = gr.Button("Export CSV")
         file = gr.File(label="History (CSV)")
-    return HistoryTab(rows=rows, table=table, export=export, file=file)
+    return HistoryTab(rows=rows, table=table, gallery=gallery, export=export, file=file)
 
 
 def _wire(ui: UI, h: Handlers, demo) -> None:
@@ -248,13 +266,15 @@ def _wire(ui: UI, h: Handlers, demo) -> None:
     private = {"api_visibility": "private"}
     device = {"concurrency_id": "device"}
     hist_in, hist_out = {"history": hist.rows}, [hist.table, hist.rows]
+    more = [hist.gallery]  # outputs added later go here, before the JSON (last): the API's places stay as they were
     r.dice.click(lambda: random.randint(0, 2**31 - 1), None, r.seed, **private)
     r.examples.change(lambda e, p: e or p, [r.examples, r.prompt], r.prompt, **private)
     r.model.change(h.on_model, r.model, [r.examples, r.model_notes, r.steps, r.width, r.height, r.guidance], **private)
     # The inputs by name (app.forms): the names are the API's parameter names and the handler's form fields.
     # A new output goes just before the metrics (always last), so the outputs' places in the API stay as they were.
     # One event for the button and Enter in the prompt box: one endpoint, /generate.
-    gen_out = [gen.image, gen.card, gen.base_image, gen.steps_plot] + hist_out + [gen.error_map, gen.json]
+    gen_out = [gen.image, gen.card, gen.base_image, gen.steps_plot] + hist_out + [gen.error_map, gen.json_file]
+    gen_out += more + [gen.json]
     gen_in = forms.inputs(forms.GenerateForm, r, gen) | hist_in
     gr.on(
         [gen.button.click, r.prompt.submit], _gpu(h.generate, h.durations.generate), inputs_kwargs=gen_in,
@@ -267,14 +287,17 @@ def _wire(ui: UI, h: Handlers, demo) -> None:
     ab.button.click(
         _gpu(h.compare, h.durations.compare),
         inputs_kwargs=forms.inputs(forms.CompareForm, r, ab) | hist_in,
-        outputs=[ab.slider, ab.img_a, ab.img_b, ab.table, ab.flag] + hist_out + [ab.error_map, ab.json],
+        outputs=[ab.slider, ab.img_a, ab.img_b, ab.table, ab.flag] + hist_out + [ab.error_map] + more + [ab.json],
         api_name="compare",
         **device,
     )
     mx.button.click(
         _gpu(h.matrix, h.durations.matrix),
         inputs_kwargs=forms.inputs(forms.MatrixForm, r, mx) | hist_in,
-        outputs=[mx.table, mx.plot, mx.pick, mx.steps_plot, mx.csv, mx.md, mx.runs, mx.noise] + hist_out + [mx.json],
+        outputs=[mx.table, mx.plot, mx.pick, mx.steps_plot, mx.csv, mx.md, mx.runs, mx.noise]
+        + hist_out
+        + more
+        + [mx.json],
         api_name="matrix",
         **device,
     )
@@ -286,8 +309,9 @@ def _wire(ui: UI, h: Handlers, demo) -> None:
         api_name="tune",
         **device,
     )
-    pv.name.change(h.show_preset, pv.name, [pv.desc, pv.yaml], **private)
-    demo.load(h.show_preset, pv.name, [pv.desc, pv.yaml], **private)
+    preset_out = [pv.desc, pv.yaml, pv.yaml_file, pv.export_file]
+    pv.name.change(h.show_preset, [pv.name, r.steps], preset_out, **private)
+    demo.load(h.show_preset, [pv.name, r.steps], preset_out, **private)
     pv.upload.upload(h.load_upload, pv.upload, [pv.new_yaml, pv.new_name], **private)
     pv.save.click(h.save_preset, [pv.new_name, pv.new_yaml], [pv.msg] + ui.preset_lists(), **private)
     tn.save.click(h.save_tuned, [tn.name, tn.yaml], [tn.msg] + ui.preset_lists(), **private)
@@ -303,6 +327,7 @@ def build_app(
     public: bool = False,
     compare: str = "on",
     limits: PublicLimits | None = None,
+    time_limit_s: float | None = None,
 ) -> gr.Blocks:
     """The studio over `device` (a studio.worker.Device: app.py passes the worker's client; a Runner, as tests pass,
     runs in this process; None: a Runner on the embedded model, in this process).
@@ -310,7 +335,9 @@ def build_app(
     Args:
         public: each visitor's saved presets stay in their own session (a public Space), and the public limits
             (`limits`, app.limits: compile only from the operator's presets, bounded shapes, Matrix size, rate)
-            are checked before any device work.
+            are checked before any device work, and a request stops once it has run `limits.request_s` seconds.
+        time_limit_s: the seconds a request may run on the device (public: `limits.request_s` unless given;
+            otherwise none unless given; app.py: STUDIO_MAX_REQUEST_S).
         compare: the Generate tab's default compare mode (on / auto / off; app.py: STUDIO_COMPARE, `auto` on a
             public studio): `auto` costs about one image a click once a shape's base timing is kept.
     """
@@ -325,7 +352,9 @@ def build_app(
     if presets.user_dir is None:
         presets = presets.with_user_dir(Path(tempfile.gettempdir()) / "dit-speed-studio-presets")
     guard = PublicGuard(limits or PublicLimits()) if public else None
-    studio = Studio(device, models or [device.model], presets, public=public, guard=guard)
+    if time_limit_s is None and guard is not None:
+        time_limit_s = guard.limits.request_s
+    studio = Studio(device, models or [device.model], presets, public=public, guard=guard, time_limit_s=time_limit_s)
     names = studio.library().names()
     default_preset = default_preset if default_preset in names else ("cache" if "cache" in names else BASE)
     with gr.Blocks(title="DiT Speed Studio") as demo:
@@ -333,7 +362,7 @@ def build_app(
             "# DiT Speed Studio\nPick a speed/quality preset, generate, and see what it bought (denoise time, "
             "cached steps, speed-up) and what it cost (PSNR/SSIM against the `base` image of the same request)."
         )
-        history, matrix_runs = gr.State([]), gr.State({})
+        history, matrix_runs = gr.State(History()), gr.State({})
         request = _request_panel(studio)
         with gr.Tabs():
             ui = UI(

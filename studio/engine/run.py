@@ -24,9 +24,31 @@ from studio.engine.state import stack_state
 from studio.measure.blocks import BlockClock
 from studio.measure.steady import Steady, steady
 from studio.measure.timing import StepCounts, StepProbe, block_count, count_steps
+from studio.spec.errors import OverTime
 from studio.spec.preset import Preset
 from studio.spec.profiles import resolve_model
 from studio.spec.request import GenerationRequest
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When a request must have ended (a public studio's limit per request): checked before each run and after
+    each denoising step, so a request over it stops between two steps and says where."""
+
+    limit_s: float
+    ends: float  # time.monotonic()
+
+    @classmethod
+    def after(cls, seconds: float | None) -> "Deadline | None":
+        return None if not seconds else cls(float(seconds), time.monotonic() + float(seconds))
+
+    def check(self, where: str) -> None:
+        if time.monotonic() > self.ends:
+            raise OverTime(
+                f"this request ran past this studio's limit of {self.limit_s:g} s per request and was stopped "
+                f"{where}; fewer steps, a smaller size or fewer presets fit in it (the loaded model, its stack and "
+                "the kept base images are as they were)"
+            )
 
 
 @dataclass(frozen=True)
@@ -39,6 +61,7 @@ class RunContext:
     dtype: DtypeChoice
     progress: object | None = None  # callable(step_index, total_steps, StepRecord) after each step of the stack
     on_status: object | None = None  # callable(str) for slow phases (loading, warm-up, compiling, the base run)
+    deadline: Deadline | None = None  # the request's time limit (Runner.time_limit), checked between steps
 
     @property
     def key(self) -> tuple:
@@ -57,6 +80,32 @@ class RunContext:
     def status(self, message: str) -> None:
         if self.on_status:
             self.on_status(message)
+
+    def check(self, where: str) -> None:
+        if self.deadline is not None:
+            self.deadline.check(where)
+
+    def stepper(self, run: str, then=None):
+        """A step callback that checks the deadline after each step of `run`, then calls `then` (the progress)."""
+
+        def on_step(step_index, total, record=None):
+            self.check(f"after step {step_index + 1} of {total} of {run}")
+            if then is not None:
+                then(step_index, total, record)
+
+        return on_step if self.deadline is not None else then
+
+    def untimed(self, preset: Preset):
+        """callback_on_step_end for an untimed run (a warm-up): the deadline's check alone, or None."""
+        if self.deadline is None:
+            return None
+        check = self.stepper(f"the untimed run of {preset.name}")
+
+        def callback(pipe, step_index, timestep, callback_kwargs):
+            check(step_index, self.request.steps)
+            return callback_kwargs
+
+        return callback
 
 
 @dataclass(frozen=True)
@@ -115,12 +164,13 @@ def warm(ctx: RunContext, pipe, stack: AppliedStack, preset: Preset) -> float | 
     state = stack_state(pipe.transformer)
     if (stack.signature, ctx.request.shape) in state.warm:
         return None
+    ctx.check(f"before the warm-up of {preset.name}")
     ctx.status("compiling (warm-up run)" if state.compiled else "warm-up run (not timed)")
     _prepare(pipe, preset, ctx.request)
 
     def timed() -> float:
         t0 = time.perf_counter()
-        call_pipe(pipe, ctx.request)
+        call_pipe(pipe, ctx.request, ctx.untimed(preset))
         return time.perf_counter() - t0
 
     seconds = first_run_or_eager(pipe.transformer, stack, timed)  # compile's failure policy is compile's own
@@ -134,9 +184,10 @@ def settle(ctx: RunContext, preset: Preset) -> float:
     1.09-1.15x on the first slot of an app Matrix) lands here rather than in the first timed run."""
     pipe, stack, _ = pipeline_for(ctx, preset)
     warm(ctx, pipe, stack, preset)
+    ctx.check(f"before the untimed run of {preset.name}")
     _prepare(pipe, preset, ctx.request)
     t0 = time.perf_counter()
-    call_pipe(pipe, ctx.request)
+    call_pipe(pipe, ctx.request, ctx.untimed(preset))
     return time.perf_counter() - t0
 
 
@@ -147,6 +198,7 @@ def measure(ctx: RunContext, preset: Preset, *, warm_up: bool = True, show_steps
         warm_up: False skips the warm-up: for a screening run whose time is not reported (the tuner's).
         show_steps: report each step to `ctx.progress` (the stack's runs do; the base runs beside them do not).
     """
+    ctx.check(f"before the run of {preset.name}")
     pipe, stack, reloaded = pipeline_for(ctx, preset)
     state = stack_state(pipe.transformer)
     warmup_s = warm(ctx, pipe, stack, preset) if warm_up else None
@@ -156,7 +208,7 @@ def measure(ctx: RunContext, preset: Preset, *, warm_up: bool = True, show_steps
     probe = StepProbe(
         state.counter,
         ctx.manager.device,
-        on_step=ctx.progress if show_steps else None,
+        on_step=ctx.stepper(preset.name, ctx.progress if show_steps else None),
         total_steps=ctx.request.steps,
         starts_at_call=bool(state.compiled and state.compiled.whole_model),
     )

@@ -8,6 +8,7 @@ paired with a stack and when a kept base may stand in (engine.baseline: read it 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 
 from studio.engine.baseline import (
@@ -23,11 +24,11 @@ from studio.engine.baseline import (
 )
 from studio.engine.loader import ModelLoadError, ModelManager
 from studio.engine.parallel import remove_parallel, workers
-from studio.engine.run import Measured, RunContext, measure, pipeline_for, settle, warm
+from studio.engine.run import Deadline, Measured, RunContext, measure, pipeline_for, settle, warm
 from studio.measure.blocks import IdealCheck, computed_blocks, price_cached_step
 from studio.measure.record import RunMetrics, RunResult, Timing
 from studio.spec.checks import ConfigError
-from studio.spec.errors import RunError
+from studio.spec.errors import OverTime, RunError
 from studio.spec.preset import CacheSpec, Preset
 from studio.spec.presets import BASE, PresetLibrary
 from studio.spec.profiles import ModelProfile, profile_for, resolve_model
@@ -65,6 +66,7 @@ class Runner:
         self.stack_prices = BaseStore(4 * base_cache_size)
         self.pairing = Pairing(base_retime_under_s, base_max_age_s, cheap_pairs, shape_max_age_s=shape_max_age_s)
         self.max_steps, self.max_side = max_steps, max_side
+        self.deadline: Deadline | None = None  # the running request's time limit (time_limit)
 
     # requests --------------------------------------------------------------------------------------------
     def resolve_preset(self, preset: str | Preset, library: PresetLibrary | None = None) -> Preset:
@@ -105,7 +107,18 @@ class Runner:
     def context(self, request: GenerationRequest, preset: Preset, model: str | None = None, **hooks) -> RunContext:
         """The run context of `request` under `preset`'s dtype; hooks: progress, on_status."""
         dtype = self.manager.resolve_dtype(preset.dtype)
-        return RunContext(self.manager, request, model or self.model, dtype, **hooks)
+        return RunContext(self.manager, request, model or self.model, dtype, deadline=self.deadline, **hooks)
+
+    @contextmanager
+    def time_limit(self, seconds: float | None):
+        """Every run started inside stops between two steps once `seconds` have passed (None: no limit), and the
+        request ends with spec.errors.OverTime: a public studio's limit per request, over a Matrix or a tuner's
+        search as over one image."""
+        before, self.deadline = self.deadline, Deadline.after(seconds) or self.deadline
+        try:
+            yield
+        finally:
+            self.deadline = before
 
     def base_preset(self, dtype: str) -> Preset:
         """`base` in the dtype a stack runs in: its picture is the one the stack is compared with."""
@@ -180,7 +193,7 @@ class Runner:
             self.check_request(request, ctx.model)
             try:
                 return self._generate(ctx, p, pairing or self.pairing, compare, t0)
-            except (ConfigError, ModelLoadError):
+            except (ConfigError, ModelLoadError, OverTime):
                 raise
             except Exception as e:  # out of memory, a kernel that fails, a broken hook: one sentence, nothing changed
                 msg = str(e).splitlines()[0][:200] if str(e) else ""

@@ -39,3 +39,19 @@ def error_picture(image: np.ndarray, base: np.ndarray | None, worst_yx=None, *, 
     for sl in ((slice(y0, y1), slice(x0, x0 + t)), (slice(y0, y1), slice(x1 - t, x1))):
         big[sl] = FRAME_RGB
     return big
+
+
+THUMB_SIDE = 128
+
+
+def thumbnail(img: np.ndarray, side: int = THUMB_SIDE) -> np.ndarray:
+    """A history thumbnail: the longer side `side` pixels (small pictures enlarged by whole pixels, large ones
+    reduced with a box filter)."""
+    from PIL import Image
+
+    h, w = img.shape[:2]
+    if max(h, w) <= side:
+        return enlarge(img, side)
+    k = side / max(h, w)
+    size = (max(1, round(w * k)), max(1, round(h * k)))
+    return np.asarray(Image.fromarray(img).resize(size, Image.Resampling.BOX))

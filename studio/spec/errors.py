@@ -17,6 +17,10 @@ class RunError(RuntimeError):
     """A run failed inside the pipeline (or the process running it died); the message is one sentence."""
 
 
+class OverTime(RunError):
+    """A request ran past the studio's time limit per request and was stopped between two steps (engine.run)."""
+
+
 def how_it_died(exitcode: int | None) -> str:
     """A process's end in a word or two: the signal's name (SIGSEGV, SIGKILL: the OOM killer's, SIGABRT) or the
     exit code."""

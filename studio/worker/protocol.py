@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from studio.spec.checks import ConfigError
 from studio.spec.errors import (
     ModelLoadError,
+    OverTime,
     RunError,
     how_it_died,  # noqa: F401  (the worker's end in words, for the client)
 )
@@ -33,7 +34,7 @@ from studio.spec.request import GenerationRequest
 
 # The errors a call may end with, by name: the app raises the same class with the same sentence (handlers turn each
 # into a gr.Error). Any other exception inside the worker arrives as a RunError naming its type.
-ERRORS = {cls.__name__: cls for cls in (ConfigError, ModelLoadError, RunError, ValueError, TypeError)}
+ERRORS = {cls.__name__: cls for cls in (ConfigError, ModelLoadError, OverTime, RunError, ValueError, TypeError)}
 
 
 class WorkerCrashed(RunError):

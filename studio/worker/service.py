@@ -42,19 +42,25 @@ class DeviceService:
         if type(module).__name__.endswith("Transformer2DModel"):
             self._threads.add(threading.get_ident())
 
-    def generate(self, request: GenerationRequest, preset=BASE, **kwargs) -> RunResult:
+    # time_limit_s: the request's time limit (a public studio's; Runner.time_limit), None: none.
+    def generate(self, request: GenerationRequest, preset=BASE, *, time_limit_s=None, **kwargs) -> RunResult:
         """Runner.generate: one measured generation compared with its base."""
-        return self.runner.generate(request, preset, **kwargs)
+        with self.runner.time_limit(time_limit_s):
+            return self.runner.generate(request, preset, **kwargs)
 
-    def matrix(self, request: GenerationRequest, presets: list, **kwargs) -> Matrix:
+    def matrix(self, request: GenerationRequest, presets: list, *, time_limit_s=None, **kwargs) -> Matrix:
         """studio.bench.run_matrix on this runner."""
-        return run_matrix(self.runner, request, presets, **kwargs)
+        with self.runner.time_limit(time_limit_s):
+            return run_matrix(self.runner, request, presets, **kwargs)
 
     def tune(
-        self, requests: list[GenerationRequest], floor_db: float, *, model=None, progress=None, quick=True
-    ) -> TuneResult:
+        self, requests: list[GenerationRequest], floor_db: float, *, model=None, progress=None, quick=True,
+        time_limit_s=None,
+    ) -> TuneResult:  # fmt: skip
         """studio.bench.tune on this runner; quick: the UI's small search space."""
-        return tune(self.runner, requests, floor_db, model=model, progress=progress, space=QUICK if quick else None)
+        space = QUICK if quick else None
+        with self.runner.time_limit(time_limit_s):
+            return tune(self.runner, requests, floor_db, model=model, progress=progress, space=space)
 
     def warm_up(self, request: GenerationRequest, presets: list[str], model: str | None = None) -> list[float]:
         """Load the model and run the untimed warm-ups (Runner.warm_up) of the presets this runner knows."""

@@ -1,0 +1,56 @@
+"""A visitor's session history: a table row and a thumbnail for every run, both bounded.
+
+The history lives in one gr.State per session (a `History`), added to by every device endpoint: the table's rows
+(the Matrix columns after the request's own), and the pictures as small thumbnails with a caption naming the row,
+so a visitor can find a picture again without its full-size copy being kept per session (a 1024x1024 image is
+3 MB; its 128-pixel thumbnail 48 kB).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass, field
+
+from studio.report.images import thumbnail
+from studio.report.table import COLUMNS, MatrixRow
+
+HISTORY_COLUMNS = ["#", "prompt", "seed", "steps", "size"] + list(COLUMNS)
+HISTORY_MAX = 200  # rows kept per session: a visitor's history never grows without bound
+THUMBS_MAX = 48  # thumbnails kept per session (the newest)
+
+
+@dataclass
+class History:
+    rows: list = field(default_factory=list)
+    thumbs: list = field(default_factory=list)  # [(thumbnail, caption)], newest first (the gallery's order)
+
+
+def history_rows(hist: list, req, results) -> list:
+    for res in results:
+        number = hist[-1][0] + 1 if hist else 1
+        row = [number, req.prompt[:200], req.seed, req.steps, f"{req.width}x{req.height}"]
+        hist = hist + [row + MatrixRow.from_metrics(res.metrics).cells()]
+    return hist[-HISTORY_MAX:]
+
+
+def record(hist: History | None, req, results) -> History:
+    """`hist` with a row and a thumbnail for each of `results` (RunResults of `req`)."""
+    hist = hist if isinstance(hist, History) else History()
+    rows = history_rows(hist.rows, req, results)
+    new = [(thumbnail(res.image), caption(row)) for res, row in zip(results, rows[-len(results) :], strict=True)]
+    return History(rows, (new[::-1] + hist.thumbs)[:THUMBS_MAX])
+
+
+def caption(row: list) -> str:
+    """A thumbnail's caption: its row number, preset, speed-up and PSNR, as the table shows them."""
+    cells = dict(zip(HISTORY_COLUMNS, row, strict=True))
+    return f"#{cells['#']} {cells['preset']} · {cells['vs base']} · {cells['PSNR']}"
+
+
+def history_csv(hist: History | None) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(HISTORY_COLUMNS)
+    w.writerows(hist.rows if isinstance(hist, History) else [])
+    return buf.getvalue()
