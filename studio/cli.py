@@ -18,42 +18,14 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from studio.cli_support import progress_bar, quiet_libraries, read_prompts
-
-
-def _switch(what: str):
-    def parse(v: str):
-        from studio.spec.checks import ConfigError, parse_switch
-
-        try:
-            return parse_switch(v, what)
-        except ConfigError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    return parse
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="Hub id, local folder, or 'tiny' (the embedded model; default)")
-    p.add_argument("--prompt", default=None, help="default: the model profile's first example prompt")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--steps", type=int, default=None, help="default: the model profile's")
-    p.add_argument("--width", type=int, default=None)
-    p.add_argument("--height", type=int, default=None)
-    p.add_argument("--guidance", type=float, default=None)
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    p.add_argument("--presets-dir", default=None, help="folder of user presets (also STUDIO_PRESETS_DIR)")
-    p.add_argument("--cache", type=_switch("cache switch"), default=None, help="per-request cache switch: true|false")
-    p.add_argument(
-        "--compile", type=_switch("compile switch"), default=None, help="per-request torch.compile switch: true|false"
-    )
+from studio.cli_support import common_args, progress_bar, quiet_libraries, read_prompts
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m studio", description="DiT Speed Studio engine")
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="one measured generation, compared with base")
-    _common(g)
+    common_args(g)
     g.add_argument("--preset", default="base")
     g.add_argument("--threshold", type=float, default=None, help="per-request residual diff threshold")
     g.add_argument("--out", default=None, help="write the image here (PNG)")
@@ -65,7 +37,7 @@ def parser() -> argparse.ArgumentParser:
         "timing of the same shape (a fresh process has none: as on); off: the stack alone",
     )  # fmt: skip
     b = sub.add_parser("bench", help="every preset (or --presets a,b) side by side on one request")
-    _common(b)
+    common_args(b)
     b.add_argument("--presets", default=None, help="comma-separated preset names (default: all)")
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--prompts", default=None, help="a file of prompts, one per line: one rotation per prompt")
@@ -78,7 +50,7 @@ def parser() -> argparse.ArgumentParser:
         "--in-process", action="store_true", help="run here, not in a child process (a native crash then ends it)"
     )
     s = sub.add_parser("sweep", help="one cache knob over a prompt set: speed-up and worst PSNR, the cliff marked")
-    _common(s)
+    common_args(s)
     s.add_argument("--preset", default="cache")
     s.add_argument(
         "--knob",
@@ -94,7 +66,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=None, help="write the table: .md or .json by extension")
     s.add_argument("--plot", default=None, help="write the curve (PNG)")
     t = sub.add_parser("tune", help="the fastest stack whose worst PSNR over the prompts stays above a floor")
-    _common(t)
+    common_args(t)
     t.add_argument("--min-psnr", type=float, required=True, help="the floor, dB, for the worst prompt")
     t.add_argument("--prompts", default=None, help="a file of prompts, one per line (default: the profile's examples)")
     t.add_argument("--name", default=None, help="the tuned preset's name (default tuned-<floor>db)")
@@ -109,7 +81,7 @@ def parser() -> argparse.ArgumentParser:
     ps.add_argument("--out", default=None, help="write here (default: print)")
     ps.add_argument("--presets-dir", default=None, help="folder of user presets (also STUDIO_PRESETS_DIR)")
     bz = sub.add_parser("busy", help="quiet readings, then with a CPU-bound load beside them: honest or flagged?")
-    _common(bz)
+    common_args(bz)
     bz.add_argument("--preset", default="cache")
     bz.add_argument("--quiet", type=int, default=3, help="readings on the quiet machine")
     bz.add_argument("--busy", type=int, default=3, help="readings with the load running")
@@ -372,6 +344,8 @@ def main(argv=None) -> int:
         except (ConfigError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+    if args.dtype:
+        os.environ["STUDIO_DTYPE"] = args.dtype  # read where `dtype: auto` is resolved (engine.device), children too
     runner = Runner(ModelManager(args.device), lib, model=args.model)
     try:
         prof = runner.profile(args.model)
@@ -384,6 +358,8 @@ def main(argv=None) -> int:
             width=args.width,
             height=args.height,
             guidance=args.guidance,
+            negative_prompt=args.negative_prompt,
+            true_cfg_scale=args.true_cfg_scale,
         )
         if args.cmd == "generate":
             return _generate(runner, req, args)

@@ -1,10 +1,49 @@
-"""The command line's own plumbing: prompt files, quiet libraries, the progress bar on stderr."""
+"""The command line's own plumbing: the common arguments, prompt files, quiet libraries, the progress bar on stderr."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from pathlib import Path
+
+
+def _switch(what: str):
+    def parse(v: str):
+        from studio.spec.checks import ConfigError, parse_switch
+
+        try:
+            return parse_switch(v, what)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
+
+
+def common_args(p: argparse.ArgumentParser) -> None:
+    """The request and stack arguments every command that runs the model takes."""
+    p.add_argument("--model", default=None, help="Hub id, local folder, or 'tiny' (the embedded model; default)")
+    p.add_argument("--prompt", default=None, help="default: the model profile's first example prompt")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--steps", type=int, default=None, help="default: the model profile's")
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--guidance", type=float, default=None)
+    p.add_argument("--negative-prompt", default=None, help="the negative prompt (read with true CFG)")
+    p.add_argument(
+        "--true-cfg-scale", type=float, default=None,
+        help="true CFG scale: 1 turns it off, above 1 two transformer calls per step (default: the model profile's)",
+    )  # fmt: skip
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    p.add_argument(
+        "--dtype", default=None, choices=("bfloat16", "float16", "float32"),
+        help="in place of what `dtype: auto` picks (as STUDIO_DTYPE)",
+    )  # fmt: skip
+    p.add_argument("--presets-dir", default=None, help="folder of user presets (also STUDIO_PRESETS_DIR)")
+    p.add_argument("--cache", type=_switch("cache switch"), default=None, help="per-request cache switch: true|false")
+    p.add_argument(
+        "--compile", type=_switch("compile switch"), default=None, help="per-request torch.compile switch: true|false"
+    )
 
 
 def read_prompts(path: str | None) -> list[str] | None:

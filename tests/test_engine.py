@@ -6,6 +6,7 @@ the trained embedded model is tested at the real 0.24 in test_tiny_model.py.
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import shutil
@@ -254,12 +255,15 @@ def test_cli_generate_json(random_model_dir, tmp_path):
         "--out",
         str(out),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    cfg = ["--true-cfg-scale", "2", "--negative-prompt", "green", "--dtype", "bfloat16"]  # issue 23's controls
+    proc = subprocess.run(cmd + cfg, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     d = json.loads(proc.stdout)
     assert d["psnr_db"] == math.inf and d["speedup"] == 1.0 and d["full_steps"] == 10 and d["cached_steps"] == 0
     for key in ("denoise_s", "step_ms", "full_steps", "cached_steps", "speedup", "psnr_db", "ssim", "engaged"):
         assert key in d
+    assert d["dtype"] == "bfloat16" and d["transformer_calls"] == 20  # two calls a step with true CFG
+    assert (d["request"]["true_cfg_scale"], d["request"]["negative_prompt"]) == (2.0, "green")
     assert out.stat().st_size > 0
     cmd[cmd.index("base")] = "cache"
     proc = subprocess.run(cmd + ["--threshold", "0.5"], capture_output=True, text=True, timeout=300)
@@ -589,3 +593,28 @@ def test_a_request_over_its_time_limit_stops_between_steps_and_the_next_runs_as_
     with pytest.raises(OverTime, match=r"limit of 0\.001 s per request and was stopped (before|after)"):
         dev.matrix(req, ["base", "cache"], repeats=1, time_limit_s=0.001)
     assert dev.generate(req, "cache", compare="off").metrics.cached_step_indices == before.metrics.cached_step_indices
+
+
+def test_true_cfg_and_a_negative_prompt_run_two_calls_a_step_and_scale_one_turns_it_off(runner):
+    """Issue 23: the request's true-CFG scale and negative prompt reach the pipeline (FLUX takes them too): above 1
+    each step calls the transformer twice, under the cache as well (its CFG branches cached apart), and the card says
+    so; 1 is off, the same picture as a request that never named it; the negative prompt changes the picture."""
+    from studio.report.card import metrics_card
+
+    req = runner.request(PROMPT, steps=8)
+    plain = runner.generate(req, "cache", compare="off")
+    off = runner.generate(replace(req, true_cfg_scale=1.0), "cache", compare="off")
+    assert plain.metrics.transformer_calls == off.metrics.transformer_calls == 8
+    assert np.array_equal(plain.image, off.image) and not any("true CFG" in x for x in off.metrics.engaged)
+    cfg = runner.generate(replace(req, true_cfg_scale=3.0, negative_prompt="green"), "cache")
+    m = cfg.metrics
+    assert m.transformer_calls == 16 and m.cached_steps + m.full_steps == 8
+    line = 'true CFG 3, negative prompt "green": 2 transformer calls per step'
+    assert (
+        line in m.engaged
+        and html.escape(line) in metrics_card(m)
+        and any("CFG branches cached apart" in x for x in m.engaged)
+    )
+    assert m.psnr_db is not None and m.psnr_db > 20  # against the base run of the same CFG request
+    other = runner.generate(replace(req, true_cfg_scale=3.0, negative_prompt="red"), "cache", compare="off")
+    assert not np.array_equal(other.image, cfg.image)  # the negative prompt is read

@@ -86,7 +86,7 @@ def test_api_has_the_four_named_endpoints_with_their_parameters(client):
     endpoints = api["named_endpoints"]
     assert set(endpoints) == {"/generate", "/compare", "/matrix", "/tune"}  # Enter in the prompt adds no endpoint
     assert not api["unnamed_endpoints"]
-    request = ["prompt", "model", "seed", "steps", "width", "height", "guidance"]
+    request = ["prompt", "model", "seed", "steps", "width", "height", "guidance", "negative_prompt", "true_cfg_scale"]
     expected = {
         "/generate": request + ["preset", "cache", "threshold", "compile", "compare"],
         "/compare": request + ["preset_a", "preset_b", "cache", "threshold", "compile"],
@@ -145,6 +145,12 @@ def test_api_defaults_and_numbers_as_data(client, app):
     assert max(np.asarray(Image.open(newest["image"])).shape[:2]) == 128
     assert isinstance(m["worst_tile_psnr_db"], float) and m["worst_tile_psnr_db"] <= m["psnr_db"]
     assert "worst 8x8 tile" in out[1] and len(m["worst_tile_yx"]) == 2
+    # true CFG and a negative prompt by name (issue 23): two transformer calls a step, said on the card
+    cfg = client.predict(
+        prompt=PROMPT, model=runner.model, preset="base", true_cfg_scale=2, negative_prompt="green", compare="off",
+        api_name="/generate",
+    )[-1]  # fmt: skip
+    assert cfg["transformer_calls"] == 2 * cfg["request"]["steps"] and cfg["request"]["negative_prompt"] == "green"
     base_out = client.predict(prompt=PROMPT, model=runner.model, preset="base", api_name="/generate")
     base = base_out[-1]
     assert base["psnr_db"] == "inf" and base["speedup"] == 1.0  # JSON has no Infinity

@@ -138,6 +138,10 @@ APP_SCRIPT = """
 import os, sys
 import app
 res = app.device.generate(app.device.request("a red circle", steps=4), "base")
+fns = {f.name: f.fn for f in app.demo.fns.values()}  # the UI's own handlers, as gradio calls them
+fns["show_preset"]("cache")
+exported = next(iter(fns["export_preset"]("cache", 28).values()))  # made by the worker
+assert "cache_config:" in open(exported).read() and exported.endswith("cache.cache-dit.yaml"), exported
 print("torch loaded:", "torch" in sys.modules, "worker:", app.device.pid, "image:", res.image.shape, flush=True)
 if sys.argv[1] == "kill":
     os.kill(os.getpid(), 9)
@@ -146,8 +150,9 @@ if sys.argv[1] == "kill":
 
 @pytest.mark.parametrize("end", ["exit", "kill"])
 def test_the_app_process_loads_no_torch_and_leaves_no_worker_behind(random_model_dir, end):
-    """The app's process (app.py, imported as a Space does) serves a generation without importing torch; when it
-    exits its worker is stopped, and when it is killed outright its worker stops by itself."""
+    """The app's process (app.py, imported as a Space does) serves a generation, shows a preset and exports it for
+    cache-dit without importing torch; when it exits its worker is stopped, and when it is killed outright its worker
+    stops by itself."""
     out = subprocess.run(
         [sys.executable, "-c", APP_SCRIPT, end], cwd=ROOT, env=_app_env(random_model_dir), capture_output=True,
         text=True, timeout=300,

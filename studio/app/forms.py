@@ -24,6 +24,8 @@ class RequestForm:
     width: float
     height: float
     guidance: float | None = None
+    negative_prompt: str | None = None  # read where true CFG runs (or where the pipeline takes one without it)
+    true_cfg_scale: float | None = None  # 1 (or 0, empty): no true CFG; > 1: two transformer calls per step
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,6 +99,8 @@ class RequestPanel:
     width: gr.Number
     height: gr.Number
     guidance: gr.Number
+    negative_prompt: gr.Textbox
+    true_cfg_scale: gr.Number
 
 
 @dataclass
@@ -173,7 +177,8 @@ class PresetsTab:
     desc: gr.Markdown
     yaml: gr.Code
     yaml_file: gr.DownloadButton  # the preset's YAML
-    export_file: gr.DownloadButton  # its cache-dit export (cache_dit.load_configs reads it)
+    export: gr.Button  # make its cache-dit export (cache_dit.load_configs reads it), on the device
+    export_file: gr.File
     new_name: gr.Textbox
     new_yaml: gr.Code
     upload: gr.File

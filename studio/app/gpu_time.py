@@ -62,7 +62,9 @@ class Durations:
 
     def _run_s(self, v: dict) -> float:
         prof = self.studio.device.profile(v.get("model") or self.studio.models[0])
-        cfg = 2 if prof.true_cfg_scale and prof.true_cfg_scale > 1 else 1
+        scale = v.get("true_cfg_scale")
+        scale = prof.true_cfg_scale if scale in (None, "") else float(scale)
+        cfg = 2 if scale and scale > 1 else 1
         size = [int(v.get(k) or getattr(prof, k)) for k in ("steps", "width", "height")]
         return run_seconds(prof, *size, cfg_calls=cfg)
 

@@ -34,7 +34,6 @@ from studio.report.images import enlarge, error_picture
 from studio.report.plots import plot_steps, plot_tradeoff
 from studio.report.table import MatrixRow
 from studio.spec import ConfigError, ModelLoadError, PresetLibrary, RunError, parse_switch
-from studio.spec.export import cache_dit_yaml
 from studio.spec.presets import MAX_PRESET_BYTES, preset_from_text
 from studio.spec.request import check_scale, compare_mode
 from studio.worker.protocol import Device
@@ -108,6 +107,13 @@ def json_safe(value):
     return value
 
 
+def cfg_scale(value) -> float | None:
+    """The true-CFG field: empty follows the model's profile; 0 (a browser's empty number) is 1, true CFG off."""
+    if value in (None, ""):
+        return None
+    return max(1.0, float(value))
+
+
 def threshold_value(value) -> float | None:
     """A browser's empty number field sends 0: 0 (or nothing) means "follow the preset"."""
     if value in (None, "") or float(value) <= 0:
@@ -140,6 +146,8 @@ class Handlers:
                 width=int(form.width),
                 height=int(form.height),
                 guidance=float(form.guidance) if form.guidance is not None and takes_guidance else None,
+                negative_prompt=str(form.negative_prompt or ""),
+                true_cfg_scale=cfg_scale(form.true_cfg_scale),
             )
         except (ConfigError, ValueError) as e:
             raise gr.Error(f"That request can't run: {e}") from None
@@ -321,22 +329,27 @@ class Handlers:
             return {self.ui.mx.steps_plot: None}
         return {self.ui.mx.steps_plot: png(lambda buf: plot_steps(runs[name], buf))}
 
-    def show_preset(self, name, steps=None, request: gr.Request = None):
-        """A preset's description and YAML, and both as downloads: the studio's YAML and its cache-dit export
-        (`cache_dit.load_configs` reads it; a step mask is sized to the request's `steps`)."""
+    def show_preset(self, name, request: gr.Request = None):
+        """A preset's description and YAML, and the YAML as a download."""
         lib = self.studio.library(request)
         try:
             p = lib.get(name)
-            export = cache_dit_yaml(p, int(steps) if steps else None)
-        except (ConfigError, ValueError) as e:
+        except ConfigError as e:
             raise gr.Error(str(e)) from None
         origin = "built in" if lib.is_builtin(name) else "user preset"
         desc = f"**{name}** ({origin}) — `{p.tag()}`\n\n{p.description}"
         pv, text = self.ui.pv, lib.text(name)
-        return {
-            pv.desc: desc, pv.yaml: text, pv.yaml_file: self.studio.write(f"{name}.yaml", text),
-            pv.export_file: self.studio.write(f"{name}.cache-dit.yaml", export),
-        }  # fmt: skip
+        return {pv.desc: desc, pv.yaml: text, pv.yaml_file: self.studio.write(f"{name}.yaml", text)}
+
+    def export_preset(self, name, steps=None, request: gr.Request = None):
+        """The preset as the YAML `cache_dit.load_configs` reads, a step mask sized to the request's `steps`: made by
+        the device (cache-dit's own config objects load torch, which the app's process does not)."""
+        try:
+            p = self.studio.library(request).get(name)
+            text = self.studio.device.export(p, int(steps) if steps else None)
+        except (ConfigError, RunError, ValueError) as e:
+            raise gr.Error(str(e)) from None
+        return {self.ui.pv.export_file: self.studio.write(f"{name}.cache-dit.yaml", text)}
 
     def load_upload(self, path):
         if not path:
@@ -381,4 +394,5 @@ class Handlers:
             r.width: p.width,
             r.height: p.height,
             r.guidance: gr.update(value=p.guidance if p.guidance is not None else 0.0, visible=p.guidance is not None),
+            r.true_cfg_scale: p.true_cfg_scale or 1.0,
         }

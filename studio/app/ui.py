@@ -71,9 +71,16 @@ def _request_panel(studio: Studio) -> RequestPanel:
             value=prof.guidance if prof.guidance is not None else 0.0,
             visible=prof.guidance is not None,
         )
+    with gr.Accordion("Negative prompt and true CFG", open=prof.true_cfg_scale is not None):
+        with gr.Row():
+            negative_prompt = gr.Textbox(label="Negative prompt (read with true CFG)", value="", lines=1, scale=3)
+            true_cfg_scale = gr.Number(
+                label="True CFG scale", value=prof.true_cfg_scale or 1.0, minimum=0, scale=1, info=fmt.TRUE_CFG_INFO
+            )
     return RequestPanel(
         prompt=prompt, examples=examples, model=model, model_notes=model_notes, seed=seed, dice=dice,
-        steps=steps, width=width, height=height, guidance=guidance,
+        steps=steps, width=width, height=height, guidance=guidance, negative_prompt=negative_prompt,
+        true_cfg_scale=true_cfg_scale,
     )  # fmt: skip
 
 
@@ -221,7 +228,8 @@ def _presets_tab(studio: Studio, names: list[str], default_preset: str) -> Prese
                 yaml = gr.Code(label="YAML", language="yaml", interactive=False)
                 with gr.Row():
                     yaml_file = gr.DownloadButton("Download YAML", value=None, size="sm")
-                    export_file = gr.DownloadButton("Download cache-dit config", value=None, size="sm")
+                    export = gr.Button("Export for cache-dit (load_configs)", size="sm")
+                export_file = gr.File(label="cache-dit config (YAML)")
             with gr.Column():
                 new_name = gr.Textbox(label="New preset name")
                 new_yaml = gr.Code(
@@ -238,6 +246,7 @@ def _presets_tab(studio: Studio, names: list[str], default_preset: str) -> Prese
         desc=desc,
         yaml=yaml,
         yaml_file=yaml_file,
+        export=export,
         export_file=export_file,
         new_name=new_name,
         new_yaml=new_yaml,
@@ -251,7 +260,7 @@ def _history_tab(rows: gr.State) -> HistoryTab:
     with gr.Tab("History"):
         gallery = gr.Gallery(
             label="Pictures this session (newest first; the caption names the table's row)",
-            columns=8, height="auto", object_fit="contain", elem_id="history-gallery", format="png",
+            columns=8, height=240, object_fit="contain", preview=False, elem_id="history-gallery", format="png",
         )  # fmt: skip
         table = gr.Dataframe(
             headers=HISTORY_COLUMNS, label="Runs this session", interactive=False, elem_id="history-table", wrap=True
@@ -269,7 +278,8 @@ def _wire(ui: UI, h: Handlers, demo) -> None:
     more = [hist.gallery]  # outputs added later go here, before the JSON (last): the API's places stay as they were
     r.dice.click(lambda: random.randint(0, 2**31 - 1), None, r.seed, **private)
     r.examples.change(lambda e, p: e or p, [r.examples, r.prompt], r.prompt, **private)
-    r.model.change(h.on_model, r.model, [r.examples, r.model_notes, r.steps, r.width, r.height, r.guidance], **private)
+    model_out = [r.examples, r.model_notes, r.steps, r.width, r.height, r.guidance, r.true_cfg_scale]
+    r.model.change(h.on_model, r.model, model_out, **private)
     # The inputs by name (app.forms): the names are the API's parameter names and the handler's form fields.
     # A new output goes just before the metrics (always last), so the outputs' places in the API stay as they were.
     # One event for the button and Enter in the prompt box: one endpoint, /generate.
@@ -309,9 +319,10 @@ def _wire(ui: UI, h: Handlers, demo) -> None:
         api_name="tune",
         **device,
     )
-    preset_out = [pv.desc, pv.yaml, pv.yaml_file, pv.export_file]
-    pv.name.change(h.show_preset, [pv.name, r.steps], preset_out, **private)
-    demo.load(h.show_preset, [pv.name, r.steps], preset_out, **private)
+    preset_out = [pv.desc, pv.yaml, pv.yaml_file]
+    pv.name.change(h.show_preset, pv.name, preset_out, **private)
+    demo.load(h.show_preset, pv.name, preset_out, **private)
+    pv.export.click(h.export_preset, [pv.name, r.steps], pv.export_file, **private, **device)
     pv.upload.upload(h.load_upload, pv.upload, [pv.new_yaml, pv.new_name], **private)
     pv.save.click(h.save_preset, [pv.new_name, pv.new_yaml], [pv.msg] + ui.preset_lists(), **private)
     tn.save.click(h.save_tuned, [tn.name, tn.yaml], [tn.msg] + ui.preset_lists(), **private)

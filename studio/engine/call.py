@@ -26,6 +26,21 @@ def true_cfg(pipe, request: GenerationRequest) -> bool:
     return takes and request.true_cfg_scale is not None and request.true_cfg_scale > 1
 
 
+def cfg_lines(request: GenerationRequest, pipe, calls_per_step: int) -> list[str]:
+    """What the request's true CFG did, in words (the measured transformer calls per step), where it asked for it."""
+    scale = request.true_cfg_scale
+    if scale is None:
+        return []
+    if "true_cfg_scale" not in call_params(pipe):
+        unused = f"true CFG: {type(pipe).__name__} takes none; true_cfg_scale {scale:g} was not used"
+        return [unused] if scale > 1 else []
+    if not true_cfg(pipe, request):
+        return []  # off (scale 1): one call per step, as without it
+    neg = request.negative_prompt
+    neg = f'negative prompt "{neg[:60]}"' if neg else "an empty negative prompt"
+    return [f"true CFG {scale:g}, {neg}: {calls_per_step} transformer calls per step"]
+
+
 def pipe_kwargs(pipe, request: GenerationRequest, probe=None) -> dict:
     """The pipeline call for `request`, with only the arguments this pipeline takes."""
     params = call_params(pipe)

@@ -22,6 +22,7 @@ from studio.engine.baseline import (
     shape_timing,
     side_by_side,
 )
+from studio.engine.call import cfg_lines
 from studio.engine.loader import ModelLoadError, ModelManager
 from studio.engine.parallel import remove_parallel, workers
 from studio.engine.run import Deadline, Measured, RunContext, measure, pipeline_for, settle, warm
@@ -310,6 +311,7 @@ class Runner:
         lines = run.stack.lines() + ([f"dtype: {ctx.dtype.note}"] if ctx.dtype.note else [])
         if run.dropped:
             lines.append(f"prompt: {run.dropped[0]} tokens, the model reads {run.dropped[1]}; the rest was dropped")
+        lines += cfg_lines(ctx.request, self.manager.current.pipe, run.calls_per_step)
         if run.stack.is_engaged("cache") and run.counts.cached == 0 and run.report.threshold is not None:
             lines.append(
                 f"cache: engaged, but no step came under R{run.report.threshold:g} on this run "

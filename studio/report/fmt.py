@@ -97,3 +97,9 @@ def summary_line(m) -> str:
         f"{m.preset} [{m.tag}] denoise {seconds(m.denoise_s)} ({m.mean_step_ms:.1f} ms/step), "
         f"{steps(m.cached_steps, m.full_steps)}, {vs}, PSNR {psnr(m.psnr_db)}, SSIM {ssim(m.ssim)} [{m.quality}]"
     )
+
+
+TRUE_CFG_INFO = (
+    "1: off. Above 1 each step runs the transformer twice (the prompt and the negative prompt), so a step costs "
+    "about twice as much; Qwen-Image's default is 4"
+)

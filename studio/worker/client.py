@@ -98,6 +98,7 @@ class WorkerClient(Device):
     matrix = _remote("matrix")
     tune = _remote("tune")
     warm_up = _remote("warm_up")
+    export = _remote("export")
     info = _remote("info")
 
     # the worker's life ---------------------------------------------------------------------------------------------

@@ -104,7 +104,7 @@ def refusal_sentence(how: str, name: str, model: str) -> str:
 class Device:
     """What the app's Studio facade holds: the torch-free part both the worker's client and the in-process device
     share (profiles and requests are spec, read from files). The device calls (generate, matrix, tune, warm_up,
-    info, close) are the subclass's."""
+    export, info, close) are the subclass's."""
 
     def __init__(self, model: str = "tiny", presets: PresetLibrary | None = None):
         self.model = model

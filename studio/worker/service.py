@@ -17,6 +17,8 @@ from studio.bench.tune import QUICK, tune
 from studio.engine import BASE, Runner, RunResult
 from studio.engine.thread import DEVICE_THREAD
 from studio.report.table import Matrix
+from studio.spec.export import cache_dit_yaml
+from studio.spec.preset import Preset
 from studio.spec.request import GenerationRequest
 from studio.worker.protocol import Device
 
@@ -28,7 +30,7 @@ class DeviceService:
         probe_threads: TEST ONLY: remember the OS thread of every transformer call (`info()["torch_threads"]`).
     """
 
-    OPS = ("generate", "matrix", "tune", "warm_up", "info")
+    OPS = ("generate", "matrix", "tune", "warm_up", "export", "info")
 
     def __init__(self, runner: Runner, probe_threads: bool = False):
         self.runner = runner
@@ -61,6 +63,11 @@ class DeviceService:
         space = QUICK if quick else None
         with self.runner.time_limit(time_limit_s):
             return tune(self.runner, requests, floor_db, model=model, progress=progress, space=space)
+
+    def export(self, preset: Preset, steps: int | None = None) -> str:
+        """The preset as the YAML cache_dit.load_configs reads (spec.export: built through cache-dit's own config
+        objects, which load torch: so here, not in the app's process)."""
+        return cache_dit_yaml(preset, steps)
 
     def warm_up(self, request: GenerationRequest, presets: list[str], model: str | None = None) -> list[float]:
         """Load the model and run the untimed warm-ups (Runner.warm_up) of the presets this runner knows."""
@@ -102,6 +109,7 @@ class InProcess(Device):
     matrix = _on_device_thread("matrix")
     tune = _on_device_thread("tune")
     warm_up = _on_device_thread("warm_up")
+    export = _on_device_thread("export")
     info = _on_device_thread("info")
 
     def close(self) -> None:
