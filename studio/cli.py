@@ -28,6 +28,10 @@ def parser() -> argparse.ArgumentParser:
     common_args(g)
     g.add_argument("--preset", default="base")
     g.add_argument("--threshold", type=float, default=None, help="per-request residual diff threshold")
+    g.add_argument(
+        "--num-images-per-prompt", type=int, default=None,
+        help="a batch of 1-4 pictures in one call (seeds seed .. seed+n-1; --out writes them top to bottom)",
+    )  # fmt: skip
     g.add_argument("--out", default=None, help="write the image here (PNG)")
     g.add_argument("--json", action="store_true", help="print one JSON object with the metrics")
     g.add_argument("--ideal", action="store_true", help="also print how the ideal speed-up was worked out")
@@ -360,6 +364,7 @@ def main(argv=None) -> int:
             guidance=args.guidance,
             negative_prompt=args.negative_prompt,
             true_cfg_scale=args.true_cfg_scale,
+            num_images_per_prompt=getattr(args, "num_images_per_prompt", None),
         )
         if args.cmd == "generate":
             return _generate(runner, req, args)

@@ -267,7 +267,7 @@ def test_generate_handler_passes_switches_and_returns_components():
     h.generate(**NO_PROGRESS, history=None, **REQUEST, preset="cache")
     assert runner.calls[-1][2]["time_limit_s"] == 300
     expected = {"gen.image", "gen.card", "gen.base_image", "gen.steps_plot", "hist.table", "hist.rows", "gen.json"}
-    assert set(out) == expected | {"gen.error_map", "gen.json_file", "hist.gallery"}
+    assert set(out) == expected | {"gen.error_map", "gen.json_file", "hist.gallery", "gen.batch"}
     from studio.report.images import FRAME_RGB
 
     pic = out["gen.error_map"].reshape(-1, 3)  # the fake's image is its base: black, but for the metrics' tile frame

@@ -26,6 +26,7 @@ class RequestForm:
     guidance: float | None = None
     negative_prompt: str | None = None  # read where true CFG runs (or where the pipeline takes one without it)
     true_cfg_scale: float | None = None  # 1 (or 0, empty): no true CFG; > 1: two transformer calls per step
+    num_images_per_prompt: float = 1  # a batch of 1-4 pictures in one call (seeds seed .. seed + n - 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,6 +102,7 @@ class RequestPanel:
     guidance: gr.Number
     negative_prompt: gr.Textbox
     true_cfg_scale: gr.Number
+    num_images_per_prompt: gr.Slider
 
 
 @dataclass
@@ -116,6 +118,7 @@ class GenerateTab:
     card: gr.HTML
     json: gr.JSON
     json_file: gr.DownloadButton  # the metrics as a .json file
+    batch: gr.Gallery  # a batch's pictures, each captioned with its seed and its PSNR against its base picture
     base_image: gr.Image
     error_map: gr.Image  # |image - base|, amplified (measure.quality.ERROR_SCALE)
     steps_plot: gr.Image

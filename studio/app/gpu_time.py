@@ -66,7 +66,7 @@ class Durations:
         scale = prof.true_cfg_scale if scale in (None, "") else float(scale)
         cfg = 2 if scale and scale > 1 else 1
         size = [int(v.get(k) or getattr(prof, k)) for k in ("steps", "width", "height")]
-        return run_seconds(prof, *size, cfg_calls=cfg)
+        return run_seconds(prof, *size, cfg_calls=cfg * int(v.get("num_images_per_prompt") or 1))
 
     def _compiles(self, v: dict, names: list[str]) -> int:
         if str(v.get("compile", "unset")).lower() == "true":

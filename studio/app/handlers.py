@@ -10,24 +10,20 @@ takes its form's values by name (app.forms: the API's parameter names) and build
 
 from __future__ import annotations
 
-import html
-import io
 import json
-import math
 import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import gradio as gr
-import numpy as np
-from PIL import Image
 
 from studio.app.forms import UI, CompareForm, GenerateForm, MatrixForm, RequestForm, TuneForm
 from studio.app.gpu_time import Durations
 from studio.app.history import History, history_csv, record
 from studio.app.limits import PublicGuard
 from studio.app.progress import progress_hooks
+from studio.app.values import batch_pictures, cfg_scale, json_safe, notes_md, png, threshold_value, tile_at
 from studio.measure.quality import difference
 from studio.report.card import broken_flag, metrics_card
 from studio.report.images import enlarge, error_picture
@@ -79,48 +75,6 @@ class Studio:
         return self.presets.with_user_dir(self.tmpdir / "sessions" / safe)
 
 
-def png(render) -> np.ndarray:
-    buf = io.BytesIO()
-    render(buf)
-    buf.seek(0)
-    return np.asarray(Image.open(buf).convert("RGB"))
-
-
-def tile_at(db: float | None, yx) -> list[int] | None:
-    """Where the map's frame goes: the worst tile, where there is one (none for an identical picture)."""
-    return yx if db is not None and math.isfinite(db) else None
-
-
-def notes_md(notes: str) -> str:
-    """A profile's notes as Markdown text: `<colour>` in a grammar is text, not an HTML tag."""
-    return html.escape(notes or "")
-
-
-def json_safe(value):
-    """JSON has no Infinity: an identical picture's PSNR (inf) is sent as the string "inf"."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "inf" if value > 0 else ("-inf" if value < 0 else "nan")
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value
-
-
-def cfg_scale(value) -> float | None:
-    """The true-CFG field: empty follows the model's profile; 0 (a browser's empty number) is 1, true CFG off."""
-    if value in (None, ""):
-        return None
-    return max(1.0, float(value))
-
-
-def threshold_value(value) -> float | None:
-    """A browser's empty number field sends 0: 0 (or nothing) means "follow the preset"."""
-    if value in (None, "") or float(value) <= 0:
-        return None
-    return float(value)
-
-
 class Handlers:
     def __init__(self, studio: Studio, ui: UI):
         self.studio = studio
@@ -148,6 +102,7 @@ class Handlers:
                 guidance=float(form.guidance) if form.guidance is not None and takes_guidance else None,
                 negative_prompt=str(form.negative_prompt or ""),
                 true_cfg_scale=cfg_scale(form.true_cfg_scale),
+                num_images_per_prompt=int(form.num_images_per_prompt or 1),
             )
         except (ConfigError, ValueError) as e:
             raise gr.Error(f"That request can't run: {e}") from None
@@ -208,6 +163,7 @@ class Handlers:
             gen.steps_plot: png(lambda buf: plot_steps(res.metrics, buf)),
             gen.json: metrics,
             gen.json_file: self.studio.write("metrics.json", json.dumps(metrics, indent=1)),
+            gen.batch: batch_pictures(res),
             **self._history(history, req, [res]),
         }
 

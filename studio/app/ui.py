@@ -22,15 +22,16 @@ import gradio as gr
 
 from studio.app import forms
 from studio.app.forms import UI, CompareTab, GenerateTab, HistoryTab, MatrixTab, PresetsTab, RequestPanel, TuneTab
-from studio.app.handlers import CACHE_CHOICES, COMPILE_CHOICES, Handlers, Studio, notes_md
+from studio.app.handlers import CACHE_CHOICES, COMPILE_CHOICES, Handlers, Studio
 from studio.app.history import HISTORY_COLUMNS, History
 from studio.app.limits import PublicGuard, PublicLimits
+from studio.app.values import notes_md
 from studio.measure.quality import ERROR_SCALE
 from studio.report import fmt
 from studio.report.card import CSS
 from studio.report.table import AB_COLUMNS, COLUMNS
 from studio.spec.presets import BASE
-from studio.spec.request import COMPARE_MODES, compare_mode
+from studio.spec.request import COMPARE_MODES, MAX_BATCH, compare_mode
 from studio.worker.protocol import Device
 
 __all__ = ["CSS", "build_app"]
@@ -71,6 +72,7 @@ def _request_panel(studio: Studio) -> RequestPanel:
             value=prof.guidance if prof.guidance is not None else 0.0,
             visible=prof.guidance is not None,
         )
+        num_images = gr.Slider(label="Pictures (one batched call)", minimum=1, maximum=MAX_BATCH, step=1, value=1)
     with gr.Accordion("Negative prompt and true CFG", open=prof.true_cfg_scale is not None):
         with gr.Row():
             negative_prompt = gr.Textbox(label="Negative prompt (read with true CFG)", value="", lines=1, scale=3)
@@ -80,7 +82,7 @@ def _request_panel(studio: Studio) -> RequestPanel:
     return RequestPanel(
         prompt=prompt, examples=examples, model=model, model_notes=model_notes, seed=seed, dice=dice,
         steps=steps, width=width, height=height, guidance=guidance, negative_prompt=negative_prompt,
-        true_cfg_scale=true_cfg_scale,
+        true_cfg_scale=true_cfg_scale, num_images_per_prompt=num_images,
     )  # fmt: skip
 
 
@@ -106,6 +108,11 @@ def _generate_tab(names: list[str], default_preset: str, compare: str) -> Genera
                 compare_button = gr.Button("Compare with base", variant="secondary")
             with gr.Column(scale=2):
                 image = gr.Image(label="Image", type="numpy", format="png", interactive=False)
+                batch = gr.Gallery(
+                    label="The batch, picture by picture (seed: PSNR against its own base picture)",
+                    columns=MAX_BATCH, height=200, object_fit="contain", preview=False, format="png",
+                    elem_id="batch-gallery",
+                )  # fmt: skip
                 card = gr.HTML(label="Metrics")
                 with gr.Accordion("Metrics as JSON (what the API returns)", open=False):
                     json = gr.JSON(label="metrics")
@@ -119,8 +126,8 @@ def _generate_tab(names: list[str], default_preset: str, compare: str) -> Genera
                 steps_plot = gr.Image(label="Per-step time and residual diff", type="numpy", interactive=False)
     return GenerateTab(
         preset=preset, cache=cache, threshold=threshold, compile=compile_, compare=compare_, button=button,
-        compare_button=compare_button, image=image, card=card, json=json, json_file=json_file, base_image=base_image,
-        error_map=error_map, steps_plot=steps_plot,
+        compare_button=compare_button, image=image, card=card, json=json, json_file=json_file, batch=batch,
+        base_image=base_image, error_map=error_map, steps_plot=steps_plot,
     )  # fmt: skip
 
 
@@ -284,7 +291,7 @@ def _wire(ui: UI, h: Handlers, demo) -> None:
     # A new output goes just before the metrics (always last), so the outputs' places in the API stay as they were.
     # One event for the button and Enter in the prompt box: one endpoint, /generate.
     gen_out = [gen.image, gen.card, gen.base_image, gen.steps_plot] + hist_out + [gen.error_map, gen.json_file]
-    gen_out += more + [gen.json]
+    gen_out += more + [gen.batch, gen.json]
     gen_in = forms.inputs(forms.GenerateForm, r, gen) | hist_in
     gr.on(
         [gen.button.click, r.prompt.submit], _gpu(h.generate, h.durations.generate), inputs_kwargs=gen_in,

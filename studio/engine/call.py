@@ -11,6 +11,7 @@ import inspect
 import numpy as np
 import torch
 
+from studio.spec.checks import ConfigError
 from studio.spec.request import GenerationRequest
 
 
@@ -44,6 +45,7 @@ def cfg_lines(request: GenerationRequest, pipe, calls_per_step: int) -> list[str
 def pipe_kwargs(pipe, request: GenerationRequest, probe=None) -> dict:
     """The pipeline call for `request`, with only the arguments this pipeline takes."""
     params = call_params(pipe)
+    n = request.num_images_per_prompt
     kw = dict(
         prompt=request.prompt,
         height=request.height,
@@ -52,6 +54,12 @@ def pipe_kwargs(pipe, request: GenerationRequest, probe=None) -> dict:
         generator=torch.Generator("cpu").manual_seed(request.seed),
         output_type="np",
     )
+    if n > 1:
+        if "num_images_per_prompt" not in params:
+            raise ConfigError(f"request.num_images_per_prompt={n}: {type(pipe).__name__} makes one picture a call")
+        # one generator per picture: picture i of the batch starts from the noise of a one-picture run of seed + i
+        kw["generator"] = [torch.Generator("cpu").manual_seed(request.seed + i) for i in range(n)]
+        kw["num_images_per_prompt"] = n
     if probe is not None:
         kw["callback_on_step_end"] = probe
     if request.guidance is not None and "guidance_scale" in params:
@@ -84,8 +92,13 @@ def dropped_tokens(pipe, request: GenerationRequest) -> tuple[int, int] | None:
 
 
 def call_pipe(pipe, request: GenerationRequest, probe=None) -> np.ndarray:
-    """Run the pipeline once; the image as HxWx3 uint8."""
-    return as_uint8(pipe(**pipe_kwargs(pipe, request, probe)).images[0])
+    """Run the pipeline once; the image as HxWx3 uint8 (a batch's n pictures stacked top to bottom: (n*H)xWx3)."""
+    return strip(pipe(**pipe_kwargs(pipe, request, probe)).images)
+
+
+def strip(images) -> np.ndarray:
+    """A pipeline's output pictures as one uint8 array, top to bottom (measure.quality.split_batch undoes it)."""
+    return np.concatenate([as_uint8(im) for im in images], axis=0)
 
 
 def as_uint8(image) -> np.ndarray:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from studio.engine.cache import CacheReport, prepare_run, read_report
-from studio.engine.call import as_uint8, call_pipe, dropped_tokens, pipe_kwargs, true_cfg
+from studio.engine.call import call_pipe, dropped_tokens, pipe_kwargs, strip, true_cfg
 from studio.engine.compile import first_run_or_eager
 from studio.engine.device import DtypeChoice
 from studio.engine.loader import ModelManager
@@ -71,11 +71,11 @@ class RunContext:
     @property
     def shape(self) -> tuple:
         """The request's shape key: what a DiT's denoise time depends on (model, dtype, size, steps, text length,
-        guidance, whether true CFG runs: two transformer calls a step), and not the prompt or the seed."""
+        guidance, whether true CFG runs: two transformer calls a step, the batch), and not the prompt or the seed."""
         r, cur = self.request, self.manager.current
         cfg = true_cfg(cur.pipe, r) if cur is not None else r.true_cfg_scale
         return (resolve_model(self.model), self.dtype.name, r.width, r.height, r.steps, r.max_sequence_length,
-                r.guidance, cfg)  # fmt: skip
+                r.guidance, cfg, r.num_images_per_prompt)  # fmt: skip
 
     def status(self, message: str) -> None:
         if self.on_status:
@@ -245,7 +245,7 @@ def measure(ctx: RunContext, preset: Preset, *, warm_up: bool = True, show_steps
 def _measure_parallel(ctx: RunContext, pipe, stack, preset: Preset, *, reloaded, warmup_s) -> Measured:
     """One run on the parallel workers, timed and counted inside them (rank 0's clock and hooks)."""
     out, rec = run_remote(pipe, pipe_kwargs(pipe, ctx.request))
-    image = as_uint8(out.images[0])
+    image = strip(out.images)
     ended = time.monotonic()
     c = preset.cache_config
     backend = "cache-dit" if c.backend == "cache-dit" else "none"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -165,6 +165,24 @@ def noise_energy(img) -> float:
     p = np.pad(x, ((1, 1), (1, 1), (0, 0)), mode="edge")
     med = np.median(np.stack([p[i : i + h, j : j + w] for i in range(3) for j in range(3)]), axis=0)
     return float(np.mean((x - med) ** 2))
+
+
+SEVERITY = ("identical", "good", "lossy", "different picture (clean)", "likely broken, not lossy")
+
+
+def split_batch(strip: np.ndarray, n: int) -> list[np.ndarray]:
+    """A batch's pictures from its strip (the engine stacks a batch's n images top to bottom)."""
+    return list(np.split(strip, n, axis=0)) if n > 1 else [strip]
+
+
+def judge_batch(strip, base_strip, n: int) -> tuple[Quality, list[Quality]]:
+    """A batch of n pictures against the same batch's base pictures: one Quality per picture, and the batch's own
+    (PSNR and SSIM over all of it, the worst tile among all, and the worst picture's verdict: one broken picture of
+    four makes the batch broken, where over the whole strip its noise would be diluted)."""
+    each = [judge(a, b) for a, b in zip(split_batch(strip, n), split_batch(base_strip, n), strict=True)]
+    whole = judge(strip, base_strip)
+    worst = max(each, key=lambda q: SEVERITY.index(q.verdict.value))
+    return replace(whole, verdict=worst.verdict), each
 
 
 def judge(image, base) -> Quality:

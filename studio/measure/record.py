@@ -12,7 +12,7 @@ from importlib import metadata
 import numpy as np
 
 from studio.measure.blocks import IdealCheck
-from studio.measure.quality import Verdict, judge
+from studio.measure.quality import Verdict, judge, judge_batch
 from studio.measure.steady import Ratio, Steady
 from studio.measure.timing import StepCounts
 
@@ -111,6 +111,9 @@ class RunMetrics:
     of_ideal_note: str | None = None  # why there is no `of ideal` (a reading over its ideal: a measurement error)
     worst_tile_psnr_db: float | None = None  # PSNR of the worst 8x8 tile against base (measure.quality.worst_tile)
     worst_tile_yx: list[int] | None = None  # that tile's top-left pixel, [y, x]
+    # A batch (num_images_per_prompt > 1), per picture in order: its seed and its PSNR, SSIM and verdict against the
+    # same batch's base picture (the record's own are the batch's: measure.quality.judge_batch). None: one picture.
+    batch: list[dict] | None = None
 
     @classmethod
     def of(
@@ -143,7 +146,7 @@ class RunMetrics:
             ideal: the cached run's speed-up against its ideal (studio.measure.blocks); None: nothing cached.
             fields: the rest of the record's fields, by name.
         """
-        q = judge(image, base_image) if base_image is not None else None
+        q, fields["batch"] = _judged(image, base_image, fields.get("request") or {})
         age = abs(ended - base_timed_at) if base_timed_at is not None else None
         speedup, note = (ratio.value, ratio.why_not()) if ratio is not None else (None, None)
         if note is None and ideal is not None and ideal.against == "base":
@@ -191,6 +194,20 @@ class RunMetrics:
     @property
     def broken(self) -> bool:
         return self.quality is Verdict.BROKEN
+
+
+def _judged(image, base_image, request: dict) -> tuple:
+    """(the run's Quality against base or None, the per-picture records of a batch or None)."""
+    n = request.get("num_images_per_prompt") or 1
+    if n == 1:
+        return (judge(image, base_image) if base_image is not None else None), None
+    q, each = judge_batch(image, base_image, n) if base_image is not None else (None, [None] * n)
+    batch = [
+        {"seed": request["seed"] + i, "psnr_db": e.psnr_db if e else None, "ssim": e.ssim if e else None,
+         "quality": str(e.verdict if e else Verdict.NOT_COMPARED)}
+        for i, e in enumerate(each)
+    ]  # fmt: skip
+    return q, batch
 
 
 @dataclass

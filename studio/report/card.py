@@ -79,6 +79,7 @@ def metrics_card(m) -> str:
         ("PSNR / SSIM", f"{fmt.psnr(m.psnr_db)} / {fmt.ssim(m.ssim)}" if m.psnr_db is not None else _uncompared(m)),
         (f"worst {TILE}x{TILE} tile", fmt.tile(m.worst_tile_psnr_db, m.worst_tile_yx)),
         ("quality", verdict_flag(m.quality)),
+        *([("batch", esc(fmt.batch_line(m.batch)))] if m.batch else []),
         *([("of ideal", esc(fmt.ideal_line(m)))] if m.ideal_speedup else []),
         ("timing", esc(m.timing) + _stall(m)),
     ]

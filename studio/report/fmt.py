@@ -103,3 +103,17 @@ TRUE_CFG_INFO = (
     "1: off. Above 1 each step runs the transformer twice (the prompt and the negative prompt), so a step costs "
     "about twice as much; Qwen-Image's default is 4"
 )
+
+
+def batch_caption(pic: dict) -> str:
+    """One picture of a batch: its seed, and its PSNR and verdict against the same batch's base picture."""
+    if pic["psnr_db"] is None:
+        return f"seed {pic['seed']}: {pic['quality']}"
+    return f"seed {pic['seed']}: {psnr(pic['psnr_db'])}, {pic['quality']}"
+
+
+def batch_line(batch: list[dict]) -> str:
+    """A batch on the card: each picture against its own base picture; the numbers above are the batch's (PSNR over
+    all its pixels, the worst picture's verdict), and the denoise time and steps are the one batched call's."""
+    each = " · ".join(batch_caption(p) for p in batch)
+    return f"{len(batch)} pictures in one call ({each}); the numbers above are the batch's (worst picture's verdict)"

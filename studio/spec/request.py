@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from studio.spec.checks import ConfigError, Record, check_int, fail
 
+MAX_BATCH = 4  # pictures per request (num_images_per_prompt)
 MAX_PROMPT_CHARS = 2000  # far past any DiT's text window (FLUX: 512 T5 tokens); refuses junk before model work
 # What each scale may be, and what its lowest value means. A negative or non-finite scale is refused, never dropped:
 # a caller that sends guidance=-5 to a model without guidance is told so (check_scale), not answered silently.
@@ -52,6 +53,7 @@ class GenerationRequest(Record):
     true_cfg_scale: float | None = None
     negative_prompt: str = ""
     max_sequence_length: int | None = None
+    num_images_per_prompt: int = 1  # a batch: picture i is seed + i's (engine.call), stacked top to bottom
 
     def __post_init__(self):
         o = "request"
@@ -74,6 +76,7 @@ class GenerationRequest(Record):
         check_scale("true_cfg_scale", self.true_cfg_scale)
         if self.max_sequence_length is not None:
             check_int(o, "max_sequence_length", self.max_sequence_length, 1, 4096)
+        check_int(o, "num_images_per_prompt", self.num_images_per_prompt, 1, MAX_BATCH)
 
     def key(self, model: str, dtype: str = "") -> tuple:
         """Identity of the picture, for matching a run with its base image (same model, dtype and request)."""

@@ -1,0 +1,67 @@
+"""Values between the forms and the pictures: a form's fields read as the engine takes them, and what the engine
+returns made into what a component shows (a rendered plot, a JSON-safe record, a batch's captioned pictures).
+Not gradio."""
+
+from __future__ import annotations
+
+import html
+import io
+import math
+
+import numpy as np
+from PIL import Image
+
+from studio.measure.quality import split_batch
+from studio.report.fmt import batch_caption
+from studio.report.images import enlarge
+
+
+def png(render) -> np.ndarray:
+    buf = io.BytesIO()
+    render(buf)
+    buf.seek(0)
+    return np.asarray(Image.open(buf).convert("RGB"))
+
+
+def tile_at(db: float | None, yx) -> list[int] | None:
+    """Where the map's frame goes: the worst tile, where there is one (none for an identical picture)."""
+    return yx if db is not None and math.isfinite(db) else None
+
+
+def notes_md(notes: str) -> str:
+    """A profile's notes as Markdown text: `<colour>` in a grammar is text, not an HTML tag."""
+    return html.escape(notes or "")
+
+
+def json_safe(value):
+    """JSON has no Infinity: an identical picture's PSNR (inf) is sent as the string "inf"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "inf" if value > 0 else ("-inf" if value < 0 else "nan")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def batch_pictures(res) -> list:
+    """A batch's pictures for the gallery, each captioned with its seed and its PSNR against its base picture; [] for
+    one picture (the image above is all of it)."""
+    if not res.metrics.batch:
+        return []
+    pics = split_batch(res.image, len(res.metrics.batch))
+    return [(enlarge(p, 192), batch_caption(b)) for p, b in zip(pics, res.metrics.batch, strict=True)]
+
+
+def cfg_scale(value) -> float | None:
+    """The true-CFG field: empty follows the model's profile; 0 (a browser's empty number) is 1, true CFG off."""
+    if value in (None, ""):
+        return None
+    return max(1.0, float(value))
+
+
+def threshold_value(value) -> float | None:
+    """A browser's empty number field sends 0: 0 (or nothing) means "follow the preset"."""
+    if value in (None, "") or float(value) <= 0:
+        return None
+    return float(value)
