@@ -18,7 +18,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from studio.cli_support import common_args, progress_bar, quiet_libraries, read_prompts
+from studio.cli_support import common_args, image_args, progress_bar, quiet_libraries, read_prompts
+from studio.spec.request import parse_loras
 
 
 def parser() -> argparse.ArgumentParser:
@@ -365,6 +366,8 @@ def main(argv=None) -> int:
             negative_prompt=args.negative_prompt,
             true_cfg_scale=args.true_cfg_scale,
             num_images_per_prompt=getattr(args, "num_images_per_prompt", None),
+            loras=parse_loras("\n".join(args.lora)),
+            **image_args(args),
         )
         if args.cmd == "generate":
             return _generate(runner, req, args)

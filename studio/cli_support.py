@@ -34,6 +34,13 @@ def common_args(p: argparse.ArgumentParser) -> None:
         "--true-cfg-scale", type=float, default=None,
         help="true CFG scale: 1 turns it off, above 1 two transformer calls per step (default: the model profile's)",
     )  # fmt: skip
+    p.add_argument("--image", default=None, help="an input picture (PNG, JPEG): img2img; with --mask: inpaint")
+    p.add_argument("--mask", default=None, help="the inpaint mask (white: repaint), resized to the picture")
+    p.add_argument("--strength", type=float, default=None, help="with --image: how much of the schedule runs")
+    p.add_argument(
+        "--lora", action="append", default=[], metavar="PATH[@SCALE]",
+        help="a LoRA adapter (a .safetensors file, folder or Hub id) at a scale (default 1); repeat for more",
+    )  # fmt: skip
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     p.add_argument(
         "--dtype", default=None, choices=("bfloat16", "float16", "float32"),
@@ -100,3 +107,25 @@ def progress_bar(desc: str):
         bar.update(done - bar.n)
 
     return tick, bar.close
+
+
+def image_args(args) -> dict:
+    """--image, --mask and --strength as the request takes them (app.values does the same for the UI's uploads)."""
+    if not getattr(args, "image", None):
+        if getattr(args, "mask", None) or getattr(args, "strength", None) is not None:
+            raise ValueError("--mask and --strength are read with an input picture: give --image too")
+        return {}
+    import numpy as np
+    from PIL import Image
+
+    def read(path: str, mode: str):
+        try:
+            return Image.open(path).convert(mode)
+        except OSError as e:  # a missing file, not a picture
+            raise ValueError(f"{path}: cannot be read as a picture ({type(e).__name__}: {e})") from None
+
+    pic = read(args.image, "RGB")
+    out = {"image": np.asarray(pic), "strength": args.strength if args.strength is not None else 0.6}
+    if args.mask:
+        out["mask_image"] = np.asarray(read(args.mask, "L").resize(pic.size, Image.Resampling.NEAREST))
+    return out

@@ -47,3 +47,25 @@ def tiny_runner():
     r = Runner(ModelManager("cpu"), PresetLibrary(), model="tiny")
     yield r
     r.manager.unload()
+
+
+@pytest.fixture(scope="session")
+def tiny_lora(tmp_path_factory):
+    """A LoRA of the embedded model's transformer, made here: peft adapters on its attention projections with small
+    random weights, saved with diffusers' own save_lora_weights (what a user's trained LoRA file is)."""
+    from diffusers import FluxPipeline
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+
+    from studio.spec.profiles import resolve_model
+
+    tr = FluxPipeline.from_pretrained(resolve_model("tiny"), dtype=torch.float32).transformer
+    tr.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v"], init_lora_weights=False))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in tr.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn_like(p) * 0.4)
+    out = tmp_path_factory.mktemp("lora")
+    FluxPipeline.save_lora_weights(out, transformer_lora_layers=get_peft_model_state_dict(tr))
+    return str(out / "pytorch_lora_weights.safetensors")

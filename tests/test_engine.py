@@ -631,7 +631,8 @@ def test_a_batch_under_the_cache_is_its_single_runs_each_picture_judged_and_the_
     r = tiny_runner
     req = r.request(PROMPT, seed=42, steps=10)
     singles = [r.generate(replace(req, seed=s), "cache", compare="off").image for s in (42, 43)]
-    both = r.generate(replace(req, num_images_per_prompt=2), "cache")
+    one_pair = replace(r.pairing, cheap_pairs=1, max_extra_pairs=0)  # the pictures are the point here, not the time
+    both = r.generate(replace(req, num_images_per_prompt=2), "cache", pairing=one_pair)
     m = both.metrics
     assert both.image.shape == (128, 64, 3) and m.transformer_calls == 10 and m.cached_steps + m.full_steps == 10
     assert m.cached_steps > 0
@@ -646,3 +647,63 @@ def test_a_batch_under_the_cache_is_its_single_runs_each_picture_judged_and_the_
     assert np.array_equal(r.generate(replace(req, seed=42), "cache", compare="off").image, singles[0])
     with pytest.raises(ConfigError, match="num_images_per_prompt"):
         replace(req, num_images_per_prompt=5)
+
+
+def test_img2img_and_inpaint_count_the_steps_that_run_keep_their_cache_apart_and_leave_text2img_as_alone(
+    tiny_runner,
+):
+    """Issue 23, image inputs on the embedded model under `cache`: img2img at strength 0.5 of 28 steps runs and
+    counts 14 (cached + full = 14, cache-dit's own list agreeing); the cache runs in the img2img pipeline's own
+    context (engine.tasks: made with from_pipe, the same weights), so the same request again is the same picture and
+    a text-to-image request after it is bitwise the picture it gets alone; inpaint likewise; PSNR against base on the
+    same inputs."""
+    r = tiny_runner
+    t2i = r.request(PROMPT, seed=42, steps=28)
+    alone = r.generate(t2i, "cache", compare="off")
+    i2i = replace(t2i, prompt="a green square on the left, yellow background", image=alone.image, strength=0.5)
+    assert (i2i.task, i2i.executed_steps) == ("img2img", 14)
+    first = r.generate(i2i, "cache", pairing=replace(r.pairing, cheap_pairs=1, max_extra_pairs=0))
+    m = first.metrics
+    assert m.cached_steps + m.full_steps == 14 and len(m.step_ms) == 14 and m.cached_steps > 0
+    assert m.count_check.startswith("agrees") and max(m.cached_step_indices) < 14
+    assert m.psnr_db >= 30 and m.request["image"].startswith("64x64 sha1:")  # base on the same picture
+    again = r.generate(i2i, "cache", compare="off")
+    assert np.array_equal(again.image, first.image) and again.metrics.cached_step_indices == m.cached_step_indices
+    assert np.array_equal(r.generate(t2i, "cache", compare="off").image, alone.image)
+    mask = np.zeros((64, 64), np.uint8)
+    mask[:, :32] = 255
+    inp = r.generate(replace(i2i, mask_image=mask, strength=0.8), "cache", compare="off").metrics
+    assert inp.cached_steps + inp.full_steps == 23 and inp.count_check.startswith("agrees")  # 28 - int(28 - 22.4)
+    assert np.array_equal(r.generate(t2i, "cache", compare="off").image, alone.image)
+    with pytest.raises(ConfigError, match="a mask needs an input picture"):
+        replace(t2i, mask_image=mask)
+    with pytest.raises(ConfigError, match="strength is read with an input picture"):
+        replace(t2i, strength=0.5)
+
+
+def test_a_lora_changes_the_picture_composes_with_the_cache_and_switching_reloads_nothing(tiny_runner, tiny_lora):
+    """Issue 23: a LoRA on the request (diffusers load_lora_weights, peft): the picture changes against no LoRA; under
+    `cache` its counts agree with cache-dit's own list and its PSNR is against base with the same LoRA; a request
+    without it afterwards is bitwise the picture without it (the base weights as they were, nothing reloaded); on
+    INT8 or compiled stacks it is refused with the reason, before any model work."""
+    from studio.spec.request import LoraSpec
+
+    r = tiny_runner
+    req = r.request(PROMPT, seed=42, steps=12)
+    plain = r.generate(req, "cache", compare="off")
+    lora = replace(req, loras=(LoraSpec(tiny_lora, 1.0),))
+    with_lora = r.generate(lora, "cache")
+    m = with_lora.metrics
+    assert psnr(with_lora.image, plain.image) < 35  # the adapter is read
+    assert m.count_check.startswith("agrees") and m.cached_steps + m.full_steps == 12
+    assert m.psnr_db >= 30 and m.request["loras"] == f"{tiny_lora}@1"  # against base with the same LoRA
+    assert any(x.startswith(f"lora: {tiny_lora} at 1 ") for x in m.engaged) and not m.reloaded
+    half = r.generate(replace(req, loras=(LoraSpec(tiny_lora, 0.5),)), "cache", compare="off").image
+    assert psnr(half, plain.image) > psnr(with_lora.image, plain.image)  # the scale is read
+    after = r.generate(req, "cache", compare="off")
+    assert np.array_equal(after.image, plain.image) and not after.metrics.reloaded
+    for preset, why in (("int8", "quantized weights"), ("cache-compile", "torch.compile")):
+        with pytest.raises(ConfigError, match=f"request.loras: preset '{preset}' runs on {why}"):
+            r.generate(lora, preset, compare="off")
+    with pytest.raises(ConfigError, match="could not be loaded as a LoRA"):
+        r.generate(replace(req, loras=(LoraSpec("/nonexistent/lora.safetensors"),)), "base", compare="off")

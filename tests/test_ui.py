@@ -87,7 +87,7 @@ def test_api_has_the_four_named_endpoints_with_their_parameters(client):
     assert set(endpoints) == {"/generate", "/compare", "/matrix", "/tune"}  # Enter in the prompt adds no endpoint
     assert not api["unnamed_endpoints"]
     request = ["prompt", "model", "seed", "steps", "width", "height", "guidance", "negative_prompt", "true_cfg_scale"]
-    request += ["num_images_per_prompt"]
+    request += ["num_images_per_prompt", "image", "mask_image", "strength", "loras"]
     expected = {
         "/generate": request + ["preset", "cache", "threshold", "compile", "compare"],
         "/compare": request + ["preset_a", "preset_b", "cache", "threshold", "compile"],
@@ -126,7 +126,7 @@ def test_generate_endpoint_with_compile_switch(client, app):
     assert int(counts[0]) > 0 and "counted by cache-dit" in card
 
 
-def test_api_defaults_and_numbers_as_data(client, app):
+def test_api_defaults_and_numbers_as_data(client, app, tmp_path):
     runner, _ = app
     # every parameter but the prompt has a default: the form's (here the random test model's profile)
     out = client.predict(prompt=PROMPT, model=runner.model, preset="cache", threshold=0.5, api_name="/generate")
@@ -159,6 +159,16 @@ def test_api_defaults_and_numbers_as_data(client, app):
     )  # fmt: skip
     assert [p["caption"] for p in batch[8]] == ["seed 42: inf, identical", "seed 43: inf, identical"]  # base itself
     assert batch[-1]["request"]["num_images_per_prompt"] == 2 and len(batch[-1]["batch"]) == 2
+    # an input picture (issue 23): img2img at strength 0.5 of 10 steps runs and counts 5
+    from gradio_client import handle_file
+
+    Image.fromarray(np.full((64, 64, 3), 120, np.uint8)).save(tmp_path / "in.png")
+    i2i = client.predict(
+        prompt=PROMPT, model=runner.model, preset="base", image=handle_file(str(tmp_path / "in.png")), strength=0.5,
+        steps=10, compare="off", api_name="/generate",
+    )[-1]  # fmt: skip
+    assert i2i["request"]["strength"] == 0.5 and i2i["request"]["image"].startswith("64x64 sha1:")
+    assert i2i["full_steps"] + i2i["cached_steps"] == 5 and len(i2i["step_ms"]) == 5
     base_out = client.predict(prompt=PROMPT, model=runner.model, preset="base", api_name="/generate")
     base = base_out[-1]
     assert base["psnr_db"] == "inf" and base["speedup"] == 1.0  # JSON has no Infinity
@@ -261,7 +271,7 @@ CHROME_ARGS = [
 
 @pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (apt-get install chromium)")
-def test_browser_generate_and_compare(tmp_path):
+def test_browser_generate_and_compare(tmp_path, tiny_lora):
     pytest.importorskip("playwright", reason="the playwright package is not installed")
     from playwright.sync_api import expect, sync_playwright
 
@@ -303,6 +313,35 @@ def test_browser_generate_and_compare(tmp_path):
             history = page.locator("#history-table")
             expect(history).to_contain_text(f"{dt}+int8wo+DBCache")
             expect(history).to_contain_text("a yellow triangle on the left, purple background")
+
+            expect(page.locator("#history-gallery img").first).to_be_visible()  # the thumbnails above the table
+
+            # one upload: img2img at the form's strength 0.6 of 28 steps runs 17 (28 - int(28 - 16.8)), counted so
+            upload = tmp_path / "input.png"
+            Image.fromarray(np.kron(np.eye(2, dtype=np.uint8)[..., None] * 200, np.ones((32, 32, 3), np.uint8))).save(
+                upload
+            )  # fmt: skip
+            page.get_by_role("tab", name="Generate").click()
+            page.get_by_text("Image input: img2img, inpaint").click()
+            page.locator("#input-image input[type=file]").set_input_files(str(upload))
+            expect(page.locator("#input-image img").first).to_be_visible(timeout=30_000)
+            page.get_by_role("button", name="Generate", exact=True).click()
+            for _ in range(360):  # until the img2img card replaces the text-to-image one (28 steps)
+                counts = re.search(r"(\d+) cached / (\d+) full", card.inner_text())
+                if counts and sum(map(int, counts.groups())) != 28:
+                    break
+                page.wait_for_timeout(500)
+            assert sum(map(int, counts.groups())) == 17, card.inner_text()
+            page.screenshot(path=os.path.join(ARTIFACTS, "ui-img2img.png"), full_page=True)
+
+            # one LoRA run, on the same input picture (img2img with a LoRA: 17 steps again), said on the card
+            page.get_by_text("LoRA adapters", exact=True).click()
+            page.locator("#loras textarea").fill(f"{tiny_lora}@1")
+            page.get_by_role("button", name="Generate", exact=True).click()
+            expect(card).to_contain_text(f"lora: {tiny_lora} at 1", timeout=180_000)
+            counts = re.search(r"(\d+) cached / (\d+) full", card.inner_text()).groups()
+            assert sum(map(int, counts)) == 17 and "PSNR" in card.inner_text()
+            page.screenshot(path=os.path.join(ARTIFACTS, "ui-lora.png"), full_page=True)
 
             page.get_by_role("tab", name="Presets").click()
             page.get_by_label("New preset name").fill("my-cache")  # the editor starts with cache.yaml's text
@@ -417,7 +456,7 @@ def test_a_public_studio_refuses_what_burns_its_gpu_before_any_load(random_model
     loads = []
     real_load = runner.manager.load
     runner.manager.load = lambda *a, **k: loads.append(a) or real_load(*a, **k)
-    limits = PublicLimits(max_matrix_runs=4, requests_per_minute=2, compiled_shapes=1)
+    limits = PublicLimits(max_matrix_runs=4, requests_per_minute=3, compiled_shapes=1)
     demo, url = _launch(runner, public=True, limits=limits)
     try:
         c = Client(url, verbose=False)
@@ -426,9 +465,11 @@ def test_a_public_studio_refuses_what_burns_its_gpu_before_any_load(random_model
             c.predict(**common, preset="base", compile="true", api_name="/generate")
         with pytest.raises(AppError, match=r"a matrix of 4 presets x 1 repeats is 5 timed runs: .* at most 4"):
             c.predict(**common, presets=["base", "cache", "sage", "int8"], repeats=1, api_name="/matrix")
+        with pytest.raises(AppError, match="LoRA adapters are not taken from visitors of this public studio"):
+            c.predict(**common, preset="base", loras="/etc/passwd@1", api_name="/generate")
         with pytest.raises(AppError, match="steps 50 is over this studio's limit of 20"):
             c.predict(**{**common, "steps": 50}, preset="base", api_name="/generate")
-        with pytest.raises(AppError, match="at most 2 requests a minute per visitor: try again in"):
+        with pytest.raises(AppError, match="at most 3 requests a minute per visitor: try again in"):
             c.predict(**common, preset="base", api_name="/generate")
         assert loads == []  # nothing above loaded a model
         ok = Client(url, verbose=False).predict(**common, preset="base", api_name="/generate")  # another visitor

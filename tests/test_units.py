@@ -267,7 +267,7 @@ def test_generate_handler_passes_switches_and_returns_components():
     h.generate(**NO_PROGRESS, history=None, **REQUEST, preset="cache")
     assert runner.calls[-1][2]["time_limit_s"] == 300
     expected = {"gen.image", "gen.card", "gen.base_image", "gen.steps_plot", "hist.table", "hist.rows", "gen.json"}
-    assert set(out) == expected | {"gen.error_map", "gen.json_file", "hist.gallery", "gen.batch"}
+    assert set(out) == expected | {"gen.error_map", "gen.json_file", "hist.gallery", "gen.batch", "gen.last"}
     from studio.report.images import FRAME_RGB
 
     pic = out["gen.error_map"].reshape(-1, 3)  # the fake's image is its base: black, but for the metrics' tile frame
@@ -508,3 +508,21 @@ def test_a_gated_model_says_how_to_get_in_not_a_network_error(monkeypatch):
     assert "offline" in load_hint(OSError("not in cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     assert load_hint(OSError("connection refused")) == " (check the Hub id and your network)"
+
+
+def test_aspect_sizes_are_sizes_the_model_takes_and_the_picker_sets_them():
+    """Issue 23: the aspect-ratio choices of a profile are multiples of its size multiple, inside its limits, at
+    about its pixel count; choosing one sets width and height."""
+    from studio.spec.profiles import HUB_PROFILES
+
+    prof = HUB_PROFILES["black-forest-labs/FLUX.1-dev"]
+    sizes = prof.aspect_sizes()
+    assert sizes[0] == ("1:1 (1024x1024)", 1024, 1024) and ("16:9 (1360x768)", 1360, 768) in sizes
+    for _, w, h in sizes:
+        assert w % prof.size_multiple == 0 and h % prof.size_multiple == 0
+        assert prof.min_size <= min(w, h) and max(w, h) <= prof.max_size
+        assert abs(w * h / (1024 * 1024) - 1) < 0.05
+    h, _ = _handlers()
+    h.studio.device.profile = lambda model: prof
+    assert h.on_aspect("3:2 (1248x832)", "m") == {"request.width": 1248, "request.height": 832}
+    assert h.on_aspect(None, "m") == {}

@@ -27,6 +27,10 @@ class RequestForm:
     negative_prompt: str | None = None  # read where true CFG runs (or where the pipeline takes one without it)
     true_cfg_scale: float | None = None  # 1 (or 0, empty): no true CFG; > 1: two transformer calls per step
     num_images_per_prompt: float = 1  # a batch of 1-4 pictures in one call (seeds seed .. seed + n - 1)
+    image: object | None = None  # an input picture (numpy HxWx3): img2img; with `mask_image`: inpaint
+    mask_image: object | None = None  # white: repaint there, black: keep
+    strength: float = 1.0  # how much of the schedule runs on the input picture (read with one)
+    loras: str | None = None  # LoRA adapters, one per line: a file, folder or Hub id, then @scale (default 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,6 +107,12 @@ class RequestPanel:
     negative_prompt: gr.Textbox
     true_cfg_scale: gr.Number
     num_images_per_prompt: gr.Slider
+    image: gr.Image
+    mask_image: gr.Image
+    strength: gr.Slider
+    use_last: gr.Button  # the last picture made (at its own size) as the input picture
+    aspect: gr.Dropdown  # sets width and height to one of the profile's aspect sizes
+    loras: gr.Textbox
 
 
 @dataclass
@@ -119,6 +129,7 @@ class GenerateTab:
     json: gr.JSON
     json_file: gr.DownloadButton  # the metrics as a .json file
     batch: gr.Gallery  # a batch's pictures, each captioned with its seed and its PSNR against its base picture
+    last: gr.State  # the last picture at its own size (for "use as input")
     base_image: gr.Image
     error_map: gr.Image  # |image - base|, amplified (measure.quality.ERROR_SCALE)
     steps_plot: gr.Image

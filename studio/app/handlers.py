@@ -23,7 +23,16 @@ from studio.app.gpu_time import Durations
 from studio.app.history import History, history_csv, record
 from studio.app.limits import PublicGuard
 from studio.app.progress import progress_hooks
-from studio.app.values import batch_pictures, cfg_scale, json_safe, notes_md, png, threshold_value, tile_at
+from studio.app.values import (
+    batch_pictures,
+    cfg_scale,
+    image_inputs,
+    json_safe,
+    notes_md,
+    png,
+    threshold_value,
+    tile_at,
+)
 from studio.measure.quality import difference
 from studio.report.card import broken_flag, metrics_card
 from studio.report.images import enlarge, error_picture
@@ -31,7 +40,7 @@ from studio.report.plots import plot_steps, plot_tradeoff
 from studio.report.table import MatrixRow
 from studio.spec import ConfigError, ModelLoadError, PresetLibrary, RunError, parse_switch
 from studio.spec.presets import MAX_PRESET_BYTES, preset_from_text
-from studio.spec.request import check_scale, compare_mode
+from studio.spec.request import check_scale, compare_mode, parse_loras
 from studio.worker.protocol import Device
 
 CACHE_CHOICES = [("follow preset", "unset"), ("on", "true"), ("off", "false")]
@@ -103,6 +112,8 @@ class Handlers:
                 negative_prompt=str(form.negative_prompt or ""),
                 true_cfg_scale=cfg_scale(form.true_cfg_scale),
                 num_images_per_prompt=int(form.num_images_per_prompt or 1),
+                loras=parse_loras(form.loras),
+                **image_inputs(form.image, form.mask_image, form.strength),
             )
         except (ConfigError, ValueError) as e:
             raise gr.Error(f"That request can't run: {e}") from None
@@ -147,8 +158,13 @@ class Handlers:
     # events ----------------------------------------------------------------------------------------------
     # The device endpoints take the form's fields by name (gradio's inputs_kwargs: see app.forms); the session's
     # history (a gr.State) comes as `history`, apart from the API's parameters.
-    def generate(self, request: gr.Request = None, progress=gr.Progress(), *, history=None, **values):
-        form = GenerateForm(**values)
+    # The image inputs are named in each signature with their default (None): gradio's API marks a parameter
+    # optional from the handler's own default when its component starts empty.
+    def generate(
+        self, request: gr.Request = None, progress=gr.Progress(), *, history=None, image=None, mask_image=None,
+        **values,
+    ):  # fmt: skip
+        form = GenerateForm(image=image, mask_image=mask_image, **values)
         req = self._request(form)
         self._guard(request, req, form, [form.preset])
         res = self._run(req, form, form.preset, progress, request)
@@ -163,17 +179,25 @@ class Handlers:
             gen.steps_plot: png(lambda buf: plot_steps(res.metrics, buf)),
             gen.json: metrics,
             gen.json_file: self.studio.write("metrics.json", json.dumps(metrics, indent=1)),
-            gen.batch: batch_pictures(res),
+            gen.batch: batch_pictures(res),  # a plain value: the API returns it as data (an update would be a dict)
+            gen.last: res.image,
             **self._history(history, req, [res]),
         }
 
-    def generate_compared(self, request: gr.Request = None, progress=gr.Progress(), *, history=None, **values):
+    def generate_compared(
+        self, request: gr.Request = None, progress=gr.Progress(), *, history=None, image=None, mask_image=None,
+        **values,
+    ):  # fmt: skip
         """ "Compare with base": the Generate form's request with compare `on` (the same request's base picture,
         PSNR, SSIM and the error map, and base timed beside the run)."""
-        return self.generate(request, progress, history=history, **{**values, "compare": "on"})
+        values = {**values, "compare": "on", "image": image, "mask_image": mask_image}
+        return self.generate(request, progress, history=history, **values)
 
-    def compare(self, request: gr.Request = None, progress=gr.Progress(), *, history=None, **values):
-        form = CompareForm(**values)
+    def compare(
+        self, request: gr.Request = None, progress=gr.Progress(), *, history=None, image=None, mask_image=None,
+        **values,
+    ):  # fmt: skip
+        form = CompareForm(image=image, mask_image=mask_image, **values)
         req = self._request(form)
         self._guard(request, req, form, [form.preset_a, form.preset_b])
         ra = self._run(req, form, form.preset_a, progress, request)
@@ -196,8 +220,11 @@ class Handlers:
             **self._history(history, req, [ra, rb]),
         }
 
-    def matrix(self, request: gr.Request = None, progress=gr.Progress(), *, history=None, **values):
-        form = MatrixForm(**values)
+    def matrix(
+        self, request: gr.Request = None, progress=gr.Progress(), *, history=None, image=None, mask_image=None,
+        **values,
+    ):  # fmt: skip
+        form = MatrixForm(image=image, mask_image=mask_image, **values)
         req = self._request(form)
         if not form.presets:
             raise gr.Error("Choose at least one preset for the matrix.")
@@ -237,7 +264,7 @@ class Handlers:
             **self._history(history, req, list(mat.results.values())),
         }
 
-    def tune(self, request: gr.Request = None, progress=gr.Progress(), **values):
+    def tune(self, request: gr.Request = None, progress=gr.Progress(), *, image=None, mask_image=None, **values):
         """The tuner (studio.bench.tune) on the form's request with each prompt; a public studio runs the quick
         search on at most MAX_PUBLIC_TUNE_PROMPTS prompts (one tuner holds the device for minutes)."""
         from dataclasses import replace as _replace
@@ -246,7 +273,7 @@ class Handlers:
         from studio.report.text import tune_summary
         from studio.spec.presets import preset_to_yaml
 
-        form = TuneForm(**values)
+        form = TuneForm(image=image, mask_image=mask_image, **values)
         req = self._request(form)
         self._guard(request, req, form, [])
         prompts = [x.strip() for x in (form.prompts_text or "").splitlines() if x.strip()] or [req.prompt]
@@ -351,4 +378,13 @@ class Handlers:
             r.height: p.height,
             r.guidance: gr.update(value=p.guidance if p.guidance is not None else 0.0, visible=p.guidance is not None),
             r.true_cfg_scale: p.true_cfg_scale or 1.0,
+            r.aspect: gr.update(choices=[a[0] for a in p.aspect_sizes()], value=None),
         }
+
+    def on_aspect(self, label, model):
+        """An aspect ratio chosen: width and height become that size of the model's profile."""
+        sizes = {a[0]: a[1:] for a in self.studio.device.profile(model).aspect_sizes()}
+        if label not in sizes:
+            return {}
+        r = self.ui.request
+        return {r.width: sizes[label][0], r.height: sizes[label][1]}

@@ -74,6 +74,11 @@ class PublicGuard:
         """One device event: the session's rate, the compile switch, and each (preset, built in?) it runs."""
         self.rate(session)
         self.compile_switch(switch)
+        if getattr(request, "loras", ()):
+            raise Refused(
+                "LoRA adapters are not taken from visitors of this public studio (a path would read a file on its "
+                "machine, a Hub id download one): run the studio yourself to use your own"
+            )
         for p, builtin in presets:
             self.preset(p, builtin)
             self.shape(p, model, request, p.compile.enabled if switch is None else switch)

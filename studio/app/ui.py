@@ -21,11 +21,11 @@ from pathlib import Path
 import gradio as gr
 
 from studio.app import forms
-from studio.app.forms import UI, CompareTab, GenerateTab, HistoryTab, MatrixTab, PresetsTab, RequestPanel, TuneTab
+from studio.app.forms import UI, CompareTab, GenerateTab, HistoryTab, MatrixTab, PresetsTab, TuneTab
 from studio.app.handlers import CACHE_CHOICES, COMPILE_CHOICES, Handlers, Studio
 from studio.app.history import HISTORY_COLUMNS, History
 from studio.app.limits import PublicGuard, PublicLimits
-from studio.app.values import notes_md
+from studio.app.panel import request_panel
 from studio.measure.quality import ERROR_SCALE
 from studio.report import fmt
 from studio.report.card import CSS
@@ -47,43 +47,6 @@ def _gpu(fn, duration=None):
     import spaces  # noqa: PLC0415
 
     return spaces.GPU(fn, duration=duration)
-
-
-def _request_panel(studio: Studio) -> RequestPanel:
-    prof = studio.device.profile(studio.models[0])
-    with gr.Row():
-        with gr.Column(scale=3):
-            # One line that grows: Enter generates (a box that starts at 2 lines takes Enter as a new line).
-            prompt = gr.Textbox(label="Prompt", value=prof.first_prompt, lines=1, max_lines=4)
-            examples = gr.Dropdown(label="Example prompts", choices=list(prof.example_prompts), value=None)
-        with gr.Column(scale=2):
-            model = gr.Dropdown(label="Model", choices=studio.models, value=studio.models[0], allow_custom_value=True)
-            model_notes = gr.Markdown(notes_md(prof.notes))
-            with gr.Row():
-                seed = gr.Number(label="Seed", value=42, precision=0, minimum=0)
-                dice = gr.Button("Random seed", size="sm")
-    with gr.Row():
-        steps = gr.Slider(label="Steps", minimum=1, maximum=100, step=1, value=prof.steps)
-        width = gr.Number(label="Width", value=prof.width, precision=0, minimum=16)
-        height = gr.Number(label="Height", value=prof.height, precision=0, minimum=16)
-        # A value of None would make `guidance` a required API parameter: a model without guidance gets 0 (ignored).
-        guidance = gr.Number(
-            label="Guidance",
-            value=prof.guidance if prof.guidance is not None else 0.0,
-            visible=prof.guidance is not None,
-        )
-        num_images = gr.Slider(label="Pictures (one batched call)", minimum=1, maximum=MAX_BATCH, step=1, value=1)
-    with gr.Accordion("Negative prompt and true CFG", open=prof.true_cfg_scale is not None):
-        with gr.Row():
-            negative_prompt = gr.Textbox(label="Negative prompt (read with true CFG)", value="", lines=1, scale=3)
-            true_cfg_scale = gr.Number(
-                label="True CFG scale", value=prof.true_cfg_scale or 1.0, minimum=0, scale=1, info=fmt.TRUE_CFG_INFO
-            )
-    return RequestPanel(
-        prompt=prompt, examples=examples, model=model, model_notes=model_notes, seed=seed, dice=dice,
-        steps=steps, width=width, height=height, guidance=guidance, negative_prompt=negative_prompt,
-        true_cfg_scale=true_cfg_scale, num_images_per_prompt=num_images,
-    )  # fmt: skip
 
 
 def _switches() -> tuple[gr.Radio, gr.Number, gr.Radio]:
@@ -108,6 +71,7 @@ def _generate_tab(names: list[str], default_preset: str, compare: str) -> Genera
                 compare_button = gr.Button("Compare with base", variant="secondary")
             with gr.Column(scale=2):
                 image = gr.Image(label="Image", type="numpy", format="png", interactive=False)
+                last = gr.State(None)
                 batch = gr.Gallery(
                     label="The batch, picture by picture (seed: PSNR against its own base picture)",
                     columns=MAX_BATCH, height=200, object_fit="contain", preview=False, format="png",
@@ -126,7 +90,7 @@ def _generate_tab(names: list[str], default_preset: str, compare: str) -> Genera
                 steps_plot = gr.Image(label="Per-step time and residual diff", type="numpy", interactive=False)
     return GenerateTab(
         preset=preset, cache=cache, threshold=threshold, compile=compile_, compare=compare_, button=button,
-        compare_button=compare_button, image=image, card=card, json=json, json_file=json_file, batch=batch,
+        compare_button=compare_button, image=image, card=card, json=json, json_file=json_file, batch=batch, last=last,
         base_image=base_image, error_map=error_map, steps_plot=steps_plot,
     )  # fmt: skip
 
@@ -285,13 +249,15 @@ def _wire(ui: UI, h: Handlers, demo) -> None:
     more = [hist.gallery]  # outputs added later go here, before the JSON (last): the API's places stay as they were
     r.dice.click(lambda: random.randint(0, 2**31 - 1), None, r.seed, **private)
     r.examples.change(lambda e, p: e or p, [r.examples, r.prompt], r.prompt, **private)
-    model_out = [r.examples, r.model_notes, r.steps, r.width, r.height, r.guidance, r.true_cfg_scale]
+    model_out = [r.examples, r.model_notes, r.steps, r.width, r.height, r.guidance, r.true_cfg_scale, r.aspect]
+    r.aspect.change(h.on_aspect, [r.aspect, r.model], [r.width, r.height], **private)
     r.model.change(h.on_model, r.model, model_out, **private)
     # The inputs by name (app.forms): the names are the API's parameter names and the handler's form fields.
     # A new output goes just before the metrics (always last), so the outputs' places in the API stay as they were.
     # One event for the button and Enter in the prompt box: one endpoint, /generate.
     gen_out = [gen.image, gen.card, gen.base_image, gen.steps_plot] + hist_out + [gen.error_map, gen.json_file]
-    gen_out += more + [gen.batch, gen.json]
+    gen_out += more + [gen.batch, gen.last, gen.json]
+    r.use_last.click(lambda last: last, gen.last, r.image, **private)
     gen_in = forms.inputs(forms.GenerateForm, r, gen) | hist_in
     gr.on(
         [gen.button.click, r.prompt.submit], _gpu(h.generate, h.durations.generate), inputs_kwargs=gen_in,
@@ -381,7 +347,7 @@ def build_app(
             "cached steps, speed-up) and what it cost (PSNR/SSIM against the `base` image of the same request)."
         )
         history, matrix_runs = gr.State(History()), gr.State({})
-        request = _request_panel(studio)
+        request = request_panel(studio)
         with gr.Tabs():
             ui = UI(
                 request=request,

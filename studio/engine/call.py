@@ -62,6 +62,12 @@ def pipe_kwargs(pipe, request: GenerationRequest, probe=None) -> dict:
         kw["num_images_per_prompt"] = n
     if probe is not None:
         kw["callback_on_step_end"] = probe
+    if request.task != "text2img":  # an img2img/inpaint pipeline (engine.tasks), made from the loaded one
+        from PIL import Image
+
+        kw["image"], kw["strength"] = Image.fromarray(request.image), request.strength
+        if request.mask_image is not None:
+            kw["mask_image"] = Image.fromarray(request.mask_image)
     if request.guidance is not None and "guidance_scale" in params:
         kw["guidance_scale"] = request.guidance
     if true_cfg(pipe, request):

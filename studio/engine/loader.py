@@ -23,6 +23,9 @@ from studio.engine.cache import remove_cache
 from studio.engine.device import DtypeChoice, default_device, resolve_dtype
 from studio.engine.parallel import remove_parallel
 from studio.engine.stack import AppliedStack, apply_preset
+from studio.engine.state import stack_state
+from studio.engine.tasks import task_pipe
+from studio.spec.checks import ConfigError
 from studio.spec.errors import ModelLoadError
 from studio.spec.preset import Preset, QuantSpec
 from studio.spec.profiles import ModelProfile, profile_for, resolve_model
@@ -49,6 +52,8 @@ class Loaded:
     dtype: DtypeChoice  # what the pipeline's components are in
     variants: OrderedDict = field(default_factory=OrderedDict)  # (dtype, QuantSpec) -> Variant, LRU order
     active: tuple | None = None  # the key of the variant in pipe.transformer
+    pipes: dict = field(default_factory=dict)  # task -> its pipeline made from `pipe` (engine.tasks)
+    cache_on: object | None = None  # the pipeline the step cache was applied to (pipe, or a task's)
 
     @property
     def stack(self) -> AppliedStack | None:
@@ -154,12 +159,18 @@ class ModelManager:
             except Exception as e:
                 log.warning("stopping parallel workers on unload: %s", e)
             try:
-                remove_cache(self.current.pipe)
+                self._uncache(self.current)
             except Exception as e:  # never let a failed unhook keep memory alive
                 log.warning("removing cache on unload: %s", e)
             self.current = None
             torch._dynamo.reset()  # compiled graphs of the old pipeline hold its modules: let them go too
             self._free()
+
+    @staticmethod
+    def _uncache(cur: Loaded) -> None:
+        """Take the step cache off the pipeline it was applied to."""
+        remove_cache(cur.cache_on or cur.pipe)
+        cur.cache_on = None
 
     def _free(self) -> None:
         gc.collect()
@@ -173,7 +184,7 @@ class ModelManager:
     def _set_dtype(self, cur: Loaded, dtype: DtypeChoice) -> None:
         """Every component in another dtype: the transformer variants are dropped and reloaded in it."""
         remove_parallel(cur.pipe)
-        remove_cache(cur.pipe)
+        self._uncache(cur)
         for name in ("text_encoder", "text_encoder_2", "text_encoder_3", "vae"):
             comp = getattr(cur.pipe, name, None)
             if isinstance(comp, torch.nn.Module):
@@ -195,7 +206,7 @@ class ModelManager:
         if cur.active == key:
             return False
         remove_parallel(cur.pipe)  # the workers belong to the outgoing weights
-        remove_cache(cur.pipe)  # cache-dit patched the pipeline around the outgoing transformer's blocks
+        self._uncache(cur)  # cache-dit patched the pipeline around the outgoing transformer's blocks
         if cur.active in cur.variants and cur.variants[cur.active].stack is not None:
             cur.variants[cur.active].stack.cache = None  # its cache is off now: re-apply on the way back
         loaded = key not in cur.variants
@@ -214,12 +225,16 @@ class ModelManager:
 
     # presets ---------------------------------------------------------------------------------------------
     def pipeline(
-        self, model: str | None, preset: Preset, steps: int | None = None, on_status=None, separate_cfg: bool = False
-    ):
-        """The pipeline for `model` with `preset` applied, loading only the weights that must change.
+        self, model: str | None, preset: Preset, steps: int | None = None, on_status=None, separate_cfg: bool = False,
+        task: str = "text2img",
+    ):  # fmt: skip
+        """The pipeline for `model` and `task` (engine.tasks) with `preset` applied, loading only the weights that
+        must change; a step cache is moved to the task's pipeline (its call starts the cache's context).
 
         Returns (pipe, stack, reloaded) where reloaded says whether weights were (re)loaded for this call.
         """
+        if task != "text2img" and preset.wants_workers:
+            raise ConfigError(f"preset {preset.name!r}: parallel workers take text-to-image requests only here")
         with self.lock:
             dtype = self.resolve_dtype(preset.dtype)
             fresh = self.current is None or self.current.source != resolve_model(model)
@@ -230,9 +245,15 @@ class ModelManager:
             quant = preset.quantize_config if preset.quantize_config.enabled else QuantSpec()
             loaded = self._switch_variant(cur, (dtype.name, quant), on_status)
             variant = cur.variants[cur.active]
+            pipe = task_pipe(cur, task)
+            if cur.cache_on is not None and cur.cache_on is not pipe:  # the cache is on another task's pipeline
+                self._uncache(cur)
+                if variant.stack is not None:
+                    variant.stack.cache = None  # re-applied on this one below
             stack = apply_preset(
-                cur.pipe, preset, steps=steps, separate_cfg=separate_cfg, applied=variant.stack, source=cur.source
+                pipe, preset, steps=steps, separate_cfg=separate_cfg, applied=variant.stack, source=cur.source
             )
             if stack.workers is None:  # parallel workers leave the main process's own stack as it was
                 variant.stack = stack
-            return cur.pipe, stack, fresh or loaded
+                cur.cache_on = pipe if stack_state(pipe.transformer).cache != "none" else None
+            return pipe, stack, fresh or loaded

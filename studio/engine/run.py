@@ -18,6 +18,7 @@ from studio.engine.call import call_pipe, dropped_tokens, pipe_kwargs, strip, tr
 from studio.engine.compile import first_run_or_eager
 from studio.engine.device import DtypeChoice
 from studio.engine.loader import ModelManager
+from studio.engine.lora import apply_loras, check_loras
 from studio.engine.parallel import run_remote
 from studio.engine.stack import AppliedStack
 from studio.engine.state import stack_state
@@ -71,11 +72,12 @@ class RunContext:
     @property
     def shape(self) -> tuple:
         """The request's shape key: what a DiT's denoise time depends on (model, dtype, size, steps, text length,
-        guidance, whether true CFG runs: two transformer calls a step, the batch), and not the prompt or the seed."""
+        guidance, whether true CFG runs: two transformer calls a step, the batch, the task and the steps it runs),
+        and not the prompt, the seed or the input picture."""
         r, cur = self.request, self.manager.current
         cfg = true_cfg(cur.pipe, r) if cur is not None else r.true_cfg_scale
         return (resolve_model(self.model), self.dtype.name, r.width, r.height, r.steps, r.max_sequence_length,
-                r.guidance, cfg, r.num_images_per_prompt)  # fmt: skip
+                r.guidance, cfg, r.num_images_per_prompt, r.task, r.executed_steps)  # fmt: skip
 
     def status(self, message: str) -> None:
         if self.on_status:
@@ -102,7 +104,7 @@ class RunContext:
         check = self.stepper(f"the untimed run of {preset.name}")
 
         def callback(pipe, step_index, timestep, callback_kwargs):
-            check(step_index, self.request.steps)
+            check(step_index, self.request.executed_steps)
             return callback_kwargs
 
         return callback
@@ -141,21 +143,28 @@ class Measured:
 def pipeline_for(ctx: RunContext, preset: Preset):
     """The model's pipeline with `preset` applied, its cache wired to how this request calls the transformer;
     (pipe, stack, reloaded). A parallel stack's pipe is the proxy whose calls go to the workers."""
+    check_loras(ctx.request, preset)
     cur = ctx.manager.ensure(ctx.model, ctx.manager.resolve_dtype(preset.dtype), ctx.on_status)
     separate = true_cfg(cur.pipe, ctx.request)
     pipe, stack, reloaded = ctx.manager.pipeline(
-        ctx.model, preset, steps=ctx.request.steps, on_status=ctx.on_status, separate_cfg=separate
-    )
+        ctx.model, preset, steps=ctx.request.executed_steps, on_status=ctx.on_status, separate_cfg=separate,
+        task=ctx.request.task,
+    )  # fmt: skip
     if stack.workers is not None:
         ctx.status("running on the parallel workers")
-        pipe = stack.workers.proxy
+        return stack.workers.proxy, stack, reloaded
+    apply_loras(pipe, ctx.request)  # last, on the weights of this run: loaded once, switched by set_adapters
     return pipe, stack, reloaded
 
 
 def _prepare(pipe, preset: Preset, request: GenerationRequest) -> None:
     quantized = stack_state(pipe.transformer).quant != "none"
     prepare_run(
-        pipe, preset.cache_config, quantized=quantized, steps=request.steps, separate_cfg=true_cfg(pipe, request)
+        pipe,
+        preset.cache_config,
+        quantized=quantized,
+        steps=request.executed_steps,
+        separate_cfg=true_cfg(pipe, request),
     )
 
 
@@ -209,7 +218,7 @@ def measure(ctx: RunContext, preset: Preset, *, warm_up: bool = True, show_steps
         state.counter,
         ctx.manager.device,
         on_step=ctx.stepper(preset.name, ctx.progress if show_steps else None),
-        total_steps=ctx.request.steps,
+        total_steps=ctx.request.executed_steps,
         starts_at_call=bool(state.compiled and state.compiled.whole_model),
     )
     # each block's time, where the blocks run eagerly (hooks inside a compiled block would not fire, and would

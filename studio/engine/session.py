@@ -24,6 +24,7 @@ from studio.engine.baseline import (
 )
 from studio.engine.call import cfg_lines
 from studio.engine.loader import ModelLoadError, ModelManager
+from studio.engine.lora import check_loras, lora_lines
 from studio.engine.parallel import remove_parallel, workers
 from studio.engine.run import Deadline, Measured, RunContext, measure, pipeline_for, settle, warm
 from studio.measure.blocks import IdealCheck, computed_blocks, price_cached_step
@@ -190,6 +191,7 @@ class Runner:
         ctx = self.context(request, p, model, progress=progress, on_status=on_status)
         with self.manager.lock:
             self.check_caps(request)  # an operator's caps before any load
+            check_loras(request, p)  # a LoRA on a stack it cannot run on, before any model work
             self.manager.ensure(ctx.model, ctx.dtype, on_status)  # a model that cannot load says so next
             self.check_request(request, ctx.model)
             try:
@@ -311,7 +313,10 @@ class Runner:
         lines = run.stack.lines() + ([f"dtype: {ctx.dtype.note}"] if ctx.dtype.note else [])
         if run.dropped:
             lines.append(f"prompt: {run.dropped[0]} tokens, the model reads {run.dropped[1]}; the rest was dropped")
-        lines += cfg_lines(ctx.request, self.manager.current.pipe, run.calls_per_step)
+        lines += cfg_lines(ctx.request, self.manager.current.pipe, run.calls_per_step) + lora_lines(ctx.request)
+        r = ctx.request
+        if r.task != "text2img":
+            lines.append(f"{r.task}: strength {r.strength:g}: the last {r.executed_steps} of {r.steps} steps ran")
         if run.stack.is_engaged("cache") and run.counts.cached == 0 and run.report.threshold is not None:
             lines.append(
                 f"cache: engaged, but no step came under R{run.report.threshold:g} on this run "

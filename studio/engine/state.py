@@ -66,6 +66,7 @@ class StackState:
     compile_failed: dict = field(default_factory=dict)  # variant key -> why its first run failed (never retried)
     parallel: ParallelState | None = None  # the running parallel workers (engine.parallel), None: one process
     parallel_starts: int = 0  # worker sets started so far (a rebuilt set warms up again)
+    loras: dict = field(default_factory=dict)  # LoRA path -> its adapter name, loaded into these weights (engine.lora)
 
 
 def stack_state(transformer) -> StackState:

@@ -117,3 +117,9 @@ def batch_line(batch: list[dict]) -> str:
     all its pixels, the worst picture's verdict), and the denoise time and steps are the one batched call's."""
     each = " · ".join(batch_caption(p) for p in batch)
     return f"{len(batch)} pictures in one call ({each}); the numbers above are the batch's (worst picture's verdict)"
+
+
+STRENGTH_INFO = (
+    "how much of the schedule runs on the input picture: 0.5 of 28 steps runs the last 14 (cached/full steps count "
+    "those); read only with an input picture"
+)

@@ -56,6 +56,16 @@ class ModelProfile:
         """The prompt a request starts from when none is given: the first example, or a generic one."""
         return self.example_prompts[0] if self.example_prompts else "a photo of a cat"
 
+    def aspect_sizes(self) -> list[tuple[str, int, int]]:
+        """(label, width, height) for the common aspect ratios at about this profile's pixel count, each side a
+        multiple of `size_multiple` within [min_size, max_size]: sizes the model takes as they are."""
+        area, m, out = self.width * self.height, self.size_multiple, []
+        for w_r, h_r in ((1, 1), (4, 3), (3, 4), (3, 2), (2, 3), (16, 9), (9, 16)):
+            w = (area * w_r / h_r) ** 0.5
+            sides = [min(self.max_size, max(self.min_size, max(m, round(x / m) * m))) for x in (w, w * h_r / w_r)]
+            out.append((f"{w_r}:{h_r} ({sides[0]}x{sides[1]})", sides[0], sides[1]))
+        return out
+
     def request(self, prompt: str, **overrides) -> GenerationRequest:
         """A request with this profile's defaults for whatever is not given (None: the default)."""
         kw = dict(

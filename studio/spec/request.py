@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from studio.spec.checks import ConfigError, Record, check_int, fail
 
@@ -42,6 +45,44 @@ def compare_mode(value) -> str:
     fail("request", "compare", value, "one of on, auto, off")
 
 
+MAX_LORAS = 4
+
+
+@dataclass(frozen=True)
+class LoraSpec(Record):
+    """One LoRA adapter on a request: a local .safetensors file or folder (or a Hub id where the Hub is reachable),
+    loaded with diffusers' own `load_lora_weights`, at `scale`."""
+
+    path: str
+    scale: float = 1.0
+
+    def __post_init__(self):
+        if not isinstance(self.path, str) or not self.path.strip() or len(self.path) > 500:
+            fail("lora", "path", self.path, "a LoRA file, folder or Hub id (at most 500 characters)")
+        ok = not isinstance(self.scale, bool) and isinstance(self.scale, (int, float)) and math.isfinite(self.scale)
+        if not ok or not -4 <= self.scale <= 4:
+            fail("lora", "scale", self.scale, "a finite number from -4 to 4 (1: as trained, 0: off)")
+
+    def label(self) -> str:
+        return f"{self.path}@{self.scale:g}"
+
+
+def parse_loras(text) -> tuple:
+    """LoRA adapters from the form, one per line: `path` or `path@scale` (a scale is a number after the last @)."""
+    out = []
+    for line in str(text or "").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        path, _, scale = line.rpartition("@")
+        try:
+            value = float(scale) if path else 1.0
+        except ValueError:  # the "@" belongs to the path: no number after it
+            path, value = line, 1.0
+        out.append(LoraSpec(path or line, value))  # a scale out of range is refused here, with the field's name
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class GenerationRequest(Record):
     prompt: str
@@ -54,6 +95,13 @@ class GenerationRequest(Record):
     negative_prompt: str = ""
     max_sequence_length: int | None = None
     num_images_per_prompt: int = 1  # a batch: picture i is seed + i's (engine.call), stacked top to bottom
+    # Image inputs (issue 23): an input picture (HxWx3 uint8) makes it img2img, with a mask (HxW uint8, white: paint
+    # here) inpaint; `strength` (0-1] is how much of the schedule runs: `executed_steps` of `steps`. Compared by their
+    # digest (`as_dict`), never by value.
+    image: np.ndarray | None = field(default=None, compare=False, repr=False)
+    mask_image: np.ndarray | None = field(default=None, compare=False, repr=False)
+    strength: float = 1.0
+    loras: tuple = ()  # LoraSpec, at most MAX_LORAS: the base picture of a request with LoRAs has the same LoRAs
 
     def __post_init__(self):
         o = "request"
@@ -77,6 +125,31 @@ class GenerationRequest(Record):
         if self.max_sequence_length is not None:
             check_int(o, "max_sequence_length", self.max_sequence_length, 1, 4096)
         check_int(o, "num_images_per_prompt", self.num_images_per_prompt, 1, MAX_BATCH)
+        _check_inputs(self)
+        if not isinstance(self.loras, tuple) or len(self.loras) > MAX_LORAS:
+            fail(o, "loras", type(self.loras).__name__, f"a tuple of at most {MAX_LORAS} LoraSpec")
+        if not all(isinstance(lo, LoraSpec) for lo in self.loras):
+            fail(o, "loras", [type(lo).__name__ for lo in self.loras], "LoraSpec(path, scale) each")
+
+    @property
+    def task(self) -> str:
+        """text2img, img2img (an input picture) or inpaint (and a mask)."""
+        return "inpaint" if self.mask_image is not None else "img2img" if self.image is not None else "text2img"
+
+    @property
+    def executed_steps(self) -> int:
+        """The denoising steps that really run: all of them for text2img; under img2img/inpaint the last
+        `strength` of the schedule (diffusers' get_timesteps: steps - int(steps - min(steps * strength, steps)))."""
+        if self.task == "text2img":
+            return self.steps
+        return self.steps - int(max(self.steps - min(self.steps * self.strength, self.steps), 0))
+
+    def as_dict(self) -> dict:
+        d = super().as_dict()
+        for name in ("image", "mask_image"):
+            d[name] = digest(getattr(self, name))
+        d["loras"] = ";".join(lo.label() for lo in self.loras)  # a string: the request's key stays hashable
+        return d
 
     def key(self, model: str, dtype: str = "") -> tuple:
         """Identity of the picture, for matching a run with its base image (same model, dtype and request)."""
@@ -85,3 +158,40 @@ class GenerationRequest(Record):
     @property
     def shape(self) -> tuple[int, int]:
         return (self.width, self.height)
+
+
+def digest(picture: np.ndarray | None) -> str | None:
+    """A picture as the request's record names it: its size and the first 12 hex digits of its SHA-1."""
+    if picture is None:
+        return None
+    h = hashlib.sha1(np.ascontiguousarray(picture).tobytes()).hexdigest()[:12]
+    return f"{picture.shape[1]}x{picture.shape[0]} sha1:{h}"
+
+
+def _check_inputs(r: GenerationRequest) -> None:
+    """The image inputs: a uint8 picture, a mask only with it and of its size, a strength in (0, 1] read with it."""
+    o = "request"
+    if r.image is not None:
+        ok = isinstance(r.image, np.ndarray) and r.image.dtype == np.uint8 and r.image.ndim == 3
+        if not ok or r.image.shape[2] != 3 or min(r.image.shape[:2]) < 16 or max(r.image.shape[:2]) > 4096:
+            fail(
+                o,
+                "image",
+                getattr(r.image, "shape", type(r.image).__name__),
+                "an RGB picture (HxWx3 uint8), 16-4096 px",
+            )
+    if r.mask_image is not None:
+        if r.image is None:
+            fail(o, "mask_image", "a mask", "a mask needs an input picture (image) to paint into")
+        m = r.mask_image
+        if not (
+            isinstance(m, np.ndarray) and m.dtype == np.uint8 and m.shape[:2] == r.image.shape[:2] and m.ndim == 2
+        ):
+            fail(o, "mask_image", getattr(m, "shape", type(m).__name__), "a grey mask (HxW uint8) of the image's size")
+    ok = not isinstance(r.strength, bool) and isinstance(r.strength, (int, float)) and 0 < r.strength <= 1
+    if not ok:
+        fail(o, "strength", r.strength, "a number in (0, 1]: how much of the schedule runs on the input picture")
+    if r.image is None and r.strength != 1.0:
+        fail(o, "strength", r.strength, "strength is read with an input picture (image); without one leave it at 1")
+    if r.image is not None and r.executed_steps < 1:
+        fail(o, "strength", r.strength, f"at {r.steps} steps, strength {r.strength:g} runs no step: raise either")
