@@ -336,9 +336,15 @@ def test_browser_generate_and_compare(tmp_path, tiny_lora):
 
             # one LoRA run, on the same input picture (img2img with a LoRA: 17 steps again), said on the card
             page.get_by_text("LoRA adapters", exact=True).click()
-            page.locator("#loras textarea").fill(f"{tiny_lora}@1")
+            box = page.locator("#loras textarea")
+            expect(box).to_be_visible()
+            page.wait_for_timeout(1000)  # the accordion's contents are mounted as it opens: fill after that
+            box.fill(f"{tiny_lora}@1")
+            box.press("Tab")  # the value reaches the app on blur at the latest, before the click sends the form
+            expect(box).to_have_value(f"{tiny_lora}@1")
+            page.wait_for_timeout(1000)
             page.get_by_role("button", name="Generate", exact=True).click()
-            expect(card).to_contain_text(f"lora: {tiny_lora} at 1", timeout=180_000)
+            expect(card).to_contain_text(f"lora: {tiny_lora} at 1", timeout=90_000)
             counts = re.search(r"(\d+) cached / (\d+) full", card.inner_text()).groups()
             assert sum(map(int, counts)) == 17 and "PSNR" in card.inner_text()
             page.screenshot(path=os.path.join(ARTIFACTS, "ui-lora.png"), full_page=True)
