@@ -102,6 +102,7 @@ def test_binding_pretraining_teaches_t5_which_object_a_word_belongs_to():
     from studio.tiny.train import IGNORE, N_COLOURS, binding_targets, pretrain_binding
 
     steps = 250  # the committed model: 300 steps of batch 128; the turn from bag of words to bound comes first
+    # (batch 32 here: 97.0% held-out, measured; at 150 steps of batch 64 it was 78.8%)
     torch.set_num_threads(2)
     cfg = TinyConfig(heads=2, t5_layers=3)
     pipe = build_pipeline(cfg, seed=0)
@@ -110,7 +111,7 @@ def test_binding_pretraining_teaches_t5_which_object_a_word_belongs_to():
     targets = binding_targets(prompts, pipe.tokenizer_2, cfg.text_len)
     with tqdm(total=steps, disable=True) as bar:
         head, losses = pretrain_binding(
-            pipe, cfg, prompts, targets, steps=steps, batch=64, g=torch.Generator().manual_seed(0), bar=bar
+            pipe, cfg, prompts, targets, steps=steps, batch=32, g=torch.Generator().manual_seed(0), bar=bar
         )
     rng = random.Random(5)
     held = [sample_scene(rng, two_objects=True, held_out=True).prompt for _ in range(300)]
