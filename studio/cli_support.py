@@ -110,7 +110,8 @@ def progress_bar(desc: str):
 
 
 def image_args(args) -> dict:
-    """--image, --mask and --strength as the request takes them (app.values does the same for the UI's uploads)."""
+    """--image, --mask and --strength as the request takes them (read here, converted as the UI's uploads are:
+    spec.request.image_inputs)."""
     if not getattr(args, "image", None):
         if getattr(args, "mask", None) or getattr(args, "strength", None) is not None:
             raise ValueError("--mask and --strength are read with an input picture: give --image too")
@@ -124,8 +125,7 @@ def image_args(args) -> dict:
         except OSError as e:  # a missing file, not a picture
             raise ValueError(f"{path}: cannot be read as a picture ({type(e).__name__}: {e})") from None
 
-    pic = read(args.image, "RGB")
-    out = {"image": np.asarray(pic), "strength": args.strength if args.strength is not None else 0.6}
-    if args.mask:
-        out["mask_image"] = np.asarray(read(args.mask, "L").resize(pic.size, Image.Resampling.NEAREST))
-    return out
+    from studio.spec.request import image_inputs
+
+    mask = np.asarray(read(args.mask, "L")) if args.mask else None
+    return image_inputs(np.asarray(read(args.image, "RGB")), mask, args.strength if args.strength is not None else 0.6)

@@ -26,7 +26,6 @@ from studio.app.progress import progress_hooks
 from studio.app.values import (
     batch_pictures,
     cfg_scale,
-    image_inputs,
     json_safe,
     notes_md,
     png,
@@ -40,7 +39,7 @@ from studio.report.plots import plot_steps, plot_tradeoff
 from studio.report.table import MatrixRow
 from studio.spec import ConfigError, ModelLoadError, PresetLibrary, RunError, parse_switch
 from studio.spec.presets import MAX_PRESET_BYTES, preset_from_text
-from studio.spec.request import check_scale, compare_mode, parse_loras
+from studio.spec.request import check_scale, compare_mode, image_inputs, parse_loras
 from studio.worker.protocol import Device
 
 CACHE_CHOICES = [("follow preset", "unset"), ("on", "true"), ("off", "false")]

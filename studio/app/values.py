@@ -65,19 +65,3 @@ def threshold_value(value) -> float | None:
     if value in (None, "") or float(value) <= 0:
         return None
     return float(value)
-
-
-def image_inputs(image, mask, strength) -> dict:
-    """The form's image inputs as the request takes them: an RGB picture, a grey mask of the picture's size (an
-    upload of another size is resized to it, nearest neighbour), and the strength, which is read only with a
-    picture (none: text-to-image, strength 1)."""
-    if image is None:
-        return {}
-    pic = np.asarray(Image.fromarray(np.asarray(image)).convert("RGB"))
-    out = {"image": pic, "strength": float(strength if strength is not None else 1.0)}
-    if mask is not None:
-        m = Image.fromarray(np.asarray(mask)).convert("L")
-        if m.size != (pic.shape[1], pic.shape[0]):
-            m = m.resize((pic.shape[1], pic.shape[0]), Image.Resampling.NEAREST)
-        out["mask_image"] = np.asarray(m)
-    return out

@@ -39,8 +39,9 @@ def check_loras(request, preset) -> None:
         raise ConfigError(f"request.loras: preset {preset.name!r} runs on {why}")
 
 
-def apply_loras(pipe, request) -> list[str]:
-    """Make `request.loras` the adapters of this run (loading each once per set of weights); lines for `engaged`."""
+def apply_loras(pipe, request) -> None:
+    """Make `request.loras` the adapters of this run, loading each once per set of weights (the card's lines come
+    from `lora_lines`)."""
     loaded = stack_state(pipe.transformer).loras
     for lora in request.loras:
         if lora.path not in loaded:
@@ -55,13 +56,12 @@ def apply_loras(pipe, request) -> list[str]:
                 ) from None
             loaded[lora.path] = name
     if not loaded:
-        return []
+        return
     if not request.loras:
         pipe.disable_lora()
-        return []
+        return
     pipe.enable_lora()
     pipe.set_adapters([loaded[lo.path] for lo in request.loras], adapter_weights=[lo.scale for lo in request.loras])
-    return lora_lines(request)
 
 
 def lora_lines(request) -> list[str]:

@@ -167,7 +167,7 @@ def noise_energy(img) -> float:
     return float(np.mean((x - med) ** 2))
 
 
-SEVERITY = ("identical", "good", "lossy", "different picture (clean)", "likely broken, not lossy")
+SEVERITY = (Verdict.IDENTICAL, Verdict.GOOD, Verdict.LOSSY, Verdict.DIFFERENT, Verdict.BROKEN)  # mildest first
 
 
 def split_batch(strip: np.ndarray, n: int) -> list[np.ndarray]:
@@ -181,7 +181,7 @@ def judge_batch(strip, base_strip, n: int) -> tuple[Quality, list[Quality]]:
     four makes the batch broken, where over the whole strip its noise would be diluted)."""
     each = [judge(a, b) for a, b in zip(split_batch(strip, n), split_batch(base_strip, n), strict=True)]
     whole = judge(strip, base_strip)
-    worst = max(each, key=lambda q: SEVERITY.index(q.verdict.value))
+    worst = max(each, key=lambda q: SEVERITY.index(q.verdict))
     return replace(whole, verdict=worst.verdict), each
 
 

@@ -195,3 +195,21 @@ def _check_inputs(r: GenerationRequest) -> None:
         fail(o, "strength", r.strength, "strength is read with an input picture (image); without one leave it at 1")
     if r.image is not None and r.executed_steps < 1:
         fail(o, "strength", r.strength, f"at {r.steps} steps, strength {r.strength:g} runs no step: raise either")
+
+
+def image_inputs(image, mask, strength) -> dict:
+    """Image inputs (the UI's uploads, the CLI's files) as the request takes them: an RGB picture, a grey mask of
+    the picture's size (one of another size is resized to it, nearest neighbour), and the strength, which is read
+    only with a picture (none: text-to-image, strength 1)."""
+    if image is None:
+        return {}
+    from PIL import Image
+
+    pic = np.asarray(Image.fromarray(np.asarray(image)).convert("RGB"))
+    out = {"image": pic, "strength": float(strength if strength is not None else 1.0)}
+    if mask is not None:
+        m = Image.fromarray(np.asarray(mask)).convert("L")
+        if m.size != (pic.shape[1], pic.shape[0]):
+            m = m.resize((pic.shape[1], pic.shape[0]), Image.Resampling.NEAREST)
+        out["mask_image"] = np.asarray(m)
+    return out
