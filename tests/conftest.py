@@ -49,8 +49,7 @@ def tiny_runner():
     r.manager.unload()
 
 
-@pytest.fixture(scope="session")
-def tiny_lora(tmp_path_factory):
+def _make_lora(tmp_path_factory, seed: int, rank: int) -> str:
     """A LoRA of the embedded model's transformer, made here: peft adapters on its attention projections with small
     random weights, saved with diffusers' own save_lora_weights (what a user's trained LoRA file is)."""
     from diffusers import FluxPipeline
@@ -60,12 +59,24 @@ def tiny_lora(tmp_path_factory):
     from studio.spec.profiles import resolve_model
 
     tr = FluxPipeline.from_pretrained(resolve_model("tiny"), dtype=torch.float32).transformer
-    tr.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v"], init_lora_weights=False))
-    torch.manual_seed(0)
+    tr.add_adapter(LoraConfig(r=rank, lora_alpha=4, target_modules=["to_q", "to_k", "to_v"], init_lora_weights=False))
+    torch.manual_seed(seed)
     with torch.no_grad():
         for name, p in tr.named_parameters():
             if "lora_B" in name:
                 p.copy_(torch.randn_like(p) * 0.4)
-    out = tmp_path_factory.mktemp("lora")
+    out = tmp_path_factory.mktemp(f"lora{seed}")
     FluxPipeline.save_lora_weights(out, transformer_lora_layers=get_peft_model_state_dict(tr))
     return str(out / "pytorch_lora_weights.safetensors")
+
+
+@pytest.fixture(scope="session")
+def tiny_lora(tmp_path_factory):
+    """A rank-4 LoRA of the embedded model (alpha 4)."""
+    return _make_lora(tmp_path_factory, seed=0, rank=4)
+
+
+@pytest.fixture(scope="session")
+def tiny_lora_b(tmp_path_factory):
+    """Another LoRA of the same layers: other weights, rank 8 (alpha 4: half tiny_lora's scale per unit)."""
+    return _make_lora(tmp_path_factory, seed=1, rank=8)

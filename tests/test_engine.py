@@ -685,7 +685,7 @@ def test_a_lora_changes_the_picture_composes_with_the_cache_and_switching_reload
     """Issue 23: a LoRA on the request (diffusers load_lora_weights, peft): the picture changes against no LoRA; under
     `cache` its counts agree with cache-dit's own list and its PSNR is against base with the same LoRA; a request
     without it afterwards is bitwise the picture without it (the base weights as they were, nothing reloaded); on
-    INT8 or compiled stacks it is refused with the reason, before any model work."""
+    INT8 it is refused with the reason, before any model work (under compile: tests/test_compile.py)."""
     from studio.spec.request import LoraSpec
 
     r = tiny_runner
@@ -702,8 +702,32 @@ def test_a_lora_changes_the_picture_composes_with_the_cache_and_switching_reload
     assert psnr(half, plain.image) > psnr(with_lora.image, plain.image)  # the scale is read
     after = r.generate(req, "cache", compare="off")
     assert np.array_equal(after.image, plain.image) and not after.metrics.reloaded
-    for preset, why in (("int8", "quantized weights"), ("cache-compile", "torch.compile")):
-        with pytest.raises(ConfigError, match=f"request.loras: preset '{preset}' runs on {why}"):
-            r.generate(lora, preset, compare="off")
+    with pytest.raises(ConfigError, match="request.loras: preset 'int8' runs on quantized weights"):
+        r.generate(lora, "int8", compare="off")
     with pytest.raises(ConfigError, match="could not be loaded as a LoRA"):
         r.generate(replace(req, loras=(LoraSpec("/nonexistent/lora.safetensors"),)), "base", compare="off")
+
+
+def test_a_presets_lora_is_fused_before_int8_and_its_base_image_has_it(tiny_runner, tiny_lora, tiny_lora_b, tmp_path):
+    """Issue 23: a preset's own `loras` run on every request of it, and its base image has them too (PSNR measures
+    the stack, not the LoRA). On a quantized preset they are fused into fresh weights before INT8 (fuse_lora,
+    unload_lora_weights, then torchao); a request's other LoRA on it is refused with the way out."""
+    from studio.spec.request import LoraSpec
+
+    r = tiny_runner
+    r.presets.user_dir = tmp_path
+    r.presets.add("int8-lora", f"quantize_config: {{quant_type: int8_weight_only}}\nloras: [{{path: {tiny_lora}}}]\n")
+    req = r.request(PROMPT, seed=42, steps=12)
+    res = r.generate(req, "int8-lora", pairing=replace(r.pairing, cheap_pairs=1, max_extra_pairs=0))
+    m = res.metrics
+    assert m.request["loras"] == f"{tiny_lora}@1"  # the preset's LoRA is on the request: base ran with it
+    assert f"lora: {tiny_lora} at 1 (diffusers load_lora_weights, fused into the weights before quantization)" in (
+        m.engaged
+    )
+    assert any(x.startswith("quantize: torchao int8_weight_only") for x in m.engaged)
+    with_lora = r.generate(replace(req, loras=(LoraSpec(tiny_lora),)), "base", compare="off").image
+    plain = r.generate(req, "base", compare="off").image
+    assert np.array_equal(res.base_image, with_lora)  # its base is base with the LoRA, as an adapter
+    assert m.psnr_db >= 30 and psnr(res.image, with_lora) > psnr(res.image, plain) + 3  # the fused LoRA is read
+    with pytest.raises(ConfigError, match="name it in the preset's `loras`"):
+        r.generate(replace(req, loras=(LoraSpec(tiny_lora_b),)), "int8-lora", compare="off")

@@ -101,3 +101,49 @@ def test_kernel_timing_runs_each_non_cache_stack_on_a_small_flux_transformer():
     assert by["sdpa"].ms > 0 and by["sdpa"].speedup == 1.0
     assert by["sage"].ms is None and by["sage"].note == "sage: unavailable on cpu, using sdpa"
     assert by["int8"].ms > 0 and by["compile"].ms > 0 and "fullgraph=True" in by["compile"].note
+
+
+def test_flux_kontext_reads_its_picture_as_a_reference_under_the_cache(tmp_path):
+    """Issue 23: a FLUX.1 Kontext model (FluxKontextPipeline: the same transformer class, the input picture's latents
+    read as extra tokens) edits: a picture on the request goes to its own pipeline as the reference, the whole
+    schedule runs with the reference's tokens beside the picture's own (twice the sequence; random weights barely
+    look at them, so the pictures differ only slightly), cache-dit's Flux adapter caches it (cached + full = the steps, its own list agreeing), PSNR is
+    against base on the same reference; another reference gives another picture; what it does not read (a
+    strength, a mask) is refused; a text-to-image request after an edit is bitwise the picture it gets alone."""
+    from dataclasses import replace
+
+    from studio.spec.checks import ConfigError
+
+    folder = save_family("flux-kontext", tmp_path / "kontext")
+    runner = Runner(ModelManager("cpu"), PresetLibrary(), model=str(folder), cheap_pairs=1)
+    runner.pairing = replace(runner.pairing, max_extra_pairs=0)
+    runner.presets.user_dir = tmp_path
+    runner.presets.add("kc", f"cache_config: {{residual_diff_threshold: {R}}}\n")
+    try:
+        req = runner.request(PROMPT, seed=3, steps=12)
+        alone = runner.generate(req, "kc", compare="off")
+        red, blue = np.zeros((64, 64, 3), np.uint8), np.zeros((64, 64, 3), np.uint8)
+        red[..., 0], blue[..., 2] = 220, 220
+        edit = runner.generate(replace(req, image=red), "kc")
+        m = edit.metrics
+        assert "edit: FluxKontextPipeline read the input picture as a reference (64x64); all 12 steps ran" in m.engaged
+        assert m.cached_steps > 0 and m.cached_steps + m.full_steps == 12 and m.count_check.startswith("agrees")
+        assert m.psnr_db is not None and m.psnr_db >= 25 and m.request["image"].startswith("64x64 sha1:")
+        tr = runner.manager.current.pipe.transformer
+        seen = []
+        hook = tr.register_forward_pre_hook(
+            lambda m, a, kw: seen.append(kw["hidden_states"].shape[1]), with_kwargs=True
+        )
+        try:
+            other = runner.generate(replace(req, image=blue), "kc", compare="off")
+            runner.generate(req, "kc", compare="off")
+        finally:
+            hook.remove()
+        assert seen == [2 * seen[-1]] * 12 + [seen[-1]] * 12  # the reference's tokens beside the picture's own
+        assert not np.array_equal(other.image, edit.image) and not np.array_equal(edit.image, alone.image)
+        for ask, why in ((dict(strength=0.5), "leave strength at 1"), (dict(mask_image=red[..., 0]), "takes no mask")):
+            with pytest.raises(ConfigError, match=why):
+                runner.generate(replace(req, image=red, **ask), "kc", compare="off")
+        assert np.array_equal(runner.generate(req, "kc", compare="off").image, alone.image)
+    finally:
+        runner.manager.unload()

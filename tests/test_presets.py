@@ -103,6 +103,17 @@ def test_yaml_round_trip(name):
     assert again == p
 
 
+def test_a_presets_loras_round_trip_and_go_first_on_a_request():
+    from studio.spec.lora import LoraSpec, merge_loras
+
+    p = preset_from_text("loras: [{path: /l/a.safetensors, scale: 0.8}, /l/b.safetensors@1.5]\n", "mine")
+    assert p.loras == (LoraSpec("/l/a.safetensors", 0.8), LoraSpec("/l/b.safetensors", 1.5))
+    assert preset_from_text(preset_to_yaml(p), "mine") == p and p.tag("bfloat16").endswith("+lora2")
+    mine = (LoraSpec("/l/b.safetensors", 0.2), LoraSpec("/l/c.safetensors"))
+    assert [lo.label() for lo in merge_loras(p.loras, mine)] == ["/l/a.safetensors@0.8", "/l/b.safetensors@1.5",
+                                                                 "/l/c.safetensors@1"]  # fmt: skip
+
+
 def test_load_from_dict_and_path(tmp_path):
     d = {"description": "x", "cache_config": {"residual_diff_threshold": 0.3}, "attention_backend": "sdpa"}
     p = load_preset(d, name="mine")
@@ -143,6 +154,11 @@ BAD = [
     ("compile: {enabled: true, mode: fastest}", "compile.mode='fastest' is not valid"),
     ("dtype: int4", "preset.dtype='int4' is not valid: use one of"),
     ("cache_config: [1, 2]", "cache_config must be a mapping"),
+    ("loras: a.safetensors", "loras must be a list of {path: ..., scale: ...}"),
+    ("loras: [{path: a.safetensors, weight: 2}]", "preset.loras.entry="),
+    ("loras: [{path: a.safetensors, scale: 9}]", "lora.scale=9 is not valid: a finite number from -4 to 4"),
+    ("loras: [a, b, c, d, e]", "preset.loras="),
+    ("loras: [a]\nparallelism_config: {ulysses_size: 2}", "parallel workers load the model's own weights: drop loras"),
     ("- just\n- a list", "a preset must be a YAML mapping"),
     ("cache_config: {Fn_compute_blocks: 1", "not valid YAML"),
 ]

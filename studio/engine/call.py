@@ -62,12 +62,10 @@ def pipe_kwargs(pipe, request: GenerationRequest, probe=None) -> dict:
         kw["num_images_per_prompt"] = n
     if probe is not None:
         kw["callback_on_step_end"] = probe
-    if request.task != "text2img":  # an img2img/inpaint pipeline (engine.tasks), made from the loaded one
-        from PIL import Image
-
-        kw["image"], kw["strength"] = Image.fromarray(request.image), request.strength
-        if request.mask_image is not None:
-            kw["mask_image"] = Image.fromarray(request.mask_image)
+    if "max_area" in params:  # FLUX Kontext derives its size from max_area (1 MP by default), not height and width
+        kw["max_area"] = request.width * request.height
+    if request.task != "text2img":
+        kw.update(_image_kwargs(pipe, request, params))
     if request.guidance is not None and "guidance_scale" in params:
         kw["guidance_scale"] = request.guidance
     if true_cfg(pipe, request):
@@ -81,6 +79,29 @@ def pipe_kwargs(pipe, request: GenerationRequest, probe=None) -> dict:
     if request.max_sequence_length is not None and "max_sequence_length" in params:
         kw["max_sequence_length"] = request.max_sequence_length
     return kw
+
+
+def _image_kwargs(pipe, request: GenerationRequest, params) -> dict:
+    """The picture inputs: an img2img/inpaint pipeline's start picture, strength and mask (engine.tasks makes it from
+    the loaded one); an edit pipeline's reference picture, at the size of the picture it makes (FLUX Kontext's own
+    resize to its ~1 MP training sizes is turned off: the reference's tokens cost what the request's size says)."""
+    from PIL import Image
+
+    picture = Image.fromarray(request.image)
+    if "strength" in params:
+        out = {"image": picture, "strength": request.strength}
+        if request.mask_image is not None:
+            out["mask_image"] = Image.fromarray(request.mask_image)
+        return out
+    if request.strength != 1.0:
+        raise ConfigError(
+            f"request.strength={request.strength:g}: {type(pipe).__name__} edits with the picture as a reference and "
+            "runs its whole schedule; leave strength at 1"
+        )
+    out = {"image": picture.resize((request.width, request.height), Image.Resampling.LANCZOS)}
+    if "_auto_resize" in params:
+        out["_auto_resize"] = False
+    return out
 
 
 def dropped_tokens(pipe, request: GenerationRequest) -> tuple[int, int] | None:

@@ -21,6 +21,7 @@ import torch
 
 from studio.engine.cache import remove_cache
 from studio.engine.device import DtypeChoice, default_device, resolve_dtype
+from studio.engine.lora import fuse_loras
 from studio.engine.parallel import remove_parallel
 from studio.engine.stack import AppliedStack, apply_preset
 from studio.engine.state import stack_state
@@ -135,7 +136,7 @@ class ModelManager:
             # patches the class, so the old pipeline's hooks must come off first).
             self.unload()
             cur = Loaded(model or "tiny", source, pipe, profile_for(source), dtype)
-            cur.active = (dtype.name, QuantSpec())
+            cur.active = (dtype.name, QuantSpec(), ())
             cur.variants[cur.active] = Variant(pipe.transformer)
             self.current = cur
             log.info("loaded %s (%s) on %s in %s", model, type(pipe).__name__, self.device, dtype.name)
@@ -218,6 +219,8 @@ class ModelManager:
             cur.variants[key] = Variant(self._load_transformer(cur, cur.dtype))
         cur.variants.move_to_end(key)
         cur.pipe.register_modules(transformer=cur.variants[key].transformer)
+        if loaded and key[2]:
+            fuse_loras(cur.pipe, key[2])  # fresh full-precision weights: the preset's LoRAs go in before quantizing
         cur.active = key
         if loaded:
             self._free()
@@ -243,7 +246,8 @@ class ModelManager:
                 self._set_dtype(cur, dtype)
                 fresh = True
             quant = preset.quantize_config if preset.quantize_config.enabled else QuantSpec()
-            loaded = self._switch_variant(cur, (dtype.name, quant), on_status)
+            fused = preset.loras if quant.enabled else ()  # fused before quantization (engine.lora)
+            loaded = self._switch_variant(cur, (dtype.name, quant, fused), on_status)
             variant = cur.variants[cur.active]
             pipe = task_pipe(cur, task)
             if cur.cache_on is not None and cur.cache_on is not pipe:  # the cache is on another task's pipeline

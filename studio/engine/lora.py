@@ -1,69 +1,168 @@
-"""LoRA adapters on a request, through diffusers' own `load_lora_weights` / `set_adapters` (peft).
+"""LoRA adapters on a request, through diffusers' own `load_lora_weights` (peft), hot-swapped into fixed slots.
 
 Where they go in the stack: on the weights of the run, after the model manager has put the transformer for the
 preset's dtype and quantization in place and applied the preset (quantize, cache, attention, compile), before the
-call. Each adapter is loaded once per set of transformer weights and kept (engine.state.StackState.loras), so
-switching between LoRAs, scales or none never reloads the base weights: `set_adapters` picks the request's, and a
-request without one runs with the adapters disabled (the base weights exactly: tests/test_engine.py).
+call. The adapters live inside the blocks' Linear layers, which a step cache runs or skips whole.
+
+Slots, so that switching never reloads the base weights and never recompiles: the transformer holds adapters
+`lora0`, `lora1`, ... (engine.state.StackState.loras: the file in each). A request's i-th LoRA goes into slot i,
+hot-swapped there (`load_lora_weights(..., hotswap=True)`: its weights copied into the slot's tensors) when the slot
+holds another file. `enable_lora_hotswap` is called before the first adapter, so every slot is padded to one rank
+(LORA_RANK) and its scale is a tensor: a compiled block traced with the slots sees new values in the same tensors and
+does not recompile (tests/test_compile.py counts Dynamo's graphs). Scales are written into those tensors in place,
+from each slot's own scale at 1 (what the load set), because peft's set_scale keeps the first adapter's alpha/rank
+and writes a float. A slot the request does not use is at scale 0 under compile (the same graph) and the adapters
+are disabled for an eager run without LoRA (the base weights exactly). Only a new slot (more LoRAs than ever before
+on these weights) changes the modules; its next run is a warm-up again (engine.run.warm keys by the slot count).
 
 What is refused, with the reason, rather than run wrong:
-- LoRA on quantized weights: an unfused LoRA beside INT8 weights is not what a fused-then-quantized model computes,
-  and fusing would change the kept weights for every later request;
-- LoRA under torch.compile: switching adapters or scales changes values the compiled graphs guard on (a recompile
-  per switch) and diffusers' hot-swap (enable_lora_hotswap before compile) is not wired here yet;
-- LoRA on parallel workers (they load the model's own weights).
-A step cache composes: the adapters live inside the blocks' Linear layers, which the cache runs or skips whole.
+- a request's LoRA on quantized weights: an unfused LoRA beside INT8 weights is not what a fused-then-quantized
+  model computes (a preset's own `loras` are fused into the weights before quantization: engine.loader);
+- LoRA on parallel workers (they load the model's own weights);
+- a LoRA of higher rank than the slots (set STUDIO_LORA_RANK before the first LoRA), or one that targets layers the
+  slot's first LoRA did not (peft cannot hot-swap it).
 """
 
 from __future__ import annotations
 
+import os
+
 from studio.engine.state import stack_state
 from studio.spec.checks import ConfigError
+
+RANK_ENV = "STUDIO_LORA_RANK"
+LORA_RANK = 64  # every slot's rank (zero-padded): the highest rank a LoRA may have here
+_LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, TypeError)
 
 
 def check_loras(request, preset) -> None:
     """Refuse a request's LoRAs on a stack they cannot run on, before any model work."""
-    if not request.loras:
+    own = {lo.path for lo in preset.loras}
+    if all(lo.path in own for lo in request.loras):  # only the preset's own (fused where the preset quantizes)
         return
     why = None
     if preset.quantize_config.enabled:
         why = (
-            "quantized weights (an unfused LoRA beside INT8 weights is not the fused model): use a preset without "
-            "quantize_config"
+            "quantized weights (an unfused LoRA beside INT8 weights is not the fused model): name it in the "
+            "preset's `loras` (fused before quantization), or use a preset without quantize_config"
         )
-    elif preset.compile.enabled:
-        why = "torch.compile (each adapter switch would recompile; LoRA hot-swap is not wired yet): set compile off"
     elif preset.wants_workers:
         why = "parallel workers (they load the model's own weights): use a one-process preset"
     if why:
         raise ConfigError(f"request.loras: preset {preset.name!r} runs on {why}")
 
 
+def slot_rank() -> int:
+    raw = os.environ.get(RANK_ENV, "").strip()
+    if not raw:
+        return LORA_RANK
+    if not raw.isdigit() or not 1 <= int(raw) <= 1024:
+        raise ConfigError(f"{RANK_ENV}={raw!r}: the LoRA slots' rank, a whole number from 1 to 1024")
+    return int(raw)
+
+
+def _lora_layers(tr):
+    from peft.tuners.lora import LoraLayer
+
+    return [m for m in tr.modules() if isinstance(m, LoraLayer)]
+
+
+def _load(pipe, slot: str, path: str, hotswap: bool) -> None:
+    try:
+        pipe.load_lora_weights(path, adapter_name=slot, hotswap=hotswap)
+    except _LOAD_ERRORS as e:  # not a LoRA of this model, or not one a slot can take: the request's fault
+        first = str(e).splitlines()[0][:240] if str(e) else ""
+        into = f", hot-swapped into slot {slot} (slots have rank {slot_rank()}: {RANK_ENV})" if hotswap else ""
+        raise ConfigError(
+            f"request.loras: {path!r} could not be loaded as a LoRA of {type(pipe.transformer).__name__}{into}"
+            f" ({type(e).__name__}: {first})"
+        ) from None
+
+
+def _note_unit_scales(tr, slot: str, units: dict) -> None:
+    """Each layer's scale of `slot` as just loaded (scale 1), kept: later scales are multiples of it."""
+    for m in _lora_layers(tr):
+        if slot in m.scaling:
+            units[(id(m), slot)] = float(m.scaling[slot])
+
+
+def _set_scales(tr, scales: dict, units: dict) -> None:
+    """Each slot's scale, written into its tensors in place (a compiled graph reads them, no recompile)."""
+    import torch
+
+    for m in _lora_layers(tr):
+        for slot, scale in scales.items():
+            if slot not in m.scaling:
+                continue
+            value = scale * units[(id(m), slot)]
+            cur = m.scaling[slot]
+            if isinstance(cur, torch.Tensor):
+                cur.fill_(value)
+            else:
+                m.scaling[slot] = torch.tensor(value, device=m.weight.device)
+
+
 def apply_loras(pipe, request) -> None:
-    """Make `request.loras` the adapters of this run, loading each once per set of weights (the card's lines come
-    from `lora_lines`)."""
-    loaded = stack_state(pipe.transformer).loras
-    for lora in request.loras:
-        if lora.path not in loaded:
-            name = f"lora{len(loaded)}"
-            try:
-                pipe.load_lora_weights(lora.path, adapter_name=name)
-            except (OSError, ValueError, KeyError, RuntimeError) as e:  # not a LoRA of this model: the request's fault
-                first = str(e).splitlines()[0][:200] if str(e) else ""
-                raise ConfigError(
-                    f"request.loras: {lora.path!r} could not be loaded as a LoRA of {type(pipe.transformer).__name__}"
-                    f" ({type(e).__name__}: {first})"
-                ) from None
-            loaded[lora.path] = name
-    if not loaded:
+    """Make `request.loras` the adapters of this run (the card's lines come from `lora_lines`)."""
+    tr = pipe.transformer
+    state = stack_state(tr)
+    slots = state.loras
+    fused = {lo.path for lo in state.fused}
+    wanted = [lo for lo in request.loras if lo.path not in fused]
+    if not slots and not wanted:
         return
-    if not request.loras:
-        pipe.disable_lora()
+    if not slots:
+        pipe.enable_lora_hotswap(target_rank=slot_rank())  # before the first adapter: pads it and makes scales tensors
+    added = False
+    for i, lora in enumerate(wanted):
+        slot = f"lora{i}"
+        if i < len(slots):
+            if slots[i] != lora.path:
+                slots[i] = None  # what a failed swap leaves in it is not known: the next request swaps again
+                _load(pipe, slot, lora.path, hotswap=True)
+                slots[i] = lora.path
+                _note_unit_scales(tr, slot, state.lora_units)
+        else:
+            if slots:  # a slot after the first: padded and made tensors too (after prep, new adapters are not)
+                tr.enable_lora_hotswap(target_rank=slot_rank(), check_compiled="ignore")
+            _load(pipe, slot, lora.path, hotswap=False)
+            slots.append(lora.path)
+            added = True
+            _note_unit_scales(tr, slot, state.lora_units)
+    names = [f"lora{i}" for i in range(len(slots))]
+    if added:
+        pipe.set_adapters(names)  # every slot active, always: the same active list for every graph
+    if not wanted and state.compiled is None:
+        pipe.disable_lora()  # eager and no LoRA: the base weights exactly, without the adapters' matmuls
         return
     pipe.enable_lora()
-    pipe.set_adapters([loaded[lo.path] for lo in request.loras], adapter_weights=[lo.scale for lo in request.loras])
+    scales = {n: 0.0 for n in names}
+    scales.update({f"lora{i}": lo.scale for i, lo in enumerate(wanted)})
+    _set_scales(tr, scales, state.lora_units)
 
 
-def lora_lines(request) -> list[str]:
-    """The request's adapters, in words (the card's `engaged`)."""
-    return [f"lora: {lo.path} at {lo.scale:g} (diffusers load_lora_weights, peft)" for lo in request.loras]
+def fuse_loras(pipe, loras: tuple) -> None:
+    """Fuse a quantized preset's own `loras` into freshly loaded full-precision weights, before they are quantized
+    (diffusers fuse_lora, then unload_lora_weights: the adapters go, their product stays in the weights)."""
+    if not loras:
+        return
+    names = [f"fuse{i}" for i in range(len(loras))]
+    for name, lora in zip(names, loras):
+        _load(pipe, name, lora.path, hotswap=False)
+    pipe.set_adapters(names, adapter_weights=[lo.scale for lo in loras])
+    pipe.fuse_lora(adapter_names=names)
+    pipe.unload_lora_weights()
+    stack_state(pipe.transformer).fused = tuple(loras)
+
+
+def lora_lines(request, state) -> list[str]:
+    """The run's adapters, in words (the card's `engaged`); `state` is the StackState of the transformer that ran."""
+    fused = {lo.path for lo in state.fused}
+    out = []
+    for lo in request.loras:
+        how = "fused into the weights before quantization" if lo.path in fused else "hot-swap slot, peft"
+        out.append(f"lora: {lo.path} at {lo.scale:g} (diffusers load_lora_weights, {how})")
+    idle = len(state.loras) - len([lo for lo in request.loras if lo.path not in fused])
+    if idle > 0 and state.compiled is not None:
+        out.append(f"lora: {idle} hot-swap slot(s) held at scale 0 (the compiled graphs keep them: no recompile)")
+    return out

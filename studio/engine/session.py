@@ -27,10 +27,13 @@ from studio.engine.loader import ModelLoadError, ModelManager
 from studio.engine.lora import check_loras, lora_lines
 from studio.engine.parallel import remove_parallel, workers
 from studio.engine.run import Deadline, Measured, RunContext, measure, pipeline_for, settle, warm
+from studio.engine.state import stack_state
+from studio.engine.tasks import edits
 from studio.measure.blocks import IdealCheck, computed_blocks, price_cached_step
 from studio.measure.record import RunMetrics, RunResult, Timing
 from studio.spec.checks import ConfigError
 from studio.spec.errors import OverTime, RunError
+from studio.spec.lora import merge_loras
 from studio.spec.preset import CacheSpec, Preset
 from studio.spec.presets import BASE, PresetLibrary
 from studio.spec.profiles import ModelProfile, profile_for, resolve_model
@@ -107,8 +110,11 @@ class Runner:
         return self.bases.get(request.key(resolve_model(model or self.model), dtype))
 
     def context(self, request: GenerationRequest, preset: Preset, model: str | None = None, **hooks) -> RunContext:
-        """The run context of `request` under `preset`'s dtype; hooks: progress, on_status."""
+        """The run context of `request` under `preset`'s dtype, with the preset's own LoRAs first in its `loras`
+        (so its base image has them too); hooks: progress, on_status."""
         dtype = self.manager.resolve_dtype(preset.dtype)
+        if preset.loras:
+            request = replace(request, loras=merge_loras(preset.loras, request.loras))
         return RunContext(self.manager, request, model or self.model, dtype, deadline=self.deadline, **hooks)
 
     @contextmanager
@@ -191,7 +197,7 @@ class Runner:
         ctx = self.context(request, p, model, progress=progress, on_status=on_status)
         with self.manager.lock:
             self.check_caps(request)  # an operator's caps before any load
-            check_loras(request, p)  # a LoRA on a stack it cannot run on, before any model work
+            check_loras(ctx.request, p)  # a LoRA on a stack it cannot run on, before any model work
             self.manager.ensure(ctx.model, ctx.dtype, on_status)  # a model that cannot load says so next
             self.check_request(request, ctx.model)
             try:
@@ -313,9 +319,16 @@ class Runner:
         lines = run.stack.lines() + ([f"dtype: {ctx.dtype.note}"] if ctx.dtype.note else [])
         if run.dropped:
             lines.append(f"prompt: {run.dropped[0]} tokens, the model reads {run.dropped[1]}; the rest was dropped")
-        lines += cfg_lines(ctx.request, self.manager.current.pipe, run.calls_per_step) + lora_lines(ctx.request)
+        lines += cfg_lines(ctx.request, self.manager.current.pipe, run.calls_per_step) + lora_lines(
+            ctx.request, stack_state(self.manager.current.pipe.transformer)
+        )
         r = ctx.request
-        if r.task != "text2img":
+        if r.task != "text2img" and edits(self.manager.current.pipe):
+            lines.append(
+                f"edit: {type(self.manager.current.pipe).__name__} read the input picture as a reference "
+                f"({r.width}x{r.height}); all {r.steps} steps ran"
+            )
+        elif r.task != "text2img":
             lines.append(f"{r.task}: strength {r.strength:g}: the last {r.executed_steps} of {r.steps} steps ran")
         if run.stack.is_engaged("cache") and run.counts.cached == 0 and run.report.threshold is not None:
             lines.append(

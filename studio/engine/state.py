@@ -66,7 +66,9 @@ class StackState:
     compile_failed: dict = field(default_factory=dict)  # variant key -> why its first run failed (never retried)
     parallel: ParallelState | None = None  # the running parallel workers (engine.parallel), None: one process
     parallel_starts: int = 0  # worker sets started so far (a rebuilt set warms up again)
-    loras: dict = field(default_factory=dict)  # LoRA path -> its adapter name, loaded into these weights (engine.lora)
+    loras: list = field(default_factory=list)  # the LoRA file in each hot-swap slot lora0, lora1, ... (engine.lora)
+    lora_units: dict = field(default_factory=dict)  # (id(layer), slot) -> the slot's scale at 1 in that layer
+    fused: tuple = ()  # LoraSpec fused into these weights before quantization (engine.loader), none: ()
 
 
 def stack_state(transformer) -> StackState:

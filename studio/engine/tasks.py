@@ -13,6 +13,23 @@ from __future__ import annotations
 from studio.spec.checks import ConfigError
 
 AUTO = {"img2img": "AutoPipelineForImage2Image", "inpaint": "AutoPipelineForInpainting"}
+# Pipelines that edit: the input picture is a reference the transformer reads beside the picture it makes (FLUX.1
+# Kontext: its latents as extra tokens; Qwen-Image-Edit: also through the vision-language encoder). Their own weights
+# (FLUX.1-Kontext-dev, Qwen-Image-Edit) load as these classes, and a picture on the request goes to them as `image`.
+EDIT_PIPELINES = ("FluxKontextPipeline", "QwenImageEditPipeline", "QwenImageEditPlusPipeline")
+
+
+def edits(pipe) -> bool:
+    """Whether `pipe` reads a request's picture as a reference to edit (its whole schedule runs)."""
+    return type(pipe).__name__ in EDIT_PIPELINES
+
+
+def _edit_task(cur, task: str):
+    """An edit model's own pipeline takes the picture; what it does not read is refused rather than ignored."""
+    name = type(cur.pipe).__name__
+    if task == "inpaint":
+        raise ConfigError(f"request.mask_image: {name} edits with the picture as a reference and takes no mask")
+    return cur.pipe
 
 
 def task_pipe(cur, task: str):
@@ -20,6 +37,8 @@ def task_pipe(cur, task: str):
     transformer is always the loaded pipeline's current one. `cur`: an engine.loader.Loaded."""
     if task == "text2img":
         return cur.pipe
+    if edits(cur.pipe):
+        return _edit_task(cur, task)
     pipe = cur.pipes.get(task)
     if pipe is None:
         import diffusers

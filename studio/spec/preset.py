@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from studio.spec.checks import Record, check_bool, check_choice, check_float, check_int, fail
+from studio.spec.lora import MAX_LORAS, LoraSpec
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "auto": "auto"}
@@ -259,6 +260,9 @@ class Preset(Record):
     attention_backend: str = "sdpa"
     compile: CompileSpec = field(default_factory=CompileSpec)
     parallelism_config: ParallelSpec = field(default_factory=ParallelSpec)
+    # LoRA adapters every request on this preset runs with (and its base image too): hot-swap slots on full-precision
+    # weights, fused into the weights before quantization on a quantized preset (engine.lora, engine.loader).
+    loras: tuple = ()
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.strip():
@@ -278,6 +282,12 @@ class Preset(Record):
                 "preset", "quantize_config", self.quantize_config.quant_type,
                 "parallel workers load the model's own weights: drop quantize_config from a parallel preset",
             )  # fmt: skip
+        lo = self.loras
+        if not isinstance(lo, tuple) or len(lo) > MAX_LORAS or not all(isinstance(x, LoraSpec) for x in lo):
+            fail("preset", "loras", lo, f"a list of at most {MAX_LORAS} LoRAs ({{path: ..., scale: ...}} each)")
+        if lo and self.parallelism_config.enabled:
+            why = "parallel workers load the model's own weights: drop loras"
+            fail("preset", "loras", [x.label() for x in lo], why)
         if self.parallelism_config.enabled and self.cache_config.backend == "fbcache":
             fail("preset", "cache_config.backend", "fbcache", "parallel workers run cache-dit: use backend: cache-dit")
 
@@ -301,7 +311,7 @@ class Preset(Record):
         """Everything that decides what runs (not the name or description)."""
         return (
             self.dtype, self.quantize_config, self.cache_config, self.attention_backend, self.compile,
-            self.parallelism_config,
+            self.parallelism_config, self.loras,
         )  # fmt: skip
 
     def tag(self, dtype: str | None = None) -> str:
@@ -320,6 +330,8 @@ class Preset(Record):
             parts.append("compile")
         if self.parallelism_config.enabled:
             parts.append(self.parallelism_config.label())
+        if self.loras:
+            parts.append(f"lora{len(self.loras)}")
         return "+".join(parts)
 
     def with_overrides(

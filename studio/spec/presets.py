@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from studio.spec.checks import ConfigError
+from studio.spec.lora import lora_from_yaml
 from studio.spec.preset import CacheSpec, CompileSpec, ParallelSpec, Preset, QuantSpec
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent.parent / "presets"
@@ -77,11 +78,15 @@ def preset_from_dict(data: dict, name: str | None = None, source: str = "<dict>"
             raise ConfigError(f"{source}: {key} must be text, got {type(data[key]).__name__}")
     try:
         sections = {key: _section(data, key, cls) for key, cls in _SECTIONS.items()}
+        loras = data.get("loras") or []
+        if not isinstance(loras, list):
+            raise ConfigError(f"loras must be a list of {{path: ..., scale: ...}}, got {loras!r}")
         return Preset(
             name=str(name or data.get("name") or ""),
             description=str(data.get("description") or ""),
             dtype=data.get("dtype", "auto"),
             attention_backend=data.get("attention_backend", "sdpa"),
+            loras=tuple(lora_from_yaml(x) for x in loras),
             **sections,
         )
     except (ConfigError, TypeError) as e:  # TypeError: a wrong type slipped past a check
@@ -106,6 +111,8 @@ def preset_to_dict(p: Preset) -> dict:
         out["compile"] = d
     if p.parallelism_config.enabled:
         out["parallelism_config"] = {k: v for k, v in p.parallelism_config.as_dict().items() if v is not None}
+    if p.loras:
+        out["loras"] = [{"path": lo.path, "scale": lo.scale} for lo in p.loras]
     return out
 
 

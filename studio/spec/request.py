@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from studio.spec.checks import ConfigError, Record, check_int, fail
+from studio.spec.lora import MAX_LORAS, LoraSpec, parse_loras  # noqa: F401  (re-exported: the request's own)
 
 MAX_BATCH = 4  # pictures per request (num_images_per_prompt)
 MAX_PROMPT_CHARS = 2000  # far past any DiT's text window (FLUX: 512 T5 tokens); refuses junk before model work
@@ -43,44 +44,6 @@ def compare_mode(value) -> str:
     if isinstance(value, str) and value.strip().lower() in COMPARE_MODES:
         return value.strip().lower()
     fail("request", "compare", value, "one of on, auto, off")
-
-
-MAX_LORAS = 4
-
-
-@dataclass(frozen=True)
-class LoraSpec(Record):
-    """One LoRA adapter on a request: a local .safetensors file or folder (or a Hub id where the Hub is reachable),
-    loaded with diffusers' own `load_lora_weights`, at `scale`."""
-
-    path: str
-    scale: float = 1.0
-
-    def __post_init__(self):
-        if not isinstance(self.path, str) or not self.path.strip() or len(self.path) > 500:
-            fail("lora", "path", self.path, "a LoRA file, folder or Hub id (at most 500 characters)")
-        ok = not isinstance(self.scale, bool) and isinstance(self.scale, (int, float)) and math.isfinite(self.scale)
-        if not ok or not -4 <= self.scale <= 4:
-            fail("lora", "scale", self.scale, "a finite number from -4 to 4 (1: as trained, 0: off)")
-
-    def label(self) -> str:
-        return f"{self.path}@{self.scale:g}"
-
-
-def parse_loras(text) -> tuple:
-    """LoRA adapters from the form, one per line: `path` or `path@scale` (a scale is a number after the last @)."""
-    out = []
-    for line in str(text or "").splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        path, _, scale = line.rpartition("@")
-        try:
-            value = float(scale) if path else 1.0
-        except ValueError:  # the "@" belongs to the path: no number after it
-            path, value = line, 1.0
-        out.append(LoraSpec(path or line, value))  # a scale out of range is refused here, with the field's name
-    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ PROFILES = {
     "qwen-image": dict(guidance=None, true_cfg_scale=4.0, steps=12, max_sequence_length=64),
     "sd3": dict(guidance=4.0, true_cfg_scale=None, steps=12, max_sequence_length=32),
     "z-image": dict(guidance=0.0, true_cfg_scale=None, steps=8, max_sequence_length=64),
+    "flux-kontext": dict(guidance=2.5, true_cfg_scale=None, steps=12, max_sequence_length=32),
 }
 
 
@@ -177,13 +178,24 @@ def _z_image():
     return ZImagePipeline(FlowMatchEulerDiscreteScheduler(), _small_vae(), te, tok, tr)
 
 
-_BUILDERS = {"flux": _flux, "qwen-image": _qwen_image, "sd3": _sd3, "z-image": _z_image}
+def _flux_kontext():
+    """FLUX.1 Kontext's pipeline on the tiny FLUX components: the same transformer class, the input picture read as
+    reference tokens beside the picture's own (what black-forest-labs/FLUX.1-Kontext-dev's model_index names)."""
+    from diffusers import FluxKontextPipeline
+
+    return FluxKontextPipeline(**_flux().components)
+
+
+_BUILDERS = {"flux": _flux, "qwen-image": _qwen_image, "sd3": _sd3, "z-image": _z_image, "flux-kontext": _flux_kontext}
+# Families whose pipeline edits: a request's picture is a reference, not a start (engine.tasks); checked on their own
+# (tests/test_engine.py), not in every family's parametrized checks.
+EDIT_FAMILIES = ("flux-kontext",)
 
 
 def build_family(name: str, seed: int = 0):
     """The family's pipeline with fresh random weights (float32)."""
     if name not in _BUILDERS:
-        raise ValueError(f"family {name!r} is not known: use one of {list(FAMILIES)}")
+        raise ValueError(f"family {name!r} is not known: use one of {list(FAMILIES + EDIT_FAMILIES)}")
     torch.manual_seed(seed)
     return _BUILDERS[name]()
 

@@ -1,0 +1,71 @@
+"""LoRA adapters as records: one adapter (a file, folder or Hub id, and a scale), read from the form or a preset.
+
+A request's `loras` and a preset's `loras` are tuples of LoraSpec; engine.lora loads them (diffusers
+load_lora_weights), engine.loader fuses a quantized preset's own before quantizing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from studio.spec.checks import Record, fail
+
+MAX_LORAS = 4
+
+
+@dataclass(frozen=True)
+class LoraSpec(Record):
+    """One LoRA adapter on a request: a local .safetensors file or folder (or a Hub id where the Hub is reachable),
+    loaded with diffusers' own `load_lora_weights`, at `scale`."""
+
+    path: str
+    scale: float = 1.0
+
+    def __post_init__(self):
+        if not isinstance(self.path, str) or not self.path.strip() or len(self.path) > 500:
+            fail("lora", "path", self.path, "a LoRA file, folder or Hub id (at most 500 characters)")
+        ok = not isinstance(self.scale, bool) and isinstance(self.scale, (int, float)) and math.isfinite(self.scale)
+        if not ok or not -4 <= self.scale <= 4:
+            fail("lora", "scale", self.scale, "a finite number from -4 to 4 (1: as trained, 0: off)")
+
+    def label(self) -> str:
+        return f"{self.path}@{self.scale:g}"
+
+
+def parse_loras(text) -> tuple:
+    """LoRA adapters from the form, one per line: `path` or `path@scale` (a scale is a number after the last @)."""
+    out = []
+    for line in str(text or "").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        path, _, scale = line.rpartition("@")
+        try:
+            value = float(scale) if path else 1.0
+        except ValueError:  # the "@" belongs to the path: no number after it
+            path, value = line, 1.0
+        out.append(LoraSpec(path or line, value))  # a scale out of range is refused here, with the field's name
+    return tuple(out)
+
+
+def lora_from_yaml(item, where: str = "preset.loras") -> LoraSpec:
+    """One entry of a preset's `loras`: `{path: ..., scale: ...}` or the form's `path@scale` text."""
+    if isinstance(item, str):
+        (lora,) = parse_loras(item) or (None,)
+        if lora is None:
+            fail(where, "path", item, "a LoRA file, folder or Hub id")
+        return lora
+    if not isinstance(item, dict) or set(item) - {"path", "scale"} or "path" not in item:
+        fail(where, "entry", item, "a mapping {path: ..., scale: ...} (scale optional, 1 by default)")
+    return LoraSpec(item["path"], item.get("scale", 1.0))
+
+
+def merge_loras(preset_loras: tuple, request_loras: tuple) -> tuple:
+    """A request's adapters on a preset that names its own: the preset's first, then the request's others (one the
+    preset names runs at the preset's scale); at most MAX_LORAS."""
+    own = {lo.path for lo in preset_loras}
+    out = tuple(preset_loras) + tuple(lo for lo in request_loras if lo.path not in own)
+    if len(out) > MAX_LORAS:
+        fail("request", "loras", len(out), f"at most {MAX_LORAS} LoRAs with the preset's own")
+    return out
