@@ -367,7 +367,7 @@ def main(argv=None) -> int:
             true_cfg_scale=args.true_cfg_scale,
             num_images_per_prompt=getattr(args, "num_images_per_prompt", None),
             loras=parse_loras("\n".join(args.lora)),
-            **image_args(args),
+            **image_args(args, edits=prof.edits),
         )
         if args.cmd == "generate":
             return _generate(runner, req, args)

@@ -109,9 +109,9 @@ def progress_bar(desc: str):
     return tick, bar.close
 
 
-def image_args(args) -> dict:
+def image_args(args, edits: bool = False) -> dict:
     """--image, --mask and --strength as the request takes them (read here, converted as the UI's uploads are:
-    spec.request.image_inputs)."""
+    spec.request.image_inputs). An edit model's picture is a reference: strength 1 unless --strength says."""
     if not getattr(args, "image", None):
         if getattr(args, "mask", None) or getattr(args, "strength", None) is not None:
             raise ValueError("--mask and --strength are read with an input picture: give --image too")
@@ -128,4 +128,5 @@ def image_args(args) -> dict:
     from studio.spec.request import image_inputs
 
     mask = np.asarray(read(args.mask, "L")) if args.mask else None
-    return image_inputs(np.asarray(read(args.image, "RGB")), mask, args.strength if args.strength is not None else 0.6)
+    strength = args.strength if args.strength is not None else 1.0 if edits else 0.6
+    return image_inputs(np.asarray(read(args.image, "RGB")), mask, strength)

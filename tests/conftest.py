@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "error")
@@ -34,9 +35,16 @@ def random_model_dir(tmp_path_factory):
     return str(d)
 
 
+def one_pair(r: Runner) -> Runner:
+    """Base timed once beside each stack, no extra pairs: for tests that check pictures, counts and what ran. A test
+    of how a speed-up is taken (pairs, spreads, agreement) sets its own pairing (tests/test_honest.py)."""
+    r.pairing = replace(r.pairing, cheap_pairs=1, max_extra_pairs=0)
+    return r
+
+
 @pytest.fixture
 def runner(random_model_dir):
-    r = Runner(ModelManager("cpu"), PresetLibrary(), model=random_model_dir)
+    r = one_pair(Runner(ModelManager("cpu"), PresetLibrary(), model=random_model_dir))
     yield r
     r.manager.unload()  # cache-dit patches the pipeline class: never leave a cached pipeline behind
 
@@ -44,7 +52,7 @@ def runner(random_model_dir):
 @pytest.fixture
 def tiny_runner():
     """The embedded, trained model."""
-    r = Runner(ModelManager("cpu"), PresetLibrary(), model="tiny")
+    r = one_pair(Runner(ModelManager("cpu"), PresetLibrary(), model="tiny"))
     yield r
     r.manager.unload()
 

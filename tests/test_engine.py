@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from studio.engine import STACK_ORDER, ModelLoadError, stack_state
+from studio.engine.baseline import Pairing
 from studio.engine.quantize import apply_quant, quantized_mode
 from studio.measure.quality import psnr
 from studio.spec import CacheSpec, CompileSpec, ConfigError, GenerationRequest, QuantSpec
@@ -309,7 +310,7 @@ def test_unrecognised_pipeline_runs_uncached_with_reason(runner):
 
 def test_base_timing_is_retaken_beside_each_cheap_run_and_kept_for_expensive_ones(runner):
     # every run counts as cheap, however loaded the machine; 3 pairs exactly (no extra ones on a busy machine)
-    runner.pairing = replace(runner.pairing, retime_under_s=1e9, max_extra_pairs=0)
+    runner.pairing = replace(Pairing(), retime_under_s=1e9, max_extra_pairs=0)
     r = req()
     runner.generate(r, "base")
     entry = runner.base_entry(r)
@@ -403,7 +404,7 @@ def test_compare_auto_on_a_known_shape_runs_the_stack_once_and_no_base(runner):
 
 
 def test_every_stack_warms_up_once_per_shape_untimed(runner):
-    runner.pairing = replace(runner.pairing, retime_under_s=1e9, max_extra_pairs=0)  # cheap, 3 pairs exactly
+    runner.pairing = replace(Pairing(), retime_under_s=1e9, max_extra_pairs=0)  # cheap, 3 pairs exactly
     r = req()
     first = runner.generate(r, "base")
     assert first.metrics.warmup_s is not None and first.metrics.timing.startswith("warm-up run done in this call")

@@ -107,9 +107,10 @@ def test_flux_kontext_reads_its_picture_as_a_reference_under_the_cache(tmp_path)
     """Issue 23: a FLUX.1 Kontext model (FluxKontextPipeline: the same transformer class, the input picture's latents
     read as extra tokens) edits: a picture on the request goes to its own pipeline as the reference, the whole
     schedule runs with the reference's tokens beside the picture's own (twice the sequence; random weights barely
-    look at them, so the pictures differ only slightly), cache-dit's Flux adapter caches it (cached + full = the steps, its own list agreeing), PSNR is
-    against base on the same reference; another reference gives another picture; what it does not read (a
-    strength, a mask) is refused; a text-to-image request after an edit is bitwise the picture it gets alone."""
+    look at them, so the pictures differ only slightly), cache-dit's Flux adapter caches it (cached + full = the
+    steps, its own list agreeing), PSNR is against base on the same reference; another reference gives another
+    picture; what it does not read (a strength, a mask) is refused; a text-to-image request after an edit is
+    bitwise the picture it gets alone."""
     from dataclasses import replace
 
     from studio.spec.checks import ConfigError

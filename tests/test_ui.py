@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from studio.engine.baseline import Pairing
 from studio.spec import PresetLibrary
 from studio.spec.preset import DTYPE_SHORT
 from studio.worker import WorkerClient, WorkerConfig
@@ -61,7 +62,10 @@ def app(random_model_dir, tmp_path_factory):
     # float32: random weights put residual diffs near the threshold, where compiled bf16 rounding can flip a
     # decision (see test_compile); float32 compiled differs from eager by rounding only.
     lib.add("c32", "dtype: float32\ncache_config: {residual_diff_threshold: 0.5}\n")
-    device = _worker(random_model_dir, lib, probe_threads=True)
+    # one pair of base and stack per comparison: these tests check pictures, counts and what the page shows (how a
+    # speed-up is taken: tests/test_honest.py, test_engine.py)
+    one_pair = Pairing(cheap_pairs=1, max_extra_pairs=0)
+    device = _worker(random_model_dir, lib, probe_threads=True, pairing=one_pair)
     demo, url = _launch(device, default_preset="cache")
     yield device, url
     demo.close()
@@ -322,7 +326,7 @@ def test_browser_generate_and_compare(tmp_path, tiny_lora):
                 upload
             )  # fmt: skip
             page.get_by_role("tab", name="Generate").click()
-            page.get_by_text("Image input: img2img, inpaint").click()
+            page.get_by_text("Image input: img2img, inpaint, edit").click()
             page.locator("#input-image input[type=file]").set_input_files(str(upload))
             expect(page.locator("#input-image img").first).to_be_visible(timeout=30_000)
             page.get_by_role("button", name="Generate", exact=True).click()

@@ -99,7 +99,9 @@ class Handlers:
             raise gr.Error("Write a prompt first: the prompt is empty.")
         device = self.studio.device
         try:
-            takes_guidance = device.profile(form.model).guidance is not None
+            profile = device.profile(form.model)
+            takes_guidance = profile.guidance is not None
+            strength = 1.0 if profile.edits else form.strength  # an edit model's picture is a reference: all steps run
             return device.request(
                 str(form.prompt),
                 model=form.model,
@@ -112,7 +114,7 @@ class Handlers:
                 true_cfg_scale=cfg_scale(form.true_cfg_scale),
                 num_images_per_prompt=int(form.num_images_per_prompt or 1),
                 loras=parse_loras(form.loras),
-                **image_inputs(form.image, form.mask_image, form.strength),
+                **image_inputs(form.image, form.mask_image, strength),
             )
         except (ConfigError, ValueError) as e:
             raise gr.Error(f"That request can't run: {e}") from None

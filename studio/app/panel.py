@@ -45,9 +45,10 @@ def request_panel(studio) -> RequestPanel:
             true_cfg_scale = gr.Number(
                 label="True CFG scale", value=prof.true_cfg_scale or 1.0, minimum=0, scale=1, info=fmt.TRUE_CFG_INFO
             )
-    with gr.Accordion("Image input: img2img, inpaint", open=False):
+    with gr.Accordion("Image input: img2img, inpaint, edit", open=False):
         with gr.Row():
-            image = gr.Image(label="Input picture (img2img)", type="numpy", image_mode="RGB", elem_id="input-image")
+            image = gr.Image(label="Input picture (img2img; an edit model's reference)", type="numpy",
+                             image_mode="RGB", elem_id="input-image")  # fmt: skip
             mask_image = gr.Image(label="Mask (inpaint; white: repaint)", type="numpy", image_mode="L")
             with gr.Column():
                 strength = gr.Slider(label="Strength", minimum=0.05, maximum=1.0, step=0.05, value=0.6,

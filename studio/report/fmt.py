@@ -121,5 +121,6 @@ def batch_line(batch: list[dict]) -> str:
 
 STRENGTH_INFO = (
     "how much of the schedule runs on the input picture: 0.5 of 28 steps runs the last 14 (cached/full steps count "
-    "those); read only with an input picture"
+    "those); read only with an input picture, and not by an edit model (FLUX Kontext, Qwen-Image-Edit), which reads "
+    "the picture as a reference and runs every step"
 )

@@ -40,6 +40,9 @@ class ModelProfile:
     max_size: int = 2048
     example_prompts: tuple[str, ...] = ()
     notes: str = ""  # shown under the model picker
+    # An edit model (FLUX.1 Kontext, Qwen-Image-Edit): a request's picture is a reference and the whole schedule runs
+    # (engine.tasks), so no strength is read: the form and the CLI send 1.
+    edits: bool = False
     # What to reserve on ZeroGPU per transformer call at this profile's size, in seconds (studio.app.gpu_time): an
     # estimate for the reservation only, never shown as a measurement; bf16 on an H200 slice, rounded up
     gpu_step_s: float = 0.15
@@ -114,6 +117,28 @@ HUB_PROFILES: dict[str, ModelProfile] = {
         gpu_step_s=0.35,  # a 20B DiT at 1328x1328
         example_prompts=('a coffee shop sign that reads "Speed Studio", warm evening light',) + _FLUX_PROMPTS[:2],
     ),
+    "black-forest-labs/FLUX.1-Kontext-dev": ModelProfile(
+        "FLUX.1-Kontext-dev",
+        steps=28,
+        guidance=2.5,
+        max_sequence_length=512,
+        edits=True,
+        gpu_step_s=0.3,
+        example_prompts=("make it a watercolour painting", "change the sky to a sunset"),
+        notes="an edit model: upload a picture (Image input) and say what to change; without one it draws from text",
+    ),  # fmt: skip
+    "Qwen/Qwen-Image-Edit": ModelProfile(
+        "Qwen-Image-Edit",
+        width=1024,
+        height=1024,
+        steps=50,
+        guidance=None,
+        true_cfg_scale=4.0,
+        edits=True,
+        gpu_step_s=0.7,
+        example_prompts=("make it a watercolour painting", 'add a sign that reads "Open"'),
+        notes="an edit model: upload a picture (Image input) and say what to change",
+    ),  # fmt: skip
     "Tongyi-MAI/Z-Image-Turbo": ModelProfile(
         "Z-Image-Turbo", steps=9, guidance=0.0, example_prompts=_FLUX_PROMPTS, gpu_step_s=0.1
     ),
@@ -129,6 +154,8 @@ HUB_PROFILES: dict[str, ModelProfile] = {
 # A pipeline folder without a studio_profile.json behaves like the Hub model of its class.
 _CLASS_PROFILES = {
     "QwenImagePipeline": "Qwen/Qwen-Image",
+    "FluxKontextPipeline": "black-forest-labs/FLUX.1-Kontext-dev",
+    "QwenImageEditPipeline": "Qwen/Qwen-Image-Edit",
     "ZImagePipeline": "Tongyi-MAI/Z-Image-Turbo",
     "StableDiffusion3Pipeline": "stabilityai/stable-diffusion-3.5-large",
 }

@@ -33,7 +33,7 @@ PROFILES = {
     "qwen-image": dict(guidance=None, true_cfg_scale=4.0, steps=12, max_sequence_length=64),
     "sd3": dict(guidance=4.0, true_cfg_scale=None, steps=12, max_sequence_length=32),
     "z-image": dict(guidance=0.0, true_cfg_scale=None, steps=8, max_sequence_length=64),
-    "flux-kontext": dict(guidance=2.5, true_cfg_scale=None, steps=12, max_sequence_length=32),
+    "flux-kontext": dict(guidance=2.5, true_cfg_scale=None, steps=12, max_sequence_length=32, edits=True),
 }
 
 

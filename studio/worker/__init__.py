@@ -51,6 +51,7 @@ def start_device(config: WorkerConfig, *, warm: list[str] | tuple[str, ...] = ()
             ModelManager(config.device, allowed=allowed), config.presets, model=config.model,
             max_steps=config.max_steps, max_side=config.max_side,
         )  # fmt: skip
+        runner.pairing = config.pairing or runner.pairing
         device = InProcess(runner)
         _load_at_import(runner)
         atexit.register(device.close)  # parallel workers and a Ray runtime started for them end with the app

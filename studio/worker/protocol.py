@@ -51,6 +51,8 @@ class WorkerConfig:
         max_steps, max_side: the operator's caps (Runner's).
         presets: the library preset names resolve in when a call names none (a visitor's own comes with each call).
         max_rss_gb: restart the worker between requests once its resident memory is over this (None: no limit).
+        pairing: when base is timed beside a stack (engine.baseline.Pairing; None: the Runner's default, 3 pairs for
+            a cheap base). Fewer pairs make a click cheaper and its spread wider.
         crash_on: TEST ONLY. The worker kills itself with SIGSEGV at the third denoising step of any run of the preset
             of this name, as a native crash inside a kernel would (tests/test_worker.py).
         probe_threads: TEST ONLY. Record the OS threads that call a transformer (the `info` call returns them).
@@ -63,6 +65,7 @@ class WorkerConfig:
     max_side: int | None = None
     presets: PresetLibrary | None = None
     max_rss_gb: float | None = None
+    pairing: object | None = None  # engine.baseline.Pairing (not imported here: the app's process loads no torch)
     crash_on: str | None = None
     probe_threads: bool = False
 

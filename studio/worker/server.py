@@ -156,6 +156,7 @@ def serve(conn: Connection, config: WorkerConfig) -> None:
         manager, config.presets or PresetLibrary(), model=config.model, max_steps=config.max_steps,
         max_side=config.max_side, crash_on=config.crash_on,
     )  # fmt: skip
+    runner.pairing = config.pairing or runner.pairing
     service = DeviceService(runner, config.probe_threads)
     try:
         conn.send(("ready", os.getpid()))
