@@ -65,7 +65,7 @@ def test_bench_rows_noise_floor_and_compile_cost(tiny_runner):
 
 def test_vs_raw_gives_the_plain_diffusers_picture(tiny_runner):
     """The studio's base and cache runs draw the same pixels as plain diffusers / plain cache-dit calls."""
-    req = tiny_runner.request(PROMPTS[0], seed=42)
+    req = tiny_runner.request(PROMPTS[0], seed=42, steps=14)
     rep = run_bench(tiny_runner, [req], ["cache"], repeats=1, vs_raw=True)
     for r in rep.matrix.rows:
         assert math.isinf(r.raw_psnr_db), r.preset
@@ -82,7 +82,7 @@ def test_cli_bench_over_prompts_json_and_csv(tmp_path):
     prompts.write_text("# two scenes\n" + "\n".join(PROMPTS) + "\n\n")
     csv_path = tmp_path / "bench.csv"
     cmd = [sys.executable, "-m", "studio", "bench", "--presets", "base,cache,sage", "--repeats", "1", "--prompts",
-           str(prompts), "--json", "--out", str(csv_path)]  # fmt: skip
+           str(prompts), "--steps", "12", "--json", "--out", str(csv_path)]  # fmt: skip
     env = dict(os.environ, **{CRASH_ENV: "sage"})
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stderr[-2000:]

@@ -401,7 +401,7 @@ def test_eight_clients_with_mixed_requests_get_what_they_would_get_alone(client,
     def run(kw, cl):
         # compare auto: after the first requests keep the shape's base timing, each request is one run of its stack
         # (the pictures and counts are what is checked here, not the timing), and the kept stores see 8 clients
-        out = cl.predict(prompt=PROMPT, model=runner.model, steps=10, compare="auto", api_name="/generate", **kw)
+        out = cl.predict(prompt=PROMPT, model=runner.model, steps=8, compare="auto", api_name="/generate", **kw)
         return np.asarray(Image.open(out[0])), out[-1]["cached_step_indices"], out[-1]["preset"]
 
     alone = {}

@@ -212,7 +212,7 @@ class FakeRunner:
         self.broken = set(broken)  # presets whose run comes back with a broken verdict
 
     def profile(self, model):
-        return SimpleNamespace(guidance=None, example_prompts=(), notes="", steps=10, width=64, height=64)
+        return SimpleNamespace(guidance=None, example_prompts=(), notes="", steps=10, width=64, height=64, edits=False)
 
     def request(self, prompt, model=None, **kw):
         from studio.spec import GenerationRequest

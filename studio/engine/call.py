@@ -83,8 +83,7 @@ def pipe_kwargs(pipe, request: GenerationRequest, probe=None) -> dict:
 
 def _image_kwargs(pipe, request: GenerationRequest, params) -> dict:
     """The picture inputs: an img2img/inpaint pipeline's start picture, strength and mask (engine.tasks makes it from
-    the loaded one); an edit pipeline's reference picture, at the size of the picture it makes (FLUX Kontext's own
-    resize to its ~1 MP training sizes is turned off: the reference's tokens cost what the request's size says)."""
+    the loaded one); an edit pipeline's reference picture."""
     from PIL import Image
 
     picture = Image.fromarray(request.image)
@@ -98,10 +97,17 @@ def _image_kwargs(pipe, request: GenerationRequest, params) -> dict:
             f"request.strength={request.strength:g}: {type(pipe).__name__} edits with the picture as a reference and "
             "runs its whole schedule; leave strength at 1"
         )
-    out = {"image": picture.resize((request.width, request.height), Image.Resampling.LANCZOS)}
-    if "_auto_resize" in params:
-        out["_auto_resize"] = False
-    return out
+    if "_auto_resize" not in params:  # Qwen-Image-Edit sizes its reference itself (~1 MP: its VAE and its prompt)
+        return {"image": picture}
+    # FLUX Kontext: the reference at the request's pixel count in its own aspect (its tokens cost what the request's
+    # size says), instead of Kontext's own resize to a ~1 MP training size
+    w, h = picture.size
+    k = (request.width * request.height / (w * h)) ** 0.5
+    size = (max(16, round(w * k)), max(16, round(h * k)))
+    return {
+        "image": picture.resize(size, Image.Resampling.LANCZOS) if size != (w, h) else picture,
+        "_auto_resize": False,
+    }
 
 
 def dropped_tokens(pipe, request: GenerationRequest) -> tuple[int, int] | None:

@@ -326,7 +326,7 @@ class Runner:
         if r.task != "text2img" and edits(self.manager.current.pipe):
             lines.append(
                 f"edit: {type(self.manager.current.pipe).__name__} read the input picture as a reference "
-                f"({r.width}x{r.height}); all {r.steps} steps ran"
+                f"({r.image.shape[1]}x{r.image.shape[0]}); all {r.steps} steps ran"
             )
         elif r.task != "text2img":
             lines.append(f"{r.task}: strength {r.strength:g}: the last {r.executed_steps} of {r.steps} steps ran")

@@ -17,6 +17,7 @@ AUTO = {"img2img": "AutoPipelineForImage2Image", "inpaint": "AutoPipelineForInpa
 # Kontext: its latents as extra tokens; Qwen-Image-Edit: also through the vision-language encoder). Their own weights
 # (FLUX.1-Kontext-dev, Qwen-Image-Edit) load as these classes, and a picture on the request goes to them as `image`.
 EDIT_PIPELINES = ("FluxKontextPipeline", "QwenImageEditPipeline", "QwenImageEditPlusPipeline")
+NEEDS_PICTURE = ("QwenImageEditPipeline", "QwenImageEditPlusPipeline")  # Kontext draws from text alone too
 
 
 def edits(pipe) -> bool:
@@ -36,6 +37,8 @@ def task_pipe(cur, task: str):
     """The loaded model's pipeline for `task` (text2img: the loaded pipeline itself), made once and kept; its
     transformer is always the loaded pipeline's current one. `cur`: an engine.loader.Loaded."""
     if task == "text2img":
+        if type(cur.pipe).__name__ in NEEDS_PICTURE:
+            raise ConfigError(f"request.image: {type(cur.pipe).__name__} edits a picture: give one (Image input)")
         return cur.pipe
     if edits(cur.pipe):
         return _edit_task(cur, task)
