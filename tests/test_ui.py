@@ -487,12 +487,16 @@ def test_a_public_studio_refuses_what_burns_its_gpu_before_any_load(random_model
     finally:
         demo.close()
         runner.manager.unload()
-    # a visitor's own preset may not compile; the operator's may, at a bounded number of shapes
+    # a visitor's own preset may not compile nor name LoRAs; the operator's may (compile at a bounded number of shapes)
     guard = PublicGuard(limits)
     mine = preset_from_text("compile: {enabled: true, mode: max-autotune}\n", "mine")
     with pytest.raises(Refused, match="only the built-in presets compile"):
         guard.preset(mine, builtin=False)
     guard.preset(mine, builtin=True)
+    theirs = preset_from_text("loras: [/etc/passwd]\n", "theirs")  # a visitor's preset naming a file on the host
+    with pytest.raises(Refused, match="names LoRA adapters: on this public studio only the operator's presets do"):
+        guard.preset(theirs, builtin=False)
+    guard.preset(theirs, builtin=True)
     req = runner.request(PROMPT, steps=10)
     guard.shape(mine, "m", req, compiled=True)
     guard.shape(mine, "m", req, compiled=True)  # the same shape again: no new compile

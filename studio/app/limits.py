@@ -91,7 +91,12 @@ class PublicGuard:
             )
 
     def preset(self, p: Preset, builtin: bool) -> None:
-        """A visitor's own preset may not compile (nor choose a compile mode): the operator's may."""
+        """A visitor's own preset may not compile (nor choose a compile mode), nor name LoRAs: the operator's may."""
+        if p.loras and not builtin:
+            raise Refused(
+                f"preset {p.name!r} names LoRA adapters: on this public studio only the operator's presets do (a "
+                "path would read a file on its machine, a Hub id download one); save it without loras"
+            )
         if p.compile.enabled and not builtin:
             raise Refused(
                 f"preset {p.name!r} compiles (mode {p.compile.mode}): on this public studio only the built-in "
