@@ -57,7 +57,7 @@ def tiny_runner():
     r.manager.unload()
 
 
-def _make_lora(tmp_path_factory, seed: int, rank: int) -> str:
+def _make_lora(tmp_path_factory, seed: int, rank: int, targets=("to_q", "to_k", "to_v")) -> str:
     """A LoRA of the embedded model's transformer, made here: peft adapters on its attention projections with small
     random weights, saved with diffusers' own save_lora_weights (what a user's trained LoRA file is)."""
     from diffusers import FluxPipeline
@@ -67,15 +67,24 @@ def _make_lora(tmp_path_factory, seed: int, rank: int) -> str:
     from studio.spec.profiles import resolve_model
 
     tr = FluxPipeline.from_pretrained(resolve_model("tiny"), dtype=torch.float32).transformer
-    tr.add_adapter(LoraConfig(r=rank, lora_alpha=4, target_modules=["to_q", "to_k", "to_v"], init_lora_weights=False))
+    cfg = LoraConfig(r=rank, lora_alpha=4, target_modules=list(targets), init_lora_weights=False)
+    tr.add_adapter(cfg)
     torch.manual_seed(seed)
     with torch.no_grad():
         for name, p in tr.named_parameters():
             if "lora_B" in name:
                 p.copy_(torch.randn_like(p) * 0.4)
-    out = tmp_path_factory.mktemp(f"lora{seed}")
-    FluxPipeline.save_lora_weights(out, transformer_lora_layers=get_peft_model_state_dict(tr))
+    out = tmp_path_factory.mktemp(f"lora{seed}-{len(targets)}")
+    FluxPipeline.save_lora_weights(  # with its config, so alpha/r (the scale per unit) loads as trained
+        out, transformer_lora_layers=get_peft_model_state_dict(tr), transformer_lora_adapter_metadata=cfg.to_dict()
+    )
     return str(out / "pytorch_lora_weights.safetensors")
+
+
+@pytest.fixture(scope="session")
+def make_lora(tmp_path_factory):
+    """make_lora(seed, rank, targets): another LoRA of the embedded model, saved as tiny_lora is."""
+    return lambda seed, rank, targets=("to_q", "to_k", "to_v"): _make_lora(tmp_path_factory, seed, rank, targets)
 
 
 @pytest.fixture(scope="session")

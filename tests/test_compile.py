@@ -136,6 +136,8 @@ def test_lora_hot_swap_under_compile_recompiles_nothing(tiny_runner, tiny_lora, 
 
     from torch._dynamo.utils import counters
 
+    from studio.engine import ModelManager, Runner
+    from studio.spec import PresetLibrary
     from studio.spec.request import LoraSpec
 
     r = tiny_runner
@@ -151,6 +153,14 @@ def test_lora_hot_swap_under_compile_recompiles_nothing(tiny_runner, tiny_lora, 
     assert any(x.startswith(f"lora: {tiny_lora_b} at 0.5 ") and "hot-swap slot" in x for x in half)
     assert "lora: 1 hot-swap slot(s) held at scale 0" in " ".join(got["none"].metrics.engaged)
     assert psnr(got["b"].image, first.image) < 35  # B's weights are in the slot, not A's
+    # B at 0.5 in a slot first filled by A (rank 4, alpha 4) is B's own scale (alpha 4 / rank 8 per unit, halved):
+    # the same picture as a studio that never loaded A (peft's set_scale would use A's alpha/rank: twice the scale)
+    fresh = Runner(ModelManager("cpu"), PresetLibrary(), model="tiny")
+    try:
+        alone = fresh.generate(replace(req, loras=asks["b-half"]), "cache", compare="off")
+    finally:
+        fresh.manager.unload()
+    assert psnr(got["b-half"].image, alone.image) > 40
     for k, lo in asks.items():
         eager = r.generate(replace(req, loras=lo), "cache", compare="off")
         m = got[k].metrics

@@ -682,7 +682,9 @@ def test_img2img_and_inpaint_count_the_steps_that_run_keep_their_cache_apart_and
         replace(t2i, strength=0.5)
 
 
-def test_a_lora_changes_the_picture_composes_with_the_cache_and_switching_reloads_nothing(tiny_runner, tiny_lora):
+def test_a_lora_changes_the_picture_composes_with_the_cache_and_switching_reloads_nothing(
+    tiny_runner, tiny_lora, make_lora
+):
     """Issue 23: a LoRA on the request (diffusers load_lora_weights, peft): the picture changes against no LoRA; under
     `cache` its counts agree with cache-dit's own list and its PSNR is against base with the same LoRA; a request
     without it afterwards is bitwise the picture without it (the base weights as they were, nothing reloaded); on
@@ -707,6 +709,13 @@ def test_a_lora_changes_the_picture_composes_with_the_cache_and_switching_reload
         r.generate(lora, "int8", compare="off")
     with pytest.raises(ConfigError, match="could not be loaded as a LoRA"):
         r.generate(replace(req, loras=(LoraSpec("/nonexistent/lora.safetensors"),)), "base", compare="off")
+    # a LoRA the slot cannot take (other layers): refused, every slot dropped, and the next request loads again
+    other = make_lora(seed=2, rank=4, targets=("to_out.0",))
+    assert np.array_equal(r.generate(lora, "cache", compare="off").image, with_lora.image)  # A in slot 0 again
+    with pytest.raises(ConfigError, match="hot-swapped into slot lora0 .*unexpected keys"):
+        r.generate(replace(req, loras=(LoraSpec(other),)), "cache", compare="off")
+    assert np.array_equal(r.generate(lora, "cache", compare="off").image, with_lora.image)
+    assert np.array_equal(r.generate(req, "cache", compare="off").image, plain.image)
 
 
 def test_a_presets_lora_is_fused_before_int8_and_its_base_image_has_it(tiny_runner, tiny_lora, tiny_lora_b, tmp_path):
@@ -732,3 +741,23 @@ def test_a_presets_lora_is_fused_before_int8_and_its_base_image_has_it(tiny_runn
     assert m.psnr_db >= 30 and psnr(res.image, with_lora) > psnr(res.image, plain) + 3  # the fused LoRA is read
     with pytest.raises(ConfigError, match="name it in the preset's `loras`"):
         r.generate(replace(req, loras=(LoraSpec(tiny_lora_b),)), "int8-lora", compare="off")
+
+
+def test_a_lora_file_a_slot_cannot_take_is_refused_before_loading(tmp_path, monkeypatch):
+    """Read from a local .safetensors file before any load: text-encoder weights (only the transformer's hot-swap),
+    and a rank over the slots' (STUDIO_LORA_RANK)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from studio.engine.lora import RANK_ENV, _check_file
+
+    te = tmp_path / "te.safetensors"
+    save_file({"text_encoder.layers.0.q_proj.lora_A.weight": torch.zeros(4, 8)}, str(te))
+    with pytest.raises(ConfigError, match="has text-encoder weights .*only transformer LoRAs run here"):
+        _check_file(str(te))
+    big = tmp_path / "big.safetensors"
+    save_file({"transformer.blocks.0.attn.to_q.lora_A.weight": torch.zeros(96, 8)}, str(big))
+    with pytest.raises(ConfigError, match="has rank 96, over the LoRA slots' 64: set STUDIO_LORA_RANK"):
+        _check_file(str(big))
+    monkeypatch.setenv(RANK_ENV, "128")
+    _check_file(str(big))  # within the slots' rank now

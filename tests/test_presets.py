@@ -155,6 +155,8 @@ BAD = [
     ("dtype: int4", "preset.dtype='int4' is not valid: use one of"),
     ("cache_config: [1, 2]", "cache_config must be a mapping"),
     ("loras: a.safetensors", "loras must be a list of {path: ..., scale: ...}"),
+    ("loras: {}", "loras must be a list of {path: ..., scale: ...}"),
+    ('loras: ["a\\nb"]', "one LoRA file, folder or Hub id (path or path@scale) per entry"),
     ("loras: [{path: a.safetensors, weight: 2}]", "preset.loras.entry="),
     ("loras: [{path: a.safetensors, scale: 9}]", "lora.scale=9 is not valid: a finite number from -4 to 4"),
     ("loras: [a, b, c, d, e]", "preset.loras="),

@@ -220,7 +220,16 @@ class ModelManager:
         cur.variants.move_to_end(key)
         cur.pipe.register_modules(transformer=cur.variants[key].transformer)
         if loaded and key[2]:
-            fuse_loras(cur.pipe, key[2])  # fresh full-precision weights: the preset's LoRAs go in before quantizing
+            try:
+                fuse_loras(cur.pipe, key[2])  # fresh full-precision weights: LoRAs in, then quantized
+            except Exception:  # re-raised: a half-fused variant is never kept, nor left in the pipeline
+                cur.variants.pop(key, None)
+                back = cur.variants.get(cur.active)
+                if back is not None:
+                    cur.pipe.register_modules(transformer=back.transformer)
+                else:
+                    cur.active = None  # the next request loads the weights it needs
+                raise
         cur.active = key
         if loaded:
             self._free()

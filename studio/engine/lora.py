@@ -13,14 +13,16 @@ does not recompile (tests/test_compile.py counts Dynamo's graphs). Scales are wr
 from each slot's own scale at 1 (what the load set), because peft's set_scale keeps the first adapter's alpha/rank
 and writes a float. A slot the request does not use is at scale 0 under compile (the same graph) and the adapters
 are disabled for an eager run without LoRA (the base weights exactly). Only a new slot (more LoRAs than ever before
-on these weights) changes the modules; its next run is a warm-up again (engine.run.warm keys by the slot count).
+on these weights) changes the modules, and so does a failed load (every slot is dropped): the next run is a warm-up
+again (engine.run.warm keys by StackState.lora_modules).
 
 What is refused, with the reason, rather than run wrong:
 - a request's LoRA on quantized weights: an unfused LoRA beside INT8 weights is not what a fused-then-quantized
   model computes (a preset's own `loras` are fused into the weights before quantization: engine.loader);
 - LoRA on parallel workers (they load the model's own weights);
-- a LoRA of higher rank than the slots (set STUDIO_LORA_RANK before the first LoRA), or one that targets layers the
-  slot's first LoRA did not (peft cannot hot-swap it).
+- a LoRA of higher rank than the slots (set STUDIO_LORA_RANK before the first LoRA), one with text-encoder weights
+  (read from a local .safetensors file before loading), or one that targets layers the slot's first LoRA did not
+  (peft cannot hot-swap it; diffusers then deletes the slot, so every slot is dropped and loaded again when asked).
 """
 
 from __future__ import annotations
@@ -102,34 +104,76 @@ def _set_scales(tr, scales: dict, units: dict) -> None:
                 m.scaling[slot] = torch.tensor(value, device=m.weight.device)
 
 
+def _check_file(path: str) -> None:
+    """Refuse, before any load, a local LoRA file a slot cannot take: text-encoder weights (diffusers hot-swaps the
+    transformer only, and the text encoders are shared by every variant), or a rank over the slots' (peft would grow
+    the slot's tensors, and a compiled graph recompile in a timed run). Folders and Hub ids are read by diffusers."""
+    if not (path.endswith(".safetensors") and os.path.isfile(path)):
+        return
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as f:
+        keys = list(f.keys())
+        ranks = [f.get_slice(k).get_shape()[0] for k in keys if "lora_A" in k or "lora_down" in k]
+    te = [k for k in keys if k.startswith(("text_encoder", "lora_te"))]
+    if te:
+        raise ConfigError(
+            f"request.loras: {path!r} has text-encoder weights ({te[0]}, ...): only transformer LoRAs run here"
+        )
+    if ranks and max(ranks) > slot_rank():
+        raise ConfigError(
+            f"request.loras: {path!r} has rank {max(ranks)}, over the LoRA slots' {slot_rank()}: set {RANK_ENV} to at "
+            "least that before the first LoRA (the studio's restart)"
+        )
+
+
+def _reset(pipe, state) -> None:
+    """After a failed load (diffusers deletes a slot whose swap failed): every adapter off these weights, and the
+    slots start again with the next LoRA; the modules changed, so the next run warms up again."""
+    pipe.unload_lora_weights()
+    state.loras.clear()
+    state.lora_units.clear()
+    state.lora_modules += 1
+
+
+def _fill(pipe, tr, state, wanted) -> bool:
+    """Put each wanted LoRA in its slot (hot-swapped into a slot that holds another); True when a slot was added."""
+    slots, added = state.loras, False
+    for i, lora in enumerate(wanted):
+        slot = f"lora{i}"
+        if i < len(slots) and slots[i] == lora.path:
+            continue
+        _check_file(lora.path)
+        swap = i < len(slots)
+        if not slots:  # before the first adapter: pads it to the slots' rank and makes its scales tensors
+            pipe.enable_lora_hotswap(target_rank=slot_rank(), check_compiled="ignore")
+        elif not swap:  # a slot after the first: padded and made tensors too (after prep, new adapters are not)
+            tr.enable_lora_hotswap(target_rank=slot_rank(), check_compiled="ignore")
+        try:
+            _load(pipe, slot, lora.path, hotswap=swap)
+        except ConfigError:
+            _reset(pipe, state)
+            raise
+        if swap:
+            slots[i] = lora.path
+        else:
+            slots.append(lora.path)
+            added = True
+            state.lora_modules += 1
+        _note_unit_scales(tr, slot, state.lora_units)
+    return added
+
+
 def apply_loras(pipe, request) -> None:
     """Make `request.loras` the adapters of this run (the card's lines come from `lora_lines`)."""
     tr = pipe.transformer
     state = stack_state(tr)
-    slots = state.loras
     fused = {lo.path for lo in state.fused}
     wanted = [lo for lo in request.loras if lo.path not in fused]
-    if not slots and not wanted:
+    if not state.loras and not wanted:
         return
-    if not slots:
-        pipe.enable_lora_hotswap(target_rank=slot_rank())  # before the first adapter: pads it and makes scales tensors
-    added = False
-    for i, lora in enumerate(wanted):
-        slot = f"lora{i}"
-        if i < len(slots):
-            if slots[i] != lora.path:
-                slots[i] = None  # what a failed swap leaves in it is not known: the next request swaps again
-                _load(pipe, slot, lora.path, hotswap=True)
-                slots[i] = lora.path
-                _note_unit_scales(tr, slot, state.lora_units)
-        else:
-            if slots:  # a slot after the first: padded and made tensors too (after prep, new adapters are not)
-                tr.enable_lora_hotswap(target_rank=slot_rank(), check_compiled="ignore")
-            _load(pipe, slot, lora.path, hotswap=False)
-            slots.append(lora.path)
-            added = True
-            _note_unit_scales(tr, slot, state.lora_units)
-    names = [f"lora{i}" for i in range(len(slots))]
+    added = _fill(pipe, tr, state, wanted)
+    names = [f"lora{i}" for i in range(len(state.loras))]
     if added:
         pipe.set_adapters(names)  # every slot active, always: the same active list for every graph
     if not wanted and state.compiled is None:

@@ -171,7 +171,7 @@ def _prepare(pipe, preset: Preset, request: GenerationRequest) -> None:
 def warm(ctx: RunContext, pipe, stack: AppliedStack, preset: Preset) -> float | None:
     """The untimed warm-up run of this stack at this shape, once per process; its seconds, or None if warm."""
     state = stack_state(pipe.transformer)
-    if (stack.signature, ctx.request.shape, len(state.loras)) in state.warm:
+    if (stack.signature, ctx.request.shape, state.lora_modules) in state.warm:
         return None
     ctx.check(f"before the warm-up of {preset.name}")
     ctx.status("compiling (warm-up run)" if state.compiled else "warm-up run (not timed)")
@@ -183,7 +183,7 @@ def warm(ctx: RunContext, pipe, stack: AppliedStack, preset: Preset) -> float | 
         return time.perf_counter() - t0
 
     seconds = first_run_or_eager(pipe.transformer, stack, timed)  # compile's failure policy is compile's own
-    state.warm.add((stack.signature, ctx.request.shape, len(state.loras)))  # a new LoRA slot: warm again
+    state.warm.add((stack.signature, ctx.request.shape, state.lora_modules))  # new LoRA layers: warm again
     return seconds
 
 

@@ -159,7 +159,7 @@ class Runner:
         ctx = self.context(request, p, model)
         with self.manager.lock:
             if self.bases.get(ctx.key) is None:
-                self.generate(request, self.base_preset(ctx.dtype.name), model=ctx.model)
+                self.generate(ctx.request, self.base_preset(ctx.dtype.name), model=ctx.model)  # (the preset's LoRAs)
             run = measure(ctx, p, warm_up=False)
             return self._metrics(ctx, p, Paired(self.bases.get(ctx.key), run, 1, False), 0.0, screening=True)
 

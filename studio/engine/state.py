@@ -68,6 +68,7 @@ class StackState:
     parallel_starts: int = 0  # worker sets started so far (a rebuilt set warms up again)
     loras: list = field(default_factory=list)  # the LoRA file in each hot-swap slot lora0, lora1, ... (engine.lora)
     lora_units: dict = field(default_factory=dict)  # (id(layer), slot) -> the slot's scale at 1 in that layer
+    lora_modules: int = 0  # changes of the LoRA layers in the modules (a slot added, all dropped): warm-ups key by it
     fused: tuple = ()  # LoraSpec fused into these weights before quantization (engine.loader), none: ()
 
 

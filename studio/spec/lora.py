@@ -52,10 +52,10 @@ def parse_loras(text) -> tuple:
 def lora_from_yaml(item, where: str = "preset.loras") -> LoraSpec:
     """One entry of a preset's `loras`: `{path: ..., scale: ...}` or the form's `path@scale` text."""
     if isinstance(item, str):
-        (lora,) = parse_loras(item) or (None,)
-        if lora is None:
-            fail(where, "path", item, "a LoRA file, folder or Hub id")
-        return lora
+        found = parse_loras(item)
+        if len(found) != 1:
+            fail(where, "path", item, "one LoRA file, folder or Hub id (path or path@scale) per entry")
+        return found[0]
     if not isinstance(item, dict) or set(item) - {"path", "scale"} or "path" not in item:
         fail(where, "entry", item, "a mapping {path: ..., scale: ...} (scale optional, 1 by default)")
     return LoraSpec(item["path"], item.get("scale", 1.0))

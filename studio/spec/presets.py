@@ -78,7 +78,8 @@ def preset_from_dict(data: dict, name: str | None = None, source: str = "<dict>"
             raise ConfigError(f"{source}: {key} must be text, got {type(data[key]).__name__}")
     try:
         sections = {key: _section(data, key, cls) for key, cls in _SECTIONS.items()}
-        loras = data.get("loras") or []
+        loras = data.get("loras")
+        loras = [] if loras is None else loras
         if not isinstance(loras, list):
             raise ConfigError(f"loras must be a list of {{path: ..., scale: ...}}, got {loras!r}")
         return Preset(
