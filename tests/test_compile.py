@@ -142,10 +142,17 @@ def test_lora_hot_swap_under_compile_recompiles_nothing(tiny_runner, tiny_lora, 
 
     r = tiny_runner
     req = r.request(PROMPT, seed=42, steps=12)
+    asks = {"b": (LoraSpec(tiny_lora_b),), "b-half": (LoraSpec(tiny_lora_b, 0.5),), "none": ()}
+    # B at 0.5 in a studio that never loaded A, run (and unloaded) first: cache-dit patches the pipeline CLASS, and
+    # two cached pipelines of one class alive at once leave it patched for every later one (LIBRARY-FACTS)
+    fresh = Runner(ModelManager("cpu"), PresetLibrary(), model="tiny")
+    try:
+        alone = fresh.generate(replace(req, loras=asks["b-half"]), "cache", compare="off")
+    finally:
+        fresh.manager.unload()
     first = r.generate(replace(req, loras=(LoraSpec(tiny_lora),)), "cache-compile", compare="off")
     assert first.metrics.compile_s is not None  # the first LoRA on these weights: compiled (warmed) with its slot
     graphs = counters["stats"]["unique_graphs"]
-    asks = {"b": (LoraSpec(tiny_lora_b),), "b-half": (LoraSpec(tiny_lora_b, 0.5),), "none": ()}
     got = {k: r.generate(replace(req, loras=lo), "cache-compile", compare="off") for k, lo in asks.items()}
     assert counters["stats"]["unique_graphs"] == graphs  # hot-swap, a new scale, no LoRA: not one recompile
     assert all(g.metrics.compile_s is None and g.metrics.warmup_s is None for g in got.values())
@@ -155,11 +162,6 @@ def test_lora_hot_swap_under_compile_recompiles_nothing(tiny_runner, tiny_lora, 
     assert psnr(got["b"].image, first.image) < 35  # B's weights are in the slot, not A's
     # B at 0.5 in a slot first filled by A (rank 4, alpha 4) is B's own scale (alpha 4 / rank 8 per unit, halved):
     # the same picture as a studio that never loaded A (peft's set_scale would use A's alpha/rank: twice the scale)
-    fresh = Runner(ModelManager("cpu"), PresetLibrary(), model="tiny")
-    try:
-        alone = fresh.generate(replace(req, loras=asks["b-half"]), "cache", compare="off")
-    finally:
-        fresh.manager.unload()
     assert psnr(got["b-half"].image, alone.image) > 40
     for k, lo in asks.items():
         eager = r.generate(replace(req, loras=lo), "cache", compare="off")
