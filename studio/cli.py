@@ -1,4 +1,4 @@
-"""Command line: python -m studio generate|bench|sweep|tune|busy|clicks|presets|doctor (text: studio.report.text).
+"""Command line: python -m studio generate|bench|sweep|tune|busy|clicks|presets|doctor|regimes (text: studio.report).
 
 python -m studio generate --preset cache --prompt "a red circle in the center, blue background" --json
 python -m studio generate --preset cache --compile true --json
@@ -103,7 +103,24 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true", help="print one JSON object")
     d.add_argument("--no-kernels", action="store_true", help="on a GPU, skip timing a FLUX-sized random transformer")
     d.add_argument("--kernel-stacks", default=None, help="comma-separated subset of sdpa,sage,int8,compile")
+    _regimes_parser(sub)
     return ap
+
+
+def _regimes_parser(sub) -> None:
+    from studio.bench import regimes as rg  # (imports no torch: the table's names)
+    from studio.report.regimes import HELP
+
+    r = sub.add_parser("regimes", help=HELP, description=HELP)
+    r.set_defaults(regimes_main=rg.main)
+    r.add_argument("--config", choices=sorted(rg.CONFIGS), help="flux-dev (default on CUDA) or small (default on CPU)")
+    r.add_argument("--steps", type=int, default=40, help="transformer calls per run (default 40)")
+    r.add_argument("--size", type=int, default=None, help="image side in pixels (default 1024; small: 64)")
+    r.add_argument("--stacks", help=f"comma-separated, each '+'-joined {','.join(rg.PARTS)} (default {rg.DEFAULTS})")
+    r.add_argument("--regimes", default="resident,layerwise_offload", help=f"comma-separated: {','.join(rg.REGIMES)}")
+    r.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    r.add_argument("--out", default=None, help="the report as JSON, written after every row")
+    r.add_argument("--md", default=None, help="the Markdown table, written after every row")
 
 
 def _doctor(args) -> int:
@@ -311,9 +328,11 @@ def _presets(lib, args) -> int:
 
         text = preset_to_yaml(p)
     else:
+        from studio.engine.device import default_device
+        from studio.engine.quantize import exported_quant
         from studio.spec.export import cache_dit_yaml
 
-        text = cache_dit_yaml(p, steps=args.steps)
+        text = cache_dit_yaml(p, steps=args.steps, quant=exported_quant(p, default_device()))
     if args.out:
         Path(args.out).write_text(text)
     else:
@@ -333,13 +352,15 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     _make_parents(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if args.cmd in ("bench", "sweep", "tune"):
+    if args.cmd in ("bench", "sweep", "tune", "regimes"):
         quiet_libraries()
     from studio.engine import ModelLoadError, ModelManager, RunError, Runner
     from studio.spec import ConfigError, PresetLibrary
 
     if args.cmd == "doctor":
         return _doctor(args)
+    if args.cmd == "regimes":
+        return args.regimes_main(args, sys.argv[1:] if argv is None else argv)
     if args.cmd == "clicks":
         return _clicks(args)
     lib = PresetLibrary(user_dir=getattr(args, "presets_dir", None))

@@ -134,7 +134,7 @@ def test_export_loads_in_cache_dit_with_the_same_values(tmp_path):
     from studio.spec import PresetLibrary
 
     lib = PresetLibrary()
-    full = lib.get("cache-int8-sage-compile")
+    full = lib.get("cache-int8wo-sage-compile")
     ts = replace(
         lib.get("cache"),
         name="ts-mask",
@@ -150,7 +150,7 @@ def test_export_loads_in_cache_dit_with_the_same_values(tmp_path):
         for k in ("Fn_compute_blocks", "Bn_compute_blocks", "max_warmup_steps", "max_continuous_cached_steps"):
             assert getattr(cc, k) == getattr(want, k), (p.name, k)
         assert cc.residual_diff_threshold == want.residual_diff_threshold
-    got = cache_dit.load_configs(str(tmp_path / "cache-int8-sage-compile.yaml"))
+    got = cache_dit.load_configs(str(tmp_path / "cache-int8wo-sage-compile.yaml"))
     assert got["quantize_config"].quant_type == "int8_weight_only" and got["attention_backend"] == "sage"
     got = cache_dit.load_configs(str(tmp_path / "ts-mask.yaml"))
     assert type(got["calibrator_config"]).__name__ == "TaylorSeerCalibratorConfig"

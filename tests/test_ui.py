@@ -47,6 +47,13 @@ def _auto_dtype() -> str:
     return DTYPE_SHORT[resolve_dtype("auto", torch.device("cpu")).name]
 
 
+def _auto_q8() -> str:
+    """The tag of the 8-bit form `quant_type: auto` runs compiled on this CPU (engine.quantize.quant_form)."""
+    from studio.engine.device import cpu_flags
+
+    return "int8dq" if "amx_int8" in cpu_flags() else "int8wo"
+
+
 def _launch(device, **kw):
     from studio.app.ui import CSS, build_app
 
@@ -187,6 +194,7 @@ def test_compare_endpoint(client, app):
         preset_b="cache-int8-sage",
         cache="unset",
         threshold=None,
+        compile="false",  # eager: the named 8-bit runs its weight-only form (compiled: the browser test below)
         api_name="/compare",
     )
     slider, a, b, table = out[0], out[1], out[2], out[3]
@@ -207,9 +215,10 @@ def test_compare_endpoint(client, app):
 
 def test_matrix_endpoint(client, app):
     runner, _ = app
-    out = client.predict(**_args(model=runner.model), presets=["base", "cache", "int8"], repeats=1, api_name="/matrix")
+    presets = ["base", "cache", "int8-weight-only"]
+    out = client.predict(**_args(model=runner.model), presets=presets, repeats=1, api_name="/matrix")
     table, plot, csv_path, md_path, noise = out[0], out[1], out[4], out[5], out[6]
-    assert [r[-2] for r in table["data"]] == ["base", "cache", "int8", "base (again)"]
+    assert [r[-2] for r in table["data"]] == presets + ["base (again)"]
     again = table["data"][-1]  # base timed again last in the round: the same stack gives the same picture
     assert again[4] == "inf" and again[5] == f"0/{_args()['steps']}"
     assert f"it reads {again[3]} against base" in noise
@@ -308,14 +317,15 @@ def test_browser_generate_and_compare(tmp_path, tiny_lora):
             page.get_by_role("tab", name="A/B compare").click()
             page.get_by_role("button", name="Compare").click()
             table = page.locator("#ab-table")
-            expect(table).to_contain_text(f"{dt}+int8wo+DBCache", timeout=180_000)
+            q8 = _auto_q8()  # the named full stack, compiled, in this CPU's fastest 8-bit form
+            expect(table).to_contain_text(f"{dt}+{q8}+DBCache", timeout=180_000)
             expect(table).to_contain_text(f"{dt}+sdpa")
             page.wait_for_timeout(500)
             page.screenshot(path=os.path.join(ARTIFACTS, "ui-compare.png"), full_page=True)
 
             page.get_by_role("tab", name="History").click()
             history = page.locator("#history-table")
-            expect(history).to_contain_text(f"{dt}+int8wo+DBCache")
+            expect(history).to_contain_text(f"{dt}+{q8}+DBCache")
             expect(history).to_contain_text("a yellow triangle on the left, purple background")
 
             expect(page.locator("#history-gallery img").first).to_be_visible()  # the thumbnails above the table

@@ -60,7 +60,7 @@ def _gone_within(pid: int, seconds: float) -> bool:
 
 @pytest.fixture(scope="module")
 def worker(random_model_dir):
-    w = WorkerClient(WorkerConfig(model=random_model_dir, device="cpu", crash_on="int8"))
+    w = WorkerClient(WorkerConfig(model=random_model_dir, device="cpu", crash_on="int8-weight-only"))
     yield w
     w.close()
 
@@ -93,10 +93,10 @@ def test_a_native_crash_ends_one_call_and_the_next_gets_the_same_pixels(worker, 
     before = _generate(worker)
     pid, steps = worker.pid, []
     with pytest.raises(WorkerCrashed) as crash:
-        _generate(worker, preset="int8", cache_threshold=None, progress=lambda i, t, rec: steps.append(i))
+        _generate(worker, preset="int8-weight-only", cache_threshold=None, progress=lambda i, t, rec: steps.append(i))
     assert str(crash.value) == (
-        f"the device worker crashed (SIGSEGV) while running int8 on {random_model_dir}; it has been restarted and "
-        "the model is loading again"
+        f"the device worker crashed (SIGSEGV) while running int8-weight-only on {random_model_dir}; it has been "
+        "restarted and the model is loading again"
     )
     assert isinstance(crash.value, RunError)  # what the handlers already turn into a gr.Error
     assert steps == [0, 1, 2]  # its progress reached this process up to the step it died in
@@ -104,8 +104,10 @@ def test_a_native_crash_ends_one_call_and_the_next_gets_the_same_pixels(worker, 
     after = _generate(worker)
     assert np.array_equal(after.image, before.image)
     assert after.metrics.cached_step_indices == before.metrics.cached_step_indices
-    with pytest.raises(RunError, match=r"int8 on .* is refused: it crashed the device worker \(SIGSEGV\) earlier"):
-        _generate(worker, preset="int8", cache_threshold=None)
+    with pytest.raises(
+        RunError, match=r"int8-weight-only on .* is refused: it crashed the device worker \(SIGSEGV\) earlier"
+    ):
+        _generate(worker, preset="int8-weight-only", cache_threshold=None)
     assert worker.restarts == 1  # refused, not crashed again
 
 
@@ -201,7 +203,9 @@ def test_the_app_refuses_a_crashed_stack_and_keeps_serving_through_gradio(random
     from studio.app.ui import CSS, build_app
 
     device = WorkerClient(
-        WorkerConfig(model=random_model_dir, device="cpu", presets=PresetLibrary(user_dir=tmp_path), crash_on="int8")
+        WorkerConfig(
+            model=random_model_dir, device="cpu", presets=PresetLibrary(user_dir=tmp_path), crash_on="int8-weight-only"
+        )
     )
     demo = build_app(device, default_preset="cache")
     port = _port()
@@ -210,13 +214,15 @@ def test_the_app_refuses_a_crashed_stack_and_keeps_serving_through_gradio(random
         c = Client(f"http://127.0.0.1:{port}/", verbose=False)
         kw = dict(prompt=PROMPT, model=random_model_dir, seed=3, steps=10, api_name="/generate")
         before = c.predict(preset="cache", threshold=0.5, **kw)
-        with pytest.raises(AppError, match=r"the device worker crashed \(SIGSEGV\) while running int8 on "):
-            c.predict(preset="int8", **kw)
+        with pytest.raises(
+            AppError, match=r"the device worker crashed \(SIGSEGV\) while running int8-weight-only on "
+        ):
+            c.predict(preset="int8-weight-only", **kw)
         after = c.predict(preset="cache", threshold=0.5, **kw)
         assert np.array_equal(np.asarray(Image.open(after[0])), np.asarray(Image.open(before[0])))
         assert after[-1]["cached_step_indices"] == before[-1]["cached_step_indices"] != []
-        with pytest.raises(AppError, match=r"int8 on .* is refused"):
-            c.predict(preset="int8", **kw)
+        with pytest.raises(AppError, match=r"int8-weight-only on .* is refused"):
+            c.predict(preset="int8-weight-only", **kw)
         pid = device.pid
     finally:
         demo.close()

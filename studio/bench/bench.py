@@ -195,6 +195,7 @@ def row(name: str, rots: list[Rotation], base_name: str = BASE, ref: str | None 
     row.prompts = len(rots)
     row.cached_by_prompt = [m.cached_steps for m in ms]
     _of_ideal(row, ms, rots, name, ref)
+    _memory(row, ms)
     row.compile_s = rots[0].first[name].metrics.compile_s
     row.fallbacks += sorted({f"plain run: {rot.raw_errors[name]}" for rot in rots if name in rot.raw_errors})
     if all(name in rot.raw_times for rot in rots):
@@ -204,6 +205,18 @@ def row(name: str, rots: list[Rotation], base_name: str = BASE, ref: str | None 
         row.studio_over_raw = statistics.median(pairs)
         row.raw_psnr_db = min(psnr(rot.last[name].image, rot.raw_images[name]) for rot in rots)
     return row
+
+
+def _memory(row: MatrixRow, ms: list) -> None:
+    """The row's peak memory (the highest of its runs) and bytes streamed per step (the median of its runs)."""
+    peaks = [m.peak_memory for m in ms if m.peak_memory and m.peak_memory.get("peak_bytes") is not None]
+    if peaks:
+        top = max(peaks, key=lambda p: p["peak_bytes"])
+        row.peak_mem_bytes, row.peak_mem_kind = top["peak_bytes"], top["kind"]
+    pairs = (("h2d_full_bytes", "h2d_bytes_per_full_step"), ("h2d_cached_bytes", "h2d_bytes_per_cached_step"))
+    for attr, key in pairs:
+        vals = [m.h2d[key] for m in ms if m.h2d and m.h2d.get(key) is not None]
+        setattr(row, attr, int(statistics.median(vals)) if vals else None)
 
 
 def _of_ideal(row: MatrixRow, ms: list, rots: list[Rotation], name: str, ref: str | None) -> None:

@@ -36,9 +36,19 @@ def build_pipeline(recipe: dict):
     pipe.set_progress_bar_config(disable=True)
     tr = pipe.transformer
     if recipe.get("quant_type"):
-        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
+        from torchao.quantization import (
+            Float8DynamicActivationFloat8WeightConfig,
+            Int8DynamicActivationInt8WeightConfig,
+            Int8WeightOnlyConfig,
+            PerRow,
+            quantize_,
+        )
 
-        config = {"int8_weight_only": Int8WeightOnlyConfig, "int8_dynamic": Int8DynamicActivationInt8WeightConfig}
+        config = {  # cache-dit's quant_type names, as torchao spells them
+            "int8_weight_only": Int8WeightOnlyConfig,
+            "int8_per_row": lambda: Int8DynamicActivationInt8WeightConfig(granularity=PerRow()),
+            "float8_per_row": lambda: Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
+        }
         skip = recipe.get("exclude_layers") or []
         quantize_(
             tr,

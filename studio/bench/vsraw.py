@@ -6,6 +6,8 @@ from __future__ import annotations
 from studio.bench.raw import RawWorker
 from studio.engine.attention import usable
 from studio.engine.call import pipe_kwargs, true_cfg
+from studio.engine.compile import compiles
+from studio.engine.quantize import quant_form
 from studio.spec.cachedit import cache_dit_configs
 from studio.spec.preset import ATTENTION_BACKENDS, Preset
 from studio.spec.profiles import resolve_model
@@ -30,11 +32,12 @@ def recipe(runner, preset: Preset, request, model=None) -> dict:
     q, c = preset.quantize_config, preset.cache_config
     out = {"name": preset.name, "model": resolve_model(model or runner.model), "dtype": dtype.name}
     out["device"] = str(device)
-    if q.enabled:
-        out.update(quant_type=q.quant_type, exclude_layers=list(q.exclude_layers))
-    quantized = q.enabled
+    form = "none"
+    if q.enabled:  # the form the studio runs here (auto resolved the same way)
+        form = quant_form(q, torch.device(device), compiles(preset.compile, preset.offload_config))[0]
+        out.update(quant_type=form, exclude_layers=list(q.exclude_layers))
     if c.backend == "cache-dit":
-        cfgs = cache_dit_configs(c, quantized=quantized, steps=request.steps, separate_cfg=true_cfg(pipe, request))
+        cfgs = cache_dit_configs(c, quant=form, steps=request.steps, separate_cfg=true_cfg(pipe, request))
         out["dbcache"] = {k: getattr(cfgs.cache, k) for k in DBCACHE_FIELDS}
         if out["dbcache"]["steps_computation_mask"] is not None:
             out["dbcache"]["steps_computation_mask"] = [int(x) for x in out["dbcache"]["steps_computation_mask"]]
@@ -43,7 +46,7 @@ def recipe(runner, preset: Preset, request, model=None) -> dict:
         elif c.enable_dmd:
             out["calibrator"] = {"dmd_history": c.dmd_history, "dmd_rank": c.dmd_rank}
     elif c.backend == "fbcache":
-        out["fbcache_threshold"] = c.effective_threshold(quantized)
+        out["fbcache_threshold"] = c.effective_threshold(form)
     name = ATTENTION_BACKENDS[preset.attention_backend]
     # what the studio could run here (it falls back to sdpa where a backend cannot run, and says so)
     out["attention"] = name if usable(name, torch.device(device), dtype.torch) is None else "native"

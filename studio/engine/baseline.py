@@ -24,7 +24,10 @@ The method (the numbers are the product):
   a run whose full steps moved beyond DRIFT_BOUND (15%) of it means the machine's speed changed since (a browser
   drawing the last result, another process), and its ratio is not shown. Absent or stale, the run is paired side by
   side as above, which keeps a new one. The same request's base picture is used where it is kept; otherwise PSNR
-  is not computed (the caller asks for it).
+  is not computed (the caller asks for it);
+- SAME REGIME: a stack with a memory regime (`offload_config`) is compared with `base` under that regime
+  (`same_regime`), kept under its own key (`regime_key`): its speed-up and PSNR are those of its other features at the
+  same weight traffic; a resident base would fold the offload's cost into the speed-up.
 """
 
 from __future__ import annotations
@@ -36,6 +39,19 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from studio.measure.steady import Ratio, Steady, agree, ratio, steady
+from studio.spec.preset import Preset
+
+
+def same_regime(base: Preset, preset: Preset) -> Preset:
+    """The base `preset` is compared with: `base` under `preset`'s memory regime (module doc)."""
+    if not preset.offload_config.enabled:
+        return base
+    return replace(base, offload_config=preset.offload_config)
+
+
+def regime_key(key: tuple, preset: Preset) -> tuple:
+    """A base key (request or shape) under `preset`'s regime: another regime's base is another timing."""
+    return key + (preset.offload_config,) if preset.offload_config.enabled else key
 
 
 @dataclass(frozen=True)

@@ -50,12 +50,12 @@ def remove_cache(pipe) -> None:
 
 
 def apply_cache(
-    pipe, spec: CacheSpec, *, quantized: bool = False, steps: int | None = None, separate_cfg: bool = False
+    pipe, spec: CacheSpec, *, quant: str = "none", steps: int | None = None, separate_cfg: bool = False
 ) -> Engaged:
     """Engage the preset's step cache on `pipe` (after any previous one is removed).
 
     Args:
-        quantized: the transformer is INT8; an unset threshold then takes the backend's raised default.
+        quant: the quantized form that runs ("none": full precision); an unset threshold takes its default.
         steps: number of inference steps of the coming run (needed for step masks; refreshed per run).
         separate_cfg: the run calls the transformer twice per step (true CFG: conditional, then unconditional).
     """
@@ -69,14 +69,15 @@ def apply_cache(
             False,
             f"cache: skipped, {steps} steps is too few to gain (needs >= {MIN_CACHE_STEPS}); running uncached",
         )
-    threshold = spec.effective_threshold(quantized)
-    src = "set" if spec.residual_diff_threshold is not None else ("default for INT8" if quantized else "default")
+    threshold = spec.effective_threshold(quant)
+    src = "default" + (f" for {quant}" if quant != "none" else "")
+    src = "set" if spec.residual_diff_threshold is not None else src
     if spec.backend == "fbcache":
         return _apply_fbcache(pipe, threshold, src)
     try:
         import cache_dit
 
-        cfgs = cache_dit_configs(spec, quantized=quantized, steps=steps, separate_cfg=separate_cfg)
+        cfgs = cache_dit_configs(spec, quant=quant, steps=steps, separate_cfg=separate_cfg)
         cache_dit.enable_cache(pipe, cache_config=cfgs.cache, calibrator_config=cfgs.calibrator)
     except Exception as e:  # a pipeline cache-dit has no adapter for, blocks it does not recognise (its errors vary
         # by adapter): handled here, the run goes on uncached and the card says why
@@ -141,21 +142,21 @@ def _fbcache_reader(transformer):
     return lambda: bool(head.state_manager.get_state().should_compute)
 
 
-def prepare_run(pipe, spec: CacheSpec, *, quantized: bool, steps: int, separate_cfg: bool = False) -> None:
+def prepare_run(pipe, spec: CacheSpec, *, quant: str, steps: int, separate_cfg: bool = False) -> None:
     """Per-run refresh: a step mask is sized to this run's step count."""
     if stack_state(pipe.transformer).cache == "cache-dit" and spec.has_mask:
         import cache_dit
 
-        cfgs = cache_dit_configs(spec, quantized=quantized, steps=steps, separate_cfg=separate_cfg)
+        cfgs = cache_dit_configs(spec, quant=quant, steps=steps, separate_cfg=separate_cfg)
         cache_dit.refresh_context(pipe.transformer, cache_config=cfgs.cache, calibrator_config=cfgs.calibrator)
 
 
-def read_report(pipe, spec: CacheSpec, quantized: bool) -> CacheReport:
+def read_report(pipe, spec: CacheSpec, quant: str) -> CacheReport:
     """Read the cache backend's own account of the last run."""
     backend = stack_state(pipe.transformer).cache
     if backend == "none":
         return CacheReport()
-    threshold = spec.effective_threshold(quantized)
+    threshold = spec.effective_threshold(quant)
     if backend == "fbcache":
         return CacheReport(backend, threshold=threshold)
     rec = read_summary(pipe)

@@ -116,7 +116,7 @@ RECOMPILE_LIMIT = 64
 
 def int8pack_risks(tr) -> list[str]:
     """The INT8 Linear layers whose matmul Inductor would hand to the CPU kernel that crashes on them."""
-    if stack_state(tr).quant != "int8_weight_only":
+    if stack_state(tr).quant != "int8_weight_only":  # dynamic-activation forms go to _int_mm, not int8pack
         return []
     from studio.engine.int8pack import at_risk_layers
 
@@ -165,6 +165,13 @@ def _switch_on(tr, variant: CompiledVariant) -> None:
     state = stack_state(tr)
     state.counter.see_blocks(False)
     state.compiled = variant  # counts now come from the cache backend's own record
+
+
+def compiles(spec: CompileSpec, offload=None) -> bool:
+    """Whether a quantized stack with this compile spec (and memory regime, an OffloadSpec) is compiled here: the
+    quantized form follows it (engine.quantize). Not on ZeroGPU (ZEROGPU_COMPILE), nor under group offload, where
+    torchao's weights fail to compile (engine.offload.QUANT_UNDER_GROUP)."""
+    return spec.enabled and not on_zerogpu() and getattr(offload, "policy", "none") != "group_offload"
 
 
 def apply_compile(pipe, spec: CompileSpec, *, cache_engaged: bool) -> Engaged:

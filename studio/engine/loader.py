@@ -14,15 +14,17 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from studio.engine.cache import remove_cache
+from studio.engine.compile import compiles
 from studio.engine.device import DtypeChoice, default_device, resolve_dtype
 from studio.engine.lora import fuse_loras
 from studio.engine.parallel import remove_parallel
+from studio.engine.quantize import quant_form
 from studio.engine.stack import AppliedStack, apply_preset
 from studio.engine.state import stack_state
 from studio.engine.tasks import task_pipe
@@ -255,6 +257,9 @@ class ModelManager:
                 self._set_dtype(cur, dtype)
                 fresh = True
             quant = preset.quantize_config if preset.quantize_config.enabled else QuantSpec()
+            if quant.enabled:  # weights are keyed by the form that runs (`auto` resolved, engine.quantize)
+                form = quant_form(quant, self.device, compiles(preset.compile, preset.offload_config))[0]
+                quant = replace(quant, quant_type=form) if form != quant.quant_type else quant
             fused = preset.loras if quant.enabled else ()  # fused before quantization (engine.lora)
             loaded = self._switch_variant(cur, (dtype.name, quant, fused), on_status)
             variant = cur.variants[cur.active]

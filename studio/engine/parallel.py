@@ -151,7 +151,7 @@ def _configs(preset: Preset, steps, separate_cfg, device, dtype):
     spec, c = preset.parallelism_config, preset.cache_config
     cache_cfg = cal = None
     if c.backend == "cache-dit":  # a parallel preset takes no quantize_config: the threshold is the plain default
-        cfgs = cache_dit_configs(c, quantized=False, steps=steps, separate_cfg=separate_cfg)
+        cfgs = cache_dit_configs(c, steps=steps, separate_cfg=separate_cfg)
         cache_cfg, cal = cfgs.cache, cfgs.calibrator
     name = ATTENTION_BACKENDS[preset.attention_backend]
     attn_note = None

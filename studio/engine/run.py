@@ -22,7 +22,9 @@ from studio.engine.lora import apply_loras, check_loras
 from studio.engine.parallel import run_remote
 from studio.engine.stack import AppliedStack
 from studio.engine.state import stack_state
+from studio.engine.streams import stream_begin, stream_report
 from studio.measure.blocks import BlockClock
+from studio.measure.memory import MemoryProbe, PeakMemory
 from studio.measure.steady import Steady, steady
 from studio.measure.timing import StepCounts, StepProbe, block_count, count_steps
 from studio.spec.errors import OverTime
@@ -129,6 +131,9 @@ class Measured:
     blocks: int = 0  # transformer blocks one full call runs
     lost: tuple[str, ...] = ()  # what could not be read about this run, in words (shown as fallbacks)
     block_ms: tuple | None = None  # each block's median time (studio.measure.blocks), where the blocks run eagerly
+    memory: PeakMemory | None = None  # the denoise loop's peak memory (None: it ran on the parallel workers)
+    quant: str = "none"  # the quantized form that ran (a preset's `auto` resolved)
+    h2d: dict | None = None  # bytes copied host-to-device per full / cached step (engine.streams), None: resident
 
     @property
     def priced(self) -> Steady:
@@ -158,11 +163,11 @@ def pipeline_for(ctx: RunContext, preset: Preset):
 
 
 def _prepare(pipe, preset: Preset, request: GenerationRequest) -> None:
-    quantized = stack_state(pipe.transformer).quant != "none"
+    quant = stack_state(pipe.transformer).quant
     prepare_run(
         pipe,
         preset.cache_config,
-        quantized=quantized,
+        quant=quant,
         steps=request.executed_steps,
         separate_cfg=true_cfg(pipe, request),
     )
@@ -224,30 +229,37 @@ def measure(ctx: RunContext, preset: Preset, *, warm_up: bool = True, show_steps
     # each block's time, where the blocks run eagerly (hooks inside a compiled block would not fire, and would
     # make Dynamo guard on them): what a cached step should cost (studio.measure.blocks)
     clock = BlockClock(ctx.manager.device).install(pipe.transformer) if state.counter.hooks_see_blocks else None
+    memory = MemoryProbe(ctx.manager.device)
+    stream_begin(pipe.transformer)  # bytes copied onto the device, per call, under a block-streaming regime
     try:
-        with probe:
+        with memory, probe:
             image = call_pipe(pipe, ctx.request, probe)
     finally:
         if clock is not None:
             clock.remove()
     denoise = probe.denoise_seconds()
     ended = time.monotonic()
-    report = read_report(pipe, preset.cache_config, state.quant != "none")
+    report = read_report(pipe, preset.cache_config, state.quant)
+    counts = count_steps(probe.steps, report.backend, report.listed())
+    calls = sum(s.transformer_calls for s in probe.steps)
     return Measured(
         image=image,
         denoise_s=denoise,
         step_ms=[s * 1e3 for s in probe.step_seconds()],
-        counts=count_steps(probe.steps, report.backend, report.listed()),
+        counts=counts,
         report=report,
         stack=stack,
         reloaded=reloaded,
         warmup_s=warmup_s,
         compiled=state.compiled is not None,
         ended=ended,
-        calls=sum(s.transformer_calls for s in probe.steps),
+        calls=calls,
         dropped=dropped_tokens(pipe, ctx.request),
         blocks=block_count(pipe.transformer),
         block_ms=tuple(clock.block_ms()) if clock is not None else None,
+        memory=memory.result,
+        quant=state.quant,
+        h2d=stream_report(pipe.transformer, max(1, calls // max(1, len(probe.steps))), counts.cached_indices),
     )
 
 
@@ -260,7 +272,7 @@ def _measure_parallel(ctx: RunContext, pipe, stack, preset: Preset, *, reloaded,
     backend = "cache-dit" if c.backend == "cache-dit" else "none"
     report = CacheReport(
         backend, list(rec["cached_steps"] or []), dict(rec.get("residual_diffs") or {}),
-        threshold=c.effective_threshold(False) if c.enabled else None,
+        threshold=c.effective_threshold() if c.enabled else None,
         cfg_cached_steps=rec["cfg_cached_steps"],
     )  # fmt: skip
     lost = ()

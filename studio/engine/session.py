@@ -19,6 +19,8 @@ from studio.engine.baseline import (
     Pairing,
     base_itself,
     by_shape,
+    regime_key,
+    same_regime,
     shape_timing,
     side_by_side,
 )
@@ -128,9 +130,11 @@ class Runner:
         finally:
             self.deadline = before
 
-    def base_preset(self, dtype: str) -> Preset:
-        """`base` in the dtype a stack runs in: its picture is the one the stack is compared with."""
-        return replace(self.presets.get(BASE), dtype=dtype)
+    def base_preset(self, dtype: str, preset: Preset | None = None) -> Preset:
+        """`base` in the dtype a stack runs in, under the stack's memory regime (baseline.same_regime): its picture is
+        the one the stack is compared with."""
+        base = replace(self.presets.get(BASE), dtype=dtype)
+        return base if preset is None else same_regime(base, preset)
 
     # runs ------------------------------------------------------------------------------------------------
     def warm_up(self, request: GenerationRequest, presets: list[str], model: str | None = None) -> list[float]:
@@ -158,10 +162,11 @@ class Runner:
         p = self.resolve_preset(preset)
         ctx = self.context(request, p, model)
         with self.manager.lock:
-            if self.bases.get(ctx.key) is None:
-                self.generate(ctx.request, self.base_preset(ctx.dtype.name), model=ctx.model)  # (the preset's LoRAs)
+            if self.bases.get(regime_key(ctx.key, p)) is None:
+                self.generate(ctx.request, self.base_preset(ctx.dtype.name, p), model=ctx.model)  # (its LoRAs)
             run = measure(ctx, p, warm_up=False)
-            return self._metrics(ctx, p, Paired(self.bases.get(ctx.key), run, 1, False), 0.0, screening=True)
+            return self._metrics(ctx, p, Paired(self.bases.get(regime_key(ctx.key, p)), run, 1, False), 0.0,
+                                 screening=True)  # fmt: skip
 
     def generate(
         self,
@@ -227,24 +232,25 @@ class Runner:
 
     def _generate(self, ctx: RunContext, p: Preset, pairing: Pairing, compare: str, t0: float) -> RunResult:
         """generate()'s body, under the manager's lock: the base (when compared), the timed run, the record."""
-        base_p = self.base_preset(ctx.dtype.name)
+        base_p = self.base_preset(ctx.dtype.name, p)
+        key, shape = regime_key(ctx.key, p), regime_key(ctx.shape, p)  # another regime, another kept base
         is_base = replace(p, dtype=ctx.dtype.name).stack == base_p.stack
         if is_base:
-            known = compare == "auto" and shape_timing(pairing, self.shapes, ctx.shape) is not None
+            known = compare == "auto" and shape_timing(pairing, self.shapes, shape) is not None
             how = pairing if compare == "on" or (compare == "auto" and not known) else CALLER_TIMES_BASE
-            paired = base_itself(how, self.bases, ctx.key, lambda: measure(ctx, p))  # one run when not compared
+            paired = base_itself(how, self.bases, key, lambda: measure(ctx, p))  # one run when not compared
         elif compare != "off":
             # the stack's warm-up (a compile can take a minute) before the pairing decides whether a kept base is
             # recent enough: a base kept 50 s ago must not divide a run that ends 50 s of compiling later
             pipe, stack, reloaded = pipeline_for(ctx, p)
             warmup_s = warm(ctx, pipe, stack, p)
-            shaped = shape_timing(pairing, self.shapes, ctx.shape) if compare == "auto" else None
-            then = self.stack_prices.get((ctx.shape, p.stack)) if shaped is not None else None
+            shaped = shape_timing(pairing, self.shapes, shape) if compare == "auto" else None
+            then = self.stack_prices.get((shape, p.stack)) if shaped is not None else None
             if then is not None and then[0] == shaped.timed_at:  # this stack was timed beside that very base timing
-                paired = by_shape(shaped, then[1], self.bases.get(ctx.key), lambda: measure(ctx, p))
+                paired = by_shape(shaped, then[1], self.bases.get(key), lambda: measure(ctx, p))
             else:
                 paired = side_by_side(
-                    pairing, self.bases, ctx.key,
+                    pairing, self.bases, key,
                     time_base=lambda: measure(ctx, base_p, show_steps=False), time_stack=lambda: measure(ctx, p),
                     on_status=ctx.on_status,
                 )  # fmt: skip
@@ -253,9 +259,9 @@ class Runner:
         else:
             paired = Paired(None, measure(ctx, p), 1, False)
         if paired.base is not None and paired.base.agreed and not paired.by_shape and (is_base or paired.base_now):
-            self.shapes.put(ctx.shape, paired.base)  # a timing that agreed: it may divide this shape's next runs
+            self.shapes.put(shape, paired.base)  # a timing that agreed: it may divide this shape's next runs
             if not is_base:
-                self.stack_prices.put((ctx.shape, p.stack), (paired.base.timed_at, paired.run.priced))
+                self.stack_prices.put((shape, p.stack), (paired.base.timed_at, paired.run.priced))
         metrics = self._metrics(ctx, p, paired, time.perf_counter() - t0, is_base=is_base)
         return RunResult(paired.run.image, paired.base.image if paired.base else None, metrics)
 
@@ -289,7 +295,7 @@ class Runner:
             ideal=ideal,
             model=ctx.model,
             preset=p.name,
-            tag=p.tag(ctx.dtype.name),
+            tag=p.tag(ctx.dtype.name, run.quant),
             device=str(self.manager.device),
             dtype=ctx.dtype.name,
             request=ctx.request.as_dict(),
@@ -306,6 +312,8 @@ class Runner:
             total_s=total_s,
             blocks=run.blocks,
             parallel=info,
+            peak_memory=run.memory.as_dict() if run.memory is not None else None,
+            h2d=run.h2d,
         )
 
     @staticmethod
@@ -370,4 +378,4 @@ class Runner:
     def _twin_is_base(self, p: Preset) -> bool:
         """Whether `p` without its step cache is `base` (then base, timed beside it, is its non-cache reference)."""
         plain = replace(p, cache_config=CacheSpec())
-        return plain.stack[1:] == self.presets.get(BASE).stack[1:]
+        return plain.stack[1:] == same_regime(self.presets.get(BASE), p).stack[1:]

@@ -1,9 +1,11 @@
 """The speed stack, applied in one fixed order.
 
-    quantize -> step cache -> attention backend -> torch.compile -> (parallel workers)
+    quantize -> offload -> step cache -> attention backend -> torch.compile -> (parallel workers)
 
-Why this order: quantization swaps Linear weights, so everything that wraps modules (cache hooks, compiled
-graphs) must see the final weights; the cache wraps block calls and must exist before compile traces them;
+Why this order: quantization swaps Linear weights, so everything that wraps modules (offload and cache hooks,
+compiled graphs) must see the final weights; the memory regime wraps the transformer's forward and blocks, and the
+cache must wrap it, not the other way round (engine.offload: a regime change takes the cache off and back on); the
+cache wraps block calls and must exist before compile traces them;
 the attention backend is a dispatcher setting read at trace time; compile comes last and uses
 fullgraph=False whenever a step cache is engaged. A parallel preset (engine.parallel) hands the whole pipeline to
 cache-dit's Ray workers last, with its step cache and attention backend applied inside them by cache-dit (which
@@ -16,20 +18,21 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from studio.engine.attention import apply_attention
-from studio.engine.cache import apply_cache
-from studio.engine.compile import apply_compile, uncompile
+from studio.engine.cache import apply_cache, remove_cache
+from studio.engine.compile import compiles, uncompile
+from studio.engine.offload import apply_offload, compile_under_offload, offload_changed, rewraps_with_cache, run_device
 from studio.engine.parallel import apply_parallel, remove_parallel, unavailable_reason, wanted, workers
 from studio.engine.quantize import apply_quant
 from studio.engine.state import Engaged, ParallelState, stack_state
 from studio.spec.preset import MIN_CACHE_STEPS, CacheSpec, ParallelSpec, Preset
 
-STACK_ORDER = ("quantize", "cache", "attention", "compile", "parallel")
+STACK_ORDER = ("quantize", "offload", "cache", "attention", "compile", "parallel")
 
 
-def cache_key(spec: CacheSpec, quantized: bool, steps: int | None, separate_cfg: bool = False) -> tuple:
+def cache_key(spec: CacheSpec, quant: str, steps: int | None, separate_cfg: bool = False) -> tuple:
     """What decides the cache's wiring: its spec, the threshold default's input, whether the run is too short,
     and how many transformer calls a step makes."""
-    return (spec, quantized, steps is not None and steps < MIN_CACHE_STEPS, separate_cfg)
+    return (spec, quant, steps is not None and steps < MIN_CACHE_STEPS, separate_cfg)
 
 
 class Signature(NamedTuple):
@@ -39,6 +42,7 @@ class Signature(NamedTuple):
     cache: tuple  # cache_key(...)
     attention: str
     compiled: tuple | None  # the compiled variant's key, None when eager
+    offload: tuple = ()  # (the regime that runs, its OffloadSpec): another regime is another warm-up
 
 
 @dataclass
@@ -135,18 +139,26 @@ def apply_preset(
         return out
     prev = applied or AppliedStack()
     out = AppliedStack(preset=preset, engaged={k: v for k, v in prev.engaged.items() if k != "parallel"})
-    out.engaged["quantize"] = apply_quant(pipe, preset.quantize_config)
+    compiled = compiles(preset.compile, preset.offload_config)  # the quantized form follows it (engine.quantize)
+    out.engaged["quantize"] = apply_quant(pipe, preset.quantize_config, compiled=compiled)
     if applied is None:
         out.order.append("quantize")
     state = stack_state(pipe.transformer)
-    quantized = state.quant != "none"
-    key = cache_key(preset.cache_config, quantized, steps, separate_cfg)
-    changed = applied is None or key != prev.cache or preset.attention_backend != prev.attention
+    key = cache_key(preset.cache_config, state.quant, steps, separate_cfg)
+    device = run_device(pipe)
+    recache = applied is None or key != prev.cache
+    # (under accelerate's model offload cache-dit's disable_cache drops accelerate's hook: the regime goes on again)
+    regime = recache and rewraps_with_cache(pipe) or offload_changed(pipe, preset.offload_config, device)
+    changed = regime or recache or preset.attention_backend != prev.attention
     if changed or preset.compile != prev.preset.compile:
         uncompile(pipe.transformer)  # hooks and backends change on eager modules; compile is re-activated last
-    if applied is None or key != prev.cache:
+    if regime or applied is None:
+        remove_cache(pipe)  # the cache wraps the regime's forward: off before the regime under it changes
+        out.engaged["offload"] = apply_offload(pipe, preset.offload_config, device)
+        out.order.append("offload")
+    if recache or regime:
         out.engaged["cache"] = apply_cache(
-            pipe, preset.cache_config, quantized=quantized, steps=steps, separate_cfg=separate_cfg
+            pipe, preset.cache_config, quant=state.quant, steps=steps, separate_cfg=separate_cfg
         )
         out.order.append("cache")
     out.cache = key
@@ -155,8 +167,10 @@ def apply_preset(
         out.order.append("attention")
     out.attention = preset.attention_backend
     if state.compiled is None:
-        out.engaged["compile"] = apply_compile(pipe, preset.compile, cache_engaged=state.cache != "none")
+        out.engaged["compile"] = compile_under_offload(pipe, preset.compile, cache_engaged=state.cache != "none")
         out.order.append("compile")
     compiled = state.compiled.key if state.compiled is not None else None
-    out.signature = Signature(state.quant, key, preset.attention_backend, compiled)
+    out.signature = Signature(
+        state.quant, key, preset.attention_backend, compiled, (state.offload, preset.offload_config)
+    )
     return out

@@ -18,7 +18,7 @@ STATE_ATTR = "_studio_state"  # our one attribute on a transformer (beside it: t
 class Engaged:
     """What one optimization step did: engaged as asked, or fell back, with the reason in words."""
 
-    feature: str  # quantize | cache | attention | compile
+    feature: str  # quantize | offload | cache | attention | compile
     requested: str  # what the preset asked for, e.g. "sage"
     engaged: bool  # True when what was asked is what runs
     detail: str  # what runs, or why it fell back ("sage: unavailable on cpu, using sdpa")
@@ -56,6 +56,23 @@ class ParallelState:
 
 
 @dataclass
+class StreamLog:
+    """What a block-streaming regime moved onto the device, per transformer call of the current run (engine.offload):
+    each offloaded unit (a diffusers group, a cache-dit layerwise block) counts its bytes when it is onloaded while
+    away on the offload device."""
+
+    blocks: int  # offloaded blocks one full call runs (a call that ran fewer was served by a step cache)
+    unit_bytes: dict = field(default_factory=dict)  # unit id -> bytes of its parameters and buffers
+    away: set = field(default_factory=set)  # units on the offload device now
+    calls: list = field(default_factory=list)  # [h2d bytes, blocks run] per transformer call since stream_begin
+    first_call_blocks: int = (
+        0  # offloaded blocks the regime's first call ran (diffusers' streams trace their order on it)
+    )
+    seen_calls: int = 0  # transformer calls since the regime went on
+    handles: list = field(default_factory=list)  # the counting hooks, removed with the regime
+
+
+@dataclass
 class StackState:
     quant: str = "none"  # torchao mode applied to the weights
     cache: str = "none"  # engaged step cache: none | cache-dit | fbcache
@@ -70,6 +87,10 @@ class StackState:
     lora_units: dict = field(default_factory=dict)  # (id(layer), slot) -> the slot's scale at 1 in that layer
     lora_modules: int = 0  # changes of the LoRA layers in the modules (a slot added, all dropped): warm-ups key by it
     fused: tuple = ()  # LoraSpec fused into these weights before quantization (engine.loader), none: ()
+    offload: str = "none"  # the memory regime that runs (engine.offload): none | group_offload | layerwise_offload |
+    # model_cpu_offload (auto resolved; a fall-back is "none")
+    offload_key: tuple | None = None  # (OffloadSpec, run device) the regime was applied for, None: never applied
+    stream: StreamLog | None = None  # the bytes a block-streaming regime moves, None: nothing streams
 
 
 def stack_state(transformer) -> StackState:

@@ -114,6 +114,12 @@ class RunMetrics:
     # A batch (num_images_per_prompt > 1), per picture in order: its seed and its PSNR, SSIM and verdict against the
     # same batch's base picture (the record's own are the batch's: measure.quality.judge_batch). None: one picture.
     batch: list[dict] | None = None
+    # The denoise loop's peak memory (studio.measure.memory): kind, peak_bytes, reserved_bytes, note. None: not read
+    # here (parallel workers).
+    peak_memory: dict | None = None
+    # Under a block-streaming offload regime: bytes copied host-to-device per full and per cached step
+    # (engine.offload.stream_report). None: everything resident.
+    h2d: dict | None = None
 
     @classmethod
     def of(

@@ -90,6 +90,7 @@ def metrics_card(m) -> str:
     rows.append(("engaged", _lines(m.engaged)))
     if m.fallbacks:
         rows.append(("fell back", _lines(m.fallbacks, "fallback")))
+    rows.append(("peak memory", esc(fmt.memory_line(m.peak_memory, m.h2d))))
     rows.append(("device", f"{esc(m.device)}, {esc(m.dtype)}"))
     body = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows)
     return f'<div class="metrics-card"><table>{body}</table></div>'

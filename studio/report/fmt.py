@@ -53,6 +53,32 @@ def ms(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.1f} ms"
 
 
+def size(n: int | None) -> str:
+    """Bytes as MiB/GiB."""
+    if n is None:
+        return "n/a"
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def memory_line(peak: dict | None, h2d: dict | None = None) -> str:
+    """The denoise loop's peak memory (measure.memory) and, under a streaming offload, the bytes copied per step."""
+    if not peak:
+        return "not read here"
+    if peak.get("peak_bytes") is None:
+        return f"n/a ({peak.get('note')})"
+    out = f"{size(peak['peak_bytes'])} ({peak['kind']}"
+    if peak.get("reserved_bytes") is not None:
+        out += f"; {size(peak['reserved_bytes'])} reserved"
+    out += ")" + (f"; {peak['note']}" if peak.get("note") else "")
+    if h2d:
+        out += f"; host-to-device per full step {size(h2d.get('h2d_bytes_per_full_step'))}"
+        if h2d.get("h2d_bytes_per_cached_step") is not None:
+            out += f", per cached step {size(h2d['h2d_bytes_per_cached_step'])}"
+        if h2d.get("moved") is False:
+            out += " (the CPU is both devices: nothing crossed a bus)"
+    return out
+
+
 def steps(cached: int, full: int) -> str:
     return f"{cached} cached / {full} full"
 

@@ -21,6 +21,9 @@ CORE = 7  # the columns before a bench's extras
 OPTIONAL = (
     ("worst PSNR", "worst_psnr_db", fmt.psnr),
     ("studio/raw", "studio_over_raw", lambda v: f"{v:.3f}"),
+    ("peak memory", "peak_mem_bytes", fmt.size),
+    ("H2D/full step", "h2d_full_bytes", fmt.size),
+    ("H2D/cached step", "h2d_cached_bytes", fmt.size),
 )
 # The A/B table's extra column: where the damage is, beside the global PSNR (MatrixRow.worst_tile: (dB, (y, x)))
 AB_OPTIONAL = ((f"worst {TILE}x{TILE} tile", "worst_tile", lambda t: fmt.tile(*t)),)
@@ -58,6 +61,10 @@ class MatrixRow:
     raw_psnr_db: float | None = None  # studio image against the plain run's image
     worst_tile_psnr_db: float | None = None  # the worst 8x8 tile's PSNR against base (one run: A/B, history)
     worst_tile_yx: list[int] | None = None  # its top-left pixel
+    peak_mem_bytes: int | None = None  # the denoise loop's peak: CUDA allocated or the CPU's peak RSS (measure.memory)
+    peak_mem_kind: str | None = None
+    h2d_full_bytes: int | None = None  # under a streaming offload: bytes copied host-to-device per full step
+    h2d_cached_bytes: int | None = None  # ... and per cached step
 
     @property
     def worst_tile(self) -> tuple | None:
@@ -109,6 +116,10 @@ class MatrixRow:
             of_ideal_against=m.of_ideal_against,
             worst_tile_psnr_db=m.worst_tile_psnr_db,
             worst_tile_yx=m.worst_tile_yx,
+            peak_mem_bytes=(m.peak_memory or {}).get("peak_bytes"),
+            peak_mem_kind=(m.peak_memory or {}).get("kind"),
+            h2d_full_bytes=(m.h2d or {}).get("h2d_bytes_per_full_step"),
+            h2d_cached_bytes=(m.h2d or {}).get("h2d_bytes_per_cached_step"),
         )
 
     def as_dict(self) -> dict:

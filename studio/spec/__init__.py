@@ -5,6 +5,7 @@ The bottom of the house: imports nothing else from the studio.
 
 from studio.spec.checks import ConfigError, parse_switch
 from studio.spec.errors import ModelLoadError, RunError
+from studio.spec.offload import OffloadSpec
 from studio.spec.preset import MIN_CACHE_STEPS, CacheSpec, CompileSpec, Preset, QuantSpec
 from studio.spec.presets import PresetLibrary, load_preset, preset_from_text, preset_to_yaml
 from studio.spec.profiles import EMBEDDED_DIR, ModelProfile, profile_for, resolve_model
@@ -22,6 +23,7 @@ __all__ = [
     "Preset",
     "PresetLibrary",
     "QuantSpec",
+    "OffloadSpec",
     "RunError",
     "load_preset",
     "parse_switch",

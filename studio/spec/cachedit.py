@@ -40,19 +40,19 @@ def step_mask(spec: CacheSpec, steps: int | None) -> list[int] | None:
 
 
 def cache_dit_configs(
-    spec: CacheSpec, *, quantized: bool, steps: int | None, separate_cfg: bool = False
+    spec: CacheSpec, *, quant: str = "none", steps: int | None, separate_cfg: bool = False
 ) -> CacheDitConfigs:
     """cache-dit's DBCache and calibrator configs for `spec`.
 
     Args:
-        quantized: the transformer is INT8; an unset threshold then takes the raised default.
+        quant: the quantized form that runs ("none": full precision); an unset threshold takes its default.
         steps: the run's step count (a step mask is sized to it).
         separate_cfg: the run calls the transformer twice per step (true CFG: conditional, then unconditional).
     """
     from cache_dit import DBCacheConfig, DMDCalibratorConfig, TaylorSeerCalibratorConfig
 
     mask = step_mask(spec, steps)
-    threshold = spec.effective_threshold(quantized)
+    threshold = spec.effective_threshold(quant)
     cfg = DBCacheConfig(
         Fn_compute_blocks=spec.Fn_compute_blocks,
         Bn_compute_blocks=spec.Bn_compute_blocks,

@@ -13,15 +13,32 @@ CACHE_KEYS = (
     "max_continuous_cached_steps", "max_cached_steps",
 )  # fmt: skip
 DEFAULT_STEPS = 28
+AUTO_EXPORT = "float8_per_row"  # cache-dit's default quant_type
 
 
-def cache_dit_dict(p: Preset, steps: int | None = None) -> dict:
-    """The preset's cache-dit configuration. `steps`: the run's step count, which a step mask policy is sized to."""
+def exported_form(p: Preset, quant: str | None = None) -> str:
+    """The quant_type cache-dit is given: `quant` (the form the studio runs on the exporting device) where known;
+    for `auto` without it, cache-dit's own default (float8_per_row: its quantization runs on CUDA only)."""
+    if not p.quant.enabled:
+        return "none"
+    if quant not in (None, "none"):
+        return quant
+    return AUTO_EXPORT if p.quant.quant_type == "auto" else p.quant.quant_type
+
+
+def cache_dit_dict(p: Preset, steps: int | None = None, quant: str | None = None) -> dict:
+    """The preset's cache-dit configuration.
+
+    Args:
+        steps: the run's step count, which a step mask policy is sized to.
+        quant: the quantized form `auto` resolves to on the device the file is for (engine.quantize.quant_form).
+    """
     out: dict = {}
     c = p.cache_config
+    form = exported_form(p, quant)
     if c.backend == "cache-dit":
         n = (steps or DEFAULT_STEPS) if c.has_mask else None
-        cfgs = cache_dit_configs(c, quantized=p.quant.enabled, steps=n)
+        cfgs = cache_dit_configs(c, quant=form, steps=n)
         cc = {k: getattr(cfgs.cache, k) for k in CACHE_KEYS}
         if c.enable_taylorseer:
             cc.update(enable_taylorseer=True, taylorseer_order=c.taylorseer_order)
@@ -35,7 +52,7 @@ def cache_dit_dict(p: Preset, steps: int | None = None) -> dict:
             cc["steps_computation_mask"] = c.steps_computation_mask if named else cfgs.cache.steps_computation_mask
         out["cache_config"] = cc
     if p.quant.enabled:
-        out["quantize_config"] = {"quant_type": p.quant.quant_type, "exclude_layers": list(p.quant.exclude_layers)}
+        out["quantize_config"] = {"quant_type": form, "exclude_layers": list(p.quant.exclude_layers)}
     if p.attention_backend != "sdpa":
         out["attention_backend"] = ATTENTION_BACKENDS[p.attention_backend]
     if p.wants_workers:
@@ -43,10 +60,13 @@ def cache_dit_dict(p: Preset, steps: int | None = None) -> dict:
     return out
 
 
-def cache_dit_yaml(p: Preset, steps: int | None = None) -> str:
-    head = f"# DiT Speed Studio preset {p.name!r} ({p.tag()}), for cache_dit.load_configs\n"
+def cache_dit_yaml(p: Preset, steps: int | None = None, quant: str | None = None) -> str:
+    head = f"# DiT Speed Studio preset {p.name!r} ({p.tag(quant=quant)}), for cache_dit.load_configs\n"
     if p.description:
         head += "".join(f"# {line}\n" for line in p.description.splitlines())
     if p.compile.enabled:
         head += "# compile: torch.compile after enable_cache (regional: transformer.compile_repeated_blocks())\n"
-    return head + yaml.safe_dump(cache_dit_dict(p, steps), sort_keys=False)
+    if p.quant.quant_type == "auto":
+        head += f"# quantize_config: the studio's `auto`, here {exported_form(p, quant)} (float8_per_row on sm89+ "
+        head += "GPUs, int8_per_row on others; compiled)\n"
+    return head + yaml.safe_dump(cache_dit_dict(p, steps, quant), sort_keys=False)

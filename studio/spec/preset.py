@@ -1,7 +1,8 @@
 """A preset: the speed stack as validated records whose field names are the YAML keys (cache-dit's own names).
 
-    dtype, quantize_config (QuantSpec), cache_config (CacheSpec), attention_backend, compile (CompileSpec),
-    parallelism_config (ParallelSpec: cache-dit's context/tensor parallelism on Ray workers)
+    dtype, quantize_config (QuantSpec), offload_config (OffloadSpec: the memory regime), cache_config (CacheSpec),
+    attention_backend, compile (CompileSpec), parallelism_config (ParallelSpec: cache-dit's context/tensor
+    parallelism on Ray workers)
 
 A preset file's `cache_config` section is exactly what cache-dit reads (plus the studio's `backend` key, which
 picks cache-dit DBCache or diffusers First-Block-Cache).
@@ -13,10 +14,16 @@ from dataclasses import dataclass, field, replace
 
 from studio.spec.checks import Record, check_bool, check_choice, check_float, check_int, fail
 from studio.spec.lora import MAX_LORAS, LoraSpec
+from studio.spec.offload import OffloadSpec
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "auto": "auto"}
-QUANT_TYPES = ("none", "int8_weight_only", "int8_dynamic")
+# cache-dit's quant_type names (cache_dit.quantization: _ALLOWED_QUANTIZE_TYPES), plus the studio's `auto`: the
+# fastest 8-bit form of the device it runs on (engine.quantize.quant_form picks it and says why).
+QUANT_TYPES = ("none", "auto", "float8_per_row", "int8_per_row", "int8_weight_only")
+DYNAMIC_FORMS = ("float8_per_row", "int8_per_row")  # activations quantized per call too: pays only compiled
+QUANT_ALIASES = {"int8_dynamic": "int8_per_row"}  # the studio's earlier name, read as cache-dit's
+QUANT_SHORT = {"auto": "q8", "float8_per_row": "fp8dq", "int8_per_row": "int8dq", "int8_weight_only": "int8wo"}
 CACHE_BACKENDS = ("none", "cache-dit", "fbcache")
 MASK_POLICIES = ("none", "slow", "medium", "fast", "ultra")
 MASK_TYPES = ("static", "dynamic")
@@ -32,8 +39,13 @@ ATTENTION_BACKENDS = {
     "math": "_native_math",
 }
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-# Residual-diff thresholds when a preset leaves it unset: quantized transformers drift more per step.
-DEFAULT_THRESHOLD = {"dense": 0.08, "quantized": 0.12}
+# Residual-diff thresholds when a preset leaves it unset, by the quantized form that runs (none: full precision).
+# A quantized residual carries the quantization's noise on top of the step's own change; the raise follows what each
+# form adds, measured (embedded model, fp32, 28 steps, 3 prompts, threshold ~0 so every step's diff is read; the
+# median diff after warm-up): dense 0.0546/0.0592/0.0513; int8_weight_only the same to 3 decimals; int8_per_row
+# 0.0554/0.0606/0.0522 (+1.5%): neither earns a raise. float8 (e4m3: 3 mantissa bits, ~16x int8's rounding step)
+# cannot be measured on a CPU; it keeps the raised default until a GPU run reads it.
+DEFAULT_THRESHOLD = {"none": 0.08, "int8_weight_only": 0.08, "int8_per_row": 0.08, "float8_per_row": 0.12}
 MIN_CACHE_STEPS = 8  # below this a step cache has no room to gain: warm-up alone eats the run
 
 
@@ -45,6 +57,7 @@ class QuantSpec(Record):
     exclude_layers: tuple[str, ...] = ("embedder", "embed", "norm_out", "proj_out")
 
     def __post_init__(self):
+        object.__setattr__(self, "quant_type", QUANT_ALIASES.get(self.quant_type, self.quant_type))
         check_choice("quantize_config", "quant_type", self.quant_type, QUANT_TYPES)
         ex = self.exclude_layers
         if isinstance(ex, str) or not isinstance(ex, (list, tuple)) or not all(isinstance(x, str) for x in ex):
@@ -145,10 +158,11 @@ class CacheSpec(Record):
     def calibrator(self) -> str:
         return "taylorseer" if self.enable_taylorseer else "dmd" if self.enable_dmd else "none"
 
-    def effective_threshold(self, quantized: bool) -> float:
+    def effective_threshold(self, quant: str = "none") -> float:
+        """The threshold a run applies; `quant`: the quantized form that runs ("none": full precision)."""
         if self.residual_diff_threshold is not None:
             return float(self.residual_diff_threshold)
-        return DEFAULT_THRESHOLD["quantized" if quantized else "dense"]
+        return DEFAULT_THRESHOLD[quant]
 
     def label(self, threshold: float | None = None) -> str:
         """A short tag in cache-dit's style, e.g. DBCache_F1B0W4R0.24MC3_TS1 (the one place it is written).
@@ -256,6 +270,7 @@ class Preset(Record):
     description: str = ""
     dtype: str = "auto"  # auto: the device's best exact dtype (see engine.device.resolve_dtype)
     quantize_config: QuantSpec = field(default_factory=QuantSpec)
+    offload_config: OffloadSpec = field(default_factory=OffloadSpec)
     cache_config: CacheSpec = field(default_factory=CacheSpec)
     attention_backend: str = "sdpa"
     compile: CompileSpec = field(default_factory=CompileSpec)
@@ -272,8 +287,8 @@ class Preset(Record):
         check_choice("preset", "dtype", self.dtype, DTYPES)
         check_choice("preset", "attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         for name, cls in (
-            ("quantize_config", QuantSpec), ("cache_config", CacheSpec), ("compile", CompileSpec),
-            ("parallelism_config", ParallelSpec),
+            ("quantize_config", QuantSpec), ("offload_config", OffloadSpec), ("cache_config", CacheSpec),
+            ("compile", CompileSpec), ("parallelism_config", ParallelSpec),
         ):  # fmt: skip
             if not isinstance(getattr(self, name), cls):
                 fail("preset", name, getattr(self, name), f"must be a {cls.__name__}")
@@ -288,6 +303,9 @@ class Preset(Record):
         if lo and self.parallelism_config.enabled:
             why = "parallel workers load the model's own weights: drop loras"
             fail("preset", "loras", [x.label() for x in lo], why)
+        if self.parallelism_config.enabled and self.offload_config.enabled:
+            why = "parallel workers hold their own weights: drop offload_config from a parallel preset"
+            fail("preset", "offload_config", self.offload_config.policy, why)
         if self.parallelism_config.enabled and self.cache_config.backend == "fbcache":
             fail("preset", "cache_config.backend", "fbcache", "parallel workers run cache-dit: use backend: cache-dit")
 
@@ -310,19 +328,23 @@ class Preset(Record):
     def stack(self) -> tuple:
         """Everything that decides what runs (not the name or description)."""
         return (
-            self.dtype, self.quantize_config, self.cache_config, self.attention_backend, self.compile,
-            self.parallelism_config, self.loras,
+            self.dtype, self.quantize_config, self.offload_config, self.cache_config, self.attention_backend,
+            self.compile, self.parallelism_config, self.loras,
         )  # fmt: skip
 
-    def tag(self, dtype: str | None = None) -> str:
-        """A label derived from the stack, e.g. `bf16+int8wo+DBCache_F1B0W4R0.24MC3+sage+compile`.
+    def tag(self, dtype: str | None = None, quant: str | None = None) -> str:
+        """A label derived from the stack, e.g. `bf16+int8dq+DBCache_F1B0W4R0.24MC3+sage+compile`.
 
         Args:
             dtype: the dtype that ran (resolves `auto`); the preset's own when not given.
+            quant: the quantized form that ran (resolves `auto`); the preset's own when not given.
         """
         parts = [DTYPE_SHORT[dtype or self.dtype]]
         if self.quant.enabled:
-            parts.append({"int8_weight_only": "int8wo", "int8_dynamic": "int8dq"}[self.quant.quant_type])
+            form = quant if quant not in (None, "none") else self.quant.quant_type
+            parts.append(QUANT_SHORT[form])
+        if self.offload_config.enabled:
+            parts.append(self.offload_config.label())
         if self.cache.enabled:
             parts.append(self.cache.label())
         parts.append(self.attention_backend)

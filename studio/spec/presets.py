@@ -21,6 +21,7 @@ import yaml
 
 from studio.spec.checks import ConfigError
 from studio.spec.lora import lora_from_yaml
+from studio.spec.offload import OffloadSpec
 from studio.spec.preset import CacheSpec, CompileSpec, ParallelSpec, Preset, QuantSpec
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent.parent / "presets"
@@ -31,18 +32,20 @@ BUILTIN_ORDER = (
     BASE,
     "sage",
     "int8",
+    "int8-weight-only",
     "sage-int8",
     "cache",
     "cache-int8",
     "cache-int8-sage",
     "compile",
     "cache-compile",
-    "cache-int8-sage-compile",
+    "cache-int8wo-sage-compile",
     "ulysses2",
     "cache-ulysses2",
 )
 _SECTIONS = {
     "quantize_config": QuantSpec,
+    "offload_config": OffloadSpec,
     "cache_config": CacheSpec,
     "compile": CompileSpec,
     "parallelism_config": ParallelSpec,
@@ -103,6 +106,8 @@ def preset_to_dict(p: Preset) -> dict:
     out: dict = {"description": p.description, "dtype": p.dtype}
     if p.quantize_config.enabled:
         out["quantize_config"] = {k: plain(v) for k, v in p.quantize_config.as_dict().items()}
+    if p.offload_config.enabled:
+        out["offload_config"] = p.offload_config.as_dict()
     if p.cache_config.enabled:
         out["cache_config"] = {k: plain(v) for k, v in p.cache_config.as_dict().items() if v is not None}
     out["attention_backend"] = p.attention_backend

@@ -15,6 +15,7 @@ from studio.bench.matrix import run_matrix
 from studio.bench.records import TuneResult
 from studio.bench.tune import QUICK, tune
 from studio.engine import BASE, Runner, RunResult
+from studio.engine.quantize import exported_quant
 from studio.engine.thread import DEVICE_THREAD
 from studio.report.table import Matrix
 from studio.spec.export import cache_dit_yaml
@@ -67,7 +68,7 @@ class DeviceService:
     def export(self, preset: Preset, steps: int | None = None) -> str:
         """The preset as the YAML cache_dit.load_configs reads (spec.export: built through cache-dit's own config
         objects, which load torch: so here, not in the app's process)."""
-        return cache_dit_yaml(preset, steps)
+        return cache_dit_yaml(preset, steps, exported_quant(preset, self.runner.manager.device))
 
     def warm_up(self, request: GenerationRequest, presets: list[str], model: str | None = None) -> list[float]:
         """Load the model and run the untimed warm-ups (Runner.warm_up) of the presets this runner knows."""

@@ -1,0 +1,350 @@
+"""The memory regime of a preset (`offload_config`), second in the stack: where the weights live between uses.
+
+    quantize -> OFFLOAD -> step cache -> attention -> compile
+
+After quantization, so what moves is the final weights (diffusers moves torchao tensors with swap_tensors). Before
+the step cache, which must wrap the regime and not the other way round: accelerate's model offload wraps the
+transformer's `forward` and cache-dit wraps whatever it finds (it calls accelerate's hook itself); diffusers' group
+offload wraps the forward of the transformer itself too, but cache-dit's FLUX adapter replaces that forward with its
+own copy, so here those root hooks run from the module call instead (`_root_hooks_at_call`). A regime change takes
+the cache off first and puts it back on after (engine.stack).
+
+Block-streaming regimes (group, layerwise) count the bytes they move onto the device per transformer call
+(engine.streams); a step cache that skips blocks makes a cached step stream less.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from studio.engine.compile import apply_compile, uncompile
+from studio.engine.state import Engaged, stack_state
+from studio.engine.streams import (
+    STREAMING,
+    module_bytes,
+    new_log,
+    tally_block,
+    tally_group,
+    tally_prefetch,
+    tensor_bytes,
+)
+from studio.measure.blocks import block_list
+from studio.spec.offload import AUTO_ORDER, OffloadSpec
+from studio.spec.preset import CompileSpec
+
+# diffusers hooks/group_offloading.py: _GROUP_OFFLOADING, _LAYER_EXECUTION_TRACKER, _LAZY_PREFETCH_GROUP_OFFLOADING
+GROUP_HOOKS = ("group_offloading", "layer_execution_tracker", "lazy_prefetch_group_offloading")
+# What `auto` adds to the weights for one run. The peak of a FLUX-size pipeline is not the transformer's activations
+# (1024x1024 in bf16: 4096 + 512 tokens x 3072 wide is 28 MiB a tensor, a few hundred MiB with the MLP and q/k/v) but
+# the VAE decode: 128-512-channel feature maps at full resolution, 512 x 1024 x 1024 x 2 B = 1 GiB each, two or three
+# alive in one conv (why diffusers has enable_vae_tiling); plus the CUDA context and the caching allocator's slack
+# (about 1 GiB). 4 GiB covers 1024x1024; measured peaks (studio.measure.memory) are the way to tighten it.
+ACTIVATION_MARGIN = 4 * 2**30
+
+
+def _model_offloaded(pipe) -> bool:
+    return any(isinstance(c, torch.nn.Module) and hasattr(c, "_hf_hook") for c in pipe.components.values())
+
+
+def _groups(tr) -> list:
+    """diffusers' ModuleGroups on `tr` (the unmatched rest of the transformer first, then the block groups)."""
+    out = {}
+    for m in tr.modules():
+        registry = getattr(m, "_diffusers_hook", None)
+        hook = registry.get_hook(GROUP_HOOKS[0]) if registry is not None else None
+        if hook is not None:
+            out.setdefault(id(hook.group), hook.group)
+    return list(out.values())
+
+
+def run_device(pipe) -> torch.device:
+    """The device the pipeline computes on (under offload the weights' own device says where they wait)."""
+    state = stack_state(pipe.transformer)
+    if state.offload_key is not None and state.offload != "none":
+        return torch.device(state.offload_key[1])
+    offloaded_to = getattr(pipe, "_offload_device", None)  # accelerate's model offload (a task pipe shares hooks)
+    if offloaded_to is not None and _model_offloaded(pipe):
+        return torch.device(offloaded_to)
+    return next(pipe.transformer.parameters()).device
+
+
+def remove_offload(pipe, device) -> None:
+    """Take off whatever regime is on (counting hooks, diffusers groups, cache-dit layerwise handles, accelerate's
+    model hooks) and leave every weight on `device`. The step cache must be off already (module doc)."""
+    from cache_dit.offload import get_layerwise_offload_handles, remove_layerwise_offload
+    from diffusers.hooks import HookRegistry
+
+    tr = pipe.transformer
+    state = stack_state(tr)
+    if state.stream is not None:
+        for h in state.stream.handles:
+            h.remove()
+        state.stream = None
+    moved = False
+    if _groups(tr):
+        registry = HookRegistry.check_if_exists_or_initialize(tr)
+        for name in GROUP_HOOKS:
+            registry.remove_hook(name, recurse=True)
+        moved = True
+    if get_layerwise_offload_handles(tr):
+        remove_layerwise_offload(tr, offload=False)
+        moved = True
+    if moved:
+        tr.to(device)  # (diffusers' ModelMixin.to is a no-op while group hooks are on: they are off now)
+    if _model_offloaded(pipe):
+        pipe.remove_all_hooks()
+        pipe.to(device)
+    state.offload, state.offload_key = "none", None
+
+
+def offload_changed(pipe, spec: OffloadSpec, device) -> bool:
+    """Whether `spec` must be (re)applied: another spec or device than the regime on this transformer, or a pipeline
+    setting (the VAE's, accelerate's hooks) that another transformer variant's stack changed since."""
+    state = stack_state(pipe.transformer)
+    if state.offload_key != (spec, str(device)):
+        return True
+    vae = getattr(pipe, "vae", None)
+    if vae is not None and _vae_flags(vae, spec) != (getattr(vae, "use_tiling", False),
+                                                     getattr(vae, "use_slicing", False)):  # fmt: skip
+        return True
+    return (state.offload == "model_cpu_offload") != _model_offloaded(pipe)
+
+
+def rewraps_with_cache(pipe) -> bool:
+    """Whether a change of the step cache must re-apply the regime too: cache-dit's disable_cache puts back the
+    forward it wrapped, which under accelerate's model offload is the one without accelerate's hook."""
+    return stack_state(pipe.transformer).offload == "model_cpu_offload"
+
+
+def _vae_flags(vae, spec: OffloadSpec) -> tuple[bool, bool]:
+    return (spec.vae_tiling and hasattr(vae, "use_tiling"), spec.vae_slicing and hasattr(vae, "use_slicing"))
+
+
+def _apply_vae(pipe, spec: OffloadSpec) -> tuple[bool, list[str]]:
+    """diffusers' VAE switches, on or off as `spec` says; (every asked switch engaged, lines)."""
+    vae = getattr(pipe, "vae", None)
+    ok, notes = True, []
+    for name, on in (("tiling", spec.vae_tiling), ("slicing", spec.vae_slicing)):
+        if vae is None or not hasattr(vae, f"use_{name}"):
+            ok = ok and not on
+            if on:
+                notes.append(f"vae_{name}: {type(vae).__name__} has no {name}, decoding whole")
+            continue
+        getattr(vae, f"enable_{name}" if on else f"disable_{name}")()
+        if on and name == "tiling":
+            notes.append(f"vae: tiled decode (only images over {vae.tile_sample_min_size} px a side are tiled)")
+        elif on:
+            notes.append("vae: sliced decode (a batch decodes one picture at a time; one picture decodes whole)")
+    return ok, notes
+
+
+def _root_hooks_at_call(tr) -> list:
+    """Run diffusers' hooks on the transformer itself (the rest of its weights in and out; under streams, the tracer
+    of the prefetch order) from the module call, not from its `forward`: cache-dit's FLUX adapter replaces the
+    transformer's forward with its own copy (a patch functor, CACHE_DIT_FLUX_ENABLE_DUMMY_BLOCKS=1 by default), which
+    drops them (measured: under the cache the rest was never onloaded, and disable_cache leaves cache-dit's copy in
+    place). The torch hooks on the module call survive any forward. The handles, to remove with the regime."""
+    registry = getattr(tr, "_diffusers_hook", None)
+    if registry is None or not registry._hook_order:
+        return []
+    first = registry._fn_refs[0].forward  # the forward diffusers wrapped
+    if getattr(first, "__func__", None) is type(tr).forward:
+        tr.__dict__.pop("forward", None)
+    else:
+        tr.forward = first
+
+    def pre(module, args, kwargs):
+        for name in reversed(list(registry._hook_order)):  # the last registered is the outermost
+            args, kwargs = registry.hooks[name].pre_forward(module, *args, **kwargs)
+        return tuple(args), kwargs
+
+    def post(module, args, kwargs, output):
+        fwd = module.__dict__.get("forward")
+        for name in list(registry._hook_order):
+            output = registry.hooks[name].post_forward(module, output)
+        # the stream tracer removes itself after the first call, and its remove_hook puts back the forward it
+        # wrapped, over whatever forward runs now (cache-dit's): keep the one that ran
+        module.__dict__.pop("forward", None)
+        if fwd is not None:
+            module.forward = fwd
+        return output
+
+    return [
+        tr.register_forward_pre_hook(pre, with_kwargs=True, prepend=True),
+        tr.register_forward_hook(post, with_kwargs=True, always_call=True),
+    ]
+
+
+def _group(pipe, spec: OffloadSpec, device: torch.device) -> tuple[bool, str]:
+    from diffusers.hooks import apply_group_offloading
+
+    tr, cuda = pipe.transformer, device.type == "cuda"
+    stream = spec.use_stream and cuda
+    apply_group_offloading(
+        tr, onload_device=device, offload_device=torch.device("cpu"), offload_type="block_level",
+        num_blocks_per_group=spec.num_blocks_per_group, use_stream=stream,
+    )  # fmt: skip
+    at_call = _root_hooks_at_call(tr)
+    groups = _groups(tr)
+    # (the rest's group lists its modules and, again, their parameters: diffusers moves each once for real)
+    log = new_log(tr, {id(g): module_bytes(*g.modules, extra=g.parameters + g.buffers) for g in groups})
+    log.handles += at_call
+    for g in groups:
+        tally_group(log, g)
+    per = 1 if stream else spec.num_blocks_per_group  # diffusers: "streams are only supported for 1 block a group"
+    n = sum(g.offload_leader is not tr for g in groups)  # (the rest of the transformer is the group led by tr)
+    notes = [f"{n} groups of {per} block(s) + the rest of the transformer, cpu <-> {device}"]
+    if stream:
+        notes.append("prefetch on a CUDA stream (the order traced on the first call)")
+        if spec.num_blocks_per_group != 1:
+            notes.append(f"num_blocks_per_group {spec.num_blocks_per_group} -> 1: diffusers' streams take one")
+    elif spec.use_stream:
+        notes.append(f"use_stream off: CUDA streams only, on {device.type} each group onloads when it runs")
+    if device.type == "cpu":
+        notes.append("onload and offload device are both the cpu: nothing crosses a bus (the hooks run as on a GPU)")
+    return True, "group_offload (diffusers block_level: " + "; ".join(notes) + ")"
+
+
+def _pin_reason() -> str | None:
+    """Why host memory cannot be pinned here (cache-dit's layerwise offload pins its CPU copy of every block)."""
+    try:
+        torch.empty(1).pin_memory()
+    except RuntimeError as e:
+        return str(e).splitlines()[0]
+    return None
+
+
+def _layerwise(pipe, spec: OffloadSpec, device: torch.device) -> tuple[bool, str]:
+    from cache_dit.offload import layerwise_offload
+
+    why = _pin_reason()
+    if why is not None:
+        return False, f"layerwise_offload: needs pinned host memory, which needs an accelerator ({why})"
+    tr = pipe.transformer
+    names = [f"{n}.{i}" for n, m in tr.named_children() if isinstance(m, torch.nn.ModuleList) for i in range(len(m))]
+    blocks = [tr.get_submodule(n) for n in names]
+    asyncly = spec.async_transfer and device.type == "cuda"
+    # Without a budget cache-dit's async prefetch fills its window with every later block (prefetch_limit off: no
+    # target cap): transfer_buckets blocks' bytes is the window the spec means.
+    budget = spec.transfer_buckets * max(module_bytes(b) for b in blocks) if asyncly else None
+    handle = layerwise_offload(
+        tr, module_names=names, onload_device=device, offload_device="cpu", async_transfer=asyncly,
+        transfer_buckets=spec.transfer_buckets, max_inflight_prefetch_bytes=budget,
+    )  # fmt: skip
+    log = new_log(tr, {id(b): module_bytes(b) for b in blocks})
+    for b in blocks:
+        tally_block(log, b)
+    if asyncly:
+        tally_prefetch(log, handle)
+    notes = [f"{len(blocks)} blocks, cpu <-> {device}, the rest of the transformer resident"]
+    if asyncly:
+        notes.append(f"{spec.transfer_buckets} block(s) prefetched ahead on copy streams")
+    elif spec.async_transfer:
+        notes.append(f"async_transfer off: copy streams are CUDA only, on {device.type} each block onloads as it runs")
+    if device.type == "cpu":
+        notes.append("onload and offload device are both the cpu: nothing crosses a bus (the hooks run as on a GPU)")
+    return True, "layerwise_offload (cache-dit: " + "; ".join(notes) + ")"
+
+
+def _model_offload(pipe, spec: OffloadSpec, device: torch.device) -> tuple[bool, str]:
+    if device.type != "cuda":
+        return False, f"model_cpu_offload: needs a CUDA device (this run is on {device.type})"
+    pipe.enable_model_cpu_offload(device=device)
+    return (
+        True,
+        f"model_cpu_offload (diffusers: each component moves to {device} for its turn, {pipe.model_cpu_offload_seq})",
+    )
+
+
+def _needs(pipe, spec: OffloadSpec) -> dict[str, int]:
+    """Device bytes each policy holds at its peak for this pipeline (an estimate: weights + ACTIVATION_MARGIN)."""
+    comps = [c for c in pipe.components.values() if isinstance(c, torch.nn.Module)]
+    tr = pipe.transformer
+    blocks = [module_bytes(b) for b in block_list(tr)] or [module_bytes(tr)]
+    everything = module_bytes(*comps)
+    resident = everything - sum(blocks)  # the encoders, the VAE and the transformer's non-block weights
+    # a prefetching regime holds the next unit beside the running one; diffusers' streams take one block a group
+    group = (2 if spec.use_stream else spec.num_blocks_per_group) * max(blocks)
+    return {
+        "none": everything + ACTIVATION_MARGIN,
+        "layerwise_offload": resident + (1 + spec.transfer_buckets) * max(blocks) + ACTIVATION_MARGIN,
+        "group_offload": resident + group + ACTIVATION_MARGIN,
+        "model_cpu_offload": max(module_bytes(c) for c in comps) + ACTIVATION_MARGIN,
+    }
+
+
+def _auto(pipe, spec: OffloadSpec, device: torch.device) -> tuple[str, str]:
+    """The first policy of AUTO_ORDER that fits, and why."""
+    if device.type != "cuda":
+        return "none", f"{device.type}: the weights are already in host memory"
+    free, _ = torch.cuda.mem_get_info(device)
+    # the pipeline is on the device already (the loader put it there): its own bytes are free for this choice
+    free += sum(tensor_bytes(t) for c in pipe.components.values() if isinstance(c, torch.nn.Module)
+                for t in list(c.parameters()) + list(c.buffers()) if t.device == device)  # fmt: skip
+    needs = _needs(pipe, spec)
+    gib = 2**30
+    for policy in AUTO_ORDER:
+        if needs[policy] <= free:
+            return policy, f"needs ~{needs[policy] / gib:.1f} GiB of {free / gib:.1f} GiB free"
+    least = min(AUTO_ORDER, key=needs.get)
+    return least, f"nothing fits {free / gib:.1f} GiB free; the least, ~{needs[least] / gib:.1f} GiB, may not"
+
+
+_POLICIES = {"group_offload": _group, "layerwise_offload": _layerwise, "model_cpu_offload": _model_offload}
+
+
+def apply_offload(pipe, spec: OffloadSpec, device) -> Engaged:
+    """Put `pipe` under the memory regime `spec` on `device` (after taking off the one it was under).
+
+    The step cache must be off (engine.stack takes it off and puts it back after)."""
+    device = torch.device(device)
+    remove_offload(pipe, device)
+    policy, why = _auto(pipe, spec, device) if spec.policy == "auto" else (spec.policy, "")
+    ok, text = _POLICIES[policy](pipe, spec, device) if policy != "none" else (True, f"none (resident on {device})")
+    if policy == "none" and spec.policy == "auto":
+        text = "none"
+    vae_ok, vae_notes = _apply_vae(pipe, spec)
+    state = stack_state(pipe.transformer)
+    state.offload, state.offload_key = (policy if ok else "none"), (spec, str(device))
+    head = f"auto: {text} ({why})" if spec.policy == "auto" else text
+    if not ok:
+        head += "; weights resident"
+    requested = spec.label() or "none"
+    engaged = ok and vae_ok and spec.enabled
+    return Engaged("offload", requested, engaged, "; ".join(["offload: " + head] + vae_notes))
+
+
+# Measured (python -m studio regimes --config small, CPU): torchao int8 weights (int8_per_row) under diffusers' group
+# offload with regional compile fail on the first compiled call: "_apply(): Couldn't swap Linear.weight" ("Cannot swap
+# t1 because it has weakref associated with it", raised when the group moves back to the CPU). Eager, they run.
+QUANT_UNDER_GROUP = (
+    "torchao's quantized weights under group_offload fail to compile (measured: group offload cannot swap a "
+    "Linear.weight that compile holds a weakref to)"
+)
+
+
+def compile_under_offload(pipe, spec: CompileSpec, *, cache_engaged: bool) -> Engaged:
+    """engine.compile's apply_compile, under the regime on `pipe`: a block-streaming regime's hooks move weights
+    inside every block call, and both libraries mark them torch.compiler.disable: regional graphs with fullgraph off
+    around them (measured: fullgraph=True fails, "Skip inlining torch.compiler.disable()d function
+    ModuleGroup.onload_"; fullgraph=False compiles and matches eager within 2e-6), never a whole-transformer graph."""
+    state = stack_state(pipe.transformer)
+    if state.offload not in STREAMING or not spec.enabled:
+        return apply_compile(pipe, spec, cache_engaged=cache_engaged)
+    if not (spec.regional and getattr(pipe.transformer, "_repeated_blocks", None)):
+        uncompile(pipe.transformer)
+        return Engaged(
+            "compile", "on", False,
+            f"compile: skipped, a whole-transformer graph would hold {state.offload}'s weight moves, which both "
+            "libraries keep out of graphs (torch.compiler.disable); set compile.regional: true on a model with "
+            "repeated blocks; running eager",
+        )  # fmt: skip
+    if state.offload == "group_offload" and state.quant != "none":
+        uncompile(pipe.transformer)
+        return Engaged("compile", "on", False, f"compile: skipped, {QUANT_UNDER_GROUP}; running eager")
+    out = apply_compile(pipe, replace(spec, fullgraph=False), cache_engaged=cache_engaged)
+    if out.engaged and spec.fullgraph is not False and not cache_engaged:
+        out = replace(out, detail=out.detail + f" (fullgraph off: {state.offload} moves weights between graphs)")
+    return out
