@@ -20,6 +20,15 @@ PY = "python"  # as shown; run with this interpreter
 
 SECTIONS = [
     (
+        "## Which 8-bit form, and which stack, on this CPU",
+        "The named 8-bit stacks (`int8`, `cache-int8-sage`) run `quant_type: auto`, compiled: the form the device "
+        "runs fastest (engine/quantize.py). Here they are side by side with the other form, each compiled "
+        "(`int8-dq`, `cache-int8dq-sage`: int8_per_row, from docs/bench/forms/), with eager weight-only (the memory "
+        "option) and the compiled stacks without 8-bit. Median of 3 round-robin repeats.",
+        "-m studio bench --presets-dir docs/bench/forms --presets base,compile,cache-compile,int8,int8-dq,"
+        "int8-weight-only,cache-int8-sage,cache-int8dq-sage --repeats 3 --out docs/bench/forms.json",
+    ),
+    (
         "## Every shipped preset, one request",
         "All ten shipped presets on the embedded model (28 steps, 64x64), timed round-robin after each stack's "
         "warm-up, median of 5. `vs base` is the median of the rounds' ratios (each run priced by its median full and "

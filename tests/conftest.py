@@ -18,12 +18,6 @@ from studio.engine import (
 from studio.spec import PresetLibrary  # noqa: E402
 from studio.tiny.build import TinyConfig, build_pipeline  # noqa: E402
 
-# Under pytest-xdist (the README's test command runs two workers on two cores) each worker computes on one thread,
-# so the two do not fight over the cores; the timing tests run afterwards, alone (marker `alone`).
-XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
-if XDIST_WORKER:
-    torch.set_num_threads(1)
-
 # Small and fast: 2 double + 2 single blocks of width 64, 64x64 images.
 RANDOM_CFG = TinyConfig(heads=2, head_dim=32, double_blocks=2, single_blocks=2, vae_channels=(16, 32, 32))
 
