@@ -18,6 +18,11 @@ from studio.engine import (
 from studio.spec import PresetLibrary  # noqa: E402
 from studio.tiny.build import TinyConfig, build_pipeline  # noqa: E402
 
+# The README's test command runs the tests that read no timing on two pytest-xdist workers, then the `timing` ones
+# alone. Each worker computes on one thread, so the two share the two cores rather than fight over them.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
 # Small and fast: 2 double + 2 single blocks of width 64, 64x64 images.
 RANDOM_CFG = TinyConfig(heads=2, head_dim=32, double_blocks=2, single_blocks=2, vae_channels=(16, 32, 32))
 

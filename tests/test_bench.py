@@ -20,6 +20,9 @@ from studio.report.text import bench_markdown, sweep_markdown, tune_summary
 from studio.spec.export import cache_dit_dict, cache_dit_yaml
 from studio.spec.presets import load_preset, preset_to_yaml
 
+# Timing tests run alone, after the others (the README's test command: pytest -m timing)
+pytestmark = pytest.mark.timing
+
 PROMPTS = ["a red circle in the center, blue background", "an orange triangle on the left, black background"]
 ROW_KEYS = {"preset", "denoise_s", "step_ms", "speedup", "psnr_db", "ssim", "full_steps", "cached_steps", "of_ideal"}
 

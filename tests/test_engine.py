@@ -128,6 +128,7 @@ def test_int8_is_never_stacked_on_int8(runner):
     assert type(lin.weight) is not torch.nn.Parameter
 
 
+@pytest.mark.timing
 def test_no_state_leaks_between_requests(runner):
     r = req()
     before = runner.generate(r, "base")
@@ -215,6 +216,7 @@ def test_bad_sizes_are_refused(runner):
         runner.generate(req(width=60), "base")
 
 
+@pytest.mark.timing
 def test_speedup_and_psnr_are_against_the_same_request(runner):
     r = req()
     runner.generate(r, "base")
@@ -234,6 +236,7 @@ def test_speedup_and_psnr_are_against_the_same_request(runner):
     assert sum(res.metrics.step_ms) / 1e3 == pytest.approx(res.metrics.denoise_s, rel=1e-6)
 
 
+@pytest.mark.timing
 def test_cli_generate_json(random_model_dir, tmp_path):
     out = tmp_path / "img.png"
     cmd = [
@@ -311,6 +314,7 @@ def test_unrecognised_pipeline_runs_uncached_with_reason(runner):
         pipe.__class__ = FluxPipeline
 
 
+@pytest.mark.timing
 def test_base_timing_is_retaken_beside_each_cheap_run_and_kept_for_expensive_ones(runner):
     # every run counts as cheap, however loaded the machine; 3 pairs exactly (no extra ones on a busy machine)
     runner.pairing = replace(Pairing(), retime_under_s=1e9, max_extra_pairs=0)
@@ -368,6 +372,7 @@ def _transformer_calls(runner, r, preset, **kw):
         handle.remove()
 
 
+@pytest.mark.timing
 def test_compare_auto_on_a_known_shape_runs_the_stack_once_and_no_base(runner):
     """Issue 22: once a shape's base timing is kept (its pairs agreed), a Generate in `auto` of another prompt of that
     shape is the stack's one run (counted, not timed); its base picture only where it is kept."""

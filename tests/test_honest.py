@@ -15,6 +15,9 @@ from studio.measure.blocks import BlockClock, block_list, computed_blocks, price
 from studio.measure.steady import Ratio, agree, ratio, steady
 from studio.tiny.build import TinyConfig, build_pipeline
 
+# Timing tests run alone, after the others (the README's test command: pytest -m timing)
+pytestmark = pytest.mark.timing
+
 
 def test_a_stall_in_a_few_steps_moves_the_wall_time_not_the_step_price():
     quiet = [10.0] * 20

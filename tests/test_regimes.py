@@ -11,6 +11,9 @@ from studio.bench import regimes as rg
 from studio.cli import parser
 from studio.report.regimes import PSNR_NOTE, cells, markdown
 
+# Timing tests run alone, after the others (the README's test command: pytest -m timing)
+pytestmark = pytest.mark.timing
+
 STEPS = 10  # the mask's rule at 10 steps: W4 computed, then 3 cached and 1 computed: 1111 000 1 00
 CACHED_AT = [4, 5, 6, 8, 9]
 STACKS = (

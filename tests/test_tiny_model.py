@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 
 import numpy as np
@@ -103,7 +104,7 @@ def test_binding_pretraining_teaches_t5_which_object_a_word_belongs_to():
 
     steps = 250  # the committed model: 300 steps of batch 128; the turn from bag of words to bound comes first
     # (batch 32 here: 97.0% held-out, measured; at 150 steps of batch 64 it was 78.8%)
-    torch.set_num_threads(2)
+    torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)  # (conftest)
     cfg = TinyConfig(heads=2, t5_layers=3)
     pipe = build_pipeline(cfg, seed=0)
     rng = random.Random(0)
