@@ -20,13 +20,11 @@ from studio.report.text import bench_markdown, sweep_markdown, tune_summary
 from studio.spec.export import cache_dit_dict, cache_dit_yaml
 from studio.spec.presets import load_preset, preset_to_yaml
 
-# Timing tests run alone, after the others (the README's test command: pytest -m timing)
-pytestmark = pytest.mark.timing
-
 PROMPTS = ["a red circle in the center, blue background", "an orange triangle on the left, black background"]
 ROW_KEYS = {"preset", "denoise_s", "step_ms", "speedup", "psnr_db", "ssim", "full_steps", "cached_steps", "of_ideal"}
 
 
+@pytest.mark.timing  # the noise floor and the ideal read this run's timings: alone (README)
 def test_bench_rows_noise_floor_and_compile_cost(tiny_runner):
     req = tiny_runner.request(PROMPTS[0], seed=42)
     rep = run_bench(tiny_runner, [req], ["cache", "compile", "cache-compile"], repeats=1)
@@ -106,6 +104,7 @@ def test_cliff_is_the_steepest_drop():
     assert cliff([1, 2], [30.0, 31.0]) is None
 
 
+@pytest.mark.timing
 def test_sweep_over_the_run_length_cap(tiny_runner):
     req = tiny_runner.request(PROMPTS[0], seed=42)
     res = run_sweep(tiny_runner, [req], "cache", "max_continuous_cached_steps", [1, 3])

@@ -128,7 +128,6 @@ def test_int8_is_never_stacked_on_int8(runner):
     assert type(lin.weight) is not torch.nn.Parameter
 
 
-@pytest.mark.timing
 def test_no_state_leaks_between_requests(runner):
     r = req()
     before = runner.generate(r, "base")
@@ -216,7 +215,6 @@ def test_bad_sizes_are_refused(runner):
         runner.generate(req(width=60), "base")
 
 
-@pytest.mark.timing
 def test_speedup_and_psnr_are_against_the_same_request(runner):
     r = req()
     runner.generate(r, "base")
@@ -236,7 +234,6 @@ def test_speedup_and_psnr_are_against_the_same_request(runner):
     assert sum(res.metrics.step_ms) / 1e3 == pytest.approx(res.metrics.denoise_s, rel=1e-6)
 
 
-@pytest.mark.timing
 def test_cli_generate_json(random_model_dir, tmp_path):
     out = tmp_path / "img.png"
     cmd = [

@@ -43,7 +43,6 @@ def test_a_zerogpu_call_reserves_what_its_request_needs():
     assert d.tune(**one, prompts_text="a\nb\nc") > d.tune(**one, prompts_text="a")
 
 
-@pytest.mark.timing
 def test_spaces_off_zerogpu_and_compile_on_zerogpu(monkeypatch, random_model_dir):
     """What the `spaces` package does offline (installed, no ZeroGPU): its decorator hands a handler back as it is,
     its AoT helpers are there by name and need a CUDA build of torch; and what the studio does on ZeroGPU with a

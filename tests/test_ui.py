@@ -137,7 +137,6 @@ def test_generate_endpoint_with_compile_switch(client, app):
     assert int(counts[0]) > 0 and "counted by cache-dit" in card
 
 
-@pytest.mark.timing
 def test_api_defaults_and_numbers_as_data(client, app, tmp_path):
     runner, _ = app
     # every parameter but the prompt has a default: the form's (here the random test model's profile)
@@ -214,7 +213,6 @@ def test_compare_endpoint(client, app):
     assert data["b_vs_a"]["psnr_db"] == data["b"]["psnr_db"] and data["b_vs_a"]["map_scale"] == 8  # A is base
 
 
-@pytest.mark.timing
 def test_matrix_endpoint(client, app):
     runner, _ = app
     presets = ["base", "cache", "int8-weight-only"]
@@ -286,7 +284,6 @@ CHROME_ARGS = [
 
 @pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (apt-get install chromium)")
-@pytest.mark.timing
 def test_browser_generate_and_compare(tmp_path, tiny_lora):
     pytest.importorskip("playwright", reason="the playwright package is not installed")
     from playwright.sync_api import expect, sync_playwright
