@@ -6,8 +6,7 @@ from __future__ import annotations
 from studio.bench.raw import RawWorker
 from studio.engine.attention import usable
 from studio.engine.call import pipe_kwargs, true_cfg
-from studio.engine.compile import compiles
-from studio.engine.quantize import quant_form
+from studio.engine.quantize import exported_quant
 from studio.spec.cachedit import cache_dit_configs
 from studio.spec.preset import ATTENTION_BACKENDS, Preset
 from studio.spec.profiles import resolve_model
@@ -32,9 +31,8 @@ def recipe(runner, preset: Preset, request, model=None) -> dict:
     q, c = preset.quantize_config, preset.cache_config
     out = {"name": preset.name, "model": resolve_model(model or runner.model), "dtype": dtype.name}
     out["device"] = str(device)
-    form = "none"
-    if q.enabled:  # the form the studio runs here (auto resolved the same way)
-        form = quant_form(q, torch.device(device), compiles(preset.compile, preset.offload_config))[0]
+    form = exported_quant(preset, torch.device(device)) or "none"  # the form the studio runs here (auto resolved)
+    if q.enabled:
         out.update(quant_type=form, exclude_layers=list(q.exclude_layers))
     if c.backend == "cache-dit":
         cfgs = cache_dit_configs(c, quant=form, steps=request.steps, separate_cfg=true_cfg(pipe, request))

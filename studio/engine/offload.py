@@ -30,7 +30,7 @@ from studio.engine.streams import (
     tally_prefetch,
     tensor_bytes,
 )
-from studio.measure.blocks import block_list
+from studio.measure.blocks import block_list, block_names
 from studio.spec.offload import AUTO_ORDER, OffloadSpec
 from studio.spec.preset import CompileSpec
 
@@ -202,9 +202,19 @@ def _group(pipe, spec: OffloadSpec, device: torch.device) -> tuple[bool, str]:
             notes.append(f"num_blocks_per_group {spec.num_blocks_per_group} -> 1: diffusers' streams take one")
     elif spec.use_stream:
         notes.append(f"use_stream off: CUDA streams only, on {device.type} each group onloads when it runs")
+    return True, _engaged_text("group_offload (diffusers block_level", notes, device)
+
+
+CPU_BOTH = "onload and offload device are both the cpu: nothing crosses a bus (the hooks run as on a GPU)"
+
+
+def _engaged_text(head: str, notes: list[str], device: torch.device) -> str:
+    """A streaming regime's line: what it does, and on a CPU-only run that nothing crosses a bus."""
     if device.type == "cpu":
-        notes.append("onload and offload device are both the cpu: nothing crosses a bus (the hooks run as on a GPU)")
-    return True, "group_offload (diffusers block_level: " + "; ".join(notes) + ")"
+        notes = notes + [
+            "onload and offload device are both the cpu: nothing crosses a bus (the hooks run as on a GPU)"
+        ]
+    return f"{head}: " + "; ".join(notes) + ")"
 
 
 def _pin_reason() -> str | None:
@@ -223,7 +233,7 @@ def _layerwise(pipe, spec: OffloadSpec, device: torch.device) -> tuple[bool, str
     if why is not None:
         return False, f"layerwise_offload: needs pinned host memory, which needs an accelerator ({why})"
     tr = pipe.transformer
-    names = [f"{n}.{i}" for n, m in tr.named_children() if isinstance(m, torch.nn.ModuleList) for i in range(len(m))]
+    names = block_names(tr)
     blocks = [tr.get_submodule(n) for n in names]
     asyncly = spec.async_transfer and device.type == "cuda"
     # Without a budget cache-dit's async prefetch fills its window with every later block (prefetch_limit off: no
@@ -243,9 +253,7 @@ def _layerwise(pipe, spec: OffloadSpec, device: torch.device) -> tuple[bool, str
         notes.append(f"{spec.transfer_buckets} block(s) prefetched ahead on copy streams")
     elif spec.async_transfer:
         notes.append(f"async_transfer off: copy streams are CUDA only, on {device.type} each block onloads as it runs")
-    if device.type == "cpu":
-        notes.append("onload and offload device are both the cpu: nothing crosses a bus (the hooks run as on a GPU)")
-    return True, "layerwise_offload (cache-dit: " + "; ".join(notes) + ")"
+    return True, _engaged_text("layerwise_offload (cache-dit", notes, device)
 
 
 def _model_offload(pipe, spec: OffloadSpec, device: torch.device) -> tuple[bool, str]:

@@ -24,15 +24,22 @@ from dataclasses import dataclass
 # torch is imported where blocks are timed: the records below cross to the app's process, which loads no torch
 
 
-def block_list(transformer) -> list:
-    """Every block one full call runs, in order (FLUX: double-stream, then single-stream: cache-dit's order too)."""
+def block_names(transformer) -> list[str]:
+    """The names of every block one full call runs, in order (FLUX: double-stream, then single-stream: cache-dit's
+    order too), as `transformer.get_submodule` takes them."""
     import torch
 
-    out = []
-    for _, m in transformer.named_children():
-        if isinstance(m, torch.nn.ModuleList):
-            out.extend(m)
-    return out
+    return [
+        f"{name}.{i}"
+        for name, m in transformer.named_children()
+        if isinstance(m, torch.nn.ModuleList)
+        for i in range(len(m))
+    ]
+
+
+def block_list(transformer) -> list:
+    """Every block one full call runs, in order (block_names)."""
+    return [transformer.get_submodule(n) for n in block_names(transformer)]
 
 
 class BlockClock:
