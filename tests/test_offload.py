@@ -4,7 +4,9 @@ The CPU is both the onload and the offload device here: the hooks run as on a GP
 give the resident run's pixels bitwise (stronger than diffusers' own group-offload tests, atol 1e-4, which cover real
 copies) and, under cache-dit's cache, the same cached steps. cache-dit's layerwise offload pins its host copy of every
 block, and pinned memory needs an accelerator: those tests make pinning a no-op (`pinless`), the engine itself falls
-back with the reason on a plain CPU machine (tested too).
+back with the reason on a plain CPU machine (tested too). Every preset here runs in float32, `b32` (base) included: in
+bfloat16 (what `dtype: auto` picks on a CPU with native bf16) a regime may reorder a reduction and move a pixel by
+one level, so a bitwise claim would hold on one CPU and fail on another.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def req(**kw):
 def runner(runner, tmp_path):
     runner.presets.user_dir = tmp_path
     for name, text in {
+        "b32": "",  # base in float32: a bitwise claim runs in float32 (bf16 reorders reductions by regime)
         "c32": CACHE,
         "group": "offload_config: {policy: group_offload}\n" + CACHE,
         "group2": "offload_config: {policy: group_offload, num_blocks_per_group: 2}\n" + CACHE,
@@ -133,7 +136,7 @@ def test_switching_regimes_on_a_loaded_pipeline_removes_the_previous_hooks(runne
     # and a cache switched off on a group-offloaded pipeline (cache-dit's disable_cache under diffusers' hooks)
     run(runner, "group")
     plain, _ = run(runner, "b-group")
-    base, _ = run(runner, "base")
+    base, _ = run(runner, "b32")
     assert np.array_equal(plain, base)
 
 
@@ -160,7 +163,7 @@ def test_a_regime_change_is_reapplied_in_stack_order_and_is_a_new_warm_up(runner
 def test_layerwise_offload_without_pinned_memory_falls_back_with_the_reason(runner):
     if torch.cuda.is_available():
         pytest.skip("pinned memory is available here")
-    base, _ = run(runner, "base")
+    base, _ = run(runner, "b32")
     image, m = run(runner, "b-layer")
     assert np.array_equal(image, base)
     assert any(x.startswith("offload: layerwise_offload: needs pinned host memory") for x in m.fallbacks)
@@ -168,7 +171,7 @@ def test_layerwise_offload_without_pinned_memory_falls_back_with_the_reason(runn
 
 
 def test_model_cpu_offload_falls_back_on_the_cpu_and_the_vae_switch_engages(runner):
-    base, _ = run(runner, "base")
+    base, _ = run(runner, "b32")
     image, m = run(runner, "modeloff")
     pipe = runner.manager.current.pipe
     assert np.array_equal(image, base)  # a 64x64 image fits one VAE tile: decoded whole
@@ -177,12 +180,12 @@ def test_model_cpu_offload_falls_back_on_the_cpu_and_the_vae_switch_engages(runn
         text.startswith("offload: model_cpu_offload: needs a CUDA device (this run is on cpu)") and text in m.fallbacks
     )
     assert "vae: tiled decode" in text and pipe.vae.use_tiling
-    run(runner, "base")
+    run(runner, "b32")
     assert not pipe.vae.use_tiling  # switched back with the regime
 
 
 def test_auto_on_the_cpu_runs_resident_and_says_why(runner):
-    base, _ = run(runner, "base")
+    base, _ = run(runner, "b32")
     image, m = run(runner, "auto")
     assert np.array_equal(image, base)
     assert "offload: auto: none (cpu: the weights are already in host memory)" in m.engaged
@@ -208,7 +211,7 @@ def test_auto_picks_the_fastest_regime_that_fits_the_free_memory(runner, monkeyp
 
 
 def test_whole_model_compile_is_refused_under_a_block_streaming_regime(runner):
-    base, _ = run(runner, "base")
+    base, _ = run(runner, "b32")
     image, m = run(runner, "whole")
     assert np.array_equal(image, base)
     text = line(m, "compile:")
