@@ -308,6 +308,11 @@ def _busy(runner, req, args) -> int:
 def _clicks(args) -> int:
     from studio.bench.clicks import run_clicks
     from studio.report.text import clicks_text
+    from studio.engine.device import default_device
+    from studio.engine.resolve import resolved
+    from studio.report.fmt import on_this_machine
+
+    device = default_device()
 
     rep = run_clicks(args.api, args.prompt, args.preset, args.rounds, progress=lambda m: print(m, file=sys.stderr))
     print(clicks_text(rep, args.api))
@@ -318,7 +323,7 @@ def _presets(lib, args) -> int:
     if args.action == "list":
         for name in lib.names():
             p = lib.get(name)
-            print(f"{name:24s} {p.tag():55s} {p.description}")
+            print(f"{name:24s} {p.tag():55s} {p.description}\n{'':24s} {on_this_machine(resolved(p, device))}")
         return 0
     if not args.name:
         raise ValueError("presets export needs a preset NAME")
@@ -332,7 +337,8 @@ def _presets(lib, args) -> int:
         from studio.engine.quantize import exported_quant
         from studio.spec.export import cache_dit_yaml
 
-        text = cache_dit_yaml(p, steps=args.steps, quant=exported_quant(p, default_device()))
+        here = on_this_machine(resolved(p, device))
+        text = cache_dit_yaml(p, steps=args.steps, quant=exported_quant(p, device), here=here)
     if args.out:
         Path(args.out).write_text(text)
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from studio.spec import CacheSpec, CompileSpec, ConfigError, GenerationRequest, Preset, PresetLibrary, QuantSpec
+from studio.spec.label import changes, join_label
 from studio.spec.presets import load_preset, preset_from_text, preset_to_yaml
 
 SHIPPED = [
@@ -85,7 +86,11 @@ def test_shipped_stacks():
     assert lib.get("cache").tag("bfloat16") == "bf16+DBCache_F1B0W4R0.24MC3+sdpa"
     assert lib.get("cache").tag() == "auto+DBCache_F1B0W4R0.24MC3+sdpa"
     assert full.tag("float32") == "fp32+q8+DBCache_F1B0W4R0.24MC3+sage+compile"
-    assert full.tag("float32", "int8_per_row") == "fp32+int8dq+DBCache_F1B0W4R0.24MC3+sage+compile"
+    # what ran is labelled by the same function from the run's own tokens, the parts that fell back marked
+    ran = {**full.label_parts("float32"), "quantize": "int8dq", "attention": "sdpa"}
+    assert join_label(ran) == "fp32+int8dq+DBCache_F1B0W4R0.24MC3+sdpa+compile"
+    assert changes(full.label_parts(), ran, {"attention"}) == ["sage->sdpa"]
+    assert changes(full.label_parts(), {**ran, "compile": ""}, {"compile"}) == ["compile->eager"]
     # the compiled stacks: the same stacks with compile last (fullgraph decided by whether a cache is engaged)
     for name, like in (
         ("compile", "base"),

@@ -91,6 +91,7 @@ class Handlers:
 
     # helpers ---------------------------------------------------------------------------------------------
     def _request(self, form: RequestForm):
+        self._resolved: dict = {}  # preset -> what its device-dependent parts become here (asked of the device once)
         try:  # refused even where the model takes none, and the value is dropped below
             check_scale("guidance", float(form.guidance) if form.guidance is not None else None)
         except (ConfigError, ValueError) as e:
@@ -321,7 +322,9 @@ class Handlers:
         except ConfigError as e:
             raise gr.Error(str(e)) from None
         origin = "built in" if lib.is_builtin(name) else "user preset"
-        desc = f"**{name}** ({origin}) — `{p.tag()}`\n\n{p.description}"
+        if p not in self._resolved:
+            self._resolved[p] = self.studio.device.resolved(p)
+        desc = f"**{name}** ({origin}) — asks for `{p.tag()}`\n\n{p.description}\n\n*{self._resolved[p]}*"
         pv, text = self.ui.pv, lib.text(name)
         return {pv.desc: desc, pv.yaml: text, pv.yaml_file: self.studio.write(f"{name}.yaml", text)}
 

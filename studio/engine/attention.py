@@ -136,7 +136,7 @@ def _ran(backend: str, name: str, form: str) -> str:
     return f"attention: {backend} (Hub kernel {_HUB_KERNELS_REGISTRY[AttentionBackendName(form)].repo_id}, as {form})"
 
 
-def _why(name: str, tried: list[tuple[str, str]], device: torch.device) -> str:
+def refusal(name: str, tried: list[tuple[str, str]], device: torch.device) -> str:
     """Each form's reason, the backend's own first: "unavailable on cpu", or "...; sage1: ...; sage_hub: ..."."""
     first = tried[0][1]
     note = sage1.package_note() if name == "sage" and device.type != "cuda" else None
@@ -166,6 +166,7 @@ def apply_attention(pipe, backend: str) -> Engaged:
             backend,
             backend == "sdpa",
             f"attention: {type(tr).__name__} has no attention dispatcher, using its default",
+            "sdpa" if backend == "sdpa" else "default",
         )
     device = next(tr.parameters()).device
     form, tried = resolve(name, device, next(tr.parameters()).dtype, _head_dim(tr))
@@ -173,4 +174,4 @@ def apply_attention(pipe, backend: str) -> Engaged:
         tr.set_attention_backend(form)
         return Engaged("attention", backend, True, _ran(backend, name, form))
     tr.set_attention_backend("native")
-    return Engaged("attention", backend, False, f"{backend}: {_why(name, tried, device)}, using sdpa")
+    return Engaged("attention", backend, False, f"{backend}: {refusal(name, tried, device)}, using sdpa", "sdpa")

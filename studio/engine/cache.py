@@ -115,6 +115,7 @@ def _apply_fbcache(pipe, threshold: float, src: str) -> Engaged:
 
         tr.enable_cache(FirstBlockCacheConfig(threshold=threshold))
     except Exception as e:
+        spec.label(threshold),
         log.warning("First-Block-Cache could not engage: %s", e)
         return Engaged(
             "cache",
@@ -125,7 +126,8 @@ def _apply_fbcache(pipe, threshold: float, src: str) -> Engaged:
     state = stack_state(tr)
     state.cache = "fbcache"
     state.counter.state_reader = _fbcache_reader(tr)
-    return Engaged("cache", "fbcache", True, f"cache: diffusers First-Block-Cache R{threshold:g} ({src})")
+    detail = f"cache: diffusers First-Block-Cache R{threshold:g} ({src})"
+    return Engaged("cache", "fbcache", True, detail, f"FBCache_R{threshold:g}")
 
 
 def _fbcache_reader(transformer):

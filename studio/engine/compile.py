@@ -207,4 +207,4 @@ def apply_compile(pipe, spec: CompileSpec, *, cache_engaged: bool) -> Engaged:
     risky = int8pack_risks(tr)
     variant = _activate(tr, spec, fullgraph, guard=bool(risky))
     how = f"compile: {variant.how}, fullgraph={fullgraph}, mode={spec.mode}{note}{_guard_note(risky)}"
-    return Engaged("compile", "on", True, how)
+    return Engaged("compile", "on", True, how, "compile")

@@ -321,7 +321,9 @@ def apply_offload(pipe, spec: OffloadSpec, device) -> Engaged:
         head += "; weights resident"
     requested = spec.label() or "none"
     engaged = ok and vae_ok and spec.enabled
-    return Engaged("offload", requested, engaged, "; ".join(["offload: " + head] + vae_notes))
+    vae = {"vae_tiling": spec.vae_tiling and vae_ok, "vae_slicing": spec.vae_slicing and vae_ok}
+    ran = replace(spec, policy=policy if ok else "none", **vae).label()
+    return Engaged("offload", requested, engaged, "; ".join(["offload: " + head] + vae_notes), ran)
 
 
 # Measured (python -m studio regimes --config small, CPU): torchao int8 weights (int8_per_row) under diffusers' group

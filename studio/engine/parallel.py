@@ -211,7 +211,7 @@ def apply_parallel(pipe, preset: Preset, *, source: str, steps, separate_cfg: bo
         detail += f"; {attn_note}"
     state.parallel = ParallelState(
         runs=wanted(preset, steps, separate_cfg), proxy=shell, info=info,
-        engaged=Engaged("parallel", label, True, detail), generation=state.parallel_starts,
+        engaged=Engaged("parallel", label, True, detail, label), generation=state.parallel_starts,
     )  # fmt: skip
     return state.parallel
 

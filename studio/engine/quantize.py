@@ -22,7 +22,7 @@ import torch
 from studio.engine.compile import compiles
 from studio.engine.device import cpu_flags
 from studio.engine.state import Engaged, stack_state
-from studio.spec.preset import DYNAMIC_FORMS, QuantSpec
+from studio.spec.preset import DYNAMIC_FORMS, QUANT_SHORT, QuantSpec
 
 EAGER_NOTE = "dynamic-activation quantization is slower than bf16 without compile"
 
@@ -114,7 +114,8 @@ def apply_quant(pipe, spec: QuantSpec, compiled: bool = False) -> Engaged:
     device = next(tr.parameters()).device
     form, why = quant_form(spec, device, compiled)
     if current == form:
-        return Engaged("quantize", spec.quant_type, True, f"quantize: torchao {form} (already applied; {why})")
+        detail = f"quantize: torchao {form} (already applied; {why})"
+        return Engaged("quantize", spec.quant_type, True, detail, QUANT_SHORT[form])
     if current != "none":
         raise RuntimeError(f"transformer is already quantized ({current}); reload before applying {form}")
     if form == "float8_per_row" and float8_reason(device) is not None:
@@ -135,6 +136,5 @@ def apply_quant(pipe, spec: QuantSpec, compiled: bool = False) -> Engaged:
     quantize_(tr, _torchao_config(form), filter_fn=lambda m, fqn: fqn in chosen)
     stack_state(tr).quant = form
     total = sum(isinstance(m, torch.nn.Linear) for m in tr.modules())
-    return Engaged(
-        "quantize", spec.quant_type, True, f"quantize: torchao {form} on {len(names)} of {total} Linear layers ({why})"
-    )
+    detail = f"quantize: torchao {form} on {len(names)} of {total} Linear layers ({why})"
+    return Engaged("quantize", spec.quant_type, True, detail, QUANT_SHORT[form])

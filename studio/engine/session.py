@@ -34,9 +34,10 @@ from studio.engine.tasks import edits
 from studio.measure.blocks import IdealCheck, computed_blocks, price_cached_step
 from studio.measure.record import RunMetrics, RunResult, Timing
 from studio.spec.checks import ConfigError
-from studio.spec.errors import OverTime, RunError
+from studio.spec.errors import USER_ERRORS, RunError
+from studio.spec.label import changes, join_label
 from studio.spec.lora import merge_loras
-from studio.spec.preset import CacheSpec, Preset
+from studio.spec.preset import DTYPE_SHORT, CacheSpec, Preset
 from studio.spec.presets import BASE, PresetLibrary
 from studio.spec.profiles import ModelProfile, profile_for, resolve_model
 from studio.spec.request import GenerationRequest, compare_mode
@@ -295,7 +296,7 @@ class Runner:
             ideal=ideal,
             model=ctx.model,
             preset=p.name,
-            tag=p.tag(ctx.dtype.name, run.quant),
+            **_labels(ctx, p, run),
             device=str(self.manager.device),
             dtype=ctx.dtype.name,
             request=ctx.request.as_dict(),
@@ -379,3 +380,15 @@ class Runner:
         """Whether `p` without its step cache is `base` (then base, timed beside it, is its non-cache reference)."""
         plain = replace(p, cache_config=CacheSpec())
         return plain.stack[1:] == same_regime(self.presets.get(BASE), p).stack[1:]
+
+
+def _labels(ctx: RunContext, p: Preset, run: Measured) -> dict:
+    """The run's label from its engaged stack, what the preset asked for, and the parts that differ (spec.label)."""
+    n = len(ctx.request.loras)
+    lora = f"lora{n}" if n else ""
+    ran = {"dtype": DTYPE_SHORT[ctx.dtype.name], **run.stack.label_parts(), "lora": lora}
+    asked = {**p.label_parts(), "lora": lora}
+    return {
+        "tag": join_label(ran), "requested_tag": join_label(asked),
+        "label_changes": changes(asked, ran, run.stack.fell_back_parts()),
+    }

@@ -71,6 +71,24 @@ class AppliedStack:
         """The steps that did not engage as asked, with the reason."""
         return [str(self.engaged[k]) for k in STACK_ORDER if k in self.engaged and self.engaged[k].fell_back]
 
+    def label_parts(self) -> dict[str, str]:
+        """What ran, one label token per part (spec.label), from the engaged records, never from the preset.
+        Parallel workers run their step cache and attention inside them (cache-dit): their tokens come from what the
+        workers were started with."""
+        parts = {k: e.ran for k, e in self.engaged.items()}
+        if self.workers is not None:
+            cache, asked = self.workers.runs[1], self.workers.runs[2]
+            parts["cache"] = cache.label() if cache.enabled else ""
+            parts["attention"] = "sdpa" if self.workers.info.get("attention") == "native" else asked
+        return parts
+
+    def fell_back_parts(self) -> set[str]:
+        """The parts that did not run as asked (a parallel run's attention included)."""
+        out = {k for k, e in self.engaged.items() if e.fell_back}
+        if self.workers is not None and self.workers.info.get("attention") == "native":
+            out |= {"attention"} if self.workers.runs[2] not in ("sdpa", "native") else set()
+        return out
+
     def is_engaged(self, feature: str) -> bool:
         e = self.engaged.get(feature)
         return e is not None and e.engaged

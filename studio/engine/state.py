@@ -22,6 +22,7 @@ class Engaged:
     requested: str  # what the preset asked for, e.g. "sage"
     engaged: bool  # True when what was asked is what runs
     detail: str  # what runs, or why it fell back ("sage: unavailable on cpu, using sdpa")
+    ran: str = ""  # the label token of what runs for this part (spec.label), "": nothing of it runs
 
     @property
     def fell_back(self) -> bool:

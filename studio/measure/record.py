@@ -64,7 +64,7 @@ class Timing:
 class RunMetrics:
     model: str
     preset: str
-    tag: str
+    tag: str  # the label of what RAN, from the engaged stack (spec.label), e.g. bf16+int8wo+DBCache_...+sdpa+compile
     device: str
     dtype: str  # the dtype that ran (a preset's `auto` resolved)
     request: dict
@@ -120,6 +120,8 @@ class RunMetrics:
     # Under a block-streaming offload regime: bytes copied host-to-device per full and per cached step
     # (engine.offload.stream_report). None: everything resident.
     h2d: dict | None = None
+    requested_tag: str = ""  # the label of what the preset asked for (`auto` unresolved, `sage` where SDPA ran)
+    label_changes: list[str] = field(default_factory=list)  # parts that did not run as asked: ["sage->sdpa"]
 
     @classmethod
     def of(

@@ -57,6 +57,15 @@ def _uncompared(m) -> str:
     return "not compared: this request's base picture is not kept yet (<b>Compare with base</b> computes it)"
 
 
+def _stack(m) -> str:
+    """What ran; where it differs from what the preset asked for, that too, and the parts that differ."""
+    out = f"<code>{html.escape(m.tag)}</code> ({html.escape(m.preset)})"
+    if m.label_changes:
+        diff = html.escape(", ".join(m.label_changes))
+        out += f"<br><small>asked: <code>{html.escape(m.requested_tag)}</code>; ran otherwise: {diff}</small>"
+    return out
+
+
 def metrics_card(m) -> str:
     """`m` is a RunMetrics."""
     esc = html.escape
@@ -72,7 +81,7 @@ def metrics_card(m) -> str:
         pairs = f", {m.timed_pairs} timed pair{'s' if m.timed_pairs != 1 else ''}" if m.timed_pairs else ""
         vs += f" (base {fmt.seconds(m.base_denoise_s)}{pairs})"
     rows = [
-        ("stack", f"<code>{esc(m.tag)}</code> ({esc(m.preset)})"),
+        ("stack", _stack(m)),
         ("denoise", f"{fmt.seconds(m.denoise_s)} &nbsp; ({m.mean_step_ms:.1f} ms/step)"),
         ("steps", steps),
         ("vs base", vs),

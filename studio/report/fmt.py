@@ -116,11 +116,16 @@ def verdict_level(v: Verdict | str) -> str:
     return "ok" if v in (Verdict.IDENTICAL, Verdict.GOOD) else "warn"
 
 
+def stack(tag: str, label_changes) -> str:
+    """A run's label, with the parts that did not run as asked: `bf16+...+sdpa+compile (sage->sdpa)`."""
+    return f"{tag} ({', '.join(label_changes)})" if label_changes else tag
+
+
 def summary_line(m) -> str:
     """One line for a run (the CLI's text output)."""
     vs = m.speedup_note or speedup_pm(m.speedup, m.speedup_spread) + " vs base"
     return (
-        f"{m.preset} [{m.tag}] denoise {seconds(m.denoise_s)} ({m.mean_step_ms:.1f} ms/step), "
+        f"{m.preset} [{stack(m.tag, m.label_changes)}] denoise {seconds(m.denoise_s)} ({m.mean_step_ms:.1f} ms/step), "
         f"{steps(m.cached_steps, m.full_steps)}, {vs}, PSNR {psnr(m.psnr_db)}, SSIM {ssim(m.ssim)} [{m.quality}]"
     )
 
@@ -150,3 +155,10 @@ STRENGTH_INFO = (
     "those); read only with an input picture, and not by an edit model (FLUX Kontext, Qwen-Image-Edit), which reads "
     "the picture as a reference and runs every step"
 )
+
+
+def on_this_machine(resolved: dict) -> str:
+    """What a preset's device-dependent parts become here (engine.resolve.resolved), in one line:
+    `on this machine: bfloat16 (auto: ...); int8_weight_only (auto: cpu with AVX512-VNNI, no AMX: ...)`."""
+    words = {"dtype": "", "quantize": "", "attention": "attention "}
+    return "on this machine: " + "; ".join(f"{words[k]}{ran} ({why})" for k, (ran, why) in resolved.items())

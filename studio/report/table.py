@@ -44,6 +44,8 @@ class MatrixRow:
     full_steps: int
     quality: str
     fallbacks: list[str] = field(default_factory=list)
+    label_changes: list[str] = field(default_factory=list)  # parts of the stack that did not run as asked
+    requested_tag: str = ""  # the label of what the preset asked for
     runs: list[float] = field(default_factory=list)  # every timed denoise, seconds
     # a bench's extras (None where it did not measure them)
     speedup_spread: float | None = None  # +- around the speed-up, from the runs it came from
@@ -80,7 +82,7 @@ class MatrixRow:
 
     def _cells(self) -> list[str]:
         return [
-            self.tag,
+            fmt.stack(self.tag, self.label_changes),
             fmt.seconds(self.denoise_s),
             fmt.ms(self.step_ms),
             fmt.speedup_pm(self.speedup, self.speedup_spread),
@@ -108,6 +110,8 @@ class MatrixRow:
             full_steps=m.full_steps,
             quality=str(m.quality),
             fallbacks=list(m.fallbacks),
+            label_changes=list(m.label_changes),
+            requested_tag=m.requested_tag,
             runs=list(runs or [m.denoise_s]),
             speedup_spread=m.speedup_spread,
             speedup_note=m.speedup_note,

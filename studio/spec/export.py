@@ -60,13 +60,16 @@ def cache_dit_dict(p: Preset, steps: int | None = None, quant: str | None = None
     return out
 
 
-def cache_dit_yaml(p: Preset, steps: int | None = None, quant: str | None = None) -> str:
-    head = f"# DiT Speed Studio preset {p.name!r} ({p.tag(quant=quant)}), for cache_dit.load_configs\n"
+def cache_dit_yaml(p: Preset, steps: int | None = None, quant: str | None = None, here: str | None = None) -> str:
+    """The export, headed by what the preset asks for and, given `here` (report.fmt.on_this_machine), what its
+    device-dependent parts become on the exporting device."""
+    head = f"# DiT Speed Studio preset {p.name!r} ({p.tag()}), for cache_dit.load_configs\n"
     if p.description:
         head += "".join(f"# {line}\n" for line in p.description.splitlines())
     if p.compile.enabled:
         head += "# compile: torch.compile after enable_cache (regional: transformer.compile_repeated_blocks())\n"
+    if here:
+        head += f"# {here}\n"
     if p.quant.quant_type == "auto":
-        head += f"# quantize_config: the studio's `auto`, here {exported_form(p, quant)} (float8_per_row on sm89+ "
-        head += "GPUs, int8_per_row on others; compiled)\n"
+        head += f"# quantize_config: the studio's `auto`, written as {exported_form(p, quant)}\n"
     return head + yaml.safe_dump(cache_dit_dict(p, steps, quant), sort_keys=False)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from studio.spec.checks import Record, check_bool, check_choice, check_float, check_int, fail
+from studio.spec.label import join_label
 from studio.spec.lora import MAX_LORAS, LoraSpec
 from studio.spec.offload import OffloadSpec
 
@@ -332,29 +333,26 @@ class Preset(Record):
             self.compile, self.parallelism_config, self.loras,
         )  # fmt: skip
 
-    def tag(self, dtype: str | None = None, quant: str | None = None) -> str:
-        """A label derived from the stack, e.g. `bf16+int8dq+DBCache_F1B0W4R0.24MC3+sage+compile`.
+    def label_parts(self, dtype: str | None = None) -> dict[str, str]:
+        """What this preset asks for, one token per part of the stack (spec.label)."""
+        return {
+            "dtype": DTYPE_SHORT[dtype or self.dtype],
+            "quantize": QUANT_SHORT[self.quant.quant_type] if self.quant.enabled else "",
+            "offload": self.offload_config.label() if self.offload_config.enabled else "",
+            "cache": self.cache.label() if self.cache.enabled else "",
+            "attention": self.attention_backend,
+            "compile": "compile" if self.compile.enabled else "",
+            "parallel": self.parallelism_config.label() if self.parallelism_config.enabled else "",
+            "lora": f"lora{len(self.loras)}" if self.loras else "",
+        }
 
-        Args:
-            dtype: the dtype that ran (resolves `auto`); the preset's own when not given.
-            quant: the quantized form that ran (resolves `auto`); the preset's own when not given.
+    def tag(self, dtype: str | None = None) -> str:
+        """The label of what this preset ASKS for, e.g. `auto+q8+DBCache_F1B0W4R0.24MC3+sage+compile`.
+
+        What a run ran is labelled from its engaged stack instead (engine.stack.AppliedStack.label_parts): a
+        preset's tag names `sage` whether or not SageAttention could run.
         """
-        parts = [DTYPE_SHORT[dtype or self.dtype]]
-        if self.quant.enabled:
-            form = quant if quant not in (None, "none") else self.quant.quant_type
-            parts.append(QUANT_SHORT[form])
-        if self.offload_config.enabled:
-            parts.append(self.offload_config.label())
-        if self.cache.enabled:
-            parts.append(self.cache.label())
-        parts.append(self.attention_backend)
-        if self.compile.enabled:
-            parts.append("compile")
-        if self.parallelism_config.enabled:
-            parts.append(self.parallelism_config.label())
-        if self.loras:
-            parts.append(f"lora{len(self.loras)}")
-        return "+".join(parts)
+        return join_label(self.label_parts(dtype))
 
     def with_overrides(
         self, cache: bool | None = None, threshold: float | None = None, compile: bool | None = None

@@ -99,6 +99,7 @@ class WorkerClient(Device):
     tune = _remote("tune")
     warm_up = _remote("warm_up")
     export = _remote("export")
+    resolved = _remote("resolved")
     info = _remote("info")
 
     # the worker's life ---------------------------------------------------------------------------------------------

@@ -20,7 +20,9 @@ from studio.engine.thread import DEVICE_THREAD
 from studio.report.table import Matrix
 from studio.spec.export import cache_dit_yaml
 from studio.spec.preset import Preset
+from studio.engine.resolve import resolved
 from studio.spec.request import GenerationRequest
+from studio.report.fmt import on_this_machine
 from studio.worker.protocol import Device
 
 
@@ -31,7 +33,7 @@ class DeviceService:
         probe_threads: TEST ONLY: remember the OS thread of every transformer call (`info()["torch_threads"]`).
     """
 
-    OPS = ("generate", "matrix", "tune", "warm_up", "export", "info")
+    OPS = ("generate", "matrix", "tune", "warm_up", "export", "resolved", "info", "bench", "doctor_family")
 
     def __init__(self, runner: Runner, probe_threads: bool = False):
         self.runner = runner
@@ -68,7 +70,13 @@ class DeviceService:
     def export(self, preset: Preset, steps: int | None = None) -> str:
         """The preset as the YAML cache_dit.load_configs reads (spec.export: built through cache-dit's own config
         objects, which load torch: so here, not in the app's process)."""
-        return cache_dit_yaml(preset, steps, exported_quant(preset, self.runner.manager.device))
+        device = self.runner.manager.device
+        here = on_this_machine(resolved(preset, device))
+        return cache_dit_yaml(preset, steps, exported_quant(preset, device), here)
+
+    def resolved(self, preset: Preset) -> str:
+        """What the preset's device-dependent parts (dtype, 8-bit form, attention) become on this device, in words."""
+        return on_this_machine(resolved(preset, self.runner.manager.device))
 
     def warm_up(self, request: GenerationRequest, presets: list[str], model: str | None = None) -> list[float]:
         """Load the model and run the untimed warm-ups (Runner.warm_up) of the presets this runner knows."""
@@ -124,3 +132,4 @@ class InProcess(Device):
             self.runner.manager.unload()
             return
         done.result()
+    resolved = _on_device_thread("resolved")

@@ -1,0 +1,32 @@
+"""What a preset's `auto` choices and asked kernels become on a device, from the resolvers the engine itself runs.
+
+A preset's description says what it asks for; this says what it runs here, before it runs: the presets list, the
+Presets tab and the cache-dit export header show it (report.text.on_this_machine words it).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from studio.engine.attention import refusal, resolve
+from studio.engine.compile import compiles
+from studio.engine.device import resolve_dtype
+from studio.engine.quantize import quant_form
+from studio.spec.preset import ATTENTION_BACKENDS, Preset
+
+
+def resolved(preset: Preset, device) -> dict[str, tuple[str, str]]:
+    """{part: (what runs, why)} for the parts whose choice depends on the device: dtype, 8-bit form, attention."""
+    device = torch.device(device)
+    dtype = resolve_dtype(preset.dtype, device)
+    why = dtype.note.partition(" (")[2].removesuffix(")") if dtype.note else "as the preset names it"
+    out = {"dtype": (dtype.name, f"auto: {why}" if preset.dtype == "auto" else why)}
+    if preset.quant.enabled:
+        out["quantize"] = quant_form(preset.quant, device, compiles(preset.compile, preset.offload_config))
+    name = ATTENTION_BACKENDS[preset.attention_backend]
+    if name != "native":
+        form, tried = resolve(name, device, dtype.torch)
+        out["attention"] = (preset.attention_backend, "usable here") if form == name else (
+            (form, f"{preset.attention_backend} as {form}") if form else ("sdpa", refusal(name, tried, device))
+        )
+    return out
