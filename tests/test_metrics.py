@@ -9,6 +9,8 @@ import pytest
 
 from studio.measure.quality import Verdict, difference, error_map, judge, noise_energy, psnr, ssim, worst_tile
 
+pytestmark = pytest.mark.quick  # the one-minute loop: no model is loaded here (pytest -m quick)
+
 BROKEN, DIFFERENT, GOOD, IDENTICAL, LOSSY = (
     Verdict.BROKEN,
     Verdict.DIFFERENT,

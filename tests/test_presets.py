@@ -8,6 +8,8 @@ from studio.spec import CacheSpec, CompileSpec, ConfigError, GenerationRequest, 
 from studio.spec.label import changes, join_label
 from studio.spec.presets import load_preset, preset_from_text, preset_to_yaml
 
+pytestmark = pytest.mark.quick  # the one-minute loop: no model is loaded here (pytest -m quick)
+
 SHIPPED = [
     "base",
     "sage",

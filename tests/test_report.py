@@ -8,6 +8,8 @@ import sys
 from dataclasses import replace
 from types import SimpleNamespace
 
+import pytest
+
 from studio.bench import bench, doctor
 from studio.bench.bench import CostRow, NoiseFloor
 from studio.bench.sweep import SweepResult
@@ -16,6 +18,8 @@ from studio.measure.quality import Verdict
 from studio.report import fmt, text
 from studio.report.table import MatrixRow
 from studio.spec import PresetLibrary
+
+pytestmark = pytest.mark.quick  # the one-minute loop: no model is loaded here (pytest -m quick)
 
 
 def test_noise_floor_lines():

@@ -20,6 +20,8 @@ from studio.report.card import metrics_card
 from studio.report.table import MatrixRow
 from studio.spec import ConfigError
 
+pytestmark = pytest.mark.quick  # the one-minute loop: no model is loaded here (pytest -m quick)
+
 CPU = torch.device("cpu")
 
 
