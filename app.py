@@ -5,7 +5,7 @@ Off ZeroGPU all device work (loading, the stack, runs, matrix, tune) runs in one
 the model again, and this process (the UI, the queue, sessions, saved presets, history) never loads torch. On
 ZeroGPU the engine runs in this process, inside the process `spaces` forks for each device event.
 
-Environment:
+Environment (read once, here, into studio.spec.settings.Settings; a bad value stops the start with its name):
     STUDIO_MODEL        model to start with: 'tiny' (the embedded model, default), a Hub id or a local folder
     STUDIO_MODELS       extra models offered in the picker, comma-separated
     STUDIO_PRESET       default preset of the Generate tab (default: cache)
@@ -39,43 +39,39 @@ import threading
 if importlib.util.find_spec("spaces") is not None:  # ZeroGPU: `spaces` must patch CUDA before torch loads
     import spaces  # noqa: F401
 
-from studio.spec import ConfigError, ModelLoadError, PresetLibrary, RunError
-from studio.worker import WorkerConfig, start_device
+# cache-dit logs every hook it installs to stdout at INFO and WARNING; keep stdout for results. Set before anything
+# imports it; the device worker and a local Ray inherit it. The studio's folder first on PYTHONPATH: the worker
+# (`python -m studio.worker.server`) imports this same studio from wherever the app was started.
+os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "error")
+from studio.spec.hosting import ROOT  # noqa: E402
 
-MODEL = os.environ.get("STUDIO_MODEL", "tiny")
-MODELS = [MODEL] + [
-    m.strip() for m in os.environ.get("STUDIO_MODELS", "").split(",") if m.strip() and m.strip() != MODEL
-]
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
 
-PRESET = os.environ.get("STUDIO_PRESET", "cache")
+from studio.spec import ConfigError, ModelLoadError, PresetLibrary, RunError  # noqa: E402
+from studio.spec.settings import Settings, install  # noqa: E402
+from studio.worker import WorkerConfig, start_device  # noqa: E402
+
+SETTINGS = install(Settings.from_env(os.environ))
+MODEL, MODELS, PRESET = SETTINGS.model, list(SETTINGS.models), SETTINGS.preset
 WARM = ["base"] + ([PRESET] if PRESET != "base" else [])  # warmed up at start, and again after a worker restart
 
 # Public (a Space, or STUDIO_PUBLIC=1): models load only from the operator's list above, never from a name a visitor
-# types (a local folder or another Hub id).
-PUBLIC = bool(os.environ.get("SPACE_ID")) or os.environ.get("STUDIO_PUBLIC", "") not in ("", "0")
-
-COMPARE = os.environ.get("STUDIO_COMPARE") or ("auto" if PUBLIC else "on")
-
-if PUBLIC:  # a visitor's click must not start worker processes on a shared Space unless the operator says so
-    os.environ.setdefault("STUDIO_PARALLEL", "0")
-
-
-def _number(name: str, kind=int):
-    value = os.environ.get(name, "").strip()
-    return kind(value) if value else None
-
+# types (a local folder or another Hub id); parallel presets run in one process unless STUDIO_PARALLEL=1.
+PUBLIC = SETTINGS.public
+COMPARE = SETTINGS.compare or ("auto" if PUBLIC else "on")
 
 # Started before gradio is imported: the worker loads torch and the model while this process builds the page.
 # Its client stops it at exit (the worker also stops by itself when this process's end of its pipe closes).
 device = start_device(
     WorkerConfig(
         model=MODEL,
-        device=os.environ.get("STUDIO_DEVICE") or None,
+        device=SETTINGS.device,
         allowed=tuple(MODELS) if PUBLIC else None,
-        max_steps=_number("STUDIO_MAX_STEPS"),
-        max_side=_number("STUDIO_MAX_SIDE"),
+        max_steps=SETTINGS.max_steps,
+        max_side=SETTINGS.max_side,
         presets=PresetLibrary(),
-        max_rss_gb=_number("STUDIO_WORKER_MAX_RSS_GB", float),
+        max_rss_gb=SETTINGS.worker_max_rss_gb,
+        settings=SETTINGS,
     ),
     warm=WARM,
 )
@@ -92,7 +88,7 @@ def prewarm() -> None:
         logging.getLogger("studio").warning("pre-warm failed: %s", e)
 
 
-if __name__ == "__main__" and os.environ.get("STUDIO_PREWARM", "1") != "0":
+if __name__ == "__main__" and SETTINGS.prewarm:
     # At once: the worker loads and warms up while this process imports gradio and builds the page (on 2 quiet cores
     # the first image came at 12.7-13.5 s from start, against 13.6-14.4 s with the warm-up started after the page).
     threading.Thread(target=prewarm, name="studio-prewarm", daemon=True).start()
@@ -101,7 +97,7 @@ from studio.app.ui import CSS, build_app  # noqa: E402
 
 demo = build_app(
     device, models=MODELS, default_preset=PRESET, public=PUBLIC, compare=COMPARE,
-    time_limit_s=_number("STUDIO_MAX_REQUEST_S", float),
+    time_limit_s=SETTINGS.max_request_s, queue_size=SETTINGS.queue_size,
 )  # fmt: skip
 
 if __name__ == "__main__":

@@ -1,8 +1,7 @@
-"""DiT Speed Studio: fast diffusion-transformer generation with measured speed and quality."""
+"""DiT Speed Studio: fast diffusion-transformer generation with measured speed and quality.
 
-import os
-
-# cache-dit logs every hook it installs to stdout at INFO and WARNING; keep stdout for results (the CLI's --json).
-os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "error")
+Its entry points (app.py, `python -m studio`, the tests' conftest) read the environment once, into
+studio.spec.settings; nothing below them reads or writes os.environ.
+"""
 
 __version__ = "0.1.0"

@@ -13,12 +13,19 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
 
-from studio.cli_support import common_args, image_args, progress_bar, quiet_libraries, read_prompts
+from studio.cli_support import (
+    common_args,
+    device_worker,
+    image_args,
+    progress_bar,
+    quiet_libraries,
+    read_prompts,
+    read_settings,
+)
 from studio.spec.request import parse_loras
 
 
@@ -37,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object with the metrics")
     g.add_argument("--ideal", action="store_true", help="also print how the ideal speed-up was worked out")
     g.add_argument(
-        "--compare", default=os.environ.get("STUDIO_COMPARE") or "on", choices=("on", "auto", "off"),
+        "--compare", default=None, choices=("on", "auto", "off"),
         help="on: base timed beside the run and PSNR against it (default, or STUDIO_COMPARE); auto: a kept base "
         "timing of the same shape (a fresh process has none: as on); off: the stack alone",
     )  # fmt: skip
@@ -348,6 +355,11 @@ def _presets(lib, args) -> int:
 
 def _make_parents(args) -> None:
     """--out and --plot may name files in folders that do not exist yet."""
+    try:
+        read_settings(args)  # the edge: nothing below reads the environment
+    except ValueError as e:  # (ConfigError) a bad STUDIO_* value: its name, its value, what it takes
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     for name in ("out", "plot"):
         path = getattr(args, name, None)
         if path:
@@ -376,8 +388,6 @@ def main(argv=None) -> int:
         except (ConfigError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-    if args.dtype:
-        os.environ["STUDIO_DTYPE"] = args.dtype  # read where `dtype: auto` is resolved (engine.device), children too
     runner = Runner(ModelManager(args.device), lib, model=args.model)
     try:
         prof = runner.profile(args.model)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import logging
+import os
 import sys
 from pathlib import Path
 
+
+from studio.spec.hosting import ROOT
+from studio.spec.settings import Settings, install
+from studio.worker.quiet import quiet_libraries  # noqa: F401  (the CLI's own process is as quiet as its worker)
 
 def _switch(what: str):
     def parse(v: str):
@@ -64,35 +68,19 @@ def read_prompts(path: str | None) -> list[str] | None:
     return prompts
 
 
-def quiet_libraries() -> None:
-    """Keep stderr for the progress bar: no per-pipeline bars, no library chatter below errors."""
-    import warnings
+def device_worker(args, presets=None, quiet: bool = True):
+    """The device worker a command's contained runs go through (bench, doctor: studio.worker.reruns), started
+    without a warm-up (each call loads what it needs). `quiet`: library chatter below errors there too."""
+    import os
 
-    warnings.filterwarnings("ignore")
-    import torch  # noqa: F401  (torch sets its loggers' levels on import: quiet them after)
+    from studio.worker import WorkerClient, WorkerConfig
+    from studio.worker.protocol import CRASH_ENV
 
-    for name in (
-        "torch",
-        "torch.utils._pytree",
-        "torchao",
-        "diffusers",
-        "transformers",
-        "cache_dit",
-        "accelerate",
-        "ray",
-    ):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    try:
-        import torchao  # noqa: F401  (imported here, quietly, rather than in the middle of the progress bar)
-    except ImportError:  # nothing lost here: an int8 preset says on its row that torchao is missing
-        pass
-    import diffusers  # both are requirements: a failure here is a broken install, and says so
-    import transformers
-
-    diffusers.utils.logging.set_verbosity_error()
-    diffusers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+    config = WorkerConfig(
+        model=getattr(args, "model", None) or "tiny", device=args.device, presets=presets, quiet=quiet,
+        crash_on=os.environ.get(CRASH_ENV) or None,  # TEST ONLY (tests/test_crash.py, tests/test_bench.py)
+    )  # fmt: skip
+    return WorkerClient(config, warm=())
 
 
 def progress_bar(desc: str):
@@ -130,3 +118,16 @@ def image_args(args, edits: bool = False) -> dict:
     mask = np.asarray(read(args.mask, "L")) if args.mask else None
     strength = args.strength if args.strength is not None else 1.0 if edits else 0.6
     return image_inputs(np.asarray(read(args.image, "RGB")), mask, strength)
+
+
+def read_settings(args) -> Settings:
+    """The CLI's edge: the environment read once into the settings record (spec.settings), the flags that stand for
+    a setting (--dtype, --presets-dir, --compare) over it; installed for this process and handed to its worker."""
+    # cache-dit logs every hook to stdout (the --json output) unless told; children (the worker, Ray) inherit both
+    os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "error")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    s = Settings.from_env(os.environ)
+    if getattr(args, "compare", "unset") is None:  # generate's --compare: the flag, STUDIO_COMPARE, or on
+        args.compare = s.compare or "on"
+    flags = {"dtype": getattr(args, "dtype", None), "presets_dir": getattr(args, "presets_dir", None)}
+    return install(replace(s, **{k: v for k, v in flags.items() if v}))

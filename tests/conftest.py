@@ -16,7 +16,14 @@ from studio.engine import (
     Runner,  # noqa: E402
 )
 from studio.spec import PresetLibrary  # noqa: E402
+from studio.spec.hosting import ROOT  # noqa: E402
+from studio.spec.settings import Settings, install, using  # noqa: E402
 from studio.tiny.build import TinyConfig, build_pipeline  # noqa: E402
+
+# The tests' edge: the environment read once into the settings record (STUDIO_DTYPE=float32 pytest ... runs the fp32
+# path on a CPU with native bf16), as app.py and cli.py do.
+install(Settings.from_env(os.environ))
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)  # (children)
 
 # The README's test command runs the tests that read no timing on two pytest-xdist workers, then the `timing` ones
 # alone. Each worker computes on one thread, so the two share the two cores rather than fight over them.
@@ -141,3 +148,13 @@ def shown_or_said(m, quiet: bool) -> bool:
     assert m.speedup_note.startswith(("timing unreliable", "measurement error")), m.speedup_note
     assert not quiet, f"no speed-up on a quiet machine: {m.speedup_note}"
     return False
+
+
+@pytest.fixture
+def settings():
+    """settings(dtype="float32", ...): this process's settings changed for one test (spec.settings.using), undone
+    after it."""
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+        yield lambda **kw: stack.enter_context(using(**kw))

@@ -99,8 +99,8 @@ def test_switching_presets_reuses_or_reloads(runner):
     assert 30.0 < q.metrics.psnr_db < math.inf
 
 
-def test_one_transformer_slot_reloads_and_never_runs_int8_as_base(runner, monkeypatch):
-    monkeypatch.setenv("STUDIO_TRANSFORMER_SLOTS", "1")
+def test_one_transformer_slot_reloads_and_never_runs_int8_as_base(runner, settings):
+    settings(transformer_slots=1)
     r = req()
     first = runner.generate(r, "base")
     tr0 = runner.manager.current.pipe.transformer
@@ -748,13 +748,13 @@ def test_a_presets_lora_is_fused_before_int8_and_its_base_image_has_it(tiny_runn
         r.generate(replace(req, loras=(LoraSpec(tiny_lora_b),)), "int8-lora", compare="off")
 
 
-def test_a_lora_file_a_slot_cannot_take_is_refused_before_loading(tmp_path, monkeypatch):
+def test_a_lora_file_a_slot_cannot_take_is_refused_before_loading(tmp_path, settings):
     """Read from a local .safetensors file before any load: text-encoder weights (only the transformer's hot-swap),
     and a rank over the slots' (STUDIO_LORA_RANK)."""
     import torch
     from safetensors.torch import save_file
 
-    from studio.engine.lora import RANK_ENV, _check_file
+    from studio.engine.lora import _check_file
 
     te = tmp_path / "te.safetensors"
     save_file({"text_encoder.layers.0.q_proj.lora_A.weight": torch.zeros(4, 8)}, str(te))
@@ -764,5 +764,5 @@ def test_a_lora_file_a_slot_cannot_take_is_refused_before_loading(tmp_path, monk
     save_file({"transformer.blocks.0.attn.to_q.lora_A.weight": torch.zeros(96, 8)}, str(big))
     with pytest.raises(ConfigError, match="has rank 96, over the LoRA slots' 64: set STUDIO_LORA_RANK"):
         _check_file(str(big))
-    monkeypatch.setenv(RANK_ENV, "128")
+    settings(lora_rank=128)
     _check_file(str(big))  # within the slots' rank now

@@ -43,7 +43,7 @@ def test_a_zerogpu_call_reserves_what_its_request_needs():
     assert d.tune(**one, prompts_text="a\nb\nc") > d.tune(**one, prompts_text="a")
 
 
-def test_spaces_off_zerogpu_and_compile_on_zerogpu(monkeypatch, random_model_dir):
+def test_spaces_off_zerogpu_and_compile_on_zerogpu(monkeypatch, random_model_dir, settings):
     """What the `spaces` package does offline (installed, no ZeroGPU): its decorator hands a handler back as it is,
     its AoT helpers are there by name and need a CUDA build of torch; and what the studio does on ZeroGPU with a
     compiled preset: runs it eagerly and says why (ahead-of-time compilation is not used: engine.compile)."""
@@ -64,12 +64,14 @@ def test_spaces_off_zerogpu_and_compile_on_zerogpu(monkeypatch, random_model_dir
                 helper.__wrapped__  # noqa: B018 (the import is the check)
         else:
             assert "module" in inspect.signature(helper.__wrapped__).parameters or name == "aoti_compile"
-    monkeypatch.setenv("SPACES_ZERO_GPU", "1")  # read at each call (spec.hosting.on_zerogpu), spaces already imported
+    settings(zerogpu=True)  # (spec.settings: SPACES_ZERO_GPU read at the edge, spaces already imported)
     runner = Runner(ModelManager("cpu"), PresetLibrary(), model=random_model_dir)
-    res = runner.generate(runner.request("a red circle", steps=6), "cache-compile", compare="off")
+    res = runner.generate(runner.request("a red circle", steps=10), "cache-compile", compare="off")
     m = res.metrics.as_dict()
     assert ZEROGPU_COMPILE in m["fallbacks"] and "compile: skipped on ZeroGPU" in metrics_card(res.metrics)
-    assert m["cached_steps"] + m["full_steps"] == 6 and "DBCache" in m["tag"]  # the cache ran, eagerly
+    # the cache ran, eagerly (at 10 steps: under MIN_CACHE_STEPS it would be skipped, and the label would say so)
+    assert m["cached_steps"] + m["full_steps"] == 10 and "DBCache" in m["tag"] and "compile" not in m["tag"]
+    assert m["label_changes"] == ["compile->eager"]
     tr = runner.manager.current.pipe.transformer
     assert not any(getattr(b, "_compiled_call_impl", None) for b in tr.modules())  # nothing was compiled
 

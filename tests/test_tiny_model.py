@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from studio.engine.device import DTYPE_ENV
 from studio.measure.quality import Verdict, error_map
 from studio.spec import EMBEDDED_DIR, GenerationRequest
 from studio.spec.profiles import HUB_PROFILES, profile_for
@@ -231,12 +230,12 @@ def _tiles(img, tile=8):
     return img[..., 0].reshape(n, tile, n, tile).mean(axis=(1, 3))
 
 
-def test_quality_guard_flags_a_miswired_cache(tiny_runner, monkeypatch):
+def test_quality_guard_flags_a_miswired_cache(tiny_runner, monkeypatch, settings):
     """The guard's verdict, and where the damage is (error map x8, worst 8x8 tile): base against itself is all
     zero; the good cache's map is dark (the square's outline, faintly) with its worst tile at the square's top-right
     corner; the mis-wired cache's map is bright in every tile. float32 pinned: the same numbers on a CPU with native
     bf16."""
-    monkeypatch.setenv(DTYPE_ENV, "float32")
+    settings(dtype="float32")
     prompt = "a yellow square at the top, purple background"
     base = _gen(tiny_runner, prompt, seed=2)
     assert base.metrics.worst_tile_psnr_db == math.inf and base.metrics.worst_tile_yx == [0, 0]

@@ -19,6 +19,7 @@ from studio.report import fmt
 from studio.report.card import metrics_card
 from studio.report.table import MatrixRow
 from studio.spec import ConfigError
+from studio.spec.settings import using
 
 pytestmark = pytest.mark.quick  # the one-minute loop: no model is loaded here (pytest -m quick)
 
@@ -127,13 +128,15 @@ def test_dtype_auto_on_cpus(asked, flags, expected):
         assert choice.note.startswith(f"auto: {expected}")
 
 
-def test_dtype_env_replaces_auto_only(monkeypatch):
-    monkeypatch.setenv("STUDIO_DTYPE", "float32")
+def test_dtype_setting_replaces_auto_only(settings):
+    from studio.spec.checks import ConfigError
+    from studio.spec.settings import Settings
+
+    settings(dtype=Settings.from_env({"STUDIO_DTYPE": "float32"}).dtype)
     assert resolve_dtype("auto", CPU, flags=frozenset({"amx_bf16"})).note == "auto: float32 (STUDIO_DTYPE)"
     assert resolve_dtype("bfloat16", CPU, flags=frozenset()).name == "bfloat16"
-    monkeypatch.setenv("STUDIO_DTYPE", "fp8")
-    with pytest.raises(ValueError, match="STUDIO_DTYPE='fp8' is not valid"):
-        resolve_dtype("auto", CPU)
+    with pytest.raises(ConfigError, match="STUDIO_DTYPE='fp8' is not valid"):  # refused where it is read, at start
+        Settings.from_env({"STUDIO_DTYPE": "fp8"})
 
 
 def test_dtype_auto_on_gpus():
@@ -506,10 +509,10 @@ def test_a_gated_model_says_how_to_get_in_not_a_network_error(monkeypatch):
             raise OSError("could not fetch model_index.json") from inner
     except OSError as wrapped:
         assert "this model is gated" in load_hint(wrapped) and "HF_TOKEN" in load_hint(wrapped)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert "offline" in load_hint(OSError("not in cache"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    assert load_hint(OSError("connection refused")) == " (check the Hub id and your network)"
+    with using(hub_offline=True):  # (HF_HUB_OFFLINE, read at the edge: spec.settings)
+        assert "offline" in load_hint(OSError("not in cache"))
+    with using(hub_offline=False):
+        assert load_hint(OSError("connection refused")) == " (check the Hub id and your network)"
 
 
 def test_aspect_sizes_are_sizes_the_model_takes_and_the_picker_sets_them():

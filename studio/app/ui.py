@@ -13,7 +13,6 @@ cache and compile: "true", "false", or "unset" to follow the preset; threshold: 
 from __future__ import annotations
 
 import importlib.util
-import os
 import random
 import tempfile
 from pathlib import Path
@@ -317,6 +316,7 @@ def build_app(
     runs in this process; None: a Runner on the embedded model, in this process).
 
     Args:
+    queue_size: int = 32,
         public: each visitor's saved presets stay in their own session (a public Space), and the public limits
             (`limits`, app.limits: compile only from the operator's presets, bounded shapes, Matrix size, rate)
             are checked before any device work, and a request stops once it has run `limits.request_s` seconds.
@@ -360,5 +360,5 @@ def build_app(
             )
         _wire(ui, Handlers(studio, ui), demo)
     # One generation at a time on the device; the rest wait with their queue position shown.
-    demo.queue(default_concurrency_limit=1, max_size=int(os.environ.get("STUDIO_QUEUE_SIZE", "32")))
+    demo.queue(default_concurrency_limit=1, max_size=queue_size)
     return demo

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 BOUND = 0.25  # a busy speed-up within 25% of the quiet median, or no number with the reason
 LOAD = "import torch\na = torch.randn(512, 512)\nwhile True:\n    a = (a @ a).tanh()\n"
+LOAD_THREADS = "torch.set_num_threads({})\n"  # after `import torch`, when the load is given a thread count
 
 
 @dataclass
@@ -48,15 +49,11 @@ class BusyReport:
 
 
 def start_load(threads: int | None = None) -> subprocess.Popen:
-    """The other program: a CPU-bound PyTorch loop in its own process (killed by `stop_load`)."""
-    import os
-
-    env = dict(os.environ)
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    return subprocess.Popen(
-        [sys.executable, "-c", LOAD], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    """The other program: a CPU-bound PyTorch loop in its own process (killed by `stop_load`). It is not a contained
+    run of the studio (it imports nothing of it): a plain process, its only job to take the cores."""
+    head, rest = LOAD.split("\n", 1)
+    code = head + "\n" + (LOAD_THREADS.format(int(threads)) if threads else "") + rest
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def stop_load(p: subprocess.Popen) -> None:

@@ -158,8 +158,8 @@ class RawWorker:
         self._log = open(os.path.join(self._dir.name, "worker.log"), "w")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "studio.bench.raw"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, env=env,
+            [sys.executable, "-u", "-m", "studio.bench.raw"],  # -u: each reply line leaves at once
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
         )  # fmt: skip
         self._send(recipe)
         self._read()

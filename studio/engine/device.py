@@ -3,17 +3,18 @@
 `dtype: auto` means the device's best exact dtype: bfloat16 on CUDA (float16 where the GPU has no bf16) and on
 CPUs with native bf16 (AVX512-BF16 or AMX), float32 on other CPUs, where bf16 is emulated and measured 2-4x
 slower (the embedded model's denoise: 2.14 s in bf16 vs 0.91 s in float32 on an AVX2-only CPU).
-STUDIO_DTYPE (bfloat16, float16 or float32) replaces what `auto` picks, for a machine where the rule is wrong
-and for benchmarks that compare dtypes.
+The `dtype` setting (STUDIO_DTYPE, or the CLI's --dtype: spec.settings) replaces what `auto` picks, for a machine
+where the rule is wrong and for benchmarks that compare dtypes.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
+
+from studio.spec.settings import current
 
 DTYPE_ENV = "STUDIO_DTYPE"
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -56,10 +57,8 @@ def resolve_dtype(
         flags: CPU feature flags (read from /proc/cpuinfo when not given; tests inject them).
         cuda_bf16: whether the GPU supports bf16 (asked of torch when not given).
     """
-    forced = os.environ.get(DTYPE_ENV, "").strip()
+    forced = current().dtype  # validated where it was read (spec.settings)
     if asked == "auto" and forced:
-        if forced not in DTYPES:
-            raise ValueError(f"{DTYPE_ENV}={forced!r} is not valid: use one of {list(DTYPES)}, or unset it")
         return DtypeChoice(forced, f"auto: {forced} ({DTYPE_ENV})")
     if device.type == "cuda":
         bf16 = torch.cuda.is_bf16_supported() if cuda_bf16 is None else cuda_bf16

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
@@ -32,6 +31,7 @@ from studio.spec.checks import ConfigError
 from studio.spec.errors import ModelLoadError
 from studio.spec.preset import Preset, QuantSpec
 from studio.spec.profiles import ModelProfile, profile_for, resolve_model
+from studio.spec.settings import current
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def load_hint(e: BaseException) -> str:
             " (this model is gated: accept its license on its Hub page, and set HF_TOKEN to a token of that account; "
             "on a Space, in its secrets)"
         )
-    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
+    if current().hub_offline:
         return " (offline: HF_HUB_OFFLINE is set and the model is not in the local cache)"
     return " (check the Hub id and your network)"
 
@@ -182,7 +182,7 @@ class ModelManager:
 
     @property
     def slots(self) -> int:
-        return max(1, int(os.environ.get(SLOTS_ENV) or (1 if self.device.type == "cuda" else 2)))
+        return current().transformer_slots or (1 if self.device.type == "cuda" else 2)
 
     def _set_dtype(self, cur: Loaded, dtype: DtypeChoice) -> None:
         """Every component in another dtype: the transformer variants are dropped and reloaded in it."""

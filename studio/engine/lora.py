@@ -4,17 +4,17 @@ Where they go in the stack: on the weights of the run, after the model manager h
 preset's dtype and quantization in place and applied the preset (quantize, cache, attention, compile), before the
 call. The adapters live inside the blocks' Linear layers, which a step cache runs or skips whole.
 
-Slots, so that switching never reloads the base weights and never recompiles: the transformer holds adapters
-`lora0`, `lora1`, ... (engine.state.StackState.loras: the file in each). A request's i-th LoRA goes into slot i,
-hot-swapped there (`load_lora_weights(..., hotswap=True)`: its weights copied into the slot's tensors) when the slot
-holds another file. `enable_lora_hotswap` is called before the first adapter, so every slot is padded to one rank
-(LORA_RANK) and its scale is a tensor: a compiled block traced with the slots sees new values in the same tensors and
-does not recompile (tests/test_compile.py counts Dynamo's graphs). Scales are written into those tensors in place,
-from each slot's own scale at 1 (what the load set), because peft's set_scale keeps the first adapter's alpha/rank
-and writes a float. A slot the request does not use is at scale 0 under compile (the same graph) and the adapters
-are disabled for an eager run without LoRA (the base weights exactly). Only a new slot (more LoRAs than ever before
-on these weights) changes the modules, and so does a failed load (every slot is dropped): the next run is a warm-up
-again (engine.run.warm keys by StackState.lora_modules).
+Slots, so that switching never reloads the base weights and never recompiles: the transformer holds adapters `lora0`,
+`lora1`, ... (engine.state.StackState.loras: the file in each). A request's i-th LoRA goes into slot i, hot-swapped
+there (`load_lora_weights(..., hotswap=True)`: its weights copied into the slot's tensors) when the slot holds another
+file. `enable_lora_hotswap` is called before the first adapter, so every slot is padded to one rank (the lora_rank
+setting) and its scale is a tensor: a compiled block traced with the slots sees new values in the same tensors and does
+not recompile (tests/test_compile.py counts Dynamo's graphs). Scales are written into those tensors in place, from each
+slot's own scale at 1 (what the load set), because peft's set_scale keeps the first adapter's alpha/rank and writes a
+float. A slot the request does not use is at scale 0 under compile (the same graph) and the adapters are disabled for
+an eager run without LoRA (the base weights exactly). Only a new slot (more LoRAs than ever before on these weights)
+changes the modules, and so does a failed load (every slot is dropped): the next run is a warm-up again
+(engine.run.warm keys by StackState.lora_modules).
 
 What is refused, with the reason, rather than run wrong:
 - a request's LoRA on quantized weights: an unfused LoRA beside INT8 weights is not what a fused-then-quantized
@@ -33,8 +33,10 @@ from studio.engine.state import stack_state
 from studio.spec.checks import ConfigError
 
 RANK_ENV = "STUDIO_LORA_RANK"
-LORA_RANK = 64  # every slot's rank (zero-padded): the highest rank a LoRA may have here
+
 _LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, TypeError)
+from studio.spec.lora import resolve_lora
+from studio.spec.settings import current
 
 
 def check_loras(request, preset) -> None:
@@ -55,12 +57,8 @@ def check_loras(request, preset) -> None:
 
 
 def slot_rank() -> int:
-    raw = os.environ.get(RANK_ENV, "").strip()
-    if not raw:
-        return LORA_RANK
-    if not raw.isdigit() or not 1 <= int(raw) <= 1024:
-        raise ConfigError(f"{RANK_ENV}={raw!r}: the LoRA slots' rank, a whole number from 1 to 1024")
-    return int(raw)
+    """Every hot-swap slot's rank: the `lora_rank` setting (STUDIO_LORA_RANK, validated where it is read)."""
+    return current().lora_rank
 
 
 def _lora_layers(tr):

@@ -27,9 +27,9 @@ import torch
 from studio.engine.state import Engaged, ParallelState, stack_state
 from studio.spec.cachedit import cache_dit_configs
 from studio.spec.preset import ATTENTION_BACKENDS, ParallelSpec, Preset
+from studio.spec.settings import current
 
 log = logging.getLogger(__name__)
-ADDRESS_ENV = "RAY_ADDRESS"
 SWITCH_ENV = "STUDIO_PARALLEL"  # 0: parallel presets run in one process (a public Space's default)
 _STUDIO_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding the `studio` package
 
@@ -52,7 +52,7 @@ def worker_options(spec: ParallelSpec, device: torch.device) -> dict:
 
 
 def address(spec: ParallelSpec) -> str | None:
-    return spec.ray_address or os.environ.get(ADDRESS_ENV) or None
+    return spec.ray_address or current().ray_address
 
 
 def _planner_missing(spec: ParallelSpec, transformer) -> str | None:
@@ -77,7 +77,7 @@ def _planner_missing(spec: ParallelSpec, transformer) -> str | None:
 
 def unavailable_reason(spec: ParallelSpec, pipe, device: torch.device) -> str | None:
     """Why this parallel preset cannot run here, or None."""
-    if os.environ.get(SWITCH_ENV, "1").strip() == "0":
+    if not current().parallel:
         return f"parallel workers are off in this studio ({SWITCH_ENV}=0)"
     for pkg, why in (("ray", "pip install ray"), ("einops", "cache-dit's parallelism planners import it")):
         if importlib.util.find_spec(pkg) is None:

@@ -23,6 +23,7 @@ from studio.spec.checks import ConfigError
 from studio.spec.lora import lora_from_yaml
 from studio.spec.offload import OffloadSpec
 from studio.spec.preset import CacheSpec, CompileSpec, ParallelSpec, Preset, QuantSpec
+from studio.spec.settings import current
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent.parent / "presets"
 USER_DIR_ENV = "STUDIO_PRESETS_DIR"
@@ -152,7 +153,7 @@ class PresetLibrary:
 
     def __init__(self, builtin_dir: Path = BUILTIN_DIR, user_dir: Path | str | None = None):
         self.builtin_dir = Path(builtin_dir)
-        env = os.environ.get(USER_DIR_ENV)
+        env = current().presets_dir
         self.user_dir = Path(user_dir) if user_dir else Path(env) if env else None
 
     def with_user_dir(self, user_dir: Path | str | None) -> "PresetLibrary":

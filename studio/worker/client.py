@@ -24,9 +24,7 @@ import subprocess
 import sys
 import threading
 
-from studio.spec.checks import ConfigError
-from studio.spec.errors import ModelLoadError, RunError
-from studio.spec.hosting import child_env
+from studio.spec.errors import USER_ERRORS, RunError
 from studio.spec.presets import BASE
 from studio.worker.protocol import (
     Device,
@@ -107,7 +105,6 @@ class WorkerClient(Device):
         ours, theirs = multiprocessing.Pipe()
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "studio.worker.server", str(theirs.fileno())], pass_fds=[theirs.fileno()],
-            env=child_env(),
         )  # fmt: skip
         theirs.close()  # only the worker holds its end now: its death reads as the end of the pipe here
         self._conn = ours

@@ -19,7 +19,8 @@ The pipeline, the model and torch never cross; this module and the records it na
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 
 from studio.spec.checks import ConfigError
 from studio.spec.errors import (
@@ -34,6 +35,7 @@ from studio.spec.request import GenerationRequest
 
 # The errors a call may end with, by name: the app raises the same class with the same sentence (handlers turn each
 # into a gr.Error). Any other exception inside the worker arrives as a RunError naming its type.
+from studio.spec.settings import Settings, current
 ERRORS = {cls.__name__: cls for cls in (ConfigError, ModelLoadError, OverTime, RunError, ValueError, TypeError)}
 
 
@@ -77,6 +79,8 @@ def error_message(e: BaseException) -> tuple[str, str]:
         if cls.__name__ in ERRORS and cls is ERRORS[cls.__name__]:
             return cls.__name__, str(e)
     first = str(e).splitlines()[0][:200] if str(e) else ""
+        quiet: library chatter below errors and no progress bars in the worker (the CLI's: stderr is its bar's).
+        settings: the settings record (spec.settings) the worker installs: its process reads no environment.
     return "RunError", f"the device worker failed ({type(e).__name__}: {first}); it is still serving"
 
 
@@ -89,6 +93,17 @@ def stack_key(model: str | None, tag: str) -> tuple[str, str]:
     return (resolve_model(model), tag)
 
 
+    quiet: bool = False
+    settings: Settings = field(default_factory=current)  # the starting process's record, installed in the worker
+
+
+def crossing(e: Exception, op: str) -> Exception:
+    """The one error boundary of a device call (the worker's and the in-process device's): a user error as it is;
+    anything else logged here with its traceback, and said as a StudioBug."""
+    if isinstance(e, USER_ERRORS):
+        return e
+    log.error("device call %s failed: a bug in the studio", op, exc_info=e)
+    return StudioBug(bug_sentence(e))
 def crash_sentence(how: str, running: tuple[str, str] | None, op: str) -> str:
     """The one sentence a request ends with when the worker died under it. running: (preset name, model) it had
     started, if any."""

@@ -24,7 +24,8 @@ from studio.engine import BASE, ModelManager, Runner
 from studio.engine.thread import DEVICE_THREAD
 from studio.spec.errors import RunError
 from studio.spec.presets import PresetLibrary
-from studio.worker.protocol import WorkerConfig, error_message, stack_key
+from studio.spec.settings import install
+from studio.worker.protocol import WorkerConfig, crossing, error_message, stack_key
 from studio.worker.service import DeviceService
 
 log = logging.getLogger("studio.worker")
@@ -152,6 +153,7 @@ def _serve_call(service: DeviceService, conn: Connection, msg: tuple) -> tuple:
 def serve(conn: Connection, config: WorkerConfig) -> None:
     """The worker's loop: one call at a time until ("stop",) or the app's end closes."""
     manager = ModelManager(config.device, allowed=list(config.allowed) if config.allowed is not None else None)
+    install(config.settings)
     runner = WatchedRunner(
         manager, config.presets or PresetLibrary(), model=config.model, max_steps=config.max_steps,
         max_side=config.max_side, crash_on=config.crash_on,

@@ -1,0 +1,127 @@
+"""Every setting the studio takes from its environment, read once at the edges into one typed record.
+
+`app.py` and `studio/cli.py` call `Settings.from_env(os.environ)` and `install` the record; the device worker gets it
+in its WorkerConfig and installs it in its own process; every module below reads `current()`, never `os.environ`.
+A bad value fails at start with the variable's name, its value and what it takes. Tests change a setting with
+`using(...)` (a context manager), not with the environment.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, fields, replace
+
+from studio.spec.checks import ConfigError
+
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
+COMPARE_MODES = ("on", "auto", "off")
+
+
+def _flag(env: Mapping, name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip()
+    return default if not raw else raw not in ("0", "false", "False", "no")
+
+
+def _number(env: Mapping, name: str, kind, low, high):
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        what = "a whole number" if kind is int else "a number"
+        raise ConfigError(f"{name}={raw!r} is not valid: {what} from {low} to {high}, or unset it")
+    return value
+
+
+def _choice(env: Mapping, name: str, allowed: tuple) -> str | None:
+    raw = env.get(name, "").strip()
+    if raw and raw not in allowed:
+        raise ConfigError(f"{name}={raw!r} is not valid: use one of {list(allowed)}, or unset it")
+    return raw or None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The environment's word on how this studio runs (README: the settings table). Defaults: a plain local run."""
+
+    # the engine's
+    dtype: str | None = None  # STUDIO_DTYPE: in place of what `dtype: auto` picks (engine.device)
+    parallel: bool = True  # STUDIO_PARALLEL=0: parallel presets run in one process and say so (engine.parallel)
+    ray_address: str | None = None  # RAY_ADDRESS: an existing Ray cluster for the parallel presets
+    lora_rank: int = 64  # STUDIO_LORA_RANK: every LoRA hot-swap slot's rank (engine.lora)
+    transformer_slots: int | None = None  # STUDIO_TRANSFORMER_SLOTS: weight sets kept loaded (None: 1 GPU, 2 CPU)
+    presets_dir: str | None = None  # STUDIO_PRESETS_DIR: the user preset folder
+    hub_offline: bool = False  # HF_HUB_OFFLINE: the Hub is not reached (a load error says so)
+    zerogpu: bool = False  # a ZeroGPU Space: `spaces` installed and SPACES_ZERO_GPU set
+    # the app's
+    model: str = "tiny"  # STUDIO_MODEL
+    models: tuple = ()  # STUDIO_MODELS: more models for the picker (in public mode the only ones that load)
+    preset: str = "cache"  # STUDIO_PRESET: the Generate tab's default
+    public: bool = False  # STUDIO_PUBLIC=1, or on a Space (SPACE_ID)
+    compare: str | None = None  # STUDIO_COMPARE: on | auto | off (None: on, auto in public mode)
+    device: str | None = None  # STUDIO_DEVICE: cpu or cuda
+    max_steps: int | None = None  # STUDIO_MAX_STEPS
+    max_side: int | None = None  # STUDIO_MAX_SIDE
+    max_request_s: float | None = None  # STUDIO_MAX_REQUEST_S
+    worker_max_rss_gb: float | None = None  # STUDIO_WORKER_MAX_RSS_GB
+    queue_size: int = 32  # STUDIO_QUEUE_SIZE
+    prewarm: bool = True  # STUDIO_PREWARM=0: no warm-up at start
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        """The record from an environment (os.environ at an edge); a bad value raises ConfigError naming it."""
+        public = bool(env.get("SPACE_ID")) or _flag(env, "STUDIO_PUBLIC", False)
+        model = env.get("STUDIO_MODEL", "").strip() or "tiny"
+        more = tuple(m.strip() for m in env.get("STUDIO_MODELS", "").split(",") if m.strip() and m.strip() != model)
+        return cls(
+            dtype=_choice(env, "STUDIO_DTYPE", DTYPE_NAMES),
+            # a visitor's click must not start worker processes on a shared Space unless the operator says so
+            parallel=_flag(env, "STUDIO_PARALLEL", not public),
+            ray_address=env.get("RAY_ADDRESS", "").strip() or None,
+            lora_rank=_number(env, "STUDIO_LORA_RANK", int, 1, 1024) or cls.lora_rank,
+            transformer_slots=_number(env, "STUDIO_TRANSFORMER_SLOTS", int, 1, 64),
+            presets_dir=env.get("STUDIO_PRESETS_DIR", "").strip() or None,
+            hub_offline=_flag(env, "HF_HUB_OFFLINE", False),
+            zerogpu=importlib.util.find_spec("spaces") is not None and _flag(env, "SPACES_ZERO_GPU", False),
+            model=model, models=(model,) + more, preset=env.get("STUDIO_PRESET", "").strip() or cls.preset,
+            public=public, compare=_choice(env, "STUDIO_COMPARE", COMPARE_MODES),
+            device=_choice(env, "STUDIO_DEVICE", ("cpu", "cuda")),
+            max_steps=_number(env, "STUDIO_MAX_STEPS", int, 1, 10_000),
+            max_side=_number(env, "STUDIO_MAX_SIDE", int, 16, 16_384),
+            max_request_s=_number(env, "STUDIO_MAX_REQUEST_S", float, 1, 86_400),
+            worker_max_rss_gb=_number(env, "STUDIO_WORKER_MAX_RSS_GB", float, 0.1, 10_000),
+            queue_size=_number(env, "STUDIO_QUEUE_SIZE", int, 1, 10_000) or cls.queue_size,
+            prewarm=_flag(env, "STUDIO_PREWARM", True),
+        )  # fmt: skip
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+_CURRENT = [Settings()]
+
+
+def install(settings: Settings) -> Settings:
+    """Make `settings` this process's record (an edge does it once; the worker with the one it was given)."""
+    _CURRENT[0] = settings
+    return settings
+
+
+def current() -> Settings:
+    return _CURRENT[0]
+
+
+@contextmanager
+def using(**changes):
+    """This process's record with `changes` for the length of a `with` (tests)."""
+    before = _CURRENT[0]
+    _CURRENT[0] = replace(before, **changes)
+    try:
+        yield _CURRENT[0]
+    finally:
+        _CURRENT[0] = before
