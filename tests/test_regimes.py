@@ -109,9 +109,10 @@ def test_markdown_starts_with_the_command_and_leaves_psnr_out(table):
 
 
 def test_a_count_off_the_mask_is_an_error_row(monkeypatch):
+    from studio.engine import cache
     from studio.spec import cachedit
 
-    monkeypatch.setattr(cachedit, "read_summary", lambda tr: cachedit.CacheDitRecord(cached_steps=[4, 5]))
+    monkeypatch.setattr(cache, "read_summary", lambda tr: cachedit.CacheDitRecord(cached_steps=[4, 5]))
     row = rg.measure_row(rg.make_bench("small", STEPS, None, "cpu"), rg.parse_stack("cache"), "resident")
     assert row.ms_per_step is None and "not a number" in row.error
     assert cells(row)[2] == "error" and cells(row)[14].startswith("error, lost:")

@@ -147,25 +147,16 @@ def _flux_inputs(cfg: dict, tokens: int, text: int, device, dtype):
 
 
 def _time_calls(tr, inputs: dict, repeats: int, device) -> float:
+    """Median ms of `repeats` calls (studio.measure.clock), after one untimed call (compile happens there)."""
     import statistics
-    import time
 
     import torch
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    from studio.measure.clock import time_calls
 
     with torch.inference_mode():
-        tr(**inputs)  # warm-up (compiles under torch.compile)
-        times = []
-        for _ in range(repeats):
-            sync()
-            t0 = time.perf_counter()
-            tr(**inputs)
-            sync()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+        tr(**inputs)
+        return statistics.median(time_calls(tr, repeats, device, **inputs))
 
 
 def time_kernels(

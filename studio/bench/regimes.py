@@ -1,8 +1,10 @@
 """`python -m studio regimes`: the reference table's shape, stacks x memory regimes, on a random-weight FLUX
 transformer (FLUX.1-dev's size, studio.bench.doctor.FLUX_DEV, or `small`) built on the device afresh for each row and
 called `steps` times as a pipeline's loop would (each step's timestep, an Euler update; no VAE, no encoders), each
-call between two device syncs. Random weights do not cache by residual, so the cache rows run under a STATIC step
-mask (13 full / 27 cached at 40 steps), and cache-dit's own summary must list the mask's steps. Text: report.regimes.
+call between two device syncs (studio.measure.clock). A row's stack is a Preset put on through the engine's own doors:
+engine.stack.apply_preset on a BareTransformer (the cache by engine.cache.apply_cache, its context refreshed before
+each run by prepare_run). Random weights do not cache by residual, so the cache rows run under a STATIC step mask
+(13 full / 27 cached at 40 steps), and cache-dit's own summary must list the mask's steps. Text: report.regimes.
 """
 
 from __future__ import annotations
@@ -166,75 +168,45 @@ def _build(bench: Bench):
 
 
 def _loop(tr, inputs: dict, steps: int, device, dtype) -> list[float]:
-    """`steps` transformer calls with each step's timestep and an Euler update between them; ms per call."""
+    """`steps` transformer calls with each step's timestep and an Euler update between them; ms per call (each call
+    between two device syncs: studio.measure.clock)."""
     import torch
 
-    inputs, times = dict(inputs), []
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    from studio.measure.clock import CallClock
+
+    inputs, clock = dict(inputs), CallClock(device)
     with torch.inference_mode():
         for i in range(steps):
             inputs["timestep"] = torch.full((1,), 1.0 - i / steps, device=device, dtype=dtype)
-            sync()
-            t0 = time.perf_counter()
-            out = tr(**inputs)[0]
-            sync()
-            times.append((time.perf_counter() - t0) * 1e3)
+            out = clock.call(tr, **inputs)[0]
             inputs["hidden_states"] = inputs["hidden_states"] - out / steps
-    return times
+    return clock.ms
 
 
-def _cache(tr, steps: int, *, refresh: bool):
-    """cache-dit on the bare transformer (its registered FLUX adapter: engine.cache.apply_cache takes a pipeline),
-    or a fresh context for the next run (a bare transformer keeps one across calls), its mask sized to `steps`."""
-    import cache_dit
-
-    from studio.engine.state import Engaged, stack_state
-    from studio.spec.cachedit import cache_dit_configs
-
-    cfg = cache_dit_configs(cache_spec(steps), steps=steps).cache
-    if refresh:
-        return cache_dit.refresh_context(tr, cache_config=cfg)
-    cache_dit.enable_cache(tr, cache_config=cfg)
-    stack_state(tr).cache = "cache-dit"
-    return Engaged("cache", "cache-dit", True, f"cache: cache-dit {cache_dit.strify(tr)}")
-
-
-def _offload(holder, regime: str, device, compile_spec=None, cache: bool = False):
-    """The regime (engine.offload, loaded here: a missing or broken module costs the offload rows only), or with
-    `compile_spec` the compile under it (regional, fullgraph off: the regime's hooks move weights between graphs)."""
-    from studio.engine.state import Engaged
+def preset_for(stack: Stack, regime: str, steps: int):
+    """The stack under the regime as the studio's own Preset (what engine.stack.apply_preset takes)."""
     from studio.spec.offload import OffloadSpec
+    from studio.spec.preset import CompileSpec, Preset, QuantSpec
 
-    try:
-        from studio.engine.offload import apply_offload, compile_under_offload
-    except ImportError as e:
-        return Engaged("offload", regime, False, f"offload: studio.engine.offload not available ({e})")
-    if compile_spec is not None:
-        return compile_under_offload(holder, compile_spec, cache_engaged=cache)
-    return apply_offload(holder, OffloadSpec(policy=REGIMES[regime]), device)
+    return Preset(
+        name=f"{stack.name.replace('+', '-')}.{regime}", quantize_config=QuantSpec(quant_type=stack.quant or "none"),
+        offload_config=OffloadSpec(policy=REGIMES[regime]),
+        cache_config=cache_spec(steps) if stack.cache else CacheSpec(),
+        attention_backend="sage" if stack.sage else "sdpa", compile=CompileSpec(enabled=stack.compile),
+    )  # fmt: skip
 
 
-def _apply(holder, stack: Stack, regime: str, bench: Bench, row: RegimeRow) -> bool:
-    """The stack in the studio's order (quantize, offload, cache, attention, compile); False at the first
-    fall-back, which the row then states instead of a time."""
-    from studio.engine.attention import apply_attention
-    from studio.engine.compile import apply_compile
-    from studio.engine.quantize import apply_quant
-    from studio.spec.preset import CompileSpec, QuantSpec
+def _apply(bare, preset, bench: Bench, row: RegimeRow) -> bool:
+    """The preset through the engine's own door (engine.stack.apply_preset: quantize, offload, cache, attention,
+    compile, in its order); the row lists what the stack asked for, and False at the first fall-back, which the row
+    then states instead of a time."""
+    from studio.engine.stack import STACK_ORDER, apply_preset
 
-    on, resident = CompileSpec(enabled=True), regime == "resident"
-    steps = [
-        (stack.quant is not None, lambda: apply_quant(holder, QuantSpec(quant_type=stack.quant), stack.compile)),
-        (regime != "resident", lambda: _offload(holder, regime, bench.device)),
-        (stack.cache, lambda: _cache(holder.transformer, bench.steps, refresh=False)),
-        (True, lambda: apply_attention(holder, "sage" if stack.sage else "sdpa")),
-        (stack.compile and resident, lambda: apply_compile(holder, on, cache_engaged=stack.cache)),
-        (stack.compile and not resident, lambda: _offload(holder, regime, bench.device, on, stack.cache)),
-    ]
-    for wanted, apply in steps:
-        if not wanted:
-            continue
-        e = apply()
+    applied = apply_preset(bare, preset, steps=bench.steps)
+    for key in STACK_ORDER:
+        e = applied.engaged.get(key)
+        if e is None or not (e.engaged or e.fell_back or key == "attention"):
+            continue  # (a step the stack does not ask for: quantize off, resident, no cache, eager)
         row.engaged.append(e.detail)
         if not e.engaged:
             row.fell_back = e.detail
@@ -242,20 +214,21 @@ def _apply(holder, stack: Stack, regime: str, bench: Bench, row: RegimeRow) -> b
     return True
 
 
-def _time(tr, stack: Stack, regime: str, bench: Bench, row: RegimeRow) -> None:
+def _time(bare, preset, regime: str, bench: Bench, row: RegimeRow) -> None:
     """Warm-up (untimed), then the timed run under the memory probe; the counts checked against the mask."""
     from studio.bench.doctor import _flux_inputs
+    from studio.engine.cache import prepare_run, read_report
+    from studio.engine.state import stack_state
     from studio.measure.memory import MemoryProbe
-    from studio.spec.cachedit import read_summary
 
+    tr, spec = bare.transformer, preset.cache_config
+    quant = stack_state(tr).quant
     inputs = _flux_inputs(bench.transformer, bench.tokens, bench.text, bench.device, bench.dtype)
     t0 = time.perf_counter()
-    if stack.cache:
-        _cache(tr, bench.warmup_steps, refresh=True)
+    prepare_run(bare, spec, quant=quant, steps=bench.warmup_steps)
     _loop(tr, inputs, bench.warmup_steps, bench.device, bench.dtype)
     row.warmup_s = time.perf_counter() - t0
-    if stack.cache:
-        _cache(tr, bench.steps, refresh=True)
+    prepare_run(bare, spec, quant=quant, steps=bench.steps)  # (a bare transformer's cache context starts afresh)
     if regime != "resident":
         from studio.engine.streams import stream_begin, stream_report
 
@@ -264,10 +237,10 @@ def _time(tr, stack: Stack, regime: str, bench: Bench, row: RegimeRow) -> None:
         times = _loop(tr, inputs, bench.steps, bench.device, bench.dtype)
     row.peak_memory = probe.result.as_dict()
     row.step_ms = [round(t, 3) for t in times]
-    cached = read_summary(tr).cached_steps if stack.cache else []
+    cached = read_report(bare, spec, quant).cached_steps
     row.cached_at, row.cached_steps, row.full_steps = cached, len(cached), bench.steps - len(cached)
     want = [i for i, m in enumerate(bench.mask) if m == 0]
-    if stack.cache and cached != want:
+    if spec.enabled and cached != want:
         row.error = f"cache-dit's summary lists cached steps {cached}, the mask {want}: not a number"
         return
     full = [t for i, t in enumerate(times) if i not in cached]
@@ -283,17 +256,18 @@ def measure_row(bench: Bench, stack: Stack, regime: str) -> RegimeRow:
     """One row on a fresh transformer; an exception costs this row only, and the row says what was lost."""
     import torch
 
+    from studio.engine.cache import BareTransformer
+
     row = RegimeRow(stack.name, regime)
-    tr = holder = None
+    bare = None
     try:
-        tr = _build(bench)
-        holder = type("Pipe", (), {"transformer": tr, "components": {"transformer": tr}})()
-        if _apply(holder, stack, regime, bench, row):
-            _time(tr, stack, regime, bench, row)
+        bare, preset = BareTransformer(_build(bench)), preset_for(stack, regime, bench.steps)
+        if _apply(bare, preset, bench, row):
+            _time(bare, preset, regime, bench, row)
     except Exception as e:  # handled: an OOM, a compile or kernel failure loses this row, the table goes on
         row.error = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
     finally:
-        tr = holder = None
+        bare = None
         gc.collect()
         if bench.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -2,6 +2,8 @@
 
 Best-effort by design: a pipeline cache-dit does not recognise runs uncached, it never fails to load.
 cache-dit patches the pipeline CLASS, so the model manager keeps one pipeline per class and toggles here.
+A transformer run without its pipeline (a bench's own loop) comes as a `BareTransformer`: cache-dit goes on the
+transformer itself, which keeps one context across calls, so `prepare_run` refreshes it before every run.
 """
 
 from __future__ import annotations
@@ -16,6 +18,24 @@ from studio.spec.preset import MIN_CACHE_STEPS, CacheSpec
 log = logging.getLogger(__name__)
 
 _FBC_LEADER_HOOK = "fbc_leader_block_hook"  # diffusers first_block_cache._FBC_LEADER_BLOCK_HOOK
+
+
+@dataclass(frozen=True)
+class BareTransformer:
+    """A transformer without its pipeline, where the engine takes a pipeline (`apply_preset`, `apply_cache`, ...):
+    only `transformer` and `components`, as a pipeline has them. Its caller runs the denoising loop itself."""
+
+    transformer: object  # a diffusers transformer (torch.nn.Module)
+
+    @property
+    def components(self) -> dict:
+        return {"transformer": self.transformer}
+
+
+def _cache_dit_target(pipe):
+    """What cache-dit is enabled on: the pipeline (its adapter opens a fresh context per call), or a bare
+    transformer itself (one context across calls: refreshed per run)."""
+    return pipe.transformer if isinstance(pipe, BareTransformer) else pipe
 
 
 @dataclass
@@ -42,7 +62,7 @@ def remove_cache(pipe) -> None:
     if state.cache == "cache-dit":
         import cache_dit
 
-        cache_dit.disable_cache(pipe)
+        cache_dit.disable_cache(_cache_dit_target(pipe))
     elif state.cache == "fbcache":
         pipe.transformer.disable_cache()
     state.cache = "none"
@@ -78,11 +98,11 @@ def apply_cache(
         import cache_dit
 
         cfgs = cache_dit_configs(spec, quant=quant, steps=steps, separate_cfg=separate_cfg)
-        cache_dit.enable_cache(pipe, cache_config=cfgs.cache, calibrator_config=cfgs.calibrator)
+        cache_dit.enable_cache(_cache_dit_target(pipe), cache_config=cfgs.cache, calibrator_config=cfgs.calibrator)
     except Exception as e:  # a pipeline cache-dit has no adapter for, blocks it does not recognise (its errors vary
         # by adapter): handled here, the run goes on uncached and the card says why
         log.warning("cache-dit could not engage: %s", e)
-        _undo_cache_dit(pipe)
+        _undo_cache_dit(_cache_dit_target(pipe))
         return Engaged(
             "cache",
             spec.backend,
@@ -98,12 +118,12 @@ def apply_cache(
     )
 
 
-def _undo_cache_dit(pipe) -> None:
+def _undo_cache_dit(target) -> None:
     """After a failed enable_cache: take off whatever cache-dit had patched before it gave up."""
     import cache_dit
 
     try:
-        cache_dit.disable_cache(pipe)
+        cache_dit.disable_cache(target)
     except Exception as e:  # it may have patched nothing: what is left is only logged, the next apply removes it
         log.warning("undoing a failed cache-dit enable_cache: %s: %s", type(e).__name__, e)
 
@@ -145,8 +165,10 @@ def _fbcache_reader(transformer):
 
 
 def prepare_run(pipe, spec: CacheSpec, *, quant: str, steps: int, separate_cfg: bool = False) -> None:
-    """Per-run refresh: a step mask is sized to this run's step count."""
-    if stack_state(pipe.transformer).cache == "cache-dit" and spec.has_mask:
+    """Per-run refresh: a step mask is sized to this run's step count; a bare transformer's context starts afresh
+    (its counts would pile up across runs, and each run would start from the last one's residuals)."""
+    bare = isinstance(pipe, BareTransformer)
+    if stack_state(pipe.transformer).cache == "cache-dit" and (spec.has_mask or bare):
         import cache_dit
 
         cfgs = cache_dit_configs(spec, quant=quant, steps=steps, separate_cfg=separate_cfg)
@@ -161,5 +183,5 @@ def read_report(pipe, spec: CacheSpec, quant: str) -> CacheReport:
     threshold = spec.effective_threshold(quant)
     if backend == "fbcache":
         return CacheReport(backend, threshold=threshold)
-    rec = read_summary(pipe)
+    rec = read_summary(_cache_dit_target(pipe))
     return CacheReport(backend, rec.cached_steps, rec.residual_diffs, threshold, rec.cfg_cached_steps)

@@ -18,15 +18,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from studio.measure.clock import sync
+
 if TYPE_CHECKING:
     import torch
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        import torch
-
-        torch.cuda.synchronize(device)
 
 
 def last_block_probe_target(transformer) -> torch.nn.Module | None:
@@ -181,7 +176,7 @@ class StepProbe:
         self.counter.on_first_call = None
 
     def _start(self):
-        _sync(self.device)
+        sync(self.device)
         self._clock.mark()
 
     def __call__(self, pipe, step_index, timestep, callback_kwargs):
@@ -215,7 +210,7 @@ class StepProbe:
         return [b - a for a, b in zip([0.0] + ends[:-1], ends)]
 
     def denoise_seconds(self) -> float:
-        _sync(self.device)
+        sync(self.device)
         ends = self._ends()
         return ends[-1] if ends else 0.0
 
