@@ -115,6 +115,7 @@ def apply_cache(
         spec.backend,
         True,
         f"cache: cache-dit {spec.label(threshold)} ({src})" + (", CFG branches cached apart" if separate_cfg else ""),
+        spec.label(threshold),
     )
 
 
@@ -135,7 +136,6 @@ def _apply_fbcache(pipe, threshold: float, src: str) -> Engaged:
 
         tr.enable_cache(FirstBlockCacheConfig(threshold=threshold))
     except Exception as e:
-        spec.label(threshold),
         log.warning("First-Block-Cache could not engage: %s", e)
         return Engaged(
             "cache",
