@@ -59,7 +59,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default=None, help="write the report: .md, .csv or .json by extension")
     b.add_argument("--plot", default=None, help="write the speed-up vs PSNR plot (PNG)")
     b.add_argument(
-        "--in-process", action="store_true", help="run here, not in a child process (a native crash then ends it)"
+        "--in-process", action="store_true", help="run here, not in the device worker (a native crash then ends it)"
     )
     s = sub.add_parser("sweep", help="one cache knob over a prompt set: speed-up and worst PSNR, the cliff marked")
     common_args(s)
@@ -143,10 +143,11 @@ def _doctor(args) -> int:
 
     fams = args.families.split(",") if args.families else list(FAMILIES)
     names = args.presets.split(",") if args.presets else None
-    # each family in child processes: a native crash costs its own row (studio.bench.isolated), not the table
-    from studio.bench.isolated import run_isolated
+    # each family in the device worker: a native crash costs its own row (studio.worker.reruns), not the table
+    from studio.worker import reruns
 
-    rows = run_isolated(fams, names, args.device, on_status=say)
+    with device_worker(args, quiet=False) as worker:
+        rows = reruns.doctor(worker, fams, names, on_status=say)
     device = str(args.device or default_device())
     kernels = []
     if device.startswith("cuda") and not args.no_kernels:
@@ -207,27 +208,24 @@ def _prompt_requests(runner, req, args, examples: bool = True) -> list:
 
 
 def _bench(runner, req, args) -> int:
-    from studio.bench.bench import run_bench
-    from studio.bench.contained import BenchJob, run_contained
     from studio.report.plots import plot_tradeoff
     from studio.report.text import bench_header, bench_markdown
+    from studio.worker import reruns
+    from studio.worker.service import InProcess
 
     names = args.presets.split(",") if args.presets else None
+    # in the device worker, each stack's native crash costs its own row (studio.worker.reruns); --in-process: here
+    device = InProcess(runner) if args.in_process else device_worker(args, runner.presets)
     tick, close = progress_bar("bench")
     try:
-        job = BenchJob(
-            _prompt_requests(runner, req, args, examples=False), names, args.model, args.repeats, args.device,
-            args.presets_dir, args.cache, args.compile, args.vs_raw,
+        rep = reruns.bench(
+            device, _prompt_requests(runner, req, args, examples=False), names,
+            on_status=lambda msg: print(msg, file=sys.stderr), model=args.model, repeats=args.repeats,
+            progress=tick, cache_enabled=args.cache, compile_enabled=args.compile, vs_raw=args.vs_raw,
         )  # fmt: skip
-        if args.in_process:
-            rep = run_bench(
-                runner, job.requests, names, model=args.model, repeats=args.repeats, progress=tick,
-                cache_enabled=args.cache, compile_enabled=args.compile, vs_raw=args.vs_raw,
-            )  # fmt: skip
-        else:  # each stack's native crash costs its own row (studio.bench.contained)
-            rep = run_contained(job, tick, on_status=lambda msg: print(msg, file=sys.stderr))
     finally:
         close()
+        device.close()
     if args.json:
         print(json.dumps(rep.as_dict(), indent=1))
     elif args.csv:

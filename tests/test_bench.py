@@ -77,9 +77,9 @@ def test_vs_raw_gives_the_plain_diffusers_picture(tiny_runner):
 
 
 def test_cli_bench_over_prompts_json_and_csv(tmp_path):
-    """The CLI's bench, in a child process: `sage` kills it (a real SIGSEGV from a test-only hook), so the bench
-    runs again without it and every other row is there, the crash said in the report."""
-    from studio.bench.contained import CRASH_ENV
+    """The CLI's bench, in the device worker: `sage` kills it (a real SIGSEGV from the worker's test-only hook), so
+    the bench runs again without it and every other row is there, the crash said in the report."""
+    from studio.worker.protocol import CRASH_ENV
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("# two scenes\n" + "\n".join(PROMPTS) + "\n\n")
@@ -92,7 +92,7 @@ def test_cli_bench_over_prompts_json_and_csv(tmp_path):
     d = json.loads(p.stdout)
     assert d["prompts"] == PROMPTS
     assert d["crashed"] == {"sage": "SIGSEGV"} and [r["preset"] for r in d["rows"]] == ["base", "cache"]
-    assert "sage crashed the bench's process (SIGSEGV); the bench runs again without it" in p.stderr
+    assert "sage crashed the device worker (SIGSEGV); the bench runs again without it" in p.stderr
     cache = next(r for r in d["rows"] if r["preset"] == "cache")
     assert cache["prompts"] == 2 and len(cache["cached_by_prompt"]) == 2
     assert cache["worst_psnr_db"] <= cache["mean_psnr_db"]

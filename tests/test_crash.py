@@ -142,17 +142,61 @@ def test_doctor_row_for_z_image_int8_compile_finishes_in_bfloat16():
     assert "dtype: auto: bfloat16" in " ".join(row["engaged"]) and row["quality"] != "broken"
 
 
-def test_a_crash_in_the_doctor_costs_its_own_row_not_the_table(monkeypatch):
-    """Each family runs in child processes: the preset whose run kills its process (a real SIGSEGV, from a test-only
-    hook in the child) is a row that says so, and the presets after it still run, in a new child."""
+def test_a_crash_in_the_doctor_costs_its_own_row_not_the_table():
+    """Each family runs in the device worker: the preset whose run kills it (a real SIGSEGV, from the worker's
+    test-only hook) is a row that says so, the rows before it stand, and the presets after it run in a new worker."""
     from studio.bench.doctor import healthy
-    from studio.bench.isolated import CRASH_ENV, run_isolated
     from studio.report.text import doctor_table
+    from studio.worker import WorkerClient, WorkerConfig, reruns
 
-    monkeypatch.setenv(CRASH_ENV, "flux:cache")
-    rows = run_isolated(["flux"], ["base", "cache", "sage"], "cpu")
+    worker, lines = WorkerClient(WorkerConfig(device="cpu", crash_on="cache"), warm=()), []
+    try:
+        rows = reruns.doctor(worker, ["flux"], ["base", "cache", "sage"], on_status=lines.append)
+        assert worker.restarts == 1
+    finally:
+        worker.close()
     assert [(r.preset, r.crashed) for r in rows] == [("base", None), ("cache", "SIGSEGV"), ("sage", None)]
     assert rows[0].quality == "identical" and rows[2].quality == "identical" and not healthy(rows)
     assert "the run crashed its process (SIGSEGV)" in rows[1].fallbacks[0]
+    assert "flux: cache crashed the device worker (SIGSEGV); the rest in a new one" in lines
     table = doctor_table(rows)
     assert table.count("| flux |") == 3 and "crashed" in table
+
+
+def _bench_worker(model: str, crash_on: str):
+    from studio.worker import WorkerClient, WorkerConfig
+
+    return WorkerClient(WorkerConfig(model=model, device="cpu", crash_on=crash_on), warm=())
+
+
+def test_a_crash_in_the_bench_costs_its_stack_and_the_bench_runs_again_without_it(random_model_dir):
+    """The CLI's bench in the device worker: `sage` kills it mid-run; the bench runs again in a new worker without
+    it, every other row stands, and the report lists the stack under "Crashed" with how it died."""
+    from studio.report.text import bench_markdown
+    from studio.worker import reruns
+
+    worker, lines = _bench_worker(random_model_dir, "sage"), []
+    try:
+        req = worker.request("a red circle in the center, blue background", seed=1, steps=8)
+        rep = reruns.bench(worker, [req], ["cache", "sage"], on_status=lines.append, repeats=1)
+        assert worker.restarts == 1
+    finally:
+        worker.close()
+    assert rep.crashed == {"sage": "SIGSEGV"} and [r.preset for r in rep.matrix.rows] == ["base", "cache"]
+    assert lines == ["sage crashed the device worker (SIGSEGV); the bench runs again without it"]
+    assert "- sage: the run crashed its process (SIGSEGV); the bench ran again without it" in bench_markdown(rep)
+    assert rep.as_dict()["crashed"] == {"sage": "SIGSEGV"}
+
+
+def test_a_crash_in_base_ends_the_bench_with_a_sentence(random_model_dir):
+    from studio.spec import RunError
+    from studio.worker import reruns
+
+    worker = _bench_worker(random_model_dir, "base")
+    try:
+        req = worker.request("a red circle in the center, blue background", seed=1, steps=8)
+        with pytest.raises(RunError, match=r"^base crashed the device worker \(SIGSEGV\); every speed-up is measured"):
+            reruns.bench(worker, [req], ["cache"], repeats=1)
+        assert worker.restarts == 1  # not run again: nothing could be measured without base
+    finally:
+        worker.close()

@@ -7,6 +7,7 @@ third denoising step of that preset's run, as a segfaulting kernel would.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -20,6 +21,7 @@ import pytest
 from PIL import Image
 
 from studio.spec import ConfigError, PresetLibrary, RunError
+from studio.spec.errors import StudioBug
 from studio.worker import WorkerClient, WorkerConfig, WorkerCrashed
 
 PROMPT = "a red circle in the center, blue background"
@@ -87,6 +89,46 @@ def test_an_error_in_the_worker_comes_back_as_its_class_with_its_sentence(worker
     with pytest.raises(ConfigError, match="warp-speed"):
         worker.generate(worker.request(PROMPT, steps=10), "warp-speed")
     assert worker.pid == pid and worker.restarts == 0  # a Python error changes nothing
+
+
+def test_a_bug_in_a_worker_call_is_logged_and_said_as_one_a_user_error_as_its_sentence(random_model_dir, capfd):
+    """One error boundary: a bench handed one request where its list is due (a caller's bug, which no check of the
+    studio catches) fails inside the worker with a TypeError: the caller reads "a bug in the studio (logged)", and
+    the worker's stderr has the traceback. A preset name that does not exist is the user's: its plain sentence, no
+    traceback. The worker serves on after both."""
+    w = WorkerClient(WorkerConfig(model=random_model_dir, device="cpu"), warm=())
+    try:
+        req = w.request(PROMPT, steps=4)
+        with pytest.raises(StudioBug) as bug:
+            w.bench(req, ["base"])
+        with pytest.raises(ConfigError, match="warp-speed") as user:
+            w.bench([req], ["warp-speed"])
+        assert w.info()["pid"] == w.pid and w.restarts == 0
+    finally:
+        w.close()
+    assert isinstance(bug.value, RunError)  # what the handlers and the CLI say as any failed run
+    assert str(bug.value) == (
+        "a bug in the studio (logged): TypeError: object of type 'GenerationRequest' has no len()"
+    )
+    assert "a bug" not in str(user.value)
+    err = capfd.readouterr().err
+    assert "ERROR: device call bench failed: a bug in the studio\nTraceback (most recent call last):" in err
+    assert "in run_bench" in err and err.count("Traceback") == 1  # the user error left no traceback
+
+
+def test_the_in_process_device_keeps_the_same_boundary(runner, caplog):
+    """ZeroGPU's device and the CLI's `bench --in-process`: the same two answers, the bug's traceback logged."""
+    from studio.worker.service import InProcess
+
+    device = InProcess(runner)
+    req = device.request(PROMPT, steps=4)
+    with caplog.at_level(logging.ERROR, logger="studio.worker"):
+        with pytest.raises(StudioBug, match=r"^a bug in the studio \(logged\): TypeError: object of type"):
+            device.bench(req, ["base"])
+    (record,) = [r for r in caplog.records if r.name == "studio.worker"]
+    assert record.getMessage() == "device call bench failed: a bug in the studio" and record.exc_info is not None
+    with pytest.raises(ConfigError, match="warp-speed"):
+        device.bench([req], ["warp-speed"])
 
 
 def test_a_native_crash_ends_one_call_and_the_next_gets_the_same_pixels(worker, random_model_dir):

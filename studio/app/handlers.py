@@ -18,6 +18,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from studio.app.errors import shown
 from studio.app.forms import UI, CompareForm, GenerateForm, MatrixForm, RequestForm, TuneForm
 from studio.app.gpu_time import Durations
 from studio.app.history import History, history_csv, record
@@ -37,7 +38,7 @@ from studio.report.card import broken_flag, metrics_card
 from studio.report.images import enlarge, error_picture
 from studio.report.plots import plot_steps, plot_tradeoff
 from studio.report.table import MatrixRow
-from studio.spec import ConfigError, ModelLoadError, PresetLibrary, RunError, parse_switch
+from studio.spec import PresetLibrary, parse_switch
 from studio.spec.presets import MAX_PRESET_BYTES, preset_from_text
 from studio.spec.request import check_scale, compare_mode, image_inputs, parse_loras
 from studio.worker.protocol import Device
@@ -45,6 +46,7 @@ from studio.worker.protocol import Device
 CACHE_CHOICES = [("follow preset", "unset"), ("on", "true"), ("off", "false")]
 COMPILE_CHOICES = CACHE_CHOICES
 MAX_PUBLIC_TUNE_PROMPTS = 3
+REQUEST = "That request can't run: "  # before a bad request's sentence (app.errors.shown)
 PREDICTED = "speed-up the counts predict (screening, not timed)"
 
 
@@ -92,14 +94,12 @@ class Handlers:
     # helpers ---------------------------------------------------------------------------------------------
     def _request(self, form: RequestForm):
         self._resolved: dict = {}  # preset -> what its device-dependent parts become here (asked of the device once)
-        try:  # refused even where the model takes none, and the value is dropped below
+        with shown(REQUEST):  # refused even where the model takes none, and the value is dropped below
             check_scale("guidance", float(form.guidance) if form.guidance is not None else None)
-        except (ConfigError, ValueError) as e:
-            raise gr.Error(f"That request can't run: {e}") from None
         if not form.prompt or not str(form.prompt).strip():
             raise gr.Error("Write a prompt first: the prompt is empty.")
         device = self.studio.device
-        try:
+        with shown(REQUEST):
             profile = device.profile(form.model)
             takes_guidance = profile.guidance is not None
             strength = 1.0 if profile.edits else form.strength  # an edit model's picture is a reference: all steps run
@@ -117,12 +117,10 @@ class Handlers:
                 loras=parse_loras(form.loras),
                 **image_inputs(form.image, form.mask_image, strength),
             )
-        except (ConfigError, ValueError) as e:
-            raise gr.Error(f"That request can't run: {e}") from None
 
     def _run(self, req, form: GenerateForm | CompareForm, preset: str, progress, request=None):
         on_step, on_status = progress_hooks(progress)
-        try:
+        with shown():
             return self.studio.device.generate(
                 req,
                 preset,
@@ -136,21 +134,17 @@ class Handlers:
                 presets=self.studio.library(request),
                 time_limit_s=self.studio.time_limit_s,
             )
-        except (ConfigError, ModelLoadError, RunError, ValueError) as e:
-            raise gr.Error(str(e)) from None
 
     def _guard(self, request, req, form, presets: list[str]) -> None:
         """A public studio's limits (app.limits), from the form and the presets alone: before any device work."""
         if self.studio.guard is None:
             return
-        try:
+        with shown():
             lib = self.studio.library(request)
             self.studio.guard.event(
                 getattr(request, "session_hash", None), parse_switch(getattr(form, "compile", "unset"), "compile"),
                 [(lib.get(n), lib.is_builtin(n)) for n in presets], form.model or self.studio.models[0], req,
             )  # fmt: skip
-        except (ConfigError, ValueError) as e:
-            raise gr.Error(str(e)) from None
 
     def _history(self, hist: History | None, req, results) -> dict:
         hist = record(hist, req, results)
@@ -231,12 +225,10 @@ class Handlers:
         if not form.presets:
             raise gr.Error("Choose at least one preset for the matrix.")
         if self.studio.guard is not None:
-            try:
+            with shown():
                 self.studio.guard.matrix(len(form.presets), int(form.repeats or 1))
-            except ConfigError as e:
-                raise gr.Error(str(e)) from None
         self._guard(request, req, form, list(form.presets))
-        try:
+        with shown():
             mat = self.studio.device.matrix(
                 req,
                 list(form.presets),
@@ -248,8 +240,6 @@ class Handlers:
                 presets_library=self.studio.library(request),
                 time_limit_s=self.studio.time_limit_s,
             )
-        except (ConfigError, ModelLoadError, RunError, ValueError) as e:
-            raise gr.Error(str(e)) from None
         runs = {name: r.metrics.as_dict() for name, r in mat.results.items()}
         first = mat.chart_preset()  # the first cached stack, not whatever comes after base
         mx = self.ui.mx
@@ -282,14 +272,12 @@ class Handlers:
         size = form.size
         if self.studio.public:
             prompts, size = prompts[:MAX_PUBLIC_TUNE_PROMPTS], "quick"
-        try:
+        with shown():
             floor = float(form.floor)
             res = self.studio.device.tune(
                 [_replace(req, prompt=p) for p in prompts], floor, model=form.model,
                 progress=lambda m: progress(0, desc=m), quick=size != "full", time_limit_s=self.studio.time_limit_s,
             )  # fmt: skip
-        except (ConfigError, ModelLoadError, RunError, ValueError, TypeError) as e:
-            raise gr.Error(str(e)) from None
         xs, ys, dbs = ([c[i] for c in res.curve] for i in range(3))
         label = "residual_diff_threshold (no calibrator)"
         plot = None
@@ -317,10 +305,8 @@ class Handlers:
     def show_preset(self, name, request: gr.Request = None):
         """A preset's description and YAML, and the YAML as a download."""
         lib = self.studio.library(request)
-        try:
+        with shown():
             p = lib.get(name)
-        except ConfigError as e:
-            raise gr.Error(str(e)) from None
         origin = "built in" if lib.is_builtin(name) else "user preset"
         if p not in self._resolved:
             self._resolved[p] = self.studio.device.resolved(p)
@@ -331,11 +317,9 @@ class Handlers:
     def export_preset(self, name, steps=None, request: gr.Request = None):
         """The preset as the YAML `cache_dit.load_configs` reads, a step mask sized to the request's `steps`: made by
         the device (cache-dit's own config objects load torch, which the app's process does not)."""
-        try:
+        with shown():
             p = self.studio.library(request).get(name)
             text = self.studio.device.export(p, int(steps) if steps else None)
-        except (ConfigError, RunError, ValueError) as e:
-            raise gr.Error(str(e)) from None
         return {self.ui.pv.export_file: self.studio.write(f"{name}.cache-dit.yaml", text)}
 
     def load_upload(self, path):
@@ -351,13 +335,11 @@ class Handlers:
         name = (name or "").strip()
         if not name:
             raise gr.Error("Give the new preset a name.")
-        try:
+        with shown("Preset not saved: "):
             lib = self.studio.library(request)
             if self.studio.guard is not None:  # checked before the file is written
                 self.studio.guard.preset(preset_from_text(text or "", name), builtin=False)
             p = lib.add(name, text or "")
-        except ConfigError as e:
-            raise gr.Error(f"Preset not saved: {e}") from None
         choices = lib.names()
         pv = self.ui.pv
         out = {c: gr.update(choices=choices) for c in self.ui.preset_lists()}
@@ -369,10 +351,8 @@ class Handlers:
         return {self.ui.hist.file: self.studio.write("history.csv", history_csv(hist))}
 
     def on_model(self, model):
-        try:
+        with shown():  # an unknown name only fails when used; a folder's broken profile is said here
             p = self.studio.device.profile(model)
-        except Exception as e:  # an unknown name only fails when used; keep the form as it is
-            raise gr.Error(str(e)) from None
         r = self.ui.request
         return {
             r.examples: gr.update(choices=list(p.example_prompts), value=None),

@@ -25,6 +25,7 @@ from studio.measure.quality import psnr
 from studio.measure.record import library_versions
 from studio.measure.steady import Ratio, Steady, ratio
 from studio.report.table import AGAIN, Matrix, MatrixRow
+from studio.spec.checks import ConfigError, check_int
 from studio.spec.preset import Preset
 from studio.spec.request import GenerationRequest
 
@@ -105,20 +106,15 @@ def _plain(rot: Rotation, raw, name: str, p: Preset, request, tick) -> None:
 
 
 def rotate(
-    runner: Runner, request, presets: list[Preset], repeats: int, model=None, tick=None, *, raw=None, started=None
+    runner: Runner, request, presets: list[Preset], repeats: int, model=None, tick=None, *, raw=None
 ) -> Rotation:
     """Round-robin timing of `presets` (base first, then base a second time last: AGAIN) on one request;
-    with `raw` (a RawPool), each preset's plain run beside its studio run. `tick(label)` after each run,
-    `started(name)` before each (a contained bench's parent learns from it which stack a crash was in)."""
+    with `raw` (a RawPool), each preset's plain run beside its studio run. `tick(label)` after each run."""
     rot = Rotation(request)
     order = [(p.name, p) for p in presets] + [(AGAIN, presets[0])]
-    if started:
-        started(presets[0].name)
     runner.settle(request, presets[0], model)  # untimed: the first slot then runs right after a run, as all others do
     for r in range(repeats):
         for name, p in order:
-            if started:
-                started(p.name)
             plain_first = raw is not None and name != AGAIN and r % 2 == 1
             if plain_first:  # the pair's order alternates between repeats: neither side always runs second
                 _plain(rot, raw, name, p, request, tick)
@@ -157,7 +153,7 @@ class BenchReport:
     cost: list[CostRow]
     twins: dict[str, str]
     meta: dict
-    crashed: dict[str, str] = field(default_factory=dict)  # stack -> how it killed its process (contained bench)
+    crashed: dict[str, str] = field(default_factory=dict)  # stack -> how it killed the device worker (left out)
 
     def as_dict(self) -> dict:
         return {
@@ -274,7 +270,7 @@ def _without(resolved: list[Preset], twins: dict, refs: dict, gone: set) -> tupl
     """The presets, eager twins and non-cache twins less the stacks in `gone` (a pairing loses its row's reference
     when either side is gone; that row then reads its ideal as the engine does)."""
     if BASE in gone:
-        raise ValueError("base cannot be left out of a bench: every speed-up is measured against it")
+        raise ConfigError("base cannot be left out of a bench: every speed-up is measured against it")
     keep = [p for p in resolved if p.name not in gone]
     pairs = [{a: b for a, b in d.items() if a not in gone and b not in gone} for d in (twins, refs)]
     return keep, pairs[0], pairs[1]
@@ -293,11 +289,11 @@ def run_bench(
     presets_library=None,
     vs_raw: bool = False,
     exclude=(),
-    started=None,
 ) -> BenchReport:
     """The bench (module doc). `progress(done, total, label)` after each timed run; `vs_raw` runs each preset
     through plain diffusers too (studio.bench.raw) for the studio_over_raw column. `exclude`: stacks left out
-    after the twins are added (a contained bench's crashed ones); `started(name)` before each run."""
+    after the twins are added (the stacks that crashed the device worker: studio.worker.reruns)."""
+    check_int("bench", "repeats", repeats, lo=1)  # none: no timed run, nothing to divide
     lib = presets_library or runner.presets
     resolved, twins = with_twins(resolve_presets(runner, presets, lib, cache_enabled, compile_enabled))
     resolved, refs = cache_twins(resolved)  # each cached preset's `of ideal` against the same stack uncached
@@ -316,7 +312,7 @@ def run_bench(
 
         raw = RawPool(runner, model)
     try:
-        rots = [rotate(runner, req, resolved, repeats, model, tick, raw=raw, started=started) for req in requests]
+        rots = [rotate(runner, req, resolved, repeats, model, tick, raw=raw) for req in requests]
     finally:
         if raw is not None:
             raw.close()

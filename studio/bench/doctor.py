@@ -16,6 +16,7 @@ from pathlib import Path
 from studio.engine import ModelManager, Runner
 from studio.measure.quality import Verdict
 from studio.spec import PresetLibrary
+from studio.spec.profiles import PROFILE_FILE
 from studio.tiny.families import CACHING_THRESHOLD, FAMILIES, save_family
 
 PROMPT = "a red circle in the center, blue background"
@@ -38,7 +39,15 @@ class DoctorRow:
     quality: str
     engaged: list[str]
     fallbacks: list[str]
-    crashed: str | None = None  # how the run's process died (studio.bench.isolated), None: it did not
+    crashed: str | None = None  # how the run's process died (the device worker's crash), None: it did not
+
+
+def crashed_row(family: str, preset: str, how: str) -> DoctorRow:
+    """The row of a preset whose run killed the device worker (how: spec.errors.how_it_died's words)."""
+    return DoctorRow(
+        family, preset, "-", 0, 0, [], None, None, None, None, "crashed", [],
+        [f"the run crashed its process ({how}); the family's other presets ran in a new one"], crashed=how,
+    )  # fmt: skip
 
 
 def _row(family: str, preset: str, m) -> DoctorRow:
@@ -49,15 +58,27 @@ def _row(family: str, preset: str, m) -> DoctorRow:
     )  # fmt: skip
 
 
+def family_instance(family: str, folder: Path, on_status=None) -> Path:
+    """The family's tiny random-weight instance in `folder`: built there, unless a run before (in a worker that
+    crashed since) finished building it. Its profile file is written last: a half-built folder has none."""
+    folder = Path(folder)
+    if not (folder / PROFILE_FILE).is_file():
+        if on_status:
+            on_status(f"{family}: building a tiny random-weight instance")
+        save_family(family, folder)
+    return folder
+
+
 def check_family(
-    family: str, folder: Path, presets: list[str], device=None, on_status=None, on_row=None
+    family: str, folder: Path, presets: list[str], runner: Runner, on_status=None, on_row=None
 ) -> list[DoctorRow]:
-    """The presets on one family's instance in `folder`; `on_row(row)` as each row is done."""
-    lib = PresetLibrary()
-    runner = Runner(ModelManager(device), lib, model=str(folder), cheap_pairs=1)
+    """The presets on one family's instance in `folder`, on `runner` (base timed once beside each); `on_row(row)` as
+    each row is done. The model is unloaded after."""
+    lib, model = PresetLibrary(), str(folder)
+    pairing = replace(runner.pairing, cheap_pairs=1)
     rows, eager_rows = [], {}
     try:
-        req = runner.request(PROMPT, model=str(folder), seed=0)
+        req = runner.request(PROMPT, model=model, seed=0)
         for name in presets:
             if on_status:
                 on_status(f"{family}: {name}")
@@ -65,7 +86,7 @@ def check_family(
             if p.cache_config.enabled:
                 t = CACHING_THRESHOLD[p.cache_config.backend]
                 p = replace(p, cache_config=replace(p.cache_config, residual_diff_threshold=t))
-            m = runner.generate(req, p).metrics
+            m = runner.generate(req, p, model=model, pairing=pairing).metrics
             row = _row(family, name, m)
             eager = eager_rows.get((p.quantize_config, p.cache_config))
             if p.compile.enabled and row.counts_agree is None and eager is not None and p.cache_config.enabled:
@@ -83,15 +104,15 @@ def check_family(
 
 
 def run_doctor(families=FAMILIES, presets=None, device=None, on_status=None) -> list[DoctorRow]:
-    """Build each family's tiny instance in a temporary folder and run the presets on it."""
+    """Build each family's tiny instance in a temporary folder and run the presets on it, in this process (the CLI's
+    doctor runs each family in the device worker instead: studio.worker.reruns)."""
     presets = list(presets or PresetLibrary().one_process_names())
+    runner = Runner(ModelManager(device), PresetLibrary())
     rows = []
     with tempfile.TemporaryDirectory(prefix="studio-doctor-") as tmp:
         for family in families:
-            if on_status:
-                on_status(f"{family}: building a tiny random-weight instance")
-            folder = save_family(family, Path(tmp) / family)
-            rows += check_family(family, folder, presets, device, on_status)
+            folder = family_instance(family, Path(tmp) / family, on_status)
+            rows += check_family(family, folder, presets, runner, on_status)
     return rows
 
 

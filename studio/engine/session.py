@@ -25,7 +25,7 @@ from studio.engine.baseline import (
     side_by_side,
 )
 from studio.engine.call import cfg_lines
-from studio.engine.loader import ModelLoadError, ModelManager
+from studio.engine.loader import ModelManager
 from studio.engine.lora import check_loras, lora_lines
 from studio.engine.parallel import remove_parallel, workers
 from studio.engine.run import Deadline, Measured, RunContext, measure, pipeline_for, settle, warm
@@ -162,7 +162,7 @@ class Runner:
         its finalists with the bench."""
         p = self.resolve_preset(preset)
         ctx = self.context(request, p, model)
-        with self.manager.lock:
+        with self.manager.lock, self._failures(p):
             if self.bases.get(regime_key(ctx.key, p)) is None:
                 self.generate(ctx.request, self.base_preset(ctx.dtype.name, p), model=ctx.model)  # (its LoRAs)
             run = measure(ctx, p, warm_up=False)
@@ -206,21 +206,24 @@ class Runner:
             check_loras(ctx.request, p)  # a LoRA on a stack it cannot run on, before any model work
             self.manager.ensure(ctx.model, ctx.dtype, on_status)  # a model that cannot load says so next
             self.check_request(request, ctx.model)
-            try:
+            with self._failures(p):
                 return self._generate(ctx, p, pairing or self.pairing, compare, t0)
-            except (ConfigError, ModelLoadError, OverTime):
-                raise
-            except Exception as e:  # out of memory, a kernel that fails, a broken hook: one sentence, nothing changed
-                msg = str(e).splitlines()[0][:200] if str(e) else ""
-                if self._parallel_failed(p):
-                    raise RunError(
-                        f"a parallel worker failed during the run ({type(e).__name__}: {msg}); the workers are "
-                        "stopped and the next request starts them again"
-                    ) from e
-                raise RunError(
-                    f"the run failed inside the pipeline ({type(e).__name__}: {msg}); the loaded model, its stack "
-                    "and the kept base images are as they were, so the next request runs as before"
-                ) from e
+
+    @contextmanager
+    def _failures(self, p: Preset):
+        """A run of `p` that fails inside the pipeline (out of memory, a kernel that fails, a broken hook) ends with
+        one sentence, nothing changed; a user error (spec.errors.USER_ERRORS) as it is."""
+        try:
+            yield
+        except USER_ERRORS:
+            raise
+        except Exception as e:
+            msg = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            if self._parallel_failed(p):
+                raise RunError(f"a parallel worker failed during the run ({msg}); the workers are stopped and the "
+                               "next request starts them again") from e  # fmt: skip
+            raise RunError(f"the run failed inside the pipeline ({msg}); the loaded model, its stack and the kept "
+                           "base images are as they were, so the next request runs as before") from e  # fmt: skip
 
     def _parallel_failed(self, p: Preset) -> bool:
         """After a failed run of `p`: whether parallel workers ran it; they are stopped (a dead one killed), so the

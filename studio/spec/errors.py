@@ -1,4 +1,6 @@
-"""The errors a request can end with besides a bad value (checks.ConfigError), each one sentence a person can read.
+"""The errors a request can end with besides a bad value (checks.ConfigError), each one sentence a person can read,
+and the one list of them (USER_ERRORS): what crosses the device worker as its own sentence. Any other exception is
+a bug in the studio: the worker logs its traceback and the user reads `StudioBug`'s sentence (studio.worker.protocol).
 
 They live at the bottom of the house so that the app's process can raise the ones the device worker sends back
 (studio.worker.client) without loading the engine, and torch with it.
@@ -7,6 +9,8 @@ They live at the bottom of the house so that the app's process can raise the one
 from __future__ import annotations
 
 import signal
+
+from studio.spec.checks import ConfigError
 
 
 class ModelLoadError(RuntimeError):
@@ -19,6 +23,23 @@ class RunError(RuntimeError):
 
 class OverTime(RunError):
     """A request ran past the studio's time limit per request and was stopped between two steps (engine.run)."""
+
+
+class StudioBug(RunError):
+    """An exception no part of the studio expected (a TypeError, an IndexError, a ValueError from a library) reached
+    the edge of a device call: its traceback is logged where it happened, and the user reads `bug_sentence`."""
+
+
+# The errors a person is told as they are: a bad value (ConfigError and its kinds, such as a public studio's limits),
+# a model that cannot load, a run that failed with its sentence (RunError and its kinds: OverTime, a crashed worker, a
+# StudioBug already said). Nothing else: a plain ValueError or TypeError is a bug, not a user's mistake.
+USER_ERRORS = (ConfigError, ModelLoadError, RunError)
+
+
+def bug_sentence(e: BaseException) -> str:
+    """What a user reads of an unexpected exception: its type and the first line of its message."""
+    first = str(e).splitlines()[0][:300] if str(e) else ""
+    return f"a bug in the studio (logged): {type(e).__name__}: {first}"
 
 
 def how_it_died(exitcode: int | None) -> str:

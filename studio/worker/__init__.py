@@ -5,7 +5,15 @@
     server                the worker process: the Runner, the loaded model and the device thread
     service               the device calls over a Runner (`DeviceService`), and `InProcess`, the same calls in the
                           app's own process (ZeroGPU, where `spaces` runs handlers in a process of its own already)
-    protocol              the messages, the config, the errors and sentences that cross, the facade's base `Device`
+    protocol              the messages, the config, the one error boundary (`crossing`: user errors as they are,
+                          anything else logged and said as a bug in the studio), the facade's base `Device`
+    reruns                the CLI's bench and doctor over the worker: run again without a stack that crashed it
+    quiet                 library chatter below errors (the CLI's process and the worker it starts)
+
+The worker is the one supervisor of every contained run: the app's clicks, the CLI's bench and doctor. The other
+processes the studio starts are no contained runs: bench/raw.py's plain-diffusers pipelines (`bench --vs-raw`, started
+by the bench inside the worker; they import nothing of the studio, and a death there is a row's note) and
+bench/busy.py's CPU-bound load (the other program of `python -m studio busy`).
 
 Importing this package, `client` or `protocol` loads no torch; `server` and `service` load the engine.
 """

@@ -4,9 +4,10 @@ it one call at a time, and passes the progress the worker streams back to the ca
 When the worker dies under a call (a signal, the OOM killer, an abort in a kernel), that call ends with one sentence
 (WorkerCrashed, a RunError: the handlers show it as they show any failed run), the stack it was running is
 remembered and refused for the rest of this process's life, and a new worker starts and loads the model again in
-the background, so the next request gets the same pixels as before the crash. Between calls, a worker whose resident
-memory is over `WorkerConfig.max_rss_gb` is restarted the same way. `close()` (also at exit) stops it: asked first,
-then SIGTERM, then SIGKILL.
+the background, so the next request gets the same pixels as before the crash. WorkerCrashed names the stack and how
+it died: the CLI's bench and doctor run on without that stack (studio.worker.reruns). Between calls, a worker whose
+resident memory is over `WorkerConfig.max_rss_gb` is restarted the same way. `close()` (also at exit) stops it:
+asked first, then SIGTERM, then SIGKILL.
 
 A caller that stops waiting (a cancelled Gradio event keeps its thread until the call returns) abandons nothing
 half-done: the worker finishes the call, its result is dropped, and the next call waits for it.
@@ -99,6 +100,8 @@ class WorkerClient(Device):
     export = _remote("export")
     resolved = _remote("resolved")
     info = _remote("info")
+    bench = _remote("bench")
+    doctor_family = _remote("doctor_family")
 
     # the worker's life ---------------------------------------------------------------------------------------------
     def _start(self) -> None:
@@ -126,13 +129,16 @@ class WorkerClient(Device):
         return self._proc.poll()
 
     def _reload(self) -> None:
-        """Warm the current model up again in a new worker, in the background (the next call waits for it)."""
+        """Warm the current model up again in a new worker, in the background (the next call waits for it); a
+        client that warms nothing (the CLI's) lets its next call load what it needs."""
         model = self._model
+        if not self.warm:
+            return
 
         def run():
             try:
                 self.warm_up(self.request(self.profile(model).first_prompt, model=model, seed=42), self.warm, model)
-            except (RunError, ModelLoadError, ConfigError, ValueError) as e:  # the next request loads it instead
+            except USER_ERRORS as e:  # the next request loads it instead
                 log.warning("loading %s again after a restart failed: %s", model, e)
 
         threading.Thread(target=run, name="studio-worker-reload", daemon=True).start()
@@ -211,13 +217,14 @@ class WorkerClient(Device):
             name, tag, model = self._running
             running = (name, model)
             self.refused[stack_key(model, tag)] = refusal_sentence(how, *running)
-        sentence = crash_sentence(how, running, op)
+        reloading = bool(self.warm) and op != "warm_up"  # a warm-up that crashed is not tried again at once
+        sentence = crash_sentence(how, running, op, reloading)
         log.error("%s", sentence)
         self.restarts += 1
         self._start()
-        if op != "warm_up":  # a warm-up that crashed is not tried again at once
+        if reloading:
             self._reload()
-        raise WorkerCrashed(sentence)
+        raise WorkerCrashed(sentence, how, running)
 
     def _check_memory(self) -> None:
         limit = self.config.max_rss_gb

@@ -13,6 +13,8 @@ Messages, each a tuple whose first item is its kind:
                     ("done", id, value)                            the result: a RunResult, a Matrix, a TuneResult or
                                                                    a dict (numpy arrays, dataclasses of plain values)
                     ("error", id, kind, message)                   one of ERRORS by name, with its one sentence
+                                                                   (any other exception: StudioBug, its traceback
+                                                                   in the worker's log)
 
 The pipeline, the model and torch never cross; this module and the records it names import none of them.
 """
@@ -22,25 +24,43 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from studio.spec.checks import ConfigError
 from studio.spec.errors import (
-    ModelLoadError,
+    USER_ERRORS,
     OverTime,
     RunError,
+    StudioBug,
+    bug_sentence,
     how_it_died,  # noqa: F401  (the worker's end in words, for the client)
 )
 from studio.spec.presets import PresetLibrary
 from studio.spec.profiles import ModelProfile, profile_for, resolve_model
 from studio.spec.request import GenerationRequest
-
-# The errors a call may end with, by name: the app raises the same class with the same sentence (handlers turn each
-# into a gr.Error). Any other exception inside the worker arrives as a RunError naming its type.
 from studio.spec.settings import Settings, current
-ERRORS = {cls.__name__: cls for cls in (ConfigError, ModelLoadError, OverTime, RunError, ValueError, TypeError)}
+
+log = logging.getLogger("studio.worker")
+
+# The errors a call may end with, by name: the app raises the same class with the same sentence (app.errors turns
+# each into a gr.Error, the CLI prints it). They are spec.errors.USER_ERRORS, and StudioBug for anything else.
+ERRORS = {cls.__name__: cls for cls in (*USER_ERRORS, OverTime, StudioBug)}
+
+# TEST ONLY: a preset's name; the CLI's worker (bench, doctor) is started with it as WorkerConfig.crash_on.
+CRASH_ENV = "STUDIO_WORKER_CRASH_ON"
 
 
 class WorkerCrashed(RunError):
-    """The device worker died during a call (a signal, the OOM killer, an abort in a kernel); it has been restarted."""
+    """The device worker died during a call (a signal, the OOM killer, an abort in a kernel); it has been restarted.
+
+    Attributes:
+        how: how it died (spec.errors.how_it_died: "SIGSEGV", "SIGKILL: out of memory, or killed", ...).
+        running: (preset name, model) of the stack it was running, None when it had started none.
+    """
+
+    def __init__(self, sentence: str, how: str = "", running: tuple[str, str] | None = None):
+        super().__init__(sentence)
+        self.how, self.running = how, running
+
+    def __reduce__(self):  # pickled whole (the attributes too), as any exception that crosses a process may be
+        return type(self), (str(self), self.how, self.running)
 
 
 @dataclass(frozen=True)
@@ -56,8 +76,11 @@ class WorkerConfig:
         pairing: when base is timed beside a stack (engine.baseline.Pairing; None: the Runner's default, 3 pairs for
             a cheap base). Fewer pairs make a click cheaper and its spread wider.
         crash_on: TEST ONLY. The worker kills itself with SIGSEGV at the third denoising step of any run of the preset
-            of this name, as a native crash inside a kernel would (tests/test_worker.py).
+            of this name, as a native crash inside a kernel would (tests/test_worker.py, tests/test_crash.py; the
+            CLI reads it from CRASH_ENV).
         probe_threads: TEST ONLY. Record the OS threads that call a transformer (the `info` call returns them).
+        quiet: library chatter below errors and no progress bars in the worker (the CLI's: stderr is its bar's).
+        settings: the settings record (spec.settings) the worker installs: its process reads no environment.
     """
 
     model: str = "tiny"
@@ -70,29 +93,6 @@ class WorkerConfig:
     pairing: object | None = None  # engine.baseline.Pairing (not imported here: the app's process loads no torch)
     crash_on: str | None = None
     probe_threads: bool = False
-
-
-def error_message(e: BaseException) -> tuple[str, str]:
-    """(kind, message) for an exception raised in the worker: the nearest class of ERRORS, or a RunError saying what
-    it was."""
-    for cls in type(e).__mro__:
-        if cls.__name__ in ERRORS and cls is ERRORS[cls.__name__]:
-            return cls.__name__, str(e)
-    first = str(e).splitlines()[0][:200] if str(e) else ""
-        quiet: library chatter below errors and no progress bars in the worker (the CLI's: stderr is its bar's).
-        settings: the settings record (spec.settings) the worker installs: its process reads no environment.
-    return "RunError", f"the device worker failed ({type(e).__name__}: {first}); it is still serving"
-
-
-def error_from(kind: str, message: str) -> Exception:
-    return ERRORS.get(kind, RunError)(message)
-
-
-def stack_key(model: str | None, tag: str) -> tuple[str, str]:
-    """What is remembered of a stack that crashed the worker: the model (resolved) and the stack's derived tag."""
-    return (resolve_model(model), tag)
-
-
     quiet: bool = False
     settings: Settings = field(default_factory=current)  # the starting process's record, installed in the worker
 
@@ -104,11 +104,29 @@ def crossing(e: Exception, op: str) -> Exception:
         return e
     log.error("device call %s failed: a bug in the studio", op, exc_info=e)
     return StudioBug(bug_sentence(e))
-def crash_sentence(how: str, running: tuple[str, str] | None, op: str) -> str:
+
+
+def error_message(e: Exception) -> tuple[str, str]:
+    """(kind, message) of an exception that has crossed (`crossing`): the nearest class of ERRORS by name."""
+    kind = next(cls.__name__ for cls in type(e).__mro__ if ERRORS.get(cls.__name__) is cls)
+    return kind, str(e)
+
+
+def error_from(kind: str, message: str) -> Exception:
+    return ERRORS.get(kind, RunError)(message)
+
+
+def stack_key(model: str | None, tag: str) -> tuple[str, str]:
+    """What is remembered of a stack that crashed the worker: the model (resolved) and the stack's derived tag."""
+    return (resolve_model(model), tag)
+
+
+def crash_sentence(how: str, running: tuple[str, str] | None, op: str, reloading: bool = True) -> str:
     """The one sentence a request ends with when the worker died under it. running: (preset name, model) it had
-    started, if any."""
+    started, if any; reloading: whether the new worker is loading the model again already."""
     doing = f"running {running[0]} on {running[1]}" if running else f"answering the app's {op} call"
-    return f"the device worker crashed ({how}) while {doing}; it has been restarted and the model is loading again"
+    then = " and the model is loading again" if reloading else ""
+    return f"the device worker crashed ({how}) while {doing}; it has been restarted{then}"
 
 
 def refusal_sentence(how: str, name: str, model: str) -> str:
@@ -122,11 +140,17 @@ def refusal_sentence(how: str, name: str, model: str) -> str:
 class Device:
     """What the app's Studio facade holds: the torch-free part both the worker's client and the in-process device
     share (profiles and requests are spec, read from files). The device calls (generate, matrix, tune, warm_up,
-    export, info, close) are the subclass's."""
+    export, info, bench, doctor_family, close) are the subclass's."""
 
     def __init__(self, model: str = "tiny", presets: PresetLibrary | None = None):
         self.model = model
         self.presets = presets or PresetLibrary()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def profile(self, model: str | None = None) -> ModelProfile:
         return profile_for(resolve_model(model or self.model))

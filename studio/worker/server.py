@@ -115,6 +115,10 @@ class WatchedRunner(Runner):
         with self._runs(self._stack(preset, None, model)):
             return super().screen(request, preset, model)
 
+    def settle(self, request, preset, model=None) -> float:
+        with self._runs(self._stack(preset, None, model)):  # (the bench's untimed first run of a rotation)
+            return super().settle(request, preset, model)
+
     def warm_up(self, request, presets, model=None) -> list[float]:
         """Runner.warm_up, one preset at a time so that a crash is blamed on the right one; a refused stack is
         skipped (0.0), not warmed up."""
@@ -141,11 +145,8 @@ def _serve_call(service: DeviceService, conn: Connection, msg: tuple) -> tuple:
         return ("done", call_id, getattr(service, op)(*args, **kwargs))
     except GONE:
         raise  # the app is gone: nobody to answer
-    except Exception as e:  # every other failure goes back as its sentence, and the worker keeps serving
-        kind, message = error_message(e)
-        if kind == "RunError" and not isinstance(e, RunError):
-            log.exception("device call %s failed", op)
-        return ("error", call_id, kind, message)
+    except Exception as e:  # every other failure goes back as its sentence (a bug: logged), the worker keeps serving
+        return ("error", call_id, *error_message(crossing(e, op)))
     finally:
         service.runner.call = None
 
@@ -169,8 +170,8 @@ def serve(conn: Connection, config: WorkerConfig) -> None:
             reply = DEVICE_THREAD.call(_serve_call, service, conn, msg)
             try:
                 conn.send(reply)
-            except (pickle.PicklingError, TypeError, AttributeError) as e:  # a result that cannot cross: say so
-                conn.send(("error", reply[1], "RunError", f"the device worker could not send its result back ({e})"))
+            except (pickle.PicklingError, TypeError, AttributeError) as e:  # a result that cannot cross: a bug, said
+                conn.send(("error", reply[1], *error_message(crossing(e, msg[2]))))
     except GONE:
         log.warning("the app's end of the pipe closed: the device worker stops")
     finally:
@@ -184,10 +185,19 @@ def main(argv: list[str] | None = None) -> None:
     faulthandler.enable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the terminal is the app's: the app stops the worker
     logging.basicConfig(level=logging.WARNING, format="[device worker %(process)d] %(levelname)s: %(message)s")
+    # Everything the worker says goes through its pipe: what libraries print (cache-dit, a kernel's own printf) goes
+    # to stderr, never into the stdout of the app or of the CLI (whose --json is read from it).
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     fd = int(argv[0])
     os.set_inheritable(fd, False)  # processes this worker starts (Ray, compile workers) do not hold the app's pipe
     conn = Connection(fd)
-    serve(conn, conn.recv())
+    config = conn.recv()
+    if config.quiet:
+        from studio.worker.quiet import quiet_libraries
+
+        quiet_libraries()
+    serve(conn, config)
 
 
 if __name__ == "__main__":

@@ -2,28 +2,32 @@
 app's own process on ZeroGPU (`InProcess`).
 
 Every call is one of `DeviceService.OPS`; its arguments and result are plain data (requests, presets, preset
-libraries, RunResult, Matrix, TuneResult, dicts), and its progress arrives through keyword callbacks (`progress`,
-`on_status`) so that it can cross a pipe.
+libraries, RunResult, Matrix, TuneResult, BenchReport, DoctorRow, dicts), and its progress arrives through keyword
+callbacks (`progress`, `on_status`, `on_row`) so that it can cross a pipe. Both ends of a call keep one error
+boundary (protocol.crossing): a user error crosses as itself, anything else as a logged StudioBug.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
+from studio.bench.bench import BenchReport, run_bench
+from studio.bench.doctor import DoctorRow, check_family, family_instance
 from studio.bench.matrix import run_matrix
 from studio.bench.records import TuneResult
 from studio.bench.tune import QUICK, tune
 from studio.engine import BASE, Runner, RunResult
 from studio.engine.quantize import exported_quant
+from studio.engine.resolve import resolved
 from studio.engine.thread import DEVICE_THREAD
+from studio.report.fmt import on_this_machine
 from studio.report.table import Matrix
 from studio.spec.export import cache_dit_yaml
 from studio.spec.preset import Preset
-from studio.engine.resolve import resolved
 from studio.spec.request import GenerationRequest
-from studio.report.fmt import on_this_machine
-from studio.worker.protocol import Device
+from studio.worker.protocol import Device, crossing
 
 
 class DeviceService:
@@ -67,6 +71,19 @@ class DeviceService:
         with self.runner.time_limit(time_limit_s):
             return tune(self.runner, requests, floor_db, model=model, progress=progress, space=space)
 
+    def bench(self, requests: list[GenerationRequest], presets: list | None = None, **kwargs) -> BenchReport:
+        """studio.bench.run_bench on this runner (the CLI's bench: its keywords, `exclude` the stacks that crashed a
+        worker before, and `progress`)."""
+        return run_bench(self.runner, requests, presets, **kwargs)
+
+    def doctor_family(
+        self, family: str, folder: str, presets: list[str], *, on_status=None, on_row=None
+    ) -> list[DoctorRow]:  # fmt: skip
+        """The doctor's presets on one family's tiny instance in `folder` (built there unless it is already), rows
+        sent as they are done (`on_row`): a crash loses none of them (studio.worker.reruns)."""
+        instance = family_instance(family, Path(folder), on_status)
+        return check_family(family, instance, presets, self.runner, on_status, on_row)
+
     def export(self, preset: Preset, steps: int | None = None) -> str:
         """The preset as the YAML cache_dit.load_configs reads (spec.export: built through cache-dit's own config
         objects, which load torch: so here, not in the app's process)."""
@@ -96,7 +113,13 @@ class DeviceService:
 
 def _on_device_thread(op: str):
     def call(self, *args, **kwargs):
-        return DEVICE_THREAD.call(getattr(self.service, op), *args, **kwargs)
+        try:
+            return DEVICE_THREAD.call(getattr(self.service, op), *args, **kwargs)
+        except Exception as e:  # the worker's boundary: a user error as it is, anything else logged and said as a bug
+            said = crossing(e, op)
+            if said is e:
+                raise
+            raise said from e
 
     call.__name__ = op
     call.__doc__ = f"DeviceService.{op}, on this process's device thread (studio.engine.thread)."
@@ -119,7 +142,10 @@ class InProcess(Device):
     tune = _on_device_thread("tune")
     warm_up = _on_device_thread("warm_up")
     export = _on_device_thread("export")
+    resolved = _on_device_thread("resolved")
     info = _on_device_thread("info")
+    bench = _on_device_thread("bench")
+    doctor_family = _on_device_thread("doctor_family")
 
     def close(self) -> None:
         """Unload the model (parallel workers and a Ray runtime started for them end with it); once."""
@@ -132,4 +158,3 @@ class InProcess(Device):
             self.runner.manager.unload()
             return
         done.result()
-    resolved = _on_device_thread("resolved")

@@ -1,0 +1,70 @@
+"""The CLI's bench and doctor as clients of the device worker: what they do when a stack kills it (issue 20).
+
+A native crash (a segfault in a kernel, an abort, the OOM killer) ends the worker's call with WorkerCrashed, which
+names the stack it was running and how it died; the client has already started a new worker. The bench then runs
+again without that stack (its eager and non-cache twins stay: they ran), and the report lists it under "Crashed";
+a crash in `base` ends the bench with a sentence, since every speed-up is measured against it. The doctor keeps the
+rows a family's run had sent, writes the preset that was running as a row saying how it died, and runs the
+family's other presets in the new worker.
+
+Over the in-process device (`bench --in-process`) the same code runs, and a native crash ends the CLI.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from studio.spec.errors import RunError
+from studio.spec.presets import BASE, PresetLibrary
+from studio.worker.protocol import Device, WorkerCrashed
+
+
+def bench(device: Device, requests: list, presets: list[str] | None, on_status=None, **kwargs):
+    """The device's bench (studio.bench.run_bench's keywords), run again without each stack that crashes the
+    worker; its BenchReport with `crashed` {stack: how it died}."""
+    crashed: dict[str, str] = {}
+    while True:
+        try:
+            rep = device.bench(requests, presets, exclude=tuple(crashed), **kwargs)
+        except WorkerCrashed as e:
+            if e.running is None:
+                raise RunError(f"the device worker died ({e.how}) while loading, before the bench's first run") from e
+            name = e.running[0]
+            if name == BASE or name in crashed:
+                raise RunError(
+                    f"{name} crashed the device worker ({e.how}); every speed-up is measured against base"
+                ) from e
+            crashed[name] = e.how
+            if on_status:
+                on_status(f"{name} crashed the device worker ({e.how}); the bench runs again without it")
+            continue
+        rep.crashed = crashed
+        return rep
+
+
+def doctor(device: Device, families: list[str], presets: list[str] | None = None, on_status=None) -> list:
+    """studio.bench.doctor's rows, each family's presets run in the device worker (in a new one after a crash)."""
+    from studio.bench.doctor import crashed_row  # (loads the engine: the CLI's process only, never the app's)
+
+    presets = list(presets or PresetLibrary().one_process_names())
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="studio-doctor-") as tmp:  # here: a crashed worker leaves no folder
+        for family in families:
+            folder, todo = str(Path(tmp) / family), list(presets)
+            while todo:
+                got, died = [], None
+                try:
+                    device.doctor_family(family, folder, todo, on_status=on_status, on_row=got.append)
+                except WorkerCrashed as e:
+                    died = e.how
+                rows += got
+                done = {r.preset for r in got}
+                todo = [p for p in todo if p not in done]
+                if died is None or not todo:
+                    break
+                rows.append(crashed_row(family, todo[0], died))  # the presets run in order: the first not done
+                if on_status:
+                    on_status(f"{family}: {todo[0]} crashed the device worker ({died}); the rest in a new one")
+                todo = todo[1:]
+    return rows
