@@ -62,7 +62,7 @@ def parser() -> argparse.ArgumentParser:
         "--in-process", action="store_true", help="run here, not in the device worker (a native crash then ends it)"
     )
     s = sub.add_parser("sweep", help="one cache knob over a prompt set: speed-up and worst PSNR, the cliff marked")
-    common_args(s)
+    common_args(s, "sweep")
     s.add_argument("--preset", default="cache")
     s.add_argument(
         "--knob",
@@ -78,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=None, help="write the table: .md or .json by extension")
     s.add_argument("--plot", default=None, help="write the curve (PNG)")
     t = sub.add_parser("tune", help="the fastest stack whose worst PSNR over the prompts stays above a floor")
-    common_args(t)
+    common_args(t, "tune")
     t.add_argument("--min-psnr", type=float, required=True, help="the floor, dB, for the worst prompt")
     t.add_argument("--prompts", default=None, help="a file of prompts, one per line (default: the profile's examples)")
     t.add_argument("--name", default=None, help="the tuned preset's name (default tuned-<floor>db)")
@@ -251,8 +251,9 @@ def _sweep(runner, req, args) -> int:
     values = parse_values(knob, text)
     tick, close = progress_bar("sweep")
     try:
-        res = run_sweep(runner, _prompt_requests(runner, req, args), args.preset, knob, values,
-                        model=args.model, repeats=args.repeats, progress=tick)  # fmt: skip
+        res = run_sweep(runner, _prompt_requests(runner, req, args), args.preset, knob, values, model=args.model,
+                        repeats=args.repeats, progress=tick, cache_enabled=args.cache,
+                        compile_enabled=args.compile)  # fmt: skip
     finally:
         close()
     print(json.dumps(res.as_dict(), indent=1) if args.json else sweep_markdown(res))
@@ -274,7 +275,8 @@ def _tune(runner, req, args) -> int:
     from studio.spec.presets import preset_to_yaml
 
     res = tune(runner, _prompt_requests(runner, req, args), args.min_psnr, name=args.name, model=args.model,
-               progress=lambda m: print(m, file=sys.stderr))  # fmt: skip
+               progress=lambda m: print(m, file=sys.stderr), cache_enabled=args.cache,
+               compile_enabled=args.compile)  # fmt: skip
     text = preset_to_yaml(res.preset)
     out = args.out or (str(Path(args.presets_dir) / f"{res.preset.name}.yaml") if args.presets_dir else None)
     if out:
@@ -285,15 +287,8 @@ def _tune(runner, req, args) -> int:
         print(text)
         print("# " + tune_summary(res, written=out))
     if args.plot and res.curve:
-        plot_sweep(
-            "residual_diff_threshold (search, no calibrator)",
-            [c[0] for c in res.curve],
-            [c[1] for c in res.curve],
-            [c[2] for c in res.curve],
-            None,
-            args.plot,
-            floor_db=res.floor_db,
-        )
+        curve = list(zip(*res.curve))  # (thresholds, predicted speed-ups, worst dB)
+        plot_sweep("residual_diff_threshold (search, no calibrator)", *curve, None, args.plot, floor_db=res.floor_db)
     return 0
 
 

@@ -24,8 +24,27 @@ def _switch(what: str):
     return parse
 
 
-def common_args(p: argparse.ArgumentParser) -> None:
-    """The request and stack arguments every command that runs the model takes."""
+# The per-request switches' help where a command reads them otherwise than generate and bench do (issue 31): why each
+# one is applied, or refused, there. No command here offers --threshold but generate: sweep varies it as a knob, and
+# the tuner searches it.
+SWITCH_HELP = {
+    "sweep": (
+        "true, or leave it out: every value of a cache knob runs with the cache on; false is refused (every value "
+        "would run one uncached stack: bench --cache false times stacks without a cache)",
+        "true|false: torch.compile on or off for every value's stack (base stays eager); default: the --preset's",
+    ),
+    "tune": (
+        "true, or leave it out: the tuner searches the step cache, so its result always caches; false is refused "
+        "(nothing to search: bench --cache false times stacks without a cache)",
+        "true|false: every non-cache option the tuner times compiled, or none (the result runs so); default: as "
+        "shipped, the tuner picks",
+    ),
+}
+
+
+def common_args(p: argparse.ArgumentParser, switches: str | None = None) -> None:
+    """The request and stack arguments every command that runs the model takes; `switches`: a command of
+    SWITCH_HELP, whose --cache and --compile say how it reads them."""
     p.add_argument("--model", default=None, help="Hub id, local folder, or 'tiny' (the embedded model; default)")
     p.add_argument("--prompt", default=None, help="default: the model profile's first example prompt")
     p.add_argument("--seed", type=int, default=42)
@@ -51,10 +70,10 @@ def common_args(p: argparse.ArgumentParser) -> None:
         help="in place of what `dtype: auto` picks (as STUDIO_DTYPE)",
     )  # fmt: skip
     p.add_argument("--presets-dir", default=None, help="folder of user presets (also STUDIO_PRESETS_DIR)")
-    p.add_argument("--cache", type=_switch("cache switch"), default=None, help="per-request cache switch: true|false")
-    p.add_argument(
-        "--compile", type=_switch("compile switch"), default=None, help="per-request torch.compile switch: true|false"
-    )
+    plain = ("per-request cache switch: true|false", "per-request torch.compile switch: true|false")
+    cache_help, compile_help = SWITCH_HELP.get(switches, plain)
+    p.add_argument("--cache", type=_switch("cache switch"), default=None, help=cache_help)
+    p.add_argument("--compile", type=_switch("compile switch"), default=None, help=compile_help)
 
 
 def read_prompts(path: str | None) -> list[str] | None:

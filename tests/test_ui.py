@@ -102,7 +102,7 @@ def test_api_has_the_four_named_endpoints_with_their_parameters(client):
     expected = {
         "/generate": request + ["preset", "cache", "threshold", "compile", "compare"],
         "/compare": request + ["preset_a", "preset_b", "cache", "threshold", "compile"],
-        "/matrix": request + ["presets", "repeats", "cache", "compile"],
+        "/matrix": request + ["presets", "repeats", "cache", "threshold", "compile"],
         "/tune": request + ["floor", "prompts_text", "size"],
     }
     for name, params in expected.items():

@@ -58,11 +58,12 @@ class CompareForm(RequestForm):
 
 @dataclass(frozen=True, kw_only=True)
 class MatrixForm(RequestForm):
-    """/matrix: the switches apply to every preset but base; no threshold (each preset keeps its own)."""
+    """/matrix: the switches apply to every preset but base (the threshold to those whose cache runs)."""
 
     presets: list[str]
     repeats: float = 1
     cache: str = "unset"
+    threshold: float | None = None
     compile: str = "unset"
 
 
@@ -157,6 +158,7 @@ class MatrixTab:
     presets: gr.CheckboxGroup
     repeats: gr.Slider
     cache: gr.Radio
+    threshold: gr.Number
     compile: gr.Radio
     button: gr.Button
     table: gr.Dataframe

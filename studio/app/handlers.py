@@ -236,6 +236,7 @@ class Handlers:
                 repeats=int(form.repeats or 1),
                 progress=lambda d, t, label: progress((d, t), desc=f"{label}: {d} of {t} timed runs", unit="runs"),
                 cache_enabled=parse_switch(form.cache, "cache switch"),
+                cache_threshold=threshold_value(form.threshold),
                 compile_enabled=parse_switch(form.compile, "compile switch"),
                 presets_library=self.studio.library(request),
                 time_limit_s=self.studio.time_limit_s,

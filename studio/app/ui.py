@@ -5,7 +5,7 @@ Named API endpoints (gradio_client), each taking the request fields (prompt, mod
 guidance) and then (app.forms lists them, in this order):
     /generate  preset, cache, threshold, compile
     /compare   preset_a, preset_b, cache, threshold, compile
-    /matrix    presets, repeats, cache, compile (no threshold: each preset keeps its own)
+    /matrix    presets, repeats, cache, threshold, compile (on every preset but base)
     /tune      floor, prompts_text, size (no switches: the tuner chooses the stack)
 cache and compile: "true", "false", or "unset" to follow the preset; threshold: empty or 0 follows the preset.
 """
@@ -130,6 +130,9 @@ def _matrix_tab(names: list[str], default: list[str], runs: gr.State) -> MatrixT
                     value=3,
                 )
                 cache = gr.Radio(label="Cache (all but base)", choices=CACHE_CHOICES, value="unset")
+                threshold = gr.Number(
+                    label="Cache threshold (all cached but base; 0: each preset's)", value=0, minimum=0
+                )
                 compile_ = gr.Radio(label="Compile (all but base)", choices=COMPILE_CHOICES, value="unset")
             button = gr.Button("Run matrix", variant="primary")
         table = gr.Dataframe(
@@ -151,8 +154,8 @@ def _matrix_tab(names: list[str], default: list[str], runs: gr.State) -> MatrixT
         with gr.Accordion("Rows as JSON (what the API returns)", open=False):
             json = gr.JSON(label="rows")
     return MatrixTab(
-        presets=presets, repeats=repeats, cache=cache, compile=compile_, button=button, table=table, noise=noise,
-        plot=plot, pick=pick, steps_plot=steps_plot, csv=csv, md=md, json=json, runs=runs,
+        presets=presets, repeats=repeats, cache=cache, threshold=threshold, compile=compile_, button=button,
+        table=table, noise=noise, plot=plot, pick=pick, steps_plot=steps_plot, csv=csv, md=md, json=json, runs=runs,
     )  # fmt: skip
 
 

@@ -1,19 +1,35 @@
 """The preset matrix (the UI's Matrix tab and /matrix): every preset side by side on one request.
 
-Timings are medians over repeats taken round-robin (base, A, B, ..., base', base, A, B, ..., base'), after the engine's
-untimed warm-up of each stack, so machine noise hits every preset alike; speed-ups are ratios of those medians. base'
-(the row `base (again)`) is base timed again last in each round: its speed-up against base is the noise floor (on a
-busy machine a run's slot in the round moves it by several percent; this row shows by how much on this run).
+The bench's own method (studio.bench.bench.run_bench) on one request: medians over repeats taken round-robin (base, A,
+B, ..., base', base, A, B, ..., base'), after the engine's untimed warm-up of each stack, so machine noise hits every
+preset alike; speed-ups are ratios of those medians. Only the presets asked are timed (the bench's twins are left
+out: a Matrix is as many runs as the public limits and the reserved GPU time count). base' (the row `base (again)`)
+is base timed again last in each round: its speed-up against base is the noise floor (on a busy machine a run's slot
+in the round moves it by several percent; this row shows by how much on this run).
 """
 
 from __future__ import annotations
 
-from studio.bench.bench import resolve_presets, rotate, row
-from studio.bench.twins import cache_twins
+from studio.bench.bench import resolve_presets, row, run_bench
+from studio.bench.twins import cache_twins, with_twins
 from studio.engine import Runner
 from studio.report.table import AGAIN, Matrix
 from studio.spec.preset import Preset
 from studio.spec.request import GenerationRequest
+
+
+def switched(p: Preset, cache: bool | None, threshold: float | None, compile_: bool | None) -> Preset:
+    """`p` with the per-request switches; the threshold only where the cache runs (on a stack without one it would
+    rename the row and change nothing that runs)."""
+    cached = p.with_overrides(cache).cache.enabled
+    return p.with_overrides(cache, threshold if cached else None, compile_)
+
+
+def _twins_added(presets: list[Preset]) -> tuple[str, ...]:
+    """The twins the bench adds beside `presets` (eager and non-cache, studio.bench.twins): left out of a Matrix."""
+    asked = {p.name for p in presets}
+    full, _ = cache_twins(with_twins(presets)[0])
+    return tuple(p.name for p in full if p.name not in asked)
 
 
 def run_matrix(
@@ -25,28 +41,25 @@ def run_matrix(
     repeats: int = 1,
     progress=None,
     cache_enabled: bool | None = None,
+    cache_threshold: float | None = None,
     compile_enabled: bool | None = None,
     presets_library=None,
 ) -> Matrix:
-    """Run every preset (base always included, first) on one request: the bench's round robin (studio.bench.bench),
-    base again last in each round (the last row, `base (again)`), for the UI's Matrix tab and its API.
+    """Run every preset (base always included, first) on one request through the bench, base again last in each
+    round (the last row, `base (again)`), for the UI's Matrix tab and its API.
 
     Args:
         progress: callable(done, total, label) after each timed run.
-        cache_enabled, compile_enabled: the per-request switches, applied to every preset but base.
+        cache_enabled, cache_threshold, compile_enabled: the per-request switches, applied to every preset but base
+            (the threshold to those whose cache runs).
         presets_library: where preset names are looked up (a visitor's own library); the runner's by default.
     """
-    resolved = resolve_presets(runner, presets, presets_library or runner.presets, cache_enabled, compile_enabled)
-    total, done = (len(resolved) + 1) * repeats, [0]
-
-    def tick(label):
-        done[0] += 1
-        if progress:
-            progress(done[0], total, label)
-
-    rot = rotate(runner, request, resolved, repeats, model, tick)
-    names = {p.name for p in resolved}
-    # a cached preset's `of ideal` against its non-cache twin where the matrix has it (timed in the same rounds)
-    refs = {c: t for c, t in cache_twins(resolved)[1].items() if t in names}
-    rows = [row(p.name, [rot], ref=refs.get(p.name)) for p in resolved] + [row(AGAIN, [rot])]
-    return Matrix(request, model or runner.model, rows, rot.last, repeats)
+    lib = presets_library or runner.presets
+    base, *rest = resolve_presets(runner, presets, lib)
+    asked = [base] + [switched(p, cache_enabled, cache_threshold, compile_enabled) for p in rest]
+    rep = run_bench(
+        runner, [request], asked, model=model, repeats=repeats, progress=progress, presets_library=lib,
+        exclude=_twins_added(asked),
+    )  # fmt: skip
+    rows = rep.matrix.rows + [row(AGAIN, rep.rotations)]
+    return Matrix(request, model or runner.model, rows, rep.rotations[0].last, repeats)

@@ -1,12 +1,16 @@
 """`python -m studio sweep`: one cache knob varied over a prompt set, speed-up and worst PSNR against it, the cliff
-marked (the value where worst PSNR drops the most from the one before). Timed and measured by the bench."""
+marked (the value where worst PSNR drops the most from the one before). Timed and measured by the bench.
+
+The per-request switches: compile applies to every value's stack (base stays as it is, as in the bench); the cache
+is on for every value (a sweep of a cache knob with the cache off would time one uncached stack again and again), so
+turning it off is refused; the threshold is a knob of its own here (`--knob residual_diff_threshold`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 from studio.bench.bench import BenchReport, run_bench
-from studio.spec.checks import ConfigError
+from studio.spec.checks import ConfigError, fail
 from studio.spec.preset import Preset
 
 # knob -> how a value is read from the command line
@@ -48,9 +52,10 @@ def parse_values(knob: str, text: str | None) -> list:
         ) from None
 
 
-def variant(p: Preset, knob: str, value) -> Preset:
-    """The preset with one cache knob set (the cache turned on if it was off)."""
-    p = p.with_overrides(cache=True)
+def variant(p: Preset, knob: str, value, compile_enabled: bool | None = None) -> Preset:
+    """The preset with one cache knob set (the cache turned on if it was off), compiled or not as the switch says
+    (None: as the preset is)."""
+    p = p.with_overrides(cache=True, compile=compile_enabled)
     name = f"{p.name}.{SHORT[knob]}{value:g}" if isinstance(value, float) else f"{p.name}.{SHORT[knob]}{value}"
     return replace(p, name=name, cache_config=replace(p.cache_config, **{knob: value}))
 
@@ -91,11 +96,16 @@ class SweepResult:
 
 def run_sweep(
     runner, requests, preset="cache", knob="residual_diff_threshold", values=None, *, model=None, repeats=1,
-    progress=None,
+    progress=None, cache_enabled: bool | None = None, compile_enabled: bool | None = None,
 ) -> SweepResult:  # fmt: skip
+    """See the module doc. `cache_enabled`, `compile_enabled`: the per-request switches (None: as the preset is)."""
+    if cache_enabled is False:
+        fail("sweep", "cache", False, "a sweep varies a step-cache knob, so every value runs with the cache on (off, "
+             "each would run one uncached stack): leave the cache switch out (`python -m studio bench --cache false` "
+             "times stacks without a cache)")  # fmt: skip
     values = values if values is not None else parse_values(knob, None)
     base_p = runner.resolve_preset(preset)
-    variants = [variant(base_p, knob, v) for v in values]
+    variants = [variant(base_p, knob, v, compile_enabled) for v in values]
     rep = run_bench(runner, requests, variants, model=model, repeats=repeats, progress=progress)
     names = [v.name for v in variants]
     by_name = {r.preset: r for r in rep.matrix.rows}

@@ -9,6 +9,10 @@
    policies. Candidates are ranked by the speed-up their counts predict (cached steps costing Fn+Bn of the blocks).
 3. The best few, stacked on the options of step 1, timed by the bench side by side (with `cache`, the shipped
    preset, as the bar to beat); the fastest that still meets the floor on every prompt is the result.
+
+The per-request switches: compile on or off applies to the options of step 1 (true: each option compiled; false:
+none is), so the result runs as the switch says; the result always caches (what is tuned is the step cache), so the
+cache switch may be on, and turning it off is refused: there would be nothing to search.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from studio.bench.bench import run_bench
 from studio.bench.records import Candidate, TuneResult
 from studio.engine import BASE
 from studio.report.text import tuned_description
+from studio.spec.checks import fail
 from studio.spec.preset import CacheSpec, Preset
 
 THRESHOLDS = (0.04, 0.06, 0.08, 0.12, 0.16, 0.2, 0.24, 0.3, 0.36, 0.44, 0.52, 0.64, 0.8, 1.0, 1.5, 2.0)
@@ -48,9 +53,23 @@ class SearchSpace:
 QUICK = SearchSpace(calibrators=("none", "taylorseer"), run_caps=(3,), warmups=(4,), masks=(), finalists=2, repeats=1)
 
 
+def _switched(lib, names: list[str], compile_enabled: bool | None) -> dict[str, Preset]:
+    """The non-cache options with the compile switch applied, one per stack (a preset as shipped before a switched
+    one that runs the same: `compile.override` with compile off is `base`), by name."""
+    options = [lib.get(n).with_overrides(compile=compile_enabled) for n in names]
+    by_stack: dict[tuple, Preset] = {}
+    for p in sorted(options, key=lambda p: p.name.endswith(".override")):
+        by_stack.setdefault(p.stack, p)
+    return {p.name: p for p in options if by_stack[p.stack] is p}
+
+
 class Tuner:
-    def __init__(self, runner, requests, floor_db: float, model=None, progress=None, space: SearchSpace | None = None):
+    def __init__(
+        self, runner, requests, floor_db: float, model=None, progress=None, space: SearchSpace | None = None, *,
+        compile_enabled: bool | None = None,
+    ):  # fmt: skip
         self.runner, self.requests, self.floor, self.model = runner, list(requests), floor_db, model
+        self.compile_enabled = compile_enabled  # the compile switch, on the non-cache options (None: as shipped)
         self.space = space or SearchSpace()
         self.progress = progress or (lambda msg: None)
         self.screened = 0
@@ -61,13 +80,20 @@ class Tuner:
     # 1 -----------------------------------------------------------------------------------------------------------
     def best_non_cache(self) -> Preset:
         lib = self.runner.presets
-        names = [n for n in self.space.non_cache if n in lib.names()]
-        self.progress(f"timing the non-cache options: {', '.join(names)}")
-        rep = run_bench(self.runner, self.requests[:1], names, model=self.model, repeats=self.space.repeats)
+        options = _switched(lib, [n for n in self.space.non_cache if n in lib.names()], self.compile_enabled)
+        self.progress(f"timing the non-cache options: {', '.join(options)}")
+        rep = run_bench(
+            self.runner, self.requests[:1], list(options.values()), model=self.model, repeats=self.space.repeats
+        )
         self.timed += sum(len(r.runs) for r in rep.matrix.rows)
-        ok = [r for r in rep.matrix.rows if r.preset in names and (r.psnr_db or 0) >= self.floor + MARGIN_DB]
-        best = max(ok, key=lambda r: r.speedup or 0)
-        return lib.get(best.preset)
+        ok = [r for r in rep.matrix.rows if r.preset in options and (r.psnr_db or 0) >= self.floor + MARGIN_DB]
+        best = max(ok, key=lambda r: r.speedup or 0, default=None)
+        if best is None:  # with compile forced on, base is not among the options
+            raise ValueError(
+                f"no non-cache option ({', '.join(options)}) keeps {self.floor + MARGIN_DB:g} dB (the floor and "
+                f"{MARGIN_DB:g} dB for the cache) on the first prompt: lower --min-psnr, or drop --compile true"
+            )
+        return options[best.preset]
 
     # 2 -----------------------------------------------------------------------------------------------------------
     def evaluate(self, stack: Preset, cache: CacheSpec) -> Candidate:
@@ -169,9 +195,14 @@ class Tuner:
 
 
 def tune(
-    runner, requests, floor_db: float, *, name: str | None = None, model=None, progress=None, space=None
-) -> TuneResult:
-    """See the module doc. `name`: the tuned preset's (default tuned-<floor>db); `space`: what is searched."""
+    runner, requests, floor_db: float, *, name: str | None = None, model=None, progress=None, space=None,
+    cache_enabled: bool | None = None, compile_enabled: bool | None = None,
+) -> TuneResult:  # fmt: skip
+    """See the module doc. `name`: the tuned preset's (default tuned-<floor>db); `space`: what is searched;
+    `cache_enabled`, `compile_enabled`: the per-request switches (None: the search decides)."""
+    if cache_enabled is False:
+        fail("tune", "cache", False, "the tuner searches the step cache's knobs, so its result always caches: leave "
+             "the cache switch out (`python -m studio bench --cache false` times stacks without a cache)")  # fmt: skip
     name = name or f"tuned-{floor_db:g}db".replace(".", "_")
     runner.generate(requests[0], BASE, model=model)  # load and fail early on a model that cannot run
-    return Tuner(runner, requests, floor_db, model, progress, space).run(name)
+    return Tuner(runner, requests, floor_db, model, progress, space, compile_enabled=compile_enabled).run(name)
