@@ -205,7 +205,7 @@ def test_compare_endpoint(client, app):
     rows = table["data"]
     dt = _auto_dtype()  # the device's best exact dtype ran
     assert rows[0][0] == f"{dt}+sdpa" and rows[0][3] == "1.00x" and rows[0][4] == "inf"
-    assert rows[1][0] == f"{dt}+int8wo+DBCache_F1B0W4R0.24MC3+sage"
+    assert rows[1][0] == f"{dt}+int8wo+DBCache_F1B0W4R0.24MC3+sdpa (sage->sdpa)"  # what ran, and what did not
     assert "sage: unavailable on cpu, using sdpa" in rows[1][-1]
     assert headers[6] == "worst 8x8 tile" and rows[0][6] == "inf"
     error_map, data = out[6], out[-1]  # the map beside the slider: |B - A|, with its numbers in the data
