@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
-
 
 from studio.spec.hosting import ROOT
 from studio.spec.settings import Settings, install
 from studio.worker.quiet import quiet_libraries  # noqa: F401  (the CLI's own process is as quiet as its worker)
+
 
 def _switch(what: str):
     def parse(v: str):
@@ -62,7 +63,8 @@ def common_args(p: argparse.ArgumentParser, switches: str | None = None) -> None
     p.add_argument("--strength", type=float, default=None, help="with --image: how much of the schedule runs")
     p.add_argument(
         "--lora", action="append", default=[], metavar="PATH[@SCALE]",
-        help="a LoRA adapter (a .safetensors file, folder or Hub id) at a scale (default 1); repeat for more",
+        help="a LoRA adapter (a .safetensors file, folder or Hub id, or the name of one the model ships: outline) at "
+        "a scale (default 1); repeat for more",
     )  # fmt: skip
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     p.add_argument(

@@ -156,7 +156,6 @@ class RawWorker:
         self.recipe = recipe
         self._dir = tempfile.TemporaryDirectory(prefix="studio-raw-")
         self._log = open(os.path.join(self._dir.name, "worker.log"), "w")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             [sys.executable, "-u", "-m", "studio.bench.raw"],  # -u: each reply line leaves at once
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,

@@ -172,6 +172,6 @@ def apply_attention(pipe, backend: str) -> Engaged:
     form, tried = resolve(name, device, next(tr.parameters()).dtype, _head_dim(tr))
     if form is not None:
         tr.set_attention_backend(form)
-        return Engaged("attention", backend, True, _ran(backend, name, form))
+        return Engaged("attention", backend, True, _ran(backend, name, form), backend if form == name else form)
     tr.set_attention_backend("native")
     return Engaged("attention", backend, False, f"{backend}: {refusal(name, tried, device)}, using sdpa", "sdpa")

@@ -153,8 +153,8 @@ def _serve_call(service: DeviceService, conn: Connection, msg: tuple) -> tuple:
 
 def serve(conn: Connection, config: WorkerConfig) -> None:
     """The worker's loop: one call at a time until ("stop",) or the app's end closes."""
-    manager = ModelManager(config.device, allowed=list(config.allowed) if config.allowed is not None else None)
     install(config.settings)
+    manager = ModelManager(config.device, allowed=list(config.allowed) if config.allowed is not None else None)
     runner = WatchedRunner(
         manager, config.presets or PresetLibrary(), model=config.model, max_steps=config.max_steps,
         max_side=config.max_side, crash_on=config.crash_on,
