@@ -47,7 +47,8 @@ from studio.spec.hosting import ROOT  # noqa: E402
 
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
 
-from studio.spec import ConfigError, ModelLoadError, PresetLibrary, RunError  # noqa: E402
+from studio.spec import PresetLibrary  # noqa: E402
+from studio.spec.errors import USER_ERRORS  # noqa: E402
 from studio.spec.settings import Settings, install  # noqa: E402
 from studio.worker import WorkerConfig, start_device  # noqa: E402
 
@@ -84,7 +85,7 @@ def prewarm() -> None:
     try:
         request = device.request(device.profile().first_prompt, seed=42)
         device.warm_up(request, [p for p in WARM if p in device.presets.names()])
-    except (ConfigError, ModelLoadError, RunError, ValueError) as e:  # the first click will load and warm up instead
+    except USER_ERRORS as e:  # the first click will load and warm up instead (a bug there is logged by the worker)
         logging.getLogger("studio").warning("pre-warm failed: %s", e)
 
 

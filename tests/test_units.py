@@ -291,7 +291,7 @@ def test_handlers_take_the_forms_fields_by_name():
     # the forms are the endpoints' API parameters, in the API's order (gradio_client users call them by name)
     generate = ("preset", "cache", "threshold", "compile", "compare")
     assert forms.names(forms.GenerateForm) == forms.REQUEST_FIELDS + generate
-    assert forms.names(forms.MatrixForm)[len(forms.REQUEST_FIELDS) :] == ("presets", "repeats", "cache", "compile")
+    assert forms.names(forms.MatrixForm)[len(forms.REQUEST_FIELDS) :] == ("presets", "repeats", "cache", "threshold", "compile")
     assert forms.names(forms.TuneForm)[len(forms.REQUEST_FIELDS) :] == ("floor", "prompts_text", "size")
     h, _ = _handlers()
     with pytest.raises(TypeError, match="threshhold"):  # a misspelt name fails at once, not as a silent default

@@ -24,7 +24,7 @@ from studio.bench.bench import run_bench
 from studio.bench.records import Candidate, TuneResult
 from studio.engine import BASE
 from studio.report.text import tuned_description
-from studio.spec.checks import fail
+from studio.spec.checks import ConfigError, fail
 from studio.spec.preset import CacheSpec, Preset
 
 THRESHOLDS = (0.04, 0.06, 0.08, 0.12, 0.16, 0.2, 0.24, 0.3, 0.36, 0.44, 0.52, 0.64, 0.8, 1.0, 1.5, 2.0)
@@ -89,7 +89,7 @@ class Tuner:
         ok = [r for r in rep.matrix.rows if r.preset in options and (r.psnr_db or 0) >= self.floor + MARGIN_DB]
         best = max(ok, key=lambda r: r.speedup or 0, default=None)
         if best is None:  # with compile forced on, base is not among the options
-            raise ValueError(
+            raise ConfigError(
                 f"no non-cache option ({', '.join(options)}) keeps {self.floor + MARGIN_DB:g} dB (the floor and "
                 f"{MARGIN_DB:g} dB for the cache) on the first prompt: lower --min-psnr, or drop --compile true"
             )
@@ -169,7 +169,7 @@ class Tuner:
             for i, c in enumerate(cands[: self.space.finalists])
         ]
         if not finalists:
-            raise ValueError(f"no cache setting keeps every prompt above {self.floor:g} dB; lower --min-psnr")
+            raise ConfigError(f"no cache setting keeps every prompt above {self.floor:g} dB; lower --min-psnr")
         self.progress(f"timing {len(finalists)} finalists beside base and cache")
         rep = run_bench(
             self.runner, self.requests, ["cache"] + finalists, model=self.model, repeats=self.space.repeats
@@ -178,7 +178,7 @@ class Tuner:
         rows = {r.preset: r for r in rep.matrix.rows}
         ok = [f for f in finalists if (rows[f.name].worst_psnr_db or 0) >= self.floor]
         if not ok:
-            raise ValueError(f"no finalist kept every prompt above {self.floor:g} dB once timed; lower --min-psnr")
+            raise ConfigError(f"no finalist kept every prompt above {self.floor:g} dB once timed; lower --min-psnr")
         win = max(ok, key=lambda f: rows[f.name].speedup or 0)
         r, cache_row = rows[win.name], rows["cache"]
         vs_cache = r.speedup / cache_row.speedup if r.speedup and cache_row.speedup else None

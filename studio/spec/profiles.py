@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
+from studio.spec.checks import ConfigError
 from studio.spec.request import GenerationRequest
 
 PROFILE_FILE = "studio_profile.json"
@@ -51,7 +52,7 @@ class ModelProfile:
         for f in ("width", "height", "steps", "size_multiple", "min_size", "max_size"):
             v = getattr(self, f)
             if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"ModelProfile.{f}={v!r}: must be a positive integer")
+                raise ConfigError(f"ModelProfile.{f}={v!r}: must be a positive integer")
         object.__setattr__(self, "example_prompts", tuple(self.example_prompts))
 
     @property
@@ -86,7 +87,7 @@ class ModelProfile:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"model profile: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
+            raise ConfigError(f"model profile: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
         return cls(**d)
 
 
