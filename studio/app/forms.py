@@ -30,7 +30,7 @@ class RequestForm:
     image: object | None = None  # an input picture (numpy HxWx3): img2img; with `mask_image`: inpaint
     mask_image: object | None = None  # white: repaint there, black: keep
     strength: float = 1.0  # how much of the schedule runs on the input picture (read with one)
-    loras: str | None = None  # LoRA adapters, one per line: a file, folder or Hub id, then @scale (default 1)
+    loras: str | None = None  # LoRA adapters, one per line: a file, folder, Hub id or shipped name, then @scale
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,6 +114,7 @@ class RequestPanel:
     use_last: gr.Button  # the last picture made (at its own size) as the input picture
     aspect: gr.Dropdown  # sets width and height to one of the profile's aspect sizes
     loras: gr.Textbox
+    lora_pick: gr.Dropdown  # the LoRAs shipped with the model, by name: one picked is added to `loras` at scale 1
 
 
 @dataclass

@@ -39,6 +39,7 @@ from studio.report.images import enlarge, error_picture
 from studio.report.plots import plot_steps, plot_tradeoff
 from studio.report.table import MatrixRow
 from studio.spec import PresetLibrary, parse_switch
+from studio.spec.lora import shipped_loras
 from studio.spec.presets import MAX_PRESET_BYTES, preset_from_text
 from studio.spec.request import check_scale, compare_mode, image_inputs, parse_loras
 from studio.worker.protocol import Device
@@ -364,7 +365,16 @@ class Handlers:
             r.guidance: gr.update(value=p.guidance if p.guidance is not None else 0.0, visible=p.guidance is not None),
             r.true_cfg_scale: p.true_cfg_scale or 1.0,
             r.aspect: gr.update(choices=[a[0] for a in p.aspect_sizes()], value=None),
+            r.lora_pick: gr.update(choices=list(shipped_loras(model)), value=None),
         }
+
+    @staticmethod
+    def on_lora_pick(name, text):
+        """A shipped LoRA picked: added to the LoRA box at scale 1 (a line of its own), unless it is there."""
+        lines = [x for x in str(text or "").splitlines() if x.strip()]
+        if not name or any(x.strip().rpartition("@")[0] == name or x.strip() == name for x in lines):
+            return text
+        return "\n".join(lines + [f"{name}@1"])
 
     def on_aspect(self, label, model):
         """An aspect ratio chosen: width and height become that size of the model's profile."""

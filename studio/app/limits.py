@@ -74,10 +74,12 @@ class PublicGuard:
         """One device event: the session's rate, the compile switch, and each (preset, built in?) it runs."""
         self.rate(session)
         self.compile_switch(switch)
-        if getattr(request, "loras", ()):
+        own = [lo.path for lo in getattr(request, "loras", ()) if not lo.is_name]  # a shipped name reads no path
+        if own:
             raise Refused(
-                "LoRA adapters are not taken from visitors of this public studio (a path would read a file on its "
-                "machine, a Hub id download one): run the studio yourself to use your own"
+                f"LoRA adapters are not taken from visitors of this public studio ({own[0]!r}: a path would read a "
+                "file on its machine, a Hub id download one): the LoRAs shipped with the model, by name, are; run "
+                "the studio yourself to use your own"
             )
         for p, builtin in presets:
             self.preset(p, builtin)
@@ -91,11 +93,13 @@ class PublicGuard:
             )
 
     def preset(self, p: Preset, builtin: bool) -> None:
-        """A visitor's own preset may not compile (nor choose a compile mode), nor name LoRAs: the operator's may."""
-        if p.loras and not builtin:
+        """A visitor's own preset may not compile (nor choose a compile mode), nor name LoRA files: the operator's
+        may. A shipped LoRA's name is not a file (spec.lora.NAME): a visitor's preset may name it."""
+        if any(not lo.is_name for lo in p.loras) and not builtin:
             raise Refused(
                 f"preset {p.name!r} names LoRA adapters: on this public studio only the operator's presets do (a "
-                "path would read a file on its machine, a Hub id download one); save it without loras"
+                "path would read a file on its machine, a Hub id download one); save it without them (the LoRAs "
+                "shipped with the model, by name, are allowed)"
             )
         if p.compile.enabled and not builtin:
             raise Refused(

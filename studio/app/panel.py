@@ -8,6 +8,7 @@ import gradio as gr
 from studio.app.forms import RequestPanel
 from studio.app.values import notes_md
 from studio.report import fmt
+from studio.spec.lora import shipped_loras
 from studio.spec.request import MAX_BATCH
 
 
@@ -55,13 +56,18 @@ def request_panel(studio) -> RequestPanel:
                                      info=fmt.STRENGTH_INFO)  # fmt: skip
                 use_last = gr.Button("Use the last picture as input", size="sm")
     with gr.Accordion("LoRA adapters", open=False):
-        loras = gr.Textbox(
-            label="LoRA adapters (one per line: a .safetensors file, a folder or a Hub id, then @scale)",
-            value="", lines=2, placeholder="/path/to/my_lora.safetensors@0.8", elem_id="loras",
-        )  # fmt: skip
+        shipped = list(shipped_loras(studio.models[0]))
+        with gr.Row():
+            loras = gr.Textbox(
+                label="LoRA adapters (one per line: a shipped name, a .safetensors file, a folder or a Hub id, then "
+                "@scale)", value="", lines=2, scale=3, elem_id="loras",
+                placeholder=f"{shipped[0]}@0.8" if shipped else "/path/to/my_lora.safetensors@0.8",
+            )  # fmt: skip
+            lora_pick = gr.Dropdown(label="Shipped with this model (adds it at scale 1)", choices=shipped, value=None,
+                                    scale=1, elem_id="lora-pick")  # fmt: skip
     return RequestPanel(
         prompt=prompt, examples=examples, model=model, model_notes=model_notes, seed=seed, dice=dice,
         steps=steps, width=width, height=height, guidance=guidance, negative_prompt=negative_prompt,
         true_cfg_scale=true_cfg_scale, num_images_per_prompt=num_images, image=image, mask_image=mask_image,
-        strength=strength, use_last=use_last, aspect=aspect, loras=loras,
+        strength=strength, use_last=use_last, aspect=aspect, loras=loras, lora_pick=lora_pick,
     )  # fmt: skip

@@ -252,8 +252,10 @@ def _wire(ui: UI, h: Handlers, demo) -> None:
     r.dice.click(lambda: random.randint(0, 2**31 - 1), None, r.seed, **private)
     r.examples.change(lambda e, p: e or p, [r.examples, r.prompt], r.prompt, **private)
     model_out = [r.examples, r.model_notes, r.steps, r.width, r.height, r.guidance, r.true_cfg_scale, r.aspect]
+    model_out.append(r.lora_pick)  # the LoRAs the model ships
     r.aspect.change(h.on_aspect, [r.aspect, r.model], [r.width, r.height], **private)
     r.model.change(h.on_model, r.model, model_out, **private)
+    r.lora_pick.change(h.on_lora_pick, [r.lora_pick, r.loras], r.loras, **private)
     # The inputs by name (app.forms): the names are the API's parameter names and the handler's form fields.
     # A new output goes just before the metrics (always last), so the outputs' places in the API stay as they were.
     # One event for the button and Enter in the prompt box: one endpoint, /generate.

@@ -1,5 +1,9 @@
 """LoRA adapters on a request, through diffusers' own `load_lora_weights` (peft), hot-swapped into fixed slots.
 
+A bare name (`outline`) is a LoRA shipped with the model that runs (studio/models/tiny/loras for the embedded one),
+resolved here against the pipeline's own model folder (spec.lora.resolve_lora); any other entry is a file, folder
+or Hub id, as diffusers reads it.
+
 Where they go in the stack: on the weights of the run, after the model manager has put the transformer for the
 preset's dtype and quantization in place and applied the preset (quantize, cache, attention, compile), before the
 call. The adapters live inside the blocks' Linear layers, which a step cache runs or skips whole.
@@ -31,12 +35,12 @@ import os
 
 from studio.engine.state import stack_state
 from studio.spec.checks import ConfigError
+from studio.spec.lora import resolve_lora
+from studio.spec.settings import current
 
 RANK_ENV = "STUDIO_LORA_RANK"
 
 _LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, TypeError)
-from studio.spec.lora import resolve_lora
-from studio.spec.settings import current
 
 
 def check_loras(request, preset) -> None:
@@ -125,6 +129,12 @@ def _check_file(path: str) -> None:
         )
 
 
+def _file(pipe, lora) -> str:
+    """What diffusers loads for `lora`: a shipped name resolved against the model this pipeline was loaded from (its
+    `name_or_path`, kept by from_pipe), refused when the model does not ship it; a path or Hub id as given."""
+    return resolve_lora(lora, getattr(pipe, "name_or_path", None))
+
+
 def _reset(pipe, state) -> None:
     """After a failed load (diffusers deletes a slot whose swap failed): every adapter off these weights, and the
     slots start again with the next LoRA; the modules changed, so the next run warms up again."""
@@ -141,14 +151,15 @@ def _fill(pipe, tr, state, wanted) -> bool:
         slot = f"lora{i}"
         if i < len(slots) and slots[i] == lora.path:
             continue
-        _check_file(lora.path)
+        path = _file(pipe, lora)  # a name the model does not ship: refused here, before any slot changes
+        _check_file(path)
         swap = i < len(slots)
         if not slots:  # before the first adapter: pads it to the slots' rank and makes its scales tensors
             pipe.enable_lora_hotswap(target_rank=slot_rank(), check_compiled="ignore")
         elif not swap:  # a slot after the first: padded and made tensors too (after prep, new adapters are not)
             tr.enable_lora_hotswap(target_rank=slot_rank(), check_compiled="ignore")
         try:
-            _load(pipe, slot, lora.path, hotswap=swap)
+            _load(pipe, slot, path, hotswap=swap)
         except ConfigError:
             _reset(pipe, state)
             raise
@@ -190,7 +201,7 @@ def fuse_loras(pipe, loras: tuple) -> None:
         return
     names = [f"fuse{i}" for i in range(len(loras))]
     for name, lora in zip(names, loras):
-        _load(pipe, name, lora.path, hotswap=False)
+        _load(pipe, name, _file(pipe, lora), hotswap=False)
     pipe.set_adapters(names, adapter_weights=[lo.scale for lo in loras])
     pipe.fuse_lora(adapter_names=names)
     pipe.unload_lora_weights()
@@ -203,7 +214,8 @@ def lora_lines(request, state) -> list[str]:
     out = []
     for lo in request.loras:
         how = "fused into the weights before quantization" if lo.path in fused else "hot-swap slot, peft"
-        out.append(f"lora: {lo.path} at {lo.scale:g} (diffusers load_lora_weights, {how})")
+        shipped = "shipped with the model; " if lo.is_name else ""
+        out.append(f"lora: {lo.path} at {lo.scale:g} ({shipped}diffusers load_lora_weights, {how})")
     idle = len(state.loras) - len([lo for lo in request.loras if lo.path not in fused])
     if idle > 0 and state.compiled is not None:
         out.append(f"lora: {idle} hot-swap slot(s) held at scale 0 (the compiled graphs keep them: no recompile)")

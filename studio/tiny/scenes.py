@@ -40,6 +40,13 @@ VOCAB = sorted(
 )
 SINGLE_RADIUS = 0.19  # object half-size as a fraction of the side
 PAIR_RADIUS = 0.11
+# Styles a scene can be drawn in (the example LoRAs' training targets, studio.tiny.lora). "outline": every object
+# ringed in the palette's black, OUTLINE_WIDTH of the side wide, drawn outside the object (its fill keeps its size).
+# Thin lines do not survive the embedded model's VAE (stripes of 8 px came back as one flat colour, 14.6 dB); a
+# 3 px ring comes back as a dark halo.
+STYLES = ("outline",)
+OUTLINE_WIDTH = 0.047
+OUTLINE_COLOUR = "black"
 
 
 @dataclass(frozen=True)
@@ -125,8 +132,31 @@ def sample_scene(rng: random.Random, two_objects: bool, held_out: bool = False) 
             return scene
 
 
-def render(scene: Scene, size: int = 64, rng: random.Random | None = None, supersample: int = 4) -> Image.Image:
-    """Draw a scene; `rng` adds a small jitter of position and size (training), None draws it exactly."""
+def _draw_object(draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: float, fill, grow: float = 0.0):
+    """One object of half-size `r` at (cx, cy), every edge moved `grow` pixels outwards (an outline's ring)."""
+    if shape == "circle":
+        r += grow
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=fill)
+    elif shape == "square":
+        s = r * 0.9 + grow
+        draw.rectangle([cx - s, cy - s, cx + s, cy + s], fill=fill)
+    else:
+        pts = np.array([(cx, cy - r), (cx + r, cy + r * 0.8), (cx - r, cy + r * 0.8)])
+        if grow:  # about the incentre: each edge moves out by `grow`
+            side = np.linalg.norm(np.roll(pts, -1, axis=0) - np.roll(pts, 1, axis=0), axis=1)  # opposite each corner
+            centre = (side[:, None] * pts).sum(0) / side.sum()
+            inradius = 1.8 * r * r / (side.sum() / 2)  # area / semi-perimeter (area: base 2r, height 1.8r, halved)
+            pts = centre + (pts - centre) * (inradius + grow) / inradius
+        draw.polygon([tuple(p) for p in pts], fill=fill)
+
+
+def render(
+    scene: Scene, size: int = 64, rng: random.Random | None = None, supersample: int = 4, style: str | None = None
+) -> Image.Image:
+    """Draw a scene; `rng` adds a small jitter of position and size (training), None draws it exactly; `style`: one
+    of STYLES, or None (the embedded model's own training pictures)."""
+    if style is not None and style not in STYLES:
+        raise ValueError(f"style {style!r} is not one of {list(STYLES)}")
     big = size * supersample
     img = Image.new("RGB", (big, big), COLOURS[scene.background])
     draw = ImageDraw.Draw(img)
@@ -139,14 +169,9 @@ def render(scene: Scene, size: int = 64, rng: random.Random | None = None, super
             cy += rng.uniform(-0.03, 0.03)
             r *= rng.uniform(0.9, 1.1)
         cx, cy, r = cx * big, cy * big, r * big
-        fill = COLOURS[o.colour]
-        if o.shape == "circle":
-            draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=fill)
-        elif o.shape == "square":
-            s = r * 0.9
-            draw.rectangle([cx - s, cy - s, cx + s, cy + s], fill=fill)
-        else:
-            draw.polygon([(cx, cy - r), (cx + r, cy + r * 0.8), (cx - r, cy + r * 0.8)], fill=fill)
+        if style == "outline":
+            _draw_object(draw, o.shape, cx, cy, r, COLOURS[OUTLINE_COLOUR], grow=OUTLINE_WIDTH * big)
+        _draw_object(draw, o.shape, cx, cy, r, COLOURS[o.colour])
     return img.resize((size, size), Image.Resampling.LANCZOS)
 
 
@@ -236,3 +261,18 @@ def judge_object(arr: np.ndarray, place: str, background: str, n_objects: int) -
     else:
         shape = "triangle"
     return ObjectJudgement(names[colour_idx], shape, fill)
+
+
+def outline_ring(scene: Scene, size: int = 64) -> np.ndarray:
+    """[size, size] bool: where the "outline" style draws its ring around the scene's objects (drawn exactly)."""
+    plain = np.asarray(render(scene, size), np.float32)
+    ringed = np.asarray(render(scene, size, style="outline"), np.float32)
+    return np.abs(ringed - plain).max(-1) > 64.0
+
+
+def ring_luminance(arr: np.ndarray, scene: Scene) -> float:
+    """Mean luminance (0-255) of a picture over the "outline" style's ring around `scene`'s objects: the style's
+    mark, read from the pixels (drawn outlined: the palette's black, 20; drawn plain: the background or the object)."""
+    ring = outline_ring(scene, arr.shape[0])
+    lum = arr.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+    return float(lum[ring].mean())

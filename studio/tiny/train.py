@@ -34,9 +34,9 @@ def _to_tensor(imgs) -> torch.Tensor:
     return torch.from_numpy(arr).permute(0, 3, 1, 2).contiguous()
 
 
-def _draw_batch(rng: random.Random, n: int, size: int, two_share: float):
+def _draw_batch(rng: random.Random, n: int, size: int, two_share: float, style: str | None = None):
     scenes = [sample_scene(rng, two_objects=rng.random() < two_share) for _ in range(n)]
-    return scenes, _to_tensor([render(s, size, rng) for s in scenes])
+    return scenes, _to_tensor([render(s, size, rng, style=style) for s in scenes])
 
 
 def train_vae(pipe, cfg: TinyConfig, steps: int, batch: int, rng: random.Random, bar) -> list[float]:
@@ -64,17 +64,25 @@ def train_vae(pipe, cfg: TinyConfig, steps: int, batch: int, rng: random.Random,
 
 
 @torch.no_grad()
-def encode_pool(pipe, cfg: TinyConfig, n: int, rng: random.Random, chunk: int = 64, pair_share: float = 0.45):
-    """Latents (posterior means) of a pool of jittered training scenes, and their prompts."""
+def encode_pool(
+    pipe, cfg: TinyConfig, n: int, rng: random.Random, chunk: int = 64, pair_share: float = 0.45, *,
+    style: str | None = None, refit: bool = True,
+):  # fmt: skip
+    """Latents (posterior means) of a pool of jittered training scenes drawn in `style`, and their prompts.
+
+    refit: set the VAE's shift and scale from this pool (the model's own training); False keeps the model's (a
+    LoRA of a trained model)."""
     prompts, lats = [], []
     for i in range(0, n, chunk):
-        scenes, x = _draw_batch(rng, min(chunk, n - i), cfg.size, pair_share)
+        scenes, x = _draw_batch(rng, min(chunk, n - i), cfg.size, pair_share, style)
         prompts += [s.prompt for s in scenes]
         lats.append(pipe.vae.encode(x).latent_dist.mean)
     z = torch.cat(lats)
-    shift = z.mean().item()
-    scale = 1.0 / (z - shift).std().item()
-    pipe.vae.register_to_config(shift_factor=shift, scaling_factor=scale)
+    if refit:
+        shift = z.mean().item()
+        scale = 1.0 / (z - shift).std().item()
+        pipe.vae.register_to_config(shift_factor=shift, scaling_factor=scale)
+    shift, scale = pipe.vae.config.shift_factor, pipe.vae.config.scaling_factor
     return prompts, (z - shift) * scale
 
 
@@ -158,9 +166,12 @@ def train_denoiser(
     targets=None,
     aux_weight=0.0,
     compile_transformer=False,
+    train=("transformer", "text_encoder", "text_encoder_2"),
 ) -> tuple[list[float], list[float]]:
-    modules = [pipe.transformer, pipe.text_encoder, pipe.text_encoder_2]
-    live = [p for m in modules for p in m.parameters()]  # what the EMA follows
+    """Flow matching on the pool's latents: the pipeline modules named in `train` learn (a LoRA: the transformer
+    alone, its adapters its only trainable weights); an EMA of what learns replaces them at the end."""
+    modules = [getattr(pipe, name) for name in train]
+    live = [p for m in modules for p in m.parameters() if p.requires_grad]  # what learns, and the EMA follows
     params = live + (list(head.parameters()) if head is not None else [])
     for m in modules:
         m.train()
@@ -169,7 +180,7 @@ def train_denoiser(
     # step went from 1.5 to about 2.3 steps/s on 2 CPU cores, for about 40 s of compiling. The compiled wrapper
     # shares the parameters; the EMA copies and the saved pipeline are the plain modules.
     net = torch.compile(pipe.transformer) if compile_transformer else pipe.transformer
-    shadow = [q for e in ema for q in e.parameters()]
+    shadow = [q for e, m in zip(ema, modules) for q, p in zip(e.parameters(), m.parameters()) if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
     warm = min(200, steps // 10 + 1)
 
@@ -223,7 +234,8 @@ def train_denoiser(
             torch._foreach_lerp_(shadow, live, 1 - decay)
         bar.set_postfix(stage="dit", loss=f"{np.mean(losses[-100:]):.4f}", refresh=False)
         bar.update(1)
-    pipe.transformer, pipe.text_encoder, pipe.text_encoder_2 = ema
+    for name, e in zip(train, ema):
+        setattr(pipe, name, e)
     return losses, aux_losses
 
 
