@@ -21,6 +21,7 @@ from studio.cli_support import (
     common_args,
     device_worker,
     image_args,
+    presets_command,
     progress_bar,
     quiet_libraries,
     read_prompts,
@@ -308,51 +309,14 @@ def _busy(runner, req, args) -> int:
 def _clicks(args) -> int:
     from studio.bench.clicks import run_clicks
     from studio.report.text import clicks_text
-    from studio.engine.device import default_device
-    from studio.engine.resolve import resolved
-    from studio.report.fmt import on_this_machine
-
-    device = default_device()
 
     rep = run_clicks(args.api, args.prompt, args.preset, args.rounds, progress=lambda m: print(m, file=sys.stderr))
     print(clicks_text(rep, args.api))
     return 0 if rep.passed else 1
 
 
-def _presets(lib, args) -> int:
-    if args.action == "list":
-        for name in lib.names():
-            p = lib.get(name)
-            print(f"{name:24s} {p.tag():55s} {p.description}\n{'':24s} {on_this_machine(resolved(p, device))}")
-        return 0
-    if not args.name:
-        raise ValueError("presets export needs a preset NAME")
-    p = lib.get(args.name)
-    if args.format == "studio":
-        from studio.spec.presets import preset_to_yaml
-
-        text = preset_to_yaml(p)
-    else:
-        from studio.engine.device import default_device
-        from studio.engine.quantize import exported_quant
-        from studio.spec.export import cache_dit_yaml
-
-        here = on_this_machine(resolved(p, device))
-        text = cache_dit_yaml(p, steps=args.steps, quant=exported_quant(p, device), here=here)
-    if args.out:
-        Path(args.out).write_text(text)
-    else:
-        print(text, end="")
-    return 0
-
-
 def _make_parents(args) -> None:
     """--out and --plot may name files in folders that do not exist yet."""
-    try:
-        read_settings(args)  # the edge: nothing below reads the environment
-    except ValueError as e:  # (ConfigError) a bad STUDIO_* value: its name, its value, what it takes
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     for name in ("out", "plot"):
         path = getattr(args, name, None)
         if path:
@@ -361,6 +325,11 @@ def _make_parents(args) -> None:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    try:
+        read_settings(args)  # the edge: nothing below reads the environment
+    except ValueError as e:  # (ConfigError) a bad STUDIO_* value: its name, its value, what it takes
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     _make_parents(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.cmd in ("bench", "sweep", "tune", "regimes"):
@@ -377,7 +346,7 @@ def main(argv=None) -> int:
     lib = PresetLibrary(user_dir=getattr(args, "presets_dir", None))
     if args.cmd == "presets":
         try:
-            return _presets(lib, args)
+            return presets_command(lib, args)
         except (ConfigError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -25,7 +25,7 @@ def _switch(what: str):
     return parse
 
 
-# The per-request switches' help where a command reads them otherwise than generate and bench do (issue 31): why each
+# The per-request switches' help where a command reads them otherwise than generate and bench do: why each
 # one is applied, or refused, there. No command here offers --threshold but generate: sweep varies it as a knob, and
 # the tuner searches it.
 SWITCH_HELP = {
@@ -152,3 +152,35 @@ def read_settings(args) -> Settings:
         args.compare = s.compare or "on"
     flags = {"dtype": getattr(args, "dtype", None), "presets_dir": getattr(args, "presets_dir", None)}
     return install(replace(s, **{k: v for k, v in flags.items() if v}))
+
+
+def presets_command(lib, args) -> int:
+    """`python -m studio presets list|export`: each preset's asked stack, description and what it becomes here."""
+    from studio.engine.device import default_device
+    from studio.engine.resolve import resolved
+    from studio.report.fmt import on_this_machine
+
+    device = default_device()
+    if args.action == "list":
+        for name in lib.names():
+            p = lib.get(name)
+            print(f"{name:24s} {p.tag():55s} {p.description}\n{'':24s} {on_this_machine(resolved(p, device))}")
+        return 0
+    if not args.name:
+        raise ValueError("presets export needs a preset NAME")
+    p = lib.get(args.name)
+    if args.format == "studio":
+        from studio.spec.presets import preset_to_yaml
+
+        text = preset_to_yaml(p)
+    else:
+        from studio.engine.quantize import exported_quant
+        from studio.spec.export import cache_dit_yaml
+
+        here = on_this_machine(resolved(p, device))
+        text = cache_dit_yaml(p, steps=args.steps, quant=exported_quant(p, device), here=here)
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        print(text, end="")
+    return 0

@@ -49,7 +49,7 @@ def test_cache_compile_counts_equal_eager_and_compile_toggles_in_place(runner):
     line = next(x for x in m.engaged if x.startswith("compile:"))
     assert "regional" in line and "fullgraph=False" in line and "a step cache is engaged" in line
     assert m.compile_s is not None and m.compile_s > 0  # the warm-up run compiled; not in denoise time
-    assert m.cached_step_indices == eager.metrics.cached_step_indices  # the bug of issue 5: 12 cached / 0 full
+    assert m.cached_step_indices == eager.metrics.cached_step_indices  # the bug of 12 cached / 0 full
     assert m.full_steps == eager.metrics.full_steps and m.count_source == "cache-dit"
     assert psnr(first.image, eager.image) > 35.0  # compiled is not bitwise eager, but close
 
@@ -127,7 +127,7 @@ def test_whole_model_compile_counts_and_refuses_to_hide_a_cache(runner, tmp_path
 
 
 def test_lora_hot_swap_under_compile_recompiles_nothing(tiny_runner, tiny_lora, tiny_lora_b):
-    """Issue 23: LoRAs under a compiled stack go into hot-swap slots (diffusers enable_lora_hotswap before the first
+    """LoRAs under a compiled stack go into hot-swap slots (diffusers enable_lora_hotswap before the first
     adapter, load_lora_weights(hotswap=True) after): another LoRA of another rank, another scale and no LoRA at all
     then run on the graphs compiled with the first, with 0 new graphs in Dynamo's own counter; each picture is the
     eager cached picture of the same LoRA, with the same cached steps (cache-dit's list; eager, the block hooks'
@@ -144,7 +144,7 @@ def test_lora_hot_swap_under_compile_recompiles_nothing(tiny_runner, tiny_lora, 
     req = r.request(PROMPT, seed=42, steps=12)
     asks = {"b": (LoraSpec(tiny_lora_b),), "b-half": (LoraSpec(tiny_lora_b, 0.5),), "none": ()}
     # B at 0.5 in a studio that never loaded A, run (and unloaded) first: cache-dit patches the pipeline CLASS, and
-    # two cached pipelines of one class alive at once leave it patched for every later one (LIBRARY-FACTS)
+    # two cached pipelines of one class alive at once leave it patched for every later one (docs/library-behaviour.md)
     fresh = Runner(ModelManager("cpu"), PresetLibrary(), model="tiny")
     try:
         alone = fresh.generate(replace(req, loras=asks["b-half"]), "cache", compare="off")

@@ -1,4 +1,4 @@
-"""Issue 20's native crash (docs/known-crashes.md), each reproduction in a child process so the suite survives it.
+"""the native crash (docs/known-crashes.md), each reproduction in a child process so the suite survives it.
 
 torch's CPU kernel for `aten._weight_int8pack_mm` (bfloat16 x int8) walks K in vector steps with aligned loads and no
 tail: 16 on an AVX512 build path, 8 on AVX2. A K off that step segfaults (row 1 of x is off alignment). Inductor
@@ -130,7 +130,7 @@ def test_at_risk_layers_of_each_tiny_family():
 
 @pytest.mark.slow
 def test_doctor_row_for_z_image_int8_compile_finishes_in_bfloat16():
-    """The studio's own path, as issue 20 ran it (in bfloat16 on every CPU, so that the crash's condition holds)."""
+    """The studio's own path, as a user first met it (in bfloat16 on every CPU, so that the crash's condition holds)."""
     args = "doctor --families z-image --presets cache-int8wo-sage-compile --no-kernels --json"
     code = f"import sys; from studio.cli import main; sys.exit(main({args.split()!r}))"
     proc = child(code, timeout=900, env={"STUDIO_DTYPE": "bfloat16"})

@@ -259,7 +259,7 @@ def test_cli_generate_json(random_model_dir, tmp_path):
         "--out",
         str(out),
     ]
-    cfg = ["--true-cfg-scale", "2", "--negative-prompt", "green", "--dtype", "bfloat16"]  # issue 23's controls
+    cfg = ["--true-cfg-scale", "2", "--negative-prompt", "green", "--dtype", "bfloat16"]  # the controls
     proc = subprocess.run(cmd + cfg, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     d = json.loads(proc.stdout)
@@ -371,7 +371,7 @@ def _transformer_calls(runner, r, preset, **kw):
 
 @pytest.mark.timing
 def test_compare_auto_on_a_known_shape_runs_the_stack_once_and_no_base(runner):
-    """Issue 22: once a shape's base timing is kept (its pairs agreed), a Generate in `auto` of another prompt of that
+    """once a shape's base timing is kept (its pairs agreed), a Generate in `auto` of another prompt of that
     shape is the stack's one run (counted, not timed); its base picture only where it is kept."""
     runner.pairing = replace(runner.pairing, cheap_pairs=1)  # one pair is enough to keep a steady timing here
     a, b = req(), req(prompt="an orange triangle on the left, black background")
@@ -602,7 +602,7 @@ def test_a_request_over_its_time_limit_stops_between_steps_and_the_next_runs_as_
 
 
 def test_true_cfg_and_a_negative_prompt_run_two_calls_a_step_and_scale_one_turns_it_off(runner):
-    """Issue 23: the request's true-CFG scale and negative prompt reach the pipeline (FLUX takes them too): above 1
+    """the request's true-CFG scale and negative prompt reach the pipeline (FLUX takes them too): above 1
     each step calls the transformer twice, under the cache as well (its CFG branches cached apart), and the card says
     so; 1 is off, the same picture as a request that never named it; the negative prompt changes the picture."""
     from studio.report.card import metrics_card
@@ -627,7 +627,7 @@ def test_true_cfg_and_a_negative_prompt_run_two_calls_a_step_and_scale_one_turns
 
 
 def test_a_batch_under_the_cache_is_its_single_runs_each_picture_judged_and_the_next_request_as_alone(tiny_runner):
-    """Issue 23: a batch of 2 under `cache` on the embedded model. Picture i starts from seed + i's noise, so each
+    """a batch of 2 under `cache` on the embedded model. Picture i starts from seed + i's noise, so each
     picture is its own one-picture cached run (measured 86 dB and identical) and not its neighbour's (25.6 dB: the
     class of bug where a batch's pictures are mixed); each is judged against the same batch's base picture; one
     batched call's steps and counts; the next single request gets bitwise the picture it got alone."""
@@ -658,7 +658,7 @@ def test_a_batch_under_the_cache_is_its_single_runs_each_picture_judged_and_the_
 def test_img2img_and_inpaint_count_the_steps_that_run_keep_their_cache_apart_and_leave_text2img_as_alone(
     tiny_runner,
 ):
-    """Issue 23, image inputs on the embedded model under `cache`: img2img at strength 0.5 of 28 steps runs and
+    """Image inputs on the embedded model under `cache`: img2img at strength 0.5 of 28 steps runs and
     counts 14 (cached + full = 14, cache-dit's own list agreeing); the cache runs in the img2img pipeline's own
     context (engine.tasks: made with from_pipe, the same weights), so the same request again is the same picture and
     a text-to-image request after it is bitwise the picture it gets alone; inpaint likewise; PSNR against base on the
@@ -690,7 +690,7 @@ def test_img2img_and_inpaint_count_the_steps_that_run_keep_their_cache_apart_and
 def test_a_lora_changes_the_picture_composes_with_the_cache_and_switching_reloads_nothing(
     tiny_runner, tiny_lora, make_lora
 ):
-    """Issue 23: a LoRA on the request (diffusers load_lora_weights, peft): the picture changes against no LoRA; under
+    """a LoRA on the request (diffusers load_lora_weights, peft): the picture changes against no LoRA; under
     `cache` its counts agree with cache-dit's own list and its PSNR is against base with the same LoRA; a request
     without it afterwards is bitwise the picture without it (the base weights as they were, nothing reloaded); on
     INT8 it is refused with the reason, before any model work (under compile: tests/test_compile.py)."""
@@ -724,7 +724,7 @@ def test_a_lora_changes_the_picture_composes_with_the_cache_and_switching_reload
 
 
 def test_a_presets_lora_is_fused_before_int8_and_its_base_image_has_it(tiny_runner, tiny_lora, tiny_lora_b, tmp_path):
-    """Issue 23: a preset's own `loras` run on every request of it, and its base image has them too (PSNR measures
+    """a preset's own `loras` run on every request of it, and its base image has them too (PSNR measures
     the stack, not the LoRA). On a quantized preset they are fused into fresh weights before INT8 (fuse_lora,
     unload_lora_weights, then torchao); a request's other LoRA on it is refused with the way out."""
     from studio.spec.request import LoraSpec

@@ -104,7 +104,7 @@ def test_kernel_timing_runs_each_non_cache_stack_on_a_small_flux_transformer():
 
 
 def test_flux_kontext_reads_its_picture_as_a_reference_under_the_cache(tmp_path):
-    """Issue 23: a FLUX.1 Kontext model (FluxKontextPipeline: the same transformer class, the input picture's latents
+    """a FLUX.1 Kontext model (FluxKontextPipeline: the same transformer class, the input picture's latents
     read as extra tokens) edits: a picture on the request goes to its own pipeline as the reference, the whole
     schedule runs with the reference's tokens beside the picture's own (twice the sequence; random weights barely
     look at them, so the pictures differ only slightly), cache-dit's Flux adapter caches it (cached + full = the

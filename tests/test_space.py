@@ -1,4 +1,4 @@
-"""Serving on a Space (issue 22): what a ZeroGPU call reserves, computed from the request (no GPU, no `spaces`
+"""Serving on a Space: what a ZeroGPU call reserves, computed from the request (no GPU, no `spaces`
 needed: the callables are plain functions of the event's arguments, as ZeroGPU calls them)."""
 
 from __future__ import annotations

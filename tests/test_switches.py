@@ -1,4 +1,4 @@
-"""The per-request switches (cache on/off, threshold, compile) do what they say wherever they are offered (issue 31):
+"""The per-request switches (cache on/off, threshold, compile) do what they say wherever they are offered:
 each entry point's run on the embedded model shows the switch in what ran: the cached steps, the tag and engaged
 lines, the threshold cache-dit read back, the graphs torch.compile built. A switch a command cannot honour is refused
 with a sentence, not ignored."""

@@ -158,19 +158,19 @@ def test_api_defaults_and_numbers_as_data(client, app, tmp_path):
     assert max(np.asarray(Image.open(newest["image"])).shape[:2]) == 128
     assert isinstance(m["worst_tile_psnr_db"], float) and m["worst_tile_psnr_db"] <= m["psnr_db"]
     assert "worst 8x8 tile" in out[1] and len(m["worst_tile_yx"]) == 2
-    # true CFG and a negative prompt by name (issue 23): two transformer calls a step, said on the card
+    # true CFG and a negative prompt by name: two transformer calls a step, said on the card
     cfg = client.predict(
         prompt=PROMPT, model=runner.model, preset="base", true_cfg_scale=2, negative_prompt="green", compare="off",
         api_name="/generate",
     )[-1]  # fmt: skip
     assert cfg["transformer_calls"] == 2 * cfg["request"]["steps"] and cfg["request"]["negative_prompt"] == "green"
-    # a batch (issue 23): the gallery before the metrics, a picture per seed, captioned
+    # a batch: the gallery before the metrics, a picture per seed, captioned
     batch = client.predict(
         prompt=PROMPT, model=runner.model, preset="base", num_images_per_prompt=2, compare="off", api_name="/generate"
     )  # fmt: skip
     assert [p["caption"] for p in batch[8]] == ["seed 42: inf, identical", "seed 43: inf, identical"]  # base itself
     assert batch[-1]["request"]["num_images_per_prompt"] == 2 and len(batch[-1]["batch"]) == 2
-    # an input picture (issue 23): img2img at strength 0.5 of 10 steps runs and counts 5
+    # an input picture: img2img at strength 0.5 of 10 steps runs and counts 5
     from gradio_client import handle_file
 
     Image.fromarray(np.full((64, 64, 3), 120, np.uint8)).save(tmp_path / "in.png")
@@ -463,7 +463,7 @@ def test_a_cancelled_request_leaves_the_app_serving_the_same_pixels(client, app)
 
 
 def test_a_public_studio_refuses_what_burns_its_gpu_before_any_load(random_model_dir, tmp_path):
-    """Issue 22: in public mode a visitor's compile, an oversized Matrix and a burst of requests are refused with a
+    """in public mode a visitor's compile, an oversized Matrix and a burst of requests are refused with a
     sentence before any model work (a spy on the loader counts loads); the operator's caps come before the load too."""
     from gradio_client import Client
     from gradio_client.exceptions import AppError

@@ -225,7 +225,7 @@ class FakeRunner:
         return GenerationRequest(prompt=prompt, **{k: v for k, v in kw.items() if v is not None})
 
     def generate(self, req, preset, **kw):
-        from studio.engine.session import RunResult
+        from studio.engine.runner import RunResult
 
         self.calls.append((req, preset, kw))
         img = np.zeros((64, 64, 3), np.uint8)
@@ -291,7 +291,8 @@ def test_handlers_take_the_forms_fields_by_name():
     # the forms are the endpoints' API parameters, in the API's order (gradio_client users call them by name)
     generate = ("preset", "cache", "threshold", "compile", "compare")
     assert forms.names(forms.GenerateForm) == forms.REQUEST_FIELDS + generate
-    assert forms.names(forms.MatrixForm)[len(forms.REQUEST_FIELDS) :] == ("presets", "repeats", "cache", "threshold", "compile")
+    matrix = ("presets", "repeats", "cache", "threshold", "compile")
+    assert forms.names(forms.MatrixForm)[len(forms.REQUEST_FIELDS) :] == matrix
     assert forms.names(forms.TuneForm)[len(forms.REQUEST_FIELDS) :] == ("floor", "prompts_text", "size")
     h, _ = _handlers()
     with pytest.raises(TypeError, match="threshhold"):  # a misspelt name fails at once, not as a silent default
@@ -441,7 +442,7 @@ def test_preset_files_are_bounded_and_written_whole(tmp_path):
 
 def test_history_is_bounded_per_session():
     from studio.app.history import HISTORY_COLUMNS, HISTORY_MAX, THUMBS_MAX, record
-    from studio.engine.session import RunResult
+    from studio.engine.runner import RunResult
     from studio.spec import GenerationRequest
 
     img = np.zeros((8, 8, 3), np.uint8)
@@ -492,7 +493,7 @@ def test_device_thread_runs_every_caller_on_one_thread_with_its_context():
 
 
 def test_a_gated_model_says_how_to_get_in_not_a_network_error(monkeypatch):
-    """Issue 22: huggingface_hub's GatedRepoError (here wrapped as diffusers wraps it) names the fix."""
+    """huggingface_hub's GatedRepoError (here wrapped as diffusers wraps it) names the fix."""
     import httpx
     from huggingface_hub.errors import GatedRepoError
 
@@ -516,7 +517,7 @@ def test_a_gated_model_says_how_to_get_in_not_a_network_error(monkeypatch):
 
 
 def test_aspect_sizes_are_sizes_the_model_takes_and_the_picker_sets_them():
-    """Issue 23: the aspect-ratio choices of a profile are multiples of its size multiple, inside its limits, at
+    """the aspect-ratio choices of a profile are multiples of its size multiple, inside its limits, at
     about its pixel count; choosing one sets width and height."""
     from studio.spec.profiles import HUB_PROFILES
 

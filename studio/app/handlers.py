@@ -91,10 +91,10 @@ class Handlers:
         self.studio = studio
         self.ui = ui
         self.durations = Durations(studio)  # what each event reserves on ZeroGPU (app.gpu_time)
+        self._resolved: dict = {}  # preset -> what its device-dependent parts become here (asked of the device once)
 
     # helpers ---------------------------------------------------------------------------------------------
     def _request(self, form: RequestForm):
-        self._resolved: dict = {}  # preset -> what its device-dependent parts become here (asked of the device once)
         with shown(REQUEST):  # refused even where the model takes none, and the value is dropped below
             check_scale("guidance", float(form.guidance) if form.guidance is not None else None)
         if not form.prompt or not str(form.prompt).strip():

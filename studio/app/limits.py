@@ -1,4 +1,4 @@
-"""What a visitor of a public studio may ask of its device (issue 22): every rule checked in the app's process from
+"""What a visitor of a public studio may ask of its device: every rule checked in the app's process from
 the form and the preset alone, before any model work or load, and refused with a sentence that says the limit.
 
 - compile and its mode are the operator's: a visitor's per-request `compile=true`, and a visitor's own preset that

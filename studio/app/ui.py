@@ -316,12 +316,12 @@ def build_app(
     compare: str = "on",
     limits: PublicLimits | None = None,
     time_limit_s: float | None = None,
+    queue_size: int = 32,
 ) -> gr.Blocks:
     """The studio over `device` (a studio.worker.Device: app.py passes the worker's client; a Runner, as tests pass,
     runs in this process; None: a Runner on the embedded model, in this process).
 
     Args:
-    queue_size: int = 32,
         public: each visitor's saved presets stay in their own session (a public Space), and the public limits
             (`limits`, app.limits: compile only from the operator's presets, bounded shapes, Matrix size, rate)
             are checked before any device work, and a request stops once it has run `limits.request_s` seconds.

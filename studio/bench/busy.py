@@ -1,6 +1,6 @@
 """`python -m studio busy`: do the numbers stay honest when another program shares the cores?
 
-The target (issue 19): with another CPU-bound process on the machine, a generate either reports a speed-up within
+The target: with another CPU-bound process on the machine, a generate either reports a speed-up within
 25% of the quiet one, or reports none and says the timing was unreliable. This runs the same request quietly, then
 with a load beside it (a second process multiplying 512x512 matrices in a loop, as a browser tab, an indexing IDE
 or a second app on the same cores would), and judges every busy reading against the quiet median. Through the

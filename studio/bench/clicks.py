@@ -1,6 +1,6 @@
 """`python -m studio clicks --api URL`: what one Generate click costs through a running app, per compare mode.
 
-The target (issue 22): once a shape's base timing is known, a Generate click in `auto` takes at most 1.3x the wall
+The target: once a shape's base timing is known, a Generate click in `auto` takes at most 1.3x the wall
 time of the stack's own run. The stack's own run, through the same path, is a click with compare `off`. This
 clicks `/generate` with gradio_client: one `on` click first (it keeps the shape's base timing), then rounds of
 off, auto, on clicks on other prompts of the same shape, each on a prompt and seed not asked before (so `auto`

@@ -7,7 +7,7 @@ Imports `measure` and `spec` from the studio, nothing above.
 
 from studio.engine.baseline import CALLER_TIMES_BASE, Pairing
 from studio.engine.loader import ModelLoadError, ModelManager
-from studio.engine.session import BASE, RunError, Runner, RunResult
+from studio.engine.runner import BASE, RunError, Runner, RunResult
 from studio.engine.stack import STACK_ORDER, AppliedStack, apply_preset
 from studio.engine.state import Engaged, StackState, stack_state
 

@@ -30,7 +30,7 @@ from studio.engine.tasks import task_pipe
 from studio.spec.checks import ConfigError
 from studio.spec.errors import ModelLoadError
 from studio.spec.preset import Preset, QuantSpec
-from studio.spec.profiles import ModelProfile, profile_for, resolve_model
+from studio.spec.profiles import resolve_model
 from studio.spec.settings import current
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,6 @@ class Loaded:
     model: str  # as the user named it
     source: str  # resolved folder or Hub id
     pipe: object
-    profile: ModelProfile
     dtype: DtypeChoice  # what the pipeline's components are in
     variants: OrderedDict = field(default_factory=OrderedDict)  # (dtype, QuantSpec) -> Variant, LRU order
     active: tuple | None = None  # the key of the variant in pipe.transformer
@@ -137,7 +136,7 @@ class ModelManager:
             # Only now that the new one loaded, let go of the old one (one pipeline per class: cache-dit
             # patches the class, so the old pipeline's hooks must come off first).
             self.unload()
-            cur = Loaded(model or "tiny", source, pipe, profile_for(source), dtype)
+            cur = Loaded(model or "tiny", source, pipe, dtype)
             cur.active = (dtype.name, QuantSpec(), ())
             cur.variants[cur.active] = Variant(pipe.transformer)
             self.current = cur

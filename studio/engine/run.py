@@ -72,10 +72,10 @@ class RunContext:
         return self.request.key(resolve_model(self.model), self.dtype.name)
 
     @property
-    def shape(self) -> tuple:
-        """The request's shape key: what a DiT's denoise time depends on (model, dtype, size, steps, text length,
-        guidance, whether true CFG runs: two transformer calls a step, the batch, the task and the steps it runs),
-        and not the prompt, the seed or the input picture."""
+    def timing_key(self) -> tuple:
+        """The request's shape, as a timing key: what a DiT's denoise time depends on (model, dtype, size, steps,
+        text length, guidance, whether true CFG runs: two transformer calls a step, the batch, the task and the steps
+        it runs), and not the prompt, the seed or the input picture."""
         r, cur = self.request, self.manager.current
         cfg = true_cfg(cur.pipe, r) if cur is not None else r.true_cfg_scale
         return (resolve_model(self.model), self.dtype.name, r.width, r.height, r.steps, r.max_sequence_length,
@@ -176,7 +176,7 @@ def _prepare(pipe, preset: Preset, request: GenerationRequest) -> None:
 def warm(ctx: RunContext, pipe, stack: AppliedStack, preset: Preset) -> float | None:
     """The untimed warm-up run of this stack at this shape, once per process; its seconds, or None if warm."""
     state = stack_state(pipe.transformer)
-    if (stack.signature, ctx.request.shape, state.lora_modules) in state.warm:
+    if (stack.signature, ctx.request.size, state.lora_modules) in state.warm:
         return None
     ctx.check(f"before the warm-up of {preset.name}")
     ctx.status("compiling (warm-up run)" if state.compiled else "warm-up run (not timed)")
@@ -188,7 +188,7 @@ def warm(ctx: RunContext, pipe, stack: AppliedStack, preset: Preset) -> float | 
         return time.perf_counter() - t0
 
     seconds = first_run_or_eager(pipe.transformer, stack, timed)  # compile's failure policy is compile's own
-    state.warm.add((stack.signature, ctx.request.shape, state.lora_modules))  # new LoRA layers: warm again
+    state.warm.add((stack.signature, ctx.request.size, state.lora_modules))  # new LoRA layers: warm again
     return seconds
 
 

@@ -18,7 +18,6 @@ with the caller's context variables (gradio's progress and request context trave
 from __future__ import annotations
 
 import contextvars
-import functools
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -61,12 +60,3 @@ class DeviceThread:
 
 DEVICE_THREAD = DeviceThread()
 
-
-def on_device_thread(fn):
-    """`fn` run on the device thread; the signature (what gradio reads for gr.Request and gr.Progress) stays."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        return DEVICE_THREAD.call(fn, *args, **kwargs)
-
-    return wrapper

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from dataclasses import asdict, dataclass, field, fields
 
 from studio.measure.quality import TILE
@@ -204,13 +203,4 @@ class Matrix:
             w.writerow({k: (";".join(map(str, v)) if isinstance(v, list) else v) for k, v in d.items()})
         return buf.getvalue()
 
-    def json(self) -> str:
-        return json.dumps(
-            {
-                "model": self.model,
-                "request": self.request.as_dict(),
-                "repeats": self.repeats,
-                "rows": [r.as_dict() for r in self.rows],
-            },
-            indent=1,
-        )
+

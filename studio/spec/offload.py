@@ -44,11 +44,6 @@ class OffloadSpec(Record):
     def enabled(self) -> bool:
         return self.policy != "none" or self.vae_tiling or self.vae_slicing
 
-    @property
-    def streams_blocks(self) -> bool:
-        """Whether the transformer's blocks are moved in and out during the denoise loop."""
-        return self.policy in ("layerwise_offload", "group_offload")
-
     def label(self) -> str:
         short = {
             "model_cpu_offload": "modeloff",

@@ -58,7 +58,7 @@ class GenerationRequest(Record):
     negative_prompt: str = ""
     max_sequence_length: int | None = None
     num_images_per_prompt: int = 1  # a batch: picture i is seed + i's (engine.call), stacked top to bottom
-    # Image inputs (issue 23): an input picture (HxWx3 uint8) makes it img2img, with a mask (HxW uint8, white: paint
+    # Image inputs: an input picture (HxWx3 uint8) makes it img2img, with a mask (HxW uint8, white: paint
     # here) inpaint; `strength` (0-1] is how much of the schedule runs: `executed_steps` of `steps`. Compared by their
     # digest (`as_dict`), never by value.
     image: np.ndarray | None = field(default=None, compare=False, repr=False)
@@ -119,7 +119,8 @@ class GenerationRequest(Record):
         return (model, dtype) + tuple(self.as_dict().values())
 
     @property
-    def shape(self) -> tuple[int, int]:
+    def size(self) -> tuple[int, int]:
+        """(width, height)."""
         return (self.width, self.height)
 
 

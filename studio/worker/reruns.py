@@ -1,4 +1,4 @@
-"""The CLI's bench and doctor as clients of the device worker: what they do when a stack kills it (issue 20).
+"""The CLI's bench and doctor as clients of the device worker: what they do when a stack kills it.
 
 A native crash (a segfault in a kernel, an abort, the OOM killer) ends the worker's call with WorkerCrashed, which
 names the stack it was running and how it died; the client has already started a new worker. The bench then runs

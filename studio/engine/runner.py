@@ -237,7 +237,7 @@ class Runner:
     def _generate(self, ctx: RunContext, p: Preset, pairing: Pairing, compare: str, t0: float) -> RunResult:
         """generate()'s body, under the manager's lock: the base (when compared), the timed run, the record."""
         base_p = self.base_preset(ctx.dtype.name, p)
-        key, shape = regime_key(ctx.key, p), regime_key(ctx.shape, p)  # another regime, another kept base
+        key, shape = regime_key(ctx.key, p), regime_key(ctx.timing_key, p)  # another regime, another kept base
         is_base = replace(p, dtype=ctx.dtype.name).stack == base_p.stack
         if is_base:
             known = compare == "auto" and shape_timing(pairing, self.shapes, shape) is not None
