@@ -97,9 +97,14 @@ if __name__ == "__main__" and SETTINGS.prewarm:
 from studio.app.ui import CSS, build_app  # noqa: E402
 
 demo = build_app(
-    device, models=MODELS, default_preset=PRESET, public=PUBLIC, compare=COMPARE,
-    time_limit_s=SETTINGS.max_request_s, queue_size=SETTINGS.queue_size,
-)  # fmt: skip
+    device,
+    models=MODELS,
+    default_preset=PRESET,
+    public=PUBLIC,
+    compare=COMPARE,
+    time_limit_s=SETTINGS.max_request_s,
+    queue_size=SETTINGS.queue_size,
+)
 
 if __name__ == "__main__":
     # A Space (or any supervisor) stops the app with SIGTERM: exit through Python, so the exit handlers stop the

@@ -37,7 +37,7 @@ ME = "python docs/make_benchmarks.py"
 EPOCH = 2
 EPOCH_WHY = {
     1: "measured before the 8-bit forms (float8 and int8 picked per device, compiled), memory offload and Sage 1 "
-    "(commit 0d42907): the named 8-bit presets then ran INT8 weight-only eagerly",
+    "(commit 0d42907): the named 8-bit presets then ran INT8 weight-only eagerly"
 }
 TRACKED = ("studio", "presets", "docs/make_benchmarks.py", "docs/bench/forms", "docs/prompts-heldout.txt")
 FLAGS = (("amx_int8", "AMX-INT8"), ("avx512_bf16", "avx512_bf16"), ("avx512_vnni", "AVX512-VNNI"))
@@ -300,8 +300,12 @@ def machine() -> dict:
                 flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "flags": {f: f in flags for f, _ in FLAGS},
-            "python": platform.python_version()}  # fmt: skip
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "flags": {f: f in flags for f, _ in FLAGS},
+        "python": platform.python_version(),
+    }
 
 
 def machine_text(m: dict) -> str:
@@ -344,8 +348,15 @@ def run_section(s: Section) -> dict:
     if s.needs and not m["flags"].get(s.needs, False):
         raise SystemExit(f"section {s.name} needs a CPU with {s.needs}; this one ({m['cpu']}) has none")
     print(f"{s.name}: running `{_shown_command(s.command)}`", file=sys.stderr)
-    rec = {"section": s.name, "command": s.command, "epoch": EPOCH, "date": datetime.date.today().isoformat(),
-           "commit": commit(), "machine": m, "presets": preset_tags(s.command)}  # fmt: skip
+    rec = {
+        "section": s.name,
+        "command": s.command,
+        "epoch": EPOCH,
+        "date": datetime.date.today().isoformat(),
+        "commit": commit(),
+        "machine": m,
+        "presets": preset_tags(s.command),
+    }
     rec["output"] = run(s.command).rstrip()
     RUNS.mkdir(parents=True, exist_ok=True)
     (RUNS / f"{s.name}.json").write_text(json.dumps(rec, indent=1, ensure_ascii=False) + "\n")
@@ -367,16 +378,25 @@ def auto_forms() -> str:
     from studio.spec.preset import QuantSpec
 
     cpu, lib = torch.device("cpu"), _library()
-    out = [f"CPU: {machine_text(machine())}", "", "| preset | quant_type asked | compiled | runs | why |",
-           "|---|---|---|---|---|"]  # fmt: skip
+    out = [
+        f"CPU: {machine_text(machine())}",
+        "",
+        "| preset | quant_type asked | compiled | runs | why |",
+        "|---|---|---|---|---|",
+    ]
     for name in lib.names():
         p = lib.get(name)
         if p.quant.enabled:
             compiled = compiles(p.compile, p.offload_config)
             form, why = quant_form(p.quant, cpu, compiled)
             out.append(f"| {name} | {p.quant.quant_type} | {'yes' if compiled else 'no'} | {form} | {why} |")
-    out += ["", "The rule for `auto` on other CPUs (flags given to the resolver):", "",
-            "| CPU flags | compiled | runs |", "|---|---|---|"]  # fmt: skip
+    out += [
+        "",
+        "The rule for `auto` on other CPUs (flags given to the resolver):",
+        "",
+        "| CPU flags | compiled | runs |",
+        "|---|---|---|",
+    ]
     for flags in (("amx_int8", "avx512_vnni"), ("avx512_vnni",), ("avx_vnni",), ()):
         for compiled in (True, False):
             form, _ = quant_form(QuantSpec(quant_type="auto"), cpu, compiled, frozenset(flags))
@@ -496,26 +516,44 @@ def render_section(s: Section, rec: dict | None, home: str | None) -> list[str]:
     """A section: heading (with where, when and whether stale), text, command, machine line, output."""
     if rec is None:
         where = f" on a CPU with {s.needs}" if s.needs else ""
-        return [f"## {s.title} — not yet measured: run `{ME} --sections {s.name}`{where}", "",
-                text_of(s.text), "", "```bash", _shown_command(s.command), "```", ""]  # fmt: skip
+        return [
+            f"## {s.title} — not yet measured: run `{ME} --sections {s.name}`{where}",
+            "",
+            text_of(s.text),
+            "",
+            "```bash",
+            _shown_command(s.command),
+            "```",
+            "",
+        ]
     stale, gone, other = section_state(s, rec, home)
     marks = (["stale"] if stale else []) + (["not shown"] if gone else [])
     marks += [f"measured {rec['date']} on another machine ({rec['machine']['cpu']})"] if other else []
     heading = f"## {s.title}" + (" — " + ", ".join(marks) if marks else "")
     out = [heading, "", text_of(s.text), "", "```bash", _shown_command(rec["command"]), "```", ""]
-    out += [f"Measured {rec['date']} on {machine_text(rec['machine'])}, Python {rec['machine']['python']}, "
-            f"commit {rec['commit']}." + (f" {rec['source']}" if rec.get("source") else ""), ""]  # fmt: skip
+    out += [
+        f"Measured {rec['date']} on {machine_text(rec['machine'])}, Python {rec['machine']['python']}, "
+        f"commit {rec['commit']}." + (f" {rec['source']}" if rec.get("source") else ""),
+        "",
+    ]
     if stale:
-        out += [f"Stale: {'; '.join(stale)}. Regenerate: `{ME} --sections {s.name}`"
-                + (f" on a CPU with {s.needs}." if s.needs else "."), ""]  # fmt: skip
+        out += [
+            f"Stale: {'; '.join(stale)}. Regenerate: `{ME} --sections {s.name}`"
+            + (f" on a CPU with {s.needs}." if s.needs else "."),
+            "",
+        ]
     if gone:
         return out
     return out + _output_block(s, rec["output"]) + [""]
 
 
 def overview(records: dict[str, dict], home: str | None) -> list[str]:
-    out = ["Where each section was measured:", "", "| section | measured | machine | commit | state |",
-           "|---|---|---|---|---|"]  # fmt: skip
+    out = [
+        "Where each section was measured:",
+        "",
+        "| section | measured | machine | commit | state |",
+        "|---|---|---|---|---|",
+    ]
     for s in SECTIONS:
         rec = records.get(s.name)
         if rec is None:
@@ -560,8 +598,10 @@ def gpu_stale(fields: dict) -> list[str]:
 
 
 def _gpu_lines(fields: dict, body: str, stale: list[str], level: str) -> list[str]:
-    out = [f"Measured {fields.get('date', '?')} on {fields.get('gpu', '?')}, commit {fields.get('commit', '?')}; "
-           f"{fields.get('versions', 'versions not recorded')}. Stored in {fields['file']}."]  # fmt: skip
+    out = [
+        f"Measured {fields.get('date', '?')} on {fields.get('gpu', '?')}, commit {fields.get('commit', '?')}; "
+        f"{fields.get('versions', 'versions not recorded')}. Stored in {fields['file']}."
+    ]
     if fields.get("source"):
         out[0] += f" {fields['source']}"
     if stale:
@@ -617,12 +657,16 @@ def _check_commands(title: str, body: str) -> list[str]:
             for n in (_opt(words, "--presets") or _opt(words, "--preset") or "").split(","):
                 if n and n not in have:
                     where = f"a file in {pdir}" if pdir else "in a --presets-dir"
-                    problems.append(f"section '{title}': its command runs preset '{n}', which is neither shipped "
-                                    f"(python -m studio presets) nor {where}")  # fmt: skip
+                    problems.append(
+                        f"section '{title}': its command runs preset '{n}', which is neither shipped "
+                        f"(python -m studio presets) nor {where}"
+                    )
     have = known_presets([d for d in dirs if (ROOT / d).is_dir()])
     for n in sorted({base_name(n) for n in table_presets(body)} - have):
-        problems.append(f"section '{title}': its table names preset '{n}', which is neither shipped nor in "
-                        f"{', '.join(dirs) or 'a --presets-dir its command names'}")  # fmt: skip
+        problems.append(
+            f"section '{title}': its table names preset '{n}', which is neither shipped nor in "
+            f"{', '.join(dirs) or 'a --presets-dir its command names'}"
+        )
     return problems
 
 
@@ -658,8 +702,10 @@ def check(doc: Path = DOC) -> list[str]:
     except ConfigError as e:  # a preset file that does not load: nothing can be compared with it
         return problems + [f"a preset cannot be read, so the doc cannot be checked against it: {e}"]
     if text != assembled:
-        problems.append(f"{doc.name} is not what the generator assembles from docs/bench/runs and docs/bench/gpu "
-                        f"(edited by hand, or the presets changed since): run {ME} --assemble")  # fmt: skip
+        problems.append(
+            f"{doc.name} is not what the generator assembles from docs/bench/runs and docs/bench/gpu "
+            f"(edited by hand, or the presets changed since): run {ME} --assemble"
+        )
     return problems
 
 
@@ -671,8 +717,10 @@ def _pick(names: str | None) -> list[Section]:
         flags = machine()["flags"]
         skipped = [s.name for s in SECTIONS if s.needs and not flags.get(s.needs)]
         if skipped:
-            print(f"skipping {', '.join(skipped)}: this CPU lacks what they need; their stored output stays",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"skipping {', '.join(skipped)}: this CPU lacks what they need; their stored output stays",
+                file=sys.stderr,
+            )
         return [s for s in SECTIONS if s.name not in skipped]
     by_name = {s.name: s for s in SECTIONS}
     wanted = [n.strip() for n in names.split(",") if n.strip()]
@@ -697,15 +745,24 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.epoch or a.presets_line or a.auto_forms:
         lib = _library()
-        print(EPOCH if a.epoch else auto_forms() if a.auto_forms else
-              " ".join(f"{n}={lib.get(n).tag()}" for n in lib.names()))  # fmt: skip
+        print(
+            EPOCH
+            if a.epoch
+            else auto_forms()
+            if a.auto_forms
+            else " ".join(f"{n}={lib.get(n).tag()}" for n in lib.names())
+        )
         return 0
     if a.check:
         problems = check(Path(a.doc))
         for p in problems:
             print(p, file=sys.stderr)
-        print("ok: the doc matches the generator, the presets and the stored records" if not problems else
-              f"{len(problems)} problem(s)", file=sys.stderr)  # fmt: skip
+        print(
+            "ok: the doc matches the generator, the presets and the stored records"
+            if not problems
+            else f"{len(problems)} problem(s)",
+            file=sys.stderr,
+        )
         return 1 if problems else 0
     if a.list:
         home = reference_machine({s.name: r for s in SECTIONS if (r := load_record(s.name))})

@@ -26,6 +26,7 @@ from studio.cli_support import (
     quiet_libraries,
     read_prompts,
     read_settings,
+    regimes_args,
 )
 from studio.spec.request import parse_loras
 
@@ -38,17 +39,21 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--preset", default="base")
     g.add_argument("--threshold", type=float, default=None, help="per-request residual diff threshold")
     g.add_argument(
-        "--num-images-per-prompt", type=int, default=None,
+        "--num-images-per-prompt",
+        type=int,
+        default=None,
         help="a batch of 1-4 pictures in one call (seeds seed .. seed+n-1; --out writes them top to bottom)",
-    )  # fmt: skip
+    )
     g.add_argument("--out", default=None, help="write the image here (PNG)")
     g.add_argument("--json", action="store_true", help="print one JSON object with the metrics")
     g.add_argument("--ideal", action="store_true", help="also print how the ideal speed-up was worked out")
     g.add_argument(
-        "--compare", default=None, choices=("on", "auto", "off"),
+        "--compare",
+        default=None,
+        choices=("on", "auto", "off"),
         help="on: base timed beside the run and PSNR against it (default, or STUDIO_COMPARE); auto: a kept base "
         "timing of the same shape (a fresh process has none: as on); off: the stack alone",
-    )  # fmt: skip
+    )
     b = sub.add_parser("bench", help="every preset (or --presets a,b) side by side on one request")
     common_args(b)
     b.add_argument("--presets", default=None, help="comma-separated preset names (default: all)")
@@ -111,24 +116,8 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true", help="print one JSON object")
     d.add_argument("--no-kernels", action="store_true", help="on a GPU, skip timing a FLUX-sized random transformer")
     d.add_argument("--kernel-stacks", default=None, help="comma-separated subset of sdpa,sage,int8,compile")
-    _regimes_parser(sub)
+    regimes_args(sub)
     return ap
-
-
-def _regimes_parser(sub) -> None:
-    from studio.bench import regimes as rg  # (imports no torch: the table's names)
-    from studio.report.regimes import HELP
-
-    r = sub.add_parser("regimes", help=HELP, description=HELP)
-    r.set_defaults(regimes_main=rg.main)
-    r.add_argument("--config", choices=sorted(rg.CONFIGS), help="flux-dev (default on CUDA) or small (default on CPU)")
-    r.add_argument("--steps", type=int, default=40, help="transformer calls per run (default 40)")
-    r.add_argument("--size", type=int, default=None, help="image side in pixels (default 1024; small: 64)")
-    r.add_argument("--stacks", help=f"comma-separated, each '+'-joined {','.join(rg.PARTS)} (default {rg.DEFAULTS})")
-    r.add_argument("--regimes", default="resident,layerwise_offload", help=f"comma-separated: {','.join(rg.REGIMES)}")
-    r.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    r.add_argument("--out", default=None, help="the report as JSON, written after every row")
-    r.add_argument("--md", default=None, help="the Markdown table, written after every row")
 
 
 def _doctor(args) -> int:
@@ -220,10 +209,17 @@ def _bench(runner, req, args) -> int:
     tick, close = progress_bar("bench")
     try:
         rep = reruns.bench(
-            device, _prompt_requests(runner, req, args, examples=False), names,
-            on_status=lambda msg: print(msg, file=sys.stderr), model=args.model, repeats=args.repeats,
-            progress=tick, cache_enabled=args.cache, compile_enabled=args.compile, vs_raw=args.vs_raw,
-        )  # fmt: skip
+            device,
+            _prompt_requests(runner, req, args, examples=False),
+            names,
+            on_status=lambda msg: print(msg, file=sys.stderr),
+            model=args.model,
+            repeats=args.repeats,
+            progress=tick,
+            cache_enabled=args.cache,
+            compile_enabled=args.compile,
+            vs_raw=args.vs_raw,
+        )
     finally:
         close()
         device.close()
@@ -252,9 +248,18 @@ def _sweep(runner, req, args) -> int:
     values = parse_values(knob, text)
     tick, close = progress_bar("sweep")
     try:
-        res = run_sweep(runner, _prompt_requests(runner, req, args), args.preset, knob, values, model=args.model,
-                        repeats=args.repeats, progress=tick, cache_enabled=args.cache,
-                        compile_enabled=args.compile)  # fmt: skip
+        res = run_sweep(
+            runner,
+            _prompt_requests(runner, req, args),
+            args.preset,
+            knob,
+            values,
+            model=args.model,
+            repeats=args.repeats,
+            progress=tick,
+            cache_enabled=args.cache,
+            compile_enabled=args.compile,
+        )
     finally:
         close()
     print(json.dumps(res.as_dict(), indent=1) if args.json else sweep_markdown(res))
@@ -264,8 +269,14 @@ def _sweep(runner, req, args) -> int:
         )
     if args.plot:
         rows = res.rows()
-        plot_sweep(knob, values, [r.speedup for r in rows], [r.worst_psnr_db for r in rows],
-                   res.cliff[0] if res.cliff else None, args.plot)  # fmt: skip
+        plot_sweep(
+            knob,
+            values,
+            [r.speedup for r in rows],
+            [r.worst_psnr_db for r in rows],
+            res.cliff[0] if res.cliff else None,
+            args.plot,
+        )
     return 0
 
 
@@ -275,9 +286,16 @@ def _tune(runner, req, args) -> int:
     from studio.report.text import tune_summary
     from studio.spec.presets import preset_to_yaml
 
-    res = tune(runner, _prompt_requests(runner, req, args), args.min_psnr, name=args.name, model=args.model,
-               progress=lambda m: print(m, file=sys.stderr), cache_enabled=args.cache,
-               compile_enabled=args.compile)  # fmt: skip
+    res = tune(
+        runner,
+        _prompt_requests(runner, req, args),
+        args.min_psnr,
+        name=args.name,
+        model=args.model,
+        progress=lambda m: print(m, file=sys.stderr),
+        cache_enabled=args.cache,
+        compile_enabled=args.compile,
+    )
     text = preset_to_yaml(res.preset)
     out = args.out or (str(Path(args.presets_dir) / f"{res.preset.name}.yaml") if args.presets_dir else None)
     if out:

@@ -55,22 +55,29 @@ def common_args(p: argparse.ArgumentParser, switches: str | None = None) -> None
     p.add_argument("--guidance", type=float, default=None)
     p.add_argument("--negative-prompt", default=None, help="the negative prompt (read with true CFG)")
     p.add_argument(
-        "--true-cfg-scale", type=float, default=None,
+        "--true-cfg-scale",
+        type=float,
+        default=None,
         help="true CFG scale: 1 turns it off, above 1 two transformer calls per step (default: the model profile's)",
-    )  # fmt: skip
+    )
     p.add_argument("--image", default=None, help="an input picture (PNG, JPEG): img2img; with --mask: inpaint")
     p.add_argument("--mask", default=None, help="the inpaint mask (white: repaint), resized to the picture")
     p.add_argument("--strength", type=float, default=None, help="with --image: how much of the schedule runs")
     p.add_argument(
-        "--lora", action="append", default=[], metavar="PATH[@SCALE]",
+        "--lora",
+        action="append",
+        default=[],
+        metavar="PATH[@SCALE]",
         help="a LoRA adapter (a .safetensors file, folder or Hub id, or the name of one the model ships: outline) at "
         "a scale (default 1); repeat for more",
-    )  # fmt: skip
+    )
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     p.add_argument(
-        "--dtype", default=None, choices=("bfloat16", "float16", "float32"),
+        "--dtype",
+        default=None,
+        choices=("bfloat16", "float16", "float32"),
         help="in place of what `dtype: auto` picks (as STUDIO_DTYPE)",
-    )  # fmt: skip
+    )
     p.add_argument("--presets-dir", default=None, help="folder of user presets (also STUDIO_PRESETS_DIR)")
     plain = ("per-request cache switch: true|false", "per-request torch.compile switch: true|false")
     cache_help, compile_help = SWITCH_HELP.get(switches, plain)
@@ -98,9 +105,12 @@ def device_worker(args, presets=None, quiet: bool = True):
     from studio.worker.protocol import CRASH_ENV
 
     config = WorkerConfig(
-        model=getattr(args, "model", None) or "tiny", device=args.device, presets=presets, quiet=quiet,
+        model=getattr(args, "model", None) or "tiny",
+        device=args.device,
+        presets=presets,
+        quiet=quiet,
         crash_on=os.environ.get(CRASH_ENV) or None,  # TEST ONLY (tests/test_crash.py, tests/test_bench.py)
-    )  # fmt: skip
+    )
     return WorkerClient(config, warm=())
 
 
@@ -184,3 +194,19 @@ def presets_command(lib, args) -> int:
     else:
         print(text, end="")
     return 0
+
+
+def regimes_args(sub) -> None:
+    from studio.bench import regimes as rg  # (imports no torch: the table's names)
+    from studio.report.regimes import HELP
+
+    r = sub.add_parser("regimes", help=HELP, description=HELP)
+    r.set_defaults(regimes_main=rg.main)
+    r.add_argument("--config", choices=sorted(rg.CONFIGS), help="flux-dev (default on CUDA) or small (default on CPU)")
+    r.add_argument("--steps", type=int, default=40, help="transformer calls per run (default 40)")
+    r.add_argument("--size", type=int, default=None, help="image side in pixels (default 1024; small: 64)")
+    r.add_argument("--stacks", help=f"comma-separated, each '+'-joined {','.join(rg.PARTS)} (default {rg.DEFAULTS})")
+    r.add_argument("--regimes", default="resident,layerwise_offload", help=f"comma-separated: {','.join(rg.REGIMES)}")
+    r.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    r.add_argument("--out", default=None, help="the report as JSON, written after every row")
+    r.add_argument("--md", default=None, help="the Markdown table, written after every row")

@@ -84,8 +84,23 @@ def test_cli_bench_over_prompts_json_and_csv(tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("# two scenes\n" + "\n".join(PROMPTS) + "\n\n")
     csv_path = tmp_path / "bench.csv"
-    cmd = [sys.executable, "-m", "studio", "bench", "--presets", "base,cache,sage", "--repeats", "1", "--prompts",
-           str(prompts), "--steps", "12", "--json", "--out", str(csv_path)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "studio",
+        "bench",
+        "--presets",
+        "base,cache,sage",
+        "--repeats",
+        "1",
+        "--prompts",
+        str(prompts),
+        "--steps",
+        "12",
+        "--json",
+        "--out",
+        str(csv_path),
+    ]
     env = dict(os.environ, **{CRASH_ENV: "sage"})
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -118,8 +133,9 @@ def test_sweep_over_the_run_length_cap(tiny_runner):
 
 def test_tuned_preset_meets_its_floor_and_loads(tiny_runner, tmp_path):
     reqs = [tiny_runner.request(p, seed=42) for p in PROMPTS]
-    space = SearchSpace(calibrators=("none",), run_caps=(3,), warmups=(4,), masks=(), non_cache=("base",),
-                        finalists=1, repeats=1)  # fmt: skip
+    space = SearchSpace(
+        calibrators=("none",), run_caps=(3,), warmups=(4,), masks=(), non_cache=("base",), finalists=1, repeats=1
+    )
     res = tune(tiny_runner, reqs, 35.0, space=space)
     assert res.worst_db >= 35.0 and res.screened > 0 and res.runs == res.screened + res.timed
     assert res.preset.cache_config.enabled and res.preset.name == "tuned-35db"

@@ -32,9 +32,13 @@ def child(code: str, timeout: float = 600, env: dict | None = None) -> subproces
     """Run `code` in a fresh interpreter from the repository root; a crash there is only its own."""
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=full_env, capture_output=True, text=True,
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
         timeout=timeout,
-    )  # fmt: skip
+    )
 
 
 def crashed(proc: subprocess.CompletedProcess) -> bool:
@@ -130,7 +134,7 @@ def test_at_risk_layers_of_each_tiny_family():
 
 @pytest.mark.slow
 def test_doctor_row_for_z_image_int8_compile_finishes_in_bfloat16():
-    """The studio's own path, as a user first met it (in bfloat16 on every CPU, so that the crash's condition holds)."""
+    """The studio's own path, as a user first met it (bfloat16 on every CPU, so that the crash's condition holds)."""
     args = "doctor --families z-image --presets cache-int8wo-sage-compile --no-kernels --json"
     code = f"import sys; from studio.cli import main; sys.exit(main({args.split()!r}))"
     proc = child(code, timeout=900, env={"STUDIO_DTYPE": "bfloat16"})

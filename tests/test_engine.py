@@ -655,9 +655,7 @@ def test_a_batch_under_the_cache_is_its_single_runs_each_picture_judged_and_the_
         replace(req, num_images_per_prompt=5)
 
 
-def test_img2img_and_inpaint_count_the_steps_that_run_keep_their_cache_apart_and_leave_text2img_as_alone(
-    tiny_runner,
-):
+def test_img2img_and_inpaint_count_the_steps_that_run_keep_their_cache_apart_and_leave_text2img_as_alone(tiny_runner):
     """Image inputs on the embedded model under `cache`: img2img at strength 0.5 of 28 steps runs and
     counts 14 (cached + full = 14, cache-dit's own list agreeing); the cache runs in the img2img pipeline's own
     context (engine.tasks: made with from_pipe, the same weights), so the same request again is the same picture and

@@ -92,9 +92,17 @@ def test_kernel_timing_runs_each_non_cache_stack_on_a_small_flux_transformer():
     from studio.bench.doctor import KERNEL_STACKS, time_kernels
 
     small = dict(
-        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
-        joint_attention_dim=32, pooled_projection_dim=16, guidance_embeds=True, axes_dims_rope=(4, 6, 6),
-    )  # fmt: skip
+        patch_size=1,
+        in_channels=16,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        pooled_projection_dim=16,
+        guidance_embeds=True,
+        axes_dims_rope=(4, 6, 6),
+    )
     rows = time_kernels(small, tokens=64, text=8, device="cpu", repeats=2)
     assert [r.stack for r in rows] == list(KERNEL_STACKS)
     by = {r.stack: r for r in rows}

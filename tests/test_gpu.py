@@ -19,8 +19,9 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run by .ci/gpu-check)"),
 ]
-REQ = GenerationRequest(prompt="a red circle in the center, blue background", seed=3, steps=10, width=64, height=64,
-                        max_sequence_length=32)  # fmt: skip
+REQ = GenerationRequest(
+    prompt="a red circle in the center, blue background", seed=3, steps=10, width=64, height=64, max_sequence_length=32
+)
 
 
 @pytest.fixture

@@ -88,9 +88,12 @@ def test_block_hooks_with_given_times_price_the_cached_step_as_worked_out_by_han
         kw = dict(
             hidden_states=torch.randn(1, 16, c.in_channels),
             encoder_hidden_states=torch.randn(1, 4, c.joint_attention_dim),
-            pooled_projections=torch.randn(1, c.pooled_projection_dim), timestep=torch.tensor([0.5]),
-            img_ids=torch.zeros(16, 3), txt_ids=torch.zeros(4, 3), return_dict=False,
-        )  # fmt: skip
+            pooled_projections=torch.randn(1, c.pooled_projection_dim),
+            timestep=torch.tensor([0.5]),
+            img_ids=torch.zeros(16, 3),
+            txt_ids=torch.zeros(4, 3),
+            return_dict=False,
+        )
         with torch.no_grad():
             for _ in range(3):  # three full calls
                 tr(**kw)
@@ -125,10 +128,18 @@ def _run(step_ms: float, steps: int = 20, stall_ms: float = 0.0):
     ms = [step_ms] * steps
     ms[steps // 2] += stall_ms
     return Measured(
-        image=np.zeros((8, 8, 3), np.uint8), denoise_s=sum(ms) / 1e3, step_ms=ms,
-        counts=StepCounts(steps, [], "given"), report=CacheReport(), stack=AppliedStack(), reloaded=False,
-        warmup_s=None, compiled=False, ended=time.monotonic(), calls=steps,
-    )  # fmt: skip
+        image=np.zeros((8, 8, 3), np.uint8),
+        denoise_s=sum(ms) / 1e3,
+        step_ms=ms,
+        counts=StepCounts(steps, [], "given"),
+        report=CacheReport(),
+        stack=AppliedStack(),
+        reloaded=False,
+        warmup_s=None,
+        compiled=False,
+        ended=time.monotonic(),
+        calls=steps,
+    )
 
 
 def _pair(bases: list, stacks: list, **pairing):
@@ -213,10 +224,25 @@ def test_the_worked_ideal_prints_the_numbers_it_came_from():
     against base: of ideal 1.5 / 1.6 = 0.9375."""
     from studio.report.text import ideal_worked
 
-    detail = {"share": 5 / 12, "full_step_ms": 12.0, "skipped_ms": 7.0, "source": "from this run's block times",
-              "block_ms": [3.0, 3.0, 1.0, 1.0, 1.0, 1.0], "computed": [0], "calls": 1}  # fmt: skip
-    m = _metrics(full_steps=10, cached_steps=18, speedup=1.5, ideal_speedup=1.6, of_ideal=1.5 / 1.6,
-                 of_ideal_against="base", ideal_detail=detail, cached_share=5 / 12)  # fmt: skip
+    detail = {
+        "share": 5 / 12,
+        "full_step_ms": 12.0,
+        "skipped_ms": 7.0,
+        "source": "from this run's block times",
+        "block_ms": [3.0, 3.0, 1.0, 1.0, 1.0, 1.0],
+        "computed": [0],
+        "calls": 1,
+    }
+    m = _metrics(
+        full_steps=10,
+        cached_steps=18,
+        speedup=1.5,
+        ideal_speedup=1.6,
+        of_ideal=1.5 / 1.6,
+        of_ideal_against="base",
+        ideal_detail=detail,
+        cached_share=5 / 12,
+    )
     text = ideal_worked(m)
     assert "1 call(s) x (3.00 + 1.00 + 1.00 + 1.00 + 1.00) = 7.00 ms skipped" in text
     assert "ideal cached step 12.00 - 7.00 = 5.00 ms = 0.417 of a full step" in text

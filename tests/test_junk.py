@@ -12,9 +12,13 @@ from studio.spec import ConfigError, GenerationRequest
 from studio.spec.presets import preset_from_dict, preset_from_text
 
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=20), st.sampled_from(["auto", "sdpa", "sage", "cache-dit", "fbcache", "int8_weight_only"]),
-)  # fmt: skip
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
+    st.sampled_from(["auto", "sdpa", "sage", "cache-dit", "fbcache", "int8_weight_only"]),
+)
 values = st.recursive(
     scalars,
     lambda c: st.one_of(st.lists(c, max_size=4), st.dictionaries(st.text(max_size=8), c, max_size=4)),
@@ -26,12 +30,22 @@ keys = st.sampled_from(
 sections = st.fixed_dictionaries(
     {},
     optional={
-        "Fn_compute_blocks": values, "residual_diff_threshold": values, "max_warmup_steps": values,
-        "enable_taylorseer": values, "enable_dmd": values, "steps_computation_mask": values, "compute_bins": values,
-        "cache_bins": values, "backend": values, "quant_type": values, "exclude_layers": values, "enabled": values,
-        "fullgraph": values, "mode": values,
+        "Fn_compute_blocks": values,
+        "residual_diff_threshold": values,
+        "max_warmup_steps": values,
+        "enable_taylorseer": values,
+        "enable_dmd": values,
+        "steps_computation_mask": values,
+        "compute_bins": values,
+        "cache_bins": values,
+        "backend": values,
+        "quant_type": values,
+        "exclude_layers": values,
+        "enabled": values,
+        "fullgraph": values,
+        "mode": values,
     },
-)  # fmt: skip
+)
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -60,14 +74,24 @@ def test_preset_text_raises_only_config_errors(text):
 @SETTINGS
 @given(
     prompt=st.one_of(st.text(max_size=50), st.integers(), st.none()),
-    seed=values, steps=values, width=values, height=values, guidance=values, true_cfg_scale=values,
-)  # fmt: skip
+    seed=values,
+    steps=values,
+    width=values,
+    height=values,
+    guidance=values,
+    true_cfg_scale=values,
+)
 def test_request_validator_raises_only_config_errors(prompt, seed, steps, width, height, guidance, true_cfg_scale):
     try:
         r = GenerationRequest(
-            prompt=prompt, seed=seed, steps=steps, width=width, height=height, guidance=guidance,
+            prompt=prompt,
+            seed=seed,
+            steps=steps,
+            width=width,
+            height=height,
+            guidance=guidance,
             true_cfg_scale=true_cfg_scale,
-        )  # fmt: skip
+        )
     except ConfigError as e:
         assert str(e).startswith("request.")
     else:

@@ -11,8 +11,9 @@ from studio.report.card import metrics_card
 from studio.report.table import MatrixRow
 from studio.spec import GenerationRequest
 
-REQ = GenerationRequest(prompt="a red circle in the center, blue background", seed=3, steps=10, width=64, height=64,
-                        max_sequence_length=32)  # fmt: skip
+REQ = GenerationRequest(
+    prompt="a red circle in the center, blue background", seed=3, steps=10, width=64, height=64, max_sequence_length=32
+)
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the fallbacks checked here are a CPU's")
 

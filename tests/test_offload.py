@@ -221,8 +221,9 @@ def test_whole_model_compile_is_refused_under_a_block_streaming_regime(runner):
 
 @pytest.mark.slow
 def test_regional_compile_under_group_offload_runs_fullgraph_off_with_the_same_cached_steps(runner):
-    runner.presets.add("gcc", "dtype: float32\noffload_config: {policy: group_offload}\n" + CACHE
-                       + "compile: {enabled: true}\n")  # fmt: skip
+    runner.presets.add(
+        "gcc", "dtype: float32\noffload_config: {policy: group_offload}\n" + CACHE + "compile: {enabled: true}\n"
+    )
     eager, me = run(runner, "group")
     image, m = run(runner, "gcc")
     text = line(m, "compile:")

@@ -68,14 +68,7 @@ def test_shipped_stacks():
         c.max_warmup_steps,
         c.residual_diff_threshold,
         c.max_continuous_cached_steps,
-    ) == (
-        "cache-dit",
-        1,
-        0,
-        4,
-        0.24,
-        3,
-    )
+    ) == ("cache-dit", 1, 0, 4, 0.24, 3)
     # the named 8-bit stacks: the device's fastest form, compiled (engine.quantize.quant_form); weight-only is the
     # labelled memory option
     for name in ("int8", "sage-int8", "cache-int8", "cache-int8-sage"):
@@ -94,10 +87,7 @@ def test_shipped_stacks():
     assert changes(full.label_parts(), ran, {"attention"}) == ["sage->sdpa"]
     assert changes(full.label_parts(), {**ran, "compile": ""}, {"compile"}) == ["compile->eager"]
     # the compiled stacks: the same stacks with compile last (fullgraph decided by whether a cache is engaged)
-    for name, like in (
-        ("compile", "base"),
-        ("cache-compile", "cache"),
-    ):
+    for name, like in (("compile", "base"), ("cache-compile", "cache")):
         p, q = lib.get(name), lib.get(like)
         assert p.compile.enabled and p.compile.regional and p.compile.fullgraph is None
         assert (p.dtype, p.quantize_config, p.cache_config, p.attention_backend) == (
@@ -126,8 +116,11 @@ def test_a_presets_loras_round_trip_and_go_first_on_a_request():
     assert p.loras == (LoraSpec("/l/a.safetensors", 0.8), LoraSpec("/l/b.safetensors", 1.5))
     assert preset_from_text(preset_to_yaml(p), "mine") == p and p.tag("bfloat16").endswith("+lora2")
     mine = (LoraSpec("/l/b.safetensors", 0.2), LoraSpec("/l/c.safetensors"))
-    assert [lo.label() for lo in merge_loras(p.loras, mine)] == ["/l/a.safetensors@0.8", "/l/b.safetensors@1.5",
-                                                                 "/l/c.safetensors@1"]  # fmt: skip
+    assert [lo.label() for lo in merge_loras(p.loras, mine)] == [
+        "/l/a.safetensors@0.8",
+        "/l/b.safetensors@1.5",
+        "/l/c.safetensors@1",
+    ]
 
 
 def test_load_from_dict_and_path(tmp_path):

@@ -51,8 +51,10 @@ def test_quant_type_names_round_trip_through_cache_dits_load_configs(tmp_path):
     lib = PresetLibrary()
     base = lib.get("cache-int8-sage")
     assert base.quant.quant_type == "auto" and base.compile.enabled
-    cases = [(replace(base, quantize_config=QuantSpec(quant_type=q)), None, q) for q in
-             ("float8_per_row", "int8_per_row", "int8_weight_only")]  # fmt: skip
+    cases = [
+        (replace(base, quantize_config=QuantSpec(quant_type=q)), None, q)
+        for q in ("float8_per_row", "int8_per_row", "int8_weight_only")
+    ]
     cases += [
         (base, "int8_per_row", "int8_per_row"),
         (base, None, "float8_per_row"),
@@ -89,8 +91,11 @@ def test_each_8bit_form_engages_or_falls_back_with_its_reason_on_the_cpu(runner)
         lin = tr.transformer_blocks[0].attn.to_q
         if form == "float8_per_row":
             assert stack_state(tr).quant == "none" and type(lin.weight) is torch.nn.Parameter
-            assert any("float8_per_row: float8 matmuls need a CUDA GPU of sm89 or newer; this is cpu, using full "
-                       "precision" in f for f in res.metrics.fallbacks), res.metrics.fallbacks  # fmt: skip
+            assert any(
+                "float8_per_row: float8 matmuls need a CUDA GPU of sm89 or newer; this is cpu, using full "
+                "precision" in f
+                for f in res.metrics.fallbacks
+            ), res.metrics.fallbacks
             assert (res.image == res.base_image).all()
         else:
             assert stack_state(tr).quant == form and type(lin.weight).__name__ == "Int8Tensor"

@@ -35,8 +35,23 @@ MAY_FALL_BACK = {"sage": "sage", "float8_per_row": "float8", "layerwise_offload"
 @pytest.fixture(scope="module")
 def table(tmp_path_factory):
     d = tmp_path_factory.mktemp("regimes")
-    argv = ["regimes", "--config", "small", "--steps", str(STEPS), "--device", "cpu", "--stacks", ",".join(STACKS),
-            "--regimes", ",".join(REGIMES), "--out", str(d / "r.json"), "--md", str(d / "r.md")]  # fmt: skip
+    argv = [
+        "regimes",
+        "--config",
+        "small",
+        "--steps",
+        str(STEPS),
+        "--device",
+        "cpu",
+        "--stacks",
+        ",".join(STACKS),
+        "--regimes",
+        ",".join(REGIMES),
+        "--out",
+        str(d / "r.json"),
+        "--md",
+        str(d / "r.md"),
+    ]
     args = parser().parse_args(argv)
     code = args.regimes_main(args, argv)
     return code, json.loads((d / "r.json").read_text()), (d / "r.md").read_text()

@@ -50,25 +50,46 @@ def test_graph_count_is_unknown_not_zero_without_dynamo(monkeypatch):
 
 def _row(preset, speedup, worst, mean, cached, of_ideal=None):
     return MatrixRow(
-        preset=preset, tag=preset, denoise_s=1.0, step_ms=1.0, speedup=speedup, psnr_db=mean, ssim=None,
-        cached_steps=cached[0], full_steps=8, quality="good", worst_psnr_db=worst, mean_psnr_db=mean,
-        cached_by_prompt=cached, of_ideal=of_ideal,
-    )  # fmt: skip
+        preset=preset,
+        tag=preset,
+        denoise_s=1.0,
+        step_ms=1.0,
+        speedup=speedup,
+        psnr_db=mean,
+        ssim=None,
+        cached_steps=cached[0],
+        full_steps=8,
+        quality="good",
+        worst_psnr_db=worst,
+        mean_psnr_db=mean,
+        cached_by_prompt=cached,
+        of_ideal=of_ideal,
+    )
 
 
 def test_sweep_table_marks_the_cliff():
-    rows = [_row("base", 1.0, math.inf, math.inf, [0, 0]), _row("c.R0.1", 1.5, 44.0, 45.5, [2, 3], 0.8),
-            _row("c.R0.5", 2.25, 21.0, 30.0, [5, 6])]  # fmt: skip
-    res = SweepResult("residual_diff_threshold", [0.1, 0.5], SimpleNamespace(matrix=SimpleNamespace(rows=rows)),
-                      (0.5, 23.0), ["c.R0.1", "c.R0.5"])  # fmt: skip
-    assert text.sweep_markdown(res) == "\n".join([
-        "| residual_diff_threshold | vs base | worst PSNR | mean PSNR | cached (by prompt) | of ideal |",
-        "|---|---|---|---|---|---|",
-        "| 0.1 | 1.50x | 44.00 dB | 45.50 dB | 2,3 | 0.80 |",
-        "| 0.5 **cliff** | 2.25x | 21.00 dB | 30.00 dB | 5,6 | - |",
-        "",
-        "Cliff: at residual_diff_threshold=0.5 worst PSNR drops 23.0 dB from the value before.",  # 44 - 21
-    ])  # fmt: skip
+    rows = [
+        _row("base", 1.0, math.inf, math.inf, [0, 0]),
+        _row("c.R0.1", 1.5, 44.0, 45.5, [2, 3], 0.8),
+        _row("c.R0.5", 2.25, 21.0, 30.0, [5, 6]),
+    ]
+    res = SweepResult(
+        "residual_diff_threshold",
+        [0.1, 0.5],
+        SimpleNamespace(matrix=SimpleNamespace(rows=rows)),
+        (0.5, 23.0),
+        ["c.R0.1", "c.R0.5"],
+    )
+    assert text.sweep_markdown(res) == "\n".join(
+        [
+            "| residual_diff_threshold | vs base | worst PSNR | mean PSNR | cached (by prompt) | of ideal |",
+            "|---|---|---|---|---|---|",
+            "| 0.1 | 1.50x | 44.00 dB | 45.50 dB | 2,3 | 0.80 |",
+            "| 0.5 **cliff** | 2.25x | 21.00 dB | 30.00 dB | 5,6 | - |",
+            "",
+            "Cliff: at residual_diff_threshold=0.5 worst PSNR drops 23.0 dB from the value before.",  # 44 - 21
+        ]
+    )
     assert "Cliff" not in text.sweep_markdown(replace(res, cliff=None))
 
 
@@ -97,9 +118,14 @@ def test_tuned_description():
 
 def test_bench_header_reads_the_reports_own_request():
     meta = {
-        "model": "tiny", "prompts": ["a red circle"], "request": {"seed": 7, "steps": 8, "width": 64, "height": 32},
-        "device": "cpu", "dtype": "float32", "repeats": 3, "versions": {"torch": "2.x", "cache-dit": "1.5"},
-    }  # fmt: skip
+        "model": "tiny",
+        "prompts": ["a red circle"],
+        "request": {"seed": 7, "steps": 8, "width": 64, "height": 32},
+        "device": "cpu",
+        "dtype": "float32",
+        "repeats": 3,
+        "versions": {"torch": "2.x", "cache-dit": "1.5"},
+    }
     head = text.bench_header(SimpleNamespace(meta=meta))
     assert head.startswith("model tiny, prompt 'a red circle', seed 7, 8 steps, 64x32, device cpu, dtype float32; ")
     assert head.endswith("torch 2.x, diffusers None, cache-dit 1.5, torchao None")

@@ -16,11 +16,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from diffusers.models.attention_dispatch import (  # noqa: E402
-    AttentionBackendName,
-    _AttentionBackendRegistry,
-    dispatch_attention_fn,
-)
+from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry, dispatch_attention_fn  # noqa: E402
 
 from studio.engine import attention, sage1  # noqa: E402
 from studio.tiny.build import TinyConfig, build_pipeline  # noqa: E402
@@ -215,9 +211,14 @@ def pipe():
 
 def _picture(pipe) -> np.ndarray:
     return pipe(
-        prompt="a red circle in the center, blue background", height=32, width=32, num_inference_steps=2,
-        generator=torch.Generator("cpu").manual_seed(0), output_type="np", max_sequence_length=32,
-    ).images[0]  # fmt: skip
+        prompt="a red circle in the center, blue background",
+        height=32,
+        width=32,
+        num_inference_steps=2,
+        generator=torch.Generator("cpu").manual_seed(0),
+        output_type="np",
+        max_sequence_length=32,
+    ).images[0]
 
 
 def _backends(tr) -> set:

@@ -85,8 +85,16 @@ def test_tune_compile_off_keeps_every_option_eager_and_cache_off_is_refused(tiny
     from studio.spec import ConfigError
 
     reqs = [tiny_runner.request(PROMPT, seed=42, steps=STEPS)]
-    space = SearchSpace(thresholds=(0.24, 0.5), calibrators=("none",), run_caps=(3,), warmups=(2,), masks=(),
-                        non_cache=("base", "compile"), finalists=1, repeats=1)  # fmt: skip
+    space = SearchSpace(
+        thresholds=(0.24, 0.5),
+        calibrators=("none",),
+        run_caps=(3,),
+        warmups=(2,),
+        masks=(),
+        non_cache=("base", "compile"),
+        finalists=1,
+        repeats=1,
+    )
     said = []
     g0 = _graphs()
     res = tune(tiny_runner, reqs, 25.0, space=space, compile_enabled=False, progress=said.append)
@@ -106,8 +114,9 @@ def _matrix(tiny_runner, **switches) -> dict:
 
     h = Handlers(Studio(InProcess(tiny_runner), [tiny_runner.model], tiny_runner.presets), _plain_ui())
     request = dict(prompt=PROMPT, model=None, seed=42, steps=STEPS, width=64, height=64, guidance=None)
-    out = h.matrix(progress=lambda *a, **k: 0, history=None, **request, presets=["base", "cache", "sage"], repeats=1,
-                   **switches)  # fmt: skip
+    out = h.matrix(
+        progress=lambda *a, **k: 0, history=None, **request, presets=["base", "cache", "sage"], repeats=1, **switches
+    )
     return {r["preset"]: r for r in out["mx.json"]} | {"runs": out["mx.runs"]}
 
 
@@ -118,9 +127,14 @@ def _plain_ui():
     from studio.app import forms
 
     tabs = dict(
-        request=forms.RequestPanel, gen=forms.GenerateTab, ab=forms.CompareTab, mx=forms.MatrixTab,
-        tn=forms.TuneTab, pv=forms.PresetsTab, hist=forms.HistoryTab,
-    )  # fmt: skip
+        request=forms.RequestPanel,
+        gen=forms.GenerateTab,
+        ab=forms.CompareTab,
+        mx=forms.MatrixTab,
+        tn=forms.TuneTab,
+        pv=forms.PresetsTab,
+        hist=forms.HistoryTab,
+    )
     return forms.UI(**{n: cls(**{f.name: f"{n}.{f.name}" for f in fields(cls)}) for n, cls in tabs.items()})
 
 

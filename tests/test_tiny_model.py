@@ -16,14 +16,7 @@ from studio.spec import EMBEDDED_DIR, GenerationRequest
 from studio.spec.profiles import HUB_PROFILES, profile_for
 from studio.tiny.build import TinyConfig, build_clip_tokenizer, build_t5_tokenizer
 from studio.tiny.eval import held_out_singles, score_pair, score_single
-from studio.tiny.scenes import (
-    VOCAB,
-    Scene,
-    is_held_out,
-    parse_prompt,
-    render,
-    sample_scene,
-)
+from studio.tiny.scenes import VOCAB, Scene, is_held_out, parse_prompt, render, sample_scene
 
 # ---------------------------------------------------------------------------------------------------- world
 

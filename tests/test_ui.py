@@ -160,14 +160,19 @@ def test_api_defaults_and_numbers_as_data(client, app, tmp_path):
     assert "worst 8x8 tile" in out[1] and len(m["worst_tile_yx"]) == 2
     # true CFG and a negative prompt by name: two transformer calls a step, said on the card
     cfg = client.predict(
-        prompt=PROMPT, model=runner.model, preset="base", true_cfg_scale=2, negative_prompt="green", compare="off",
+        prompt=PROMPT,
+        model=runner.model,
+        preset="base",
+        true_cfg_scale=2,
+        negative_prompt="green",
+        compare="off",
         api_name="/generate",
-    )[-1]  # fmt: skip
+    )[-1]
     assert cfg["transformer_calls"] == 2 * cfg["request"]["steps"] and cfg["request"]["negative_prompt"] == "green"
     # a batch: the gallery before the metrics, a picture per seed, captioned
     batch = client.predict(
         prompt=PROMPT, model=runner.model, preset="base", num_images_per_prompt=2, compare="off", api_name="/generate"
-    )  # fmt: skip
+    )
     assert [p["caption"] for p in batch[8]] == ["seed 42: inf, identical", "seed 43: inf, identical"]  # base itself
     assert batch[-1]["request"]["num_images_per_prompt"] == 2 and len(batch[-1]["batch"]) == 2
     # an input picture: img2img at strength 0.5 of 10 steps runs and counts 5
@@ -175,9 +180,15 @@ def test_api_defaults_and_numbers_as_data(client, app, tmp_path):
 
     Image.fromarray(np.full((64, 64, 3), 120, np.uint8)).save(tmp_path / "in.png")
     i2i = client.predict(
-        prompt=PROMPT, model=runner.model, preset="base", image=handle_file(str(tmp_path / "in.png")), strength=0.5,
-        steps=10, compare="off", api_name="/generate",
-    )[-1]  # fmt: skip
+        prompt=PROMPT,
+        model=runner.model,
+        preset="base",
+        image=handle_file(str(tmp_path / "in.png")),
+        strength=0.5,
+        steps=10,
+        compare="off",
+        api_name="/generate",
+    )[-1]
     assert i2i["request"]["strength"] == 0.5 and i2i["request"]["image"].startswith("64x64 sha1:")
     assert i2i["full_steps"] + i2i["cached_steps"] == 5 and len(i2i["step_ms"]) == 5
     base_out = client.predict(prompt=PROMPT, model=runner.model, preset="base", api_name="/generate")
@@ -334,7 +345,7 @@ def test_browser_generate_and_compare(tmp_path, tiny_lora):
             upload = tmp_path / "input.png"
             Image.fromarray(np.kron(np.eye(2, dtype=np.uint8)[..., None] * 200, np.ones((32, 32, 3), np.uint8))).save(
                 upload
-            )  # fmt: skip
+            )
             page.get_by_role("tab", name="Generate").click()
             page.get_by_text("Image input: img2img, inpaint, edit").click()
             page.locator("#input-image input[type=file]").set_input_files(str(upload))

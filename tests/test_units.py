@@ -150,16 +150,42 @@ def test_dtype_auto_on_gpus():
 # ------------------------------------------------------------------------------------------------ report
 def make_metrics(**kw) -> RunMetrics:
     d = dict(
-        model="m", preset="cache", tag="fp32+DBCache_F1B0W4R0.24MC3+sdpa", device="cpu", dtype="float32",
-        request={"prompt": "p"}, denoise_s=0.5, step_ms=[50.0] * 10, mean_step_ms=50.0, full_steps=6,
-        cached_steps=4, transformer_calls=10, cached_step_indices=[4, 5, 7, 8], count_source="block hooks",
-        count_check="agrees with cache-dit", residual_diffs={4: 0.1}, cache_threshold=0.24,
-        backend_cached_steps=[4, 5, 7, 8], backend_cfg_cached_steps=None, speedup=1.8, base_denoise_s=0.9,
-        base_age_s=2.0, psnr_db=41.234,
-        ssim=0.99123, hf_ratio=1.0, quality=Verdict.GOOD, timing="warm-up run done earlier, 1 timed run",
-        compile_s=None, warmup_s=None, engaged=["cache: cache-dit DBCache"], fallbacks=["sage: unavailable on cpu"],
-        reloaded=False, total_s=1.0, worst_tile_psnr_db=30.1, worst_tile_yx=[8, 16],
-    )  # fmt: skip
+        model="m",
+        preset="cache",
+        tag="fp32+DBCache_F1B0W4R0.24MC3+sdpa",
+        device="cpu",
+        dtype="float32",
+        request={"prompt": "p"},
+        denoise_s=0.5,
+        step_ms=[50.0] * 10,
+        mean_step_ms=50.0,
+        full_steps=6,
+        cached_steps=4,
+        transformer_calls=10,
+        cached_step_indices=[4, 5, 7, 8],
+        count_source="block hooks",
+        count_check="agrees with cache-dit",
+        residual_diffs={4: 0.1},
+        cache_threshold=0.24,
+        backend_cached_steps=[4, 5, 7, 8],
+        backend_cfg_cached_steps=None,
+        speedup=1.8,
+        base_denoise_s=0.9,
+        base_age_s=2.0,
+        psnr_db=41.234,
+        ssim=0.99123,
+        hf_ratio=1.0,
+        quality=Verdict.GOOD,
+        timing="warm-up run done earlier, 1 timed run",
+        compile_s=None,
+        warmup_s=None,
+        engaged=["cache: cache-dit DBCache"],
+        fallbacks=["sage: unavailable on cpu"],
+        reloaded=False,
+        total_s=1.0,
+        worst_tile_psnr_db=30.1,
+        worst_tile_yx=[8, 16],
+    )
     d.update(kw)
     return RunMetrics(**d)
 
@@ -169,8 +195,10 @@ def test_formats():
     assert (fmt.speedup(1.8), fmt.ssim(0.99123), fmt.steps(4, 6)) == ("1.80x", "0.9912", "4 cached / 6 full")
     assert [fmt.verdict_level(v) for v in (Verdict.GOOD, Verdict.LOSSY, Verdict.BROKEN)] == ["ok", "warn", "broken"]
     assert (fmt.tile(30.1, [8, 16]), fmt.tile(math.inf, [0, 0]), fmt.tile(None, None)) == (
-        "30.10 dB at (y 8, x 16)", "inf", "n/a"
-    )  # fmt: skip
+        "30.10 dB at (y 8, x 16)",
+        "inf",
+        "n/a",
+    )
     assert fmt.error_map_note(8, "Above").startswith("Above: the error map |image − base| per pixel (the largest")
     assert "×8, saturating at 255: black is no change, white an error of 32 or more of 255" in fmt.error_map_note(
         8, ""
@@ -243,9 +271,14 @@ def _fake_ui():
         return cls(**{f.name: f"{prefix}.{f.name}" for f in fields(cls)})
 
     tabs = dict(
-        request=forms.RequestPanel, gen=forms.GenerateTab, ab=forms.CompareTab, mx=forms.MatrixTab,
-        tn=forms.TuneTab, pv=forms.PresetsTab, hist=forms.HistoryTab,
-    )  # fmt: skip
+        request=forms.RequestPanel,
+        gen=forms.GenerateTab,
+        ab=forms.CompareTab,
+        mx=forms.MatrixTab,
+        tn=forms.TuneTab,
+        pv=forms.PresetsTab,
+        hist=forms.HistoryTab,
+    )
     return forms.UI(**{name: record(cls, name) for name, cls in tabs.items()})
 
 

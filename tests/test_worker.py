@@ -198,9 +198,13 @@ def test_the_app_process_loads_no_torch_and_leaves_no_worker_behind(random_model
     cache-dit without importing torch; when it exits its worker is stopped, and when it is killed outright its worker
     stops by itself."""
     out = subprocess.run(
-        [sys.executable, "-c", APP_SCRIPT, end], cwd=ROOT, env=_app_env(random_model_dir), capture_output=True,
-        text=True, timeout=300,
-    )  # fmt: skip
+        [sys.executable, "-c", APP_SCRIPT, end],
+        cwd=ROOT,
+        env=_app_env(random_model_dir),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     line = [x for x in out.stdout.splitlines() if x.startswith("torch loaded:")]
     assert line, out.stdout + out.stderr[-3000:]
     words = line[0].split()

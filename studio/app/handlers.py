@@ -23,16 +23,9 @@ from studio.app.forms import UI, CompareForm, GenerateForm, MatrixForm, RequestF
 from studio.app.gpu_time import Durations
 from studio.app.history import History, history_csv, record
 from studio.app.limits import PublicGuard
+from studio.app.preset_handlers import PresetHandlers
 from studio.app.progress import progress_hooks
-from studio.app.values import (
-    batch_pictures,
-    cfg_scale,
-    json_safe,
-    notes_md,
-    png,
-    threshold_value,
-    tile_at,
-)
+from studio.app.values import batch_pictures, cfg_scale, json_safe, notes_md, png, threshold_value, tile_at
 from studio.measure.quality import difference
 from studio.report.card import broken_flag, metrics_card
 from studio.report.images import enlarge, error_picture
@@ -40,7 +33,6 @@ from studio.report.plots import plot_steps, plot_tradeoff
 from studio.report.table import MatrixRow
 from studio.spec import PresetLibrary, parse_switch
 from studio.spec.lora import shipped_loras
-from studio.spec.presets import MAX_PRESET_BYTES, preset_from_text
 from studio.spec.request import check_scale, compare_mode, image_inputs, parse_loras
 from studio.worker.protocol import Device
 
@@ -86,7 +78,7 @@ class Studio:
         return self.presets.with_user_dir(self.tmpdir / "sessions" / safe)
 
 
-class Handlers:
+class Handlers(PresetHandlers):
     def __init__(self, studio: Studio, ui: UI):
         self.studio = studio
         self.ui = ui
@@ -143,9 +135,12 @@ class Handlers:
         with shown():
             lib = self.studio.library(request)
             self.studio.guard.event(
-                getattr(request, "session_hash", None), parse_switch(getattr(form, "compile", "unset"), "compile"),
-                [(lib.get(n), lib.is_builtin(n)) for n in presets], form.model or self.studio.models[0], req,
-            )  # fmt: skip
+                getattr(request, "session_hash", None),
+                parse_switch(getattr(form, "compile", "unset"), "compile"),
+                [(lib.get(n), lib.is_builtin(n)) for n in presets],
+                form.model or self.studio.models[0],
+                req,
+            )
 
     def _history(self, hist: History | None, req, results) -> dict:
         hist = record(hist, req, results)
@@ -158,9 +153,15 @@ class Handlers:
     # The image inputs are named in each signature with their default (None): gradio's API marks a parameter
     # optional from the handler's own default when its component starts empty.
     def generate(
-        self, request: gr.Request = None, progress=gr.Progress(), *, history=None, image=None, mask_image=None,
+        self,
+        request: gr.Request = None,
+        progress=gr.Progress(),
+        *,
+        history=None,
+        image=None,
+        mask_image=None,
         **values,
-    ):  # fmt: skip
+    ):
         form = GenerateForm(image=image, mask_image=mask_image, **values)
         req = self._request(form)
         self._guard(request, req, form, [form.preset])
@@ -182,18 +183,30 @@ class Handlers:
         }
 
     def generate_compared(
-        self, request: gr.Request = None, progress=gr.Progress(), *, history=None, image=None, mask_image=None,
+        self,
+        request: gr.Request = None,
+        progress=gr.Progress(),
+        *,
+        history=None,
+        image=None,
+        mask_image=None,
         **values,
-    ):  # fmt: skip
+    ):
         """ "Compare with base": the Generate form's request with compare `on` (the same request's base picture,
         PSNR, SSIM and the error map, and base timed beside the run)."""
         values = {**values, "compare": "on", "image": image, "mask_image": mask_image}
         return self.generate(request, progress, history=history, **values)
 
     def compare(
-        self, request: gr.Request = None, progress=gr.Progress(), *, history=None, image=None, mask_image=None,
+        self,
+        request: gr.Request = None,
+        progress=gr.Progress(),
+        *,
+        history=None,
+        image=None,
+        mask_image=None,
         **values,
-    ):  # fmt: skip
+    ):
         form = CompareForm(image=image, mask_image=mask_image, **values)
         req = self._request(form)
         self._guard(request, req, form, [form.preset_a, form.preset_b])
@@ -218,9 +231,15 @@ class Handlers:
         }
 
     def matrix(
-        self, request: gr.Request = None, progress=gr.Progress(), *, history=None, image=None, mask_image=None,
+        self,
+        request: gr.Request = None,
+        progress=gr.Progress(),
+        *,
+        history=None,
+        image=None,
+        mask_image=None,
         **values,
-    ):  # fmt: skip
+    ):
         form = MatrixForm(image=image, mask_image=mask_image, **values)
         req = self._request(form)
         if not form.presets:
@@ -277,9 +296,13 @@ class Handlers:
         with shown():
             floor = float(form.floor)
             res = self.studio.device.tune(
-                [_replace(req, prompt=p) for p in prompts], floor, model=form.model,
-                progress=lambda m: progress(0, desc=m), quick=size != "full", time_limit_s=self.studio.time_limit_s,
-            )  # fmt: skip
+                [_replace(req, prompt=p) for p in prompts],
+                floor,
+                model=form.model,
+                progress=lambda m: progress(0, desc=m),
+                quick=size != "full",
+                time_limit_s=self.studio.time_limit_s,
+            )
         xs, ys, dbs = ([c[i] for c in res.curve] for i in range(3))
         label = "residual_diff_threshold (no calibrator)"
         plot = None
@@ -288,66 +311,17 @@ class Handlers:
         text = tune_summary(res, markdown=True)
         tn = self.ui.tn
         return {
-            tn.result: text, tn.plot: plot, tn.yaml: preset_to_yaml(res.preset), tn.name: res.preset.name,
+            tn.result: text,
+            tn.plot: plot,
+            tn.yaml: preset_to_yaml(res.preset),
+            tn.name: res.preset.name,
             tn.json: json_safe(res.as_dict()),
-        }  # fmt: skip
-
-    def save_tuned(self, name, text, request: gr.Request = None):
-        if not (text or "").strip():
-            raise gr.Error("Run the tuner first: there is no tuned preset to save yet.")
-        out = self.save_preset(name, text, request)
-        out[self.ui.tn.msg] = out.pop(self.ui.pv.msg)
-        return out
+        }
 
     def pick_steps(self, name, runs):
         if not name or name not in (runs or {}):
             return {self.ui.mx.steps_plot: None}
         return {self.ui.mx.steps_plot: png(lambda buf: plot_steps(runs[name], buf))}
-
-    def show_preset(self, name, request: gr.Request = None):
-        """A preset's description and YAML, and the YAML as a download."""
-        lib = self.studio.library(request)
-        with shown():
-            p = lib.get(name)
-        origin = "built in" if lib.is_builtin(name) else "user preset"
-        if p not in self._resolved:
-            self._resolved[p] = self.studio.device.resolved(p)
-        desc = f"**{name}** ({origin}) — asks for `{p.tag()}`\n\n{p.description}\n\n*{self._resolved[p]}*"
-        pv, text = self.ui.pv, lib.text(name)
-        return {pv.desc: desc, pv.yaml: text, pv.yaml_file: self.studio.write(f"{name}.yaml", text)}
-
-    def export_preset(self, name, steps=None, request: gr.Request = None):
-        """The preset as the YAML `cache_dit.load_configs` reads, a step mask sized to the request's `steps`: made by
-        the device (cache-dit's own config objects load torch, which the app's process does not)."""
-        with shown():
-            p = self.studio.library(request).get(name)
-            text = self.studio.device.export(p, int(steps) if steps else None)
-        return {self.ui.pv.export_file: self.studio.write(f"{name}.cache-dit.yaml", text)}
-
-    def load_upload(self, path):
-        if not path:
-            return {}
-        size = Path(path).stat().st_size
-        if size > MAX_PRESET_BYTES:
-            raise gr.Error(f"That preset file is {size} bytes: a preset is at most {MAX_PRESET_BYTES} bytes of YAML.")
-        stem = "".join(c for c in Path(path).stem if c.isalnum() or c in "-_.")[:64]
-        return {self.ui.pv.new_yaml: Path(path).read_text(errors="replace"), self.ui.pv.new_name: stem}
-
-    def save_preset(self, name, text, request: gr.Request = None):
-        name = (name or "").strip()
-        if not name:
-            raise gr.Error("Give the new preset a name.")
-        with shown("Preset not saved: "):
-            lib = self.studio.library(request)
-            if self.studio.guard is not None:  # checked before the file is written
-                self.studio.guard.preset(preset_from_text(text or "", name), builtin=False)
-            p = lib.add(name, text or "")
-        choices = lib.names()
-        pv = self.ui.pv
-        out = {c: gr.update(choices=choices) for c in self.ui.preset_lists()}
-        out[pv.name] = gr.update(choices=choices, value=name)
-        out[pv.msg] = f"Saved **{name}** — `{p.tag()}`. It is now in every preset list."
-        return out
 
     def export_history(self, hist):
         return {self.ui.hist.file: self.studio.write("history.csv", history_csv(hist))}

@@ -39,8 +39,13 @@ class PublicLimits:
     request_s: int = 300  # seconds one request may run on the device (STUDIO_MAX_REQUEST_S)
 
     def __post_init__(self):
-        for name, lo in (("max_matrix_runs", 2), ("max_repeats", 1), ("requests_per_minute", 1),
-                         ("compiled_shapes", 1), ("request_s", 1)):  # fmt: skip
+        for name, lo in (
+            ("max_matrix_runs", 2),
+            ("max_repeats", 1),
+            ("requests_per_minute", 1),
+            ("compiled_shapes", 1),
+            ("request_s", 1),
+        ):
             check_int("limits", name, getattr(self, name), lo, 100_000)
 
 

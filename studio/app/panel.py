@@ -48,26 +48,56 @@ def request_panel(studio) -> RequestPanel:
             )
     with gr.Accordion("Image input: img2img, inpaint, edit", open=False):
         with gr.Row():
-            image = gr.Image(label="Input picture (img2img; an edit model's reference)", type="numpy",
-                             image_mode="RGB", elem_id="input-image")  # fmt: skip
+            image = gr.Image(
+                label="Input picture (img2img; an edit model's reference)",
+                type="numpy",
+                image_mode="RGB",
+                elem_id="input-image",
+            )
             mask_image = gr.Image(label="Mask (inpaint; white: repaint)", type="numpy", image_mode="L")
             with gr.Column():
-                strength = gr.Slider(label="Strength", minimum=0.05, maximum=1.0, step=0.05, value=0.6,
-                                     info=fmt.STRENGTH_INFO)  # fmt: skip
+                strength = gr.Slider(
+                    label="Strength", minimum=0.05, maximum=1.0, step=0.05, value=0.6, info=fmt.STRENGTH_INFO
+                )
                 use_last = gr.Button("Use the last picture as input", size="sm")
     with gr.Accordion("LoRA adapters", open=False):
         shipped = list(shipped_loras(studio.models[0]))
         with gr.Row():
             loras = gr.Textbox(
                 label="LoRA adapters (one per line: a shipped name, a .safetensors file, a folder or a Hub id, then "
-                "@scale)", value="", lines=2, scale=3, elem_id="loras",
+                "@scale)",
+                value="",
+                lines=2,
+                scale=3,
+                elem_id="loras",
                 placeholder=f"{shipped[0]}@0.8" if shipped else "/path/to/my_lora.safetensors@0.8",
-            )  # fmt: skip
-            lora_pick = gr.Dropdown(label="Shipped with this model (adds it at scale 1)", choices=shipped, value=None,
-                                    scale=1, elem_id="lora-pick")  # fmt: skip
+            )
+            lora_pick = gr.Dropdown(
+                label="Shipped with this model (adds it at scale 1)",
+                choices=shipped,
+                value=None,
+                scale=1,
+                elem_id="lora-pick",
+            )
     return RequestPanel(
-        prompt=prompt, examples=examples, model=model, model_notes=model_notes, seed=seed, dice=dice,
-        steps=steps, width=width, height=height, guidance=guidance, negative_prompt=negative_prompt,
-        true_cfg_scale=true_cfg_scale, num_images_per_prompt=num_images, image=image, mask_image=mask_image,
-        strength=strength, use_last=use_last, aspect=aspect, loras=loras, lora_pick=lora_pick,
-    )  # fmt: skip
+        prompt=prompt,
+        examples=examples,
+        model=model,
+        model_notes=model_notes,
+        seed=seed,
+        dice=dice,
+        steps=steps,
+        width=width,
+        height=height,
+        guidance=guidance,
+        negative_prompt=negative_prompt,
+        true_cfg_scale=true_cfg_scale,
+        num_images_per_prompt=num_images,
+        image=image,
+        mask_image=mask_image,
+        strength=strength,
+        use_last=use_last,
+        aspect=aspect,
+        loras=loras,
+        lora_pick=lora_pick,
+    )

@@ -19,18 +19,15 @@ from pathlib import Path
 
 import gradio as gr
 
-from studio.app import forms
-from studio.app.forms import UI, CompareTab, GenerateTab, HistoryTab, MatrixTab, PresetsTab, TuneTab
-from studio.app.handlers import CACHE_CHOICES, COMPILE_CHOICES, Handlers, Studio
-from studio.app.history import HISTORY_COLUMNS, History
+from studio.app import forms, tabs
+from studio.app.forms import UI
+from studio.app.handlers import Handlers, Studio
+from studio.app.history import History
 from studio.app.limits import PublicGuard, PublicLimits
 from studio.app.panel import request_panel
-from studio.measure.quality import ERROR_SCALE
-from studio.report import fmt
 from studio.report.card import CSS
-from studio.report.table import AB_COLUMNS, COLUMNS
 from studio.spec.presets import BASE
-from studio.spec.request import COMPARE_MODES, MAX_BATCH, compare_mode
+from studio.spec.request import compare_mode
 from studio.worker.protocol import Device
 
 __all__ = ["CSS", "build_app"]
@@ -46,201 +43,6 @@ def _gpu(fn, duration=None):
     import spaces  # noqa: PLC0415
 
     return spaces.GPU(fn, duration=duration)
-
-
-def _switches() -> tuple[gr.Radio, gr.Number, gr.Radio]:
-    """The per-request cache switch, threshold and compile switch."""
-    return (
-        gr.Radio(label="Cache (this request)", choices=CACHE_CHOICES, value="unset"),
-        gr.Number(label="Cache threshold (0: the preset's)", value=0, minimum=0),
-        gr.Radio(label="Compile (this request)", choices=COMPILE_CHOICES, value="unset"),
-    )
-
-
-def _generate_tab(names: list[str], default_preset: str, compare: str) -> GenerateTab:
-    with gr.Tab("Generate"):
-        with gr.Row():
-            with gr.Column(scale=1):
-                preset = gr.Dropdown(label="Preset", choices=names, value=default_preset)
-                cache, threshold, compile_ = _switches()
-                compare_ = gr.Radio(
-                    label="Compare with base", choices=list(COMPARE_MODES), value=compare, info=fmt.COMPARE_INFO
-                )
-                button = gr.Button("Generate", variant="primary")
-                compare_button = gr.Button("Compare with base", variant="secondary")
-            with gr.Column(scale=2):
-                image = gr.Image(label="Image", type="numpy", format="png", interactive=False)
-                last = gr.State(None)
-                batch = gr.Gallery(
-                    label="The batch, picture by picture (seed: PSNR against its own base picture)",
-                    columns=MAX_BATCH, height=200, object_fit="contain", preview=False, format="png",
-                    elem_id="batch-gallery",
-                )  # fmt: skip
-                card = gr.HTML(label="Metrics")
-                with gr.Accordion("Metrics as JSON (what the API returns)", open=False):
-                    json = gr.JSON(label="metrics")
-                json_file = gr.DownloadButton("Download metrics (JSON)", value=None, size="sm")
-            with gr.Column(scale=2):
-                base_image = gr.Image(label="base image (same request)", type="numpy", format="png", interactive=False)
-                error_map = gr.Image(
-                    label="error map", show_label=False, type="numpy", format="png", interactive=False
-                )
-                gr.Markdown(fmt.error_map_note(ERROR_SCALE, "Above"))
-                steps_plot = gr.Image(label="Per-step time and residual diff", type="numpy", interactive=False)
-    return GenerateTab(
-        preset=preset, cache=cache, threshold=threshold, compile=compile_, compare=compare_, button=button,
-        compare_button=compare_button, image=image, card=card, json=json, json_file=json_file, batch=batch, last=last,
-        base_image=base_image, error_map=error_map, steps_plot=steps_plot,
-    )  # fmt: skip
-
-
-def _compare_tab(names: list[str], pair: tuple[str, str]) -> CompareTab:
-    with gr.Tab("A/B compare"):
-        with gr.Row():
-            preset_a = gr.Dropdown(label="Preset A", choices=names, value=pair[0])
-            preset_b = gr.Dropdown(label="Preset B", choices=names, value=pair[1])
-            cache, threshold, compile_ = _switches()
-            button = gr.Button("Compare", variant="primary")
-        flag = gr.HTML()
-        with gr.Row():
-            slider = gr.ImageSlider(label="A | B", type="numpy", format="png", interactive=False)
-            error_map = gr.Image(label="error map", show_label=False, type="numpy", format="png", interactive=False)
-            img_a = gr.Image(label="A", type="numpy", format="png", interactive=False)
-            img_b = gr.Image(label="B", type="numpy", format="png", interactive=False)
-        gr.Markdown(fmt.error_map_note(ERROR_SCALE, "Beside the slider", "B", "A") + " " + fmt.AB_TILE_NOTE)
-        table = gr.Dataframe(headers=list(AB_COLUMNS), label="A/B", interactive=False, wrap=True, elem_id="ab-table")
-        with gr.Accordion("A and B metrics as JSON (what the API returns)", open=False):
-            json = gr.JSON(label="metrics")
-    return CompareTab(
-        preset_a=preset_a, preset_b=preset_b, cache=cache, threshold=threshold, compile=compile_, button=button,
-        flag=flag, slider=slider, error_map=error_map, img_a=img_a, img_b=img_b, table=table, json=json,
-    )  # fmt: skip
-
-
-def _matrix_tab(names: list[str], default: list[str], runs: gr.State) -> MatrixTab:
-    with gr.Tab("Matrix"):
-        with gr.Row():
-            presets = gr.CheckboxGroup(label="Presets", choices=names, value=default)
-            with gr.Column():
-                repeats = gr.Slider(
-                    label="Timed repeats (median; 1 is quick but a single run can be an outlier)",
-                    minimum=1,
-                    maximum=5,
-                    step=1,
-                    value=3,
-                )
-                cache = gr.Radio(label="Cache (all but base)", choices=CACHE_CHOICES, value="unset")
-                threshold = gr.Number(
-                    label="Cache threshold (all cached but base; 0: each preset's)", value=0, minimum=0
-                )
-                compile_ = gr.Radio(label="Compile (all but base)", choices=COMPILE_CHOICES, value="unset")
-            button = gr.Button("Run matrix", variant="primary")
-        table = gr.Dataframe(
-            headers=list(COLUMNS),
-            label="All presets, one request",
-            elem_id="matrix-table",
-            interactive=False,
-            wrap=True,
-        )
-        noise = gr.Markdown(elem_id="matrix-noise")
-        with gr.Row():
-            plot = gr.Image(label="Speed-up vs PSNR", type="numpy", interactive=False)
-            with gr.Column():
-                pick = gr.Dropdown(label="Per-step chart for", choices=[], value=None)
-                steps_plot = gr.Image(label="Per-step time and residual diff", type="numpy", interactive=False)
-        with gr.Row():
-            csv = gr.File(label="Table (CSV)")
-            md = gr.File(label="Table (Markdown)")
-        with gr.Accordion("Rows as JSON (what the API returns)", open=False):
-            json = gr.JSON(label="rows")
-    return MatrixTab(
-        presets=presets, repeats=repeats, cache=cache, threshold=threshold, compile=compile_, button=button,
-        table=table, noise=noise, plot=plot, pick=pick, steps_plot=steps_plot, csv=csv, md=md, json=json, runs=runs,
-    )  # fmt: skip
-
-
-def _tune_tab(studio: Studio) -> TuneTab:
-    prof = studio.device.profile(studio.models[0])
-    with gr.Tab("Tune"):
-        gr.Markdown(
-            "The fastest stack whose **worst** PSNR over the prompts stays at or above the target: cache knobs, "
-            "calibrators and step masks searched on this device's best non-cache options, finalists timed side "
-            "by side with `cache`. Uses the request settings above (seed, size, steps) with each prompt."
-        )
-        with gr.Row():
-            with gr.Column(scale=1):
-                floor = gr.Number(label="Fastest stack at >= N dB (worst prompt)", value=35, minimum=10)
-                size = gr.Radio(label="Search", choices=["quick", "full"], value="quick")
-                button = gr.Button("Find the fastest stack", variant="primary")
-            with gr.Column(scale=2):
-                prompts_text = gr.Textbox(
-                    label="Prompts (one per line)", lines=5, value="\n".join(prof.example_prompts)
-                )
-        result = gr.Markdown()
-        with gr.Row():
-            plot = gr.Image(label="The search's threshold curve", type="numpy", interactive=False)
-            with gr.Column():
-                yaml = gr.Code(label="Tuned preset", language="yaml", interactive=False)
-                name = gr.Textbox(label="Save as preset named")
-                save = gr.Button("Save as preset")
-                msg = gr.Markdown()
-        with gr.Accordion("Result as JSON (what the API returns)", open=False):
-            json = gr.JSON(label="tuned")
-    return TuneTab(
-        floor=floor, size=size, button=button, prompts_text=prompts_text, result=result, plot=plot, yaml=yaml,
-        name=name, save=save, msg=msg, json=json,
-    )  # fmt: skip
-
-
-def _presets_tab(studio: Studio, names: list[str], default_preset: str) -> PresetsTab:
-    with gr.Tab("Presets"):
-        with gr.Row():
-            with gr.Column():
-                name = gr.Dropdown(label="Preset", choices=names, value=default_preset)
-                desc = gr.Markdown()
-                yaml = gr.Code(label="YAML", language="yaml", interactive=False)
-                with gr.Row():
-                    yaml_file = gr.DownloadButton("Download YAML", value=None, size="sm")
-                    export = gr.Button("Export for cache-dit (load_configs)", size="sm")
-                export_file = gr.File(label="cache-dit config (YAML)")
-            with gr.Column():
-                new_name = gr.Textbox(label="New preset name")
-                new_yaml = gr.Code(
-                    label="New preset YAML (paste or upload)",
-                    language="yaml",
-                    interactive=True,
-                    value=studio.library().text("cache"),
-                )
-                upload = gr.File(label="Upload a .yaml preset", file_types=[".yaml", ".yml"], type="filepath")
-                save = gr.Button("Validate and save", variant="primary")
-                msg = gr.Markdown()
-    return PresetsTab(
-        name=name,
-        desc=desc,
-        yaml=yaml,
-        yaml_file=yaml_file,
-        export=export,
-        export_file=export_file,
-        new_name=new_name,
-        new_yaml=new_yaml,
-        upload=upload,
-        save=save,
-        msg=msg,
-    )
-
-
-def _history_tab(rows: gr.State) -> HistoryTab:
-    with gr.Tab("History"):
-        gallery = gr.Gallery(
-            label="Pictures this session (newest first; the caption names the table's row)",
-            columns=8, height=240, object_fit="contain", preview=False, elem_id="history-gallery", format="png",
-        )  # fmt: skip
-        table = gr.Dataframe(
-            headers=HISTORY_COLUMNS, label="Runs this session", interactive=False, elem_id="history-table", wrap=True
-        )
-        export = gr.Button("Export CSV")
-        file = gr.File(label="History (CSV)")
-    return HistoryTab(rows=rows, table=table, gallery=gallery, export=export, file=file)
 
 
 def _wire(ui: UI, h: Handlers, demo) -> None:
@@ -264,9 +66,13 @@ def _wire(ui: UI, h: Handlers, demo) -> None:
     r.use_last.click(lambda last: last, gen.last, r.image, **private)
     gen_in = forms.inputs(forms.GenerateForm, r, gen) | hist_in
     gr.on(
-        [gen.button.click, r.prompt.submit], _gpu(h.generate, h.durations.generate), inputs_kwargs=gen_in,
-        outputs=gen_out, api_name="generate", **device,
-    )  # fmt: skip
+        [gen.button.click, r.prompt.submit],
+        _gpu(h.generate, h.durations.generate),
+        inputs_kwargs=gen_in,
+        outputs=gen_out,
+        api_name="generate",
+        **device,
+    )
     # the same request compared `on` (API callers pass compare="on" to /generate)
     gen.compare_button.click(
         _gpu(h.generate_compared, h.durations.generate), inputs_kwargs=gen_in, outputs=gen_out, **private, **device
@@ -356,12 +162,12 @@ def build_app(
         with gr.Tabs():
             ui = UI(
                 request=request,
-                gen=_generate_tab(names, default_preset, compare),
-                ab=_compare_tab(names, compare_presets),
-                mx=_matrix_tab(names, studio.library().one_process_names(), matrix_runs),
-                tn=_tune_tab(studio),
-                pv=_presets_tab(studio, names, default_preset),
-                hist=_history_tab(history),
+                gen=tabs.generate_tab(names, default_preset, compare),
+                ab=tabs.compare_tab(names, compare_presets),
+                mx=tabs.matrix_tab(names, studio.library().one_process_names(), matrix_runs),
+                tn=tabs.tune_tab(studio),
+                pv=tabs.presets_tab(studio, names, default_preset),
+                hist=tabs.history_tab(history),
             )
         _wire(ui, Handlers(studio, ui), demo)
     # One generation at a time on the device; the rest wait with their queue position shown.

@@ -175,14 +175,21 @@ def row(name: str, rots: list[Rotation], base_name: str = BASE, ref: str | None 
     m0 = ms[0]
     denoise = statistics.median(meds)
     row = MatrixRow(
-        preset=name, tag=m0.tag, denoise_s=denoise, step_ms=denoise / max(1, len(m0.step_ms)) * 1e3,
+        preset=name,
+        tag=m0.tag,
+        denoise_s=denoise,
+        step_ms=denoise / max(1, len(m0.step_ms)) * 1e3,
         speedup=statistics.median(r.value for r in ratios),
         psnr_db=statistics.mean(psnrs) if psnrs else None,
         ssim=statistics.mean([m.ssim for m in ms if m.ssim is not None]) if psnrs else None,
-        cached_steps=m0.cached_steps, full_steps=m0.full_steps, quality=str(m0.quality),
-        fallbacks=list(m0.fallbacks), runs=[t for rot in rots for t in rot.times[name]],
-        label_changes=list(m0.label_changes), requested_tag=m0.requested_tag,
-    )  # fmt: skip
+        cached_steps=m0.cached_steps,
+        full_steps=m0.full_steps,
+        quality=str(m0.quality),
+        fallbacks=list(m0.fallbacks),
+        runs=[t for rot in rots for t in rot.times[name]],
+        label_changes=list(m0.label_changes),
+        requested_tag=m0.requested_tag,
+    )
     row.speedup_spread = max(r.spread for r in ratios)
     unreliable = next((r.why_not() for r in ratios if not r.reliable), None)
     if unreliable:

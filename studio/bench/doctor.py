@@ -45,17 +45,40 @@ class DoctorRow:
 def crashed_row(family: str, preset: str, how: str) -> DoctorRow:
     """The row of a preset whose run killed the device worker (how: spec.errors.how_it_died's words)."""
     return DoctorRow(
-        family, preset, "-", 0, 0, [], None, None, None, None, "crashed", [],
-        [f"the run crashed its process ({how}); the family's other presets ran in a new one"], crashed=how,
-    )  # fmt: skip
+        family,
+        preset,
+        "-",
+        0,
+        0,
+        [],
+        None,
+        None,
+        None,
+        None,
+        "crashed",
+        [],
+        [f"the run crashed its process ({how}); the family's other presets ran in a new one"],
+        crashed=how,
+    )
 
 
 def _row(family: str, preset: str, m) -> DoctorRow:
     agree = None if m.count_check is None else not m.count_check.startswith("DISAGREES")
     return DoctorRow(
-        family, preset, m.tag, m.cached_steps, m.full_steps, m.cached_step_indices, m.backend_cached_steps, agree,
-        m.count_check, m.psnr_db, str(m.quality), list(m.engaged), list(m.fallbacks),
-    )  # fmt: skip
+        family,
+        preset,
+        m.tag,
+        m.cached_steps,
+        m.full_steps,
+        m.cached_step_indices,
+        m.backend_cached_steps,
+        agree,
+        m.count_check,
+        m.psnr_db,
+        str(m.quality),
+        list(m.engaged),
+        list(m.fallbacks),
+    )
 
 
 def family_instance(family: str, folder: Path, on_status=None) -> Path:
@@ -130,9 +153,17 @@ def healthy(rows: list[DoctorRow]) -> bool:
 # The non-cache techniques on a transformer of real size (GPU only): random weights do not cache, but their kernels
 # time like trained ones. FLUX.1-dev's transformer config; 1024x1024 is 4096 image tokens.
 FLUX_DEV = dict(
-    patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128, num_attention_heads=24,
-    joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=(16, 56, 56),
-)  # fmt: skip
+    patch_size=1,
+    in_channels=64,
+    num_layers=19,
+    num_single_layers=38,
+    attention_head_dim=128,
+    num_attention_heads=24,
+    joint_attention_dim=4096,
+    pooled_projection_dim=768,
+    guidance_embeds=True,
+    axes_dims_rope=(16, 56, 56),
+)
 KERNEL_STACKS = ("sdpa", "sage", "int8", "compile")
 
 

@@ -58,8 +58,14 @@ def run_matrix(
     base, *rest = resolve_presets(runner, presets, lib)
     asked = [base] + [switched(p, cache_enabled, cache_threshold, compile_enabled) for p in rest]
     rep = run_bench(
-        runner, [request], asked, model=model, repeats=repeats, progress=progress, presets_library=lib,
+        runner,
+        [request],
+        asked,
+        model=model,
+        repeats=repeats,
+        progress=progress,
+        presets_library=lib,
         exclude=_twins_added(asked),
-    )  # fmt: skip
+    )
     rows = rep.matrix.rows + [row(AGAIN, rep.rotations)]
     return Matrix(request, model or runner.model, rows, rep.rotations[0].last, repeats)

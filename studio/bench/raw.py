@@ -158,8 +158,11 @@ class RawWorker:
         self._log = open(os.path.join(self._dir.name, "worker.log"), "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-u", "-m", "studio.bench.raw"],  # -u: each reply line leaves at once
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+        )
         self._send(recipe)
         self._read()
 

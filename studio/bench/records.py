@@ -39,8 +39,15 @@ class TuneResult:
         """The result as plain data (the CLI's --json, the Tune tab's JSON); studio.report.text.tune_summary says
         it in a sentence."""
         return {
-            "preset": self.preset.name, "floor_db": self.floor_db, "worst_psnr_db": self.worst_db,
-            "speedup": self.speedup, "vs_cache": self.vs_cache, "non_cache": self.non_cache,
-            "screening_runs": self.screened, "timed_runs": self.timed, "runs": self.runs, "prompts": self.prompts,
+            "preset": self.preset.name,
+            "floor_db": self.floor_db,
+            "worst_psnr_db": self.worst_db,
+            "speedup": self.speedup,
+            "vs_cache": self.vs_cache,
+            "non_cache": self.non_cache,
+            "screening_runs": self.screened,
+            "timed_runs": self.timed,
+            "runs": self.runs,
+            "prompts": self.prompts,
             "knobs": self.preset.as_dict(),
-        }  # fmt: skip
+        }

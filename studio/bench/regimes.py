@@ -19,19 +19,27 @@ from studio.spec.preset import CacheSpec
 
 # FLUX.1-dev's transformer is studio.bench.doctor.FLUX_DEV (imported when built: it pulls in the engine and torch).
 SMALL = dict(
-    patch_size=1, in_channels=64, num_layers=2, num_single_layers=2, attention_head_dim=32, num_attention_heads=2,
-    joint_attention_dim=64, pooled_projection_dim=32, guidance_embeds=True, axes_dims_rope=(4, 14, 14),
-)  # fmt: skip
+    patch_size=1,
+    in_channels=64,
+    num_layers=2,
+    num_single_layers=2,
+    attention_head_dim=32,
+    num_attention_heads=2,
+    joint_attention_dim=64,
+    pooled_projection_dim=32,
+    guidance_embeds=True,
+    axes_dims_rope=(4, 14, 14),
+)
 CONFIGS = {"flux-dev": dict(size=1024, text=512), "small": dict(size=64, text=32)}
 REGIMES = {"resident": "none", "layerwise_offload": "layerwise_offload", "group_offload": "group_offload"}
 # A stack is "+"-joined parts. int8: the device's fastest 8-bit form for the stack (engine.quantize.quant_form).
 QUANT_PARTS = {"int8": "auto", **{q: q for q in ("int8_weight_only", "int8_per_row", "float8_per_row")}}
 PARTS = ("base", "sage", "cache", "compile", *QUANT_PARTS)
 # Default rows. Under offload: the reference table's six (layerwise offload, prefetch 1, on an RTX 4090).
-RESIDENT_STACKS = (
-    "base", "sage", "int8_weight_only", "int8_per_row", "float8_per_row", "cache", "cache+int8", "cache+int8+sage",
-    "base+compile", "int8+compile", "cache+int8+sage+compile",
-)  # fmt: skip
+RESIDENT_STACKS = tuple(
+    "base sage int8_weight_only int8_per_row float8_per_row cache cache+int8 cache+int8+sage base+compile "
+    "int8+compile cache+int8+sage+compile".split()
+)
 OFFLOAD_STACKS = ("base", "sage", "int8", "cache", "cache+int8", "cache+int8+sage")
 DEFAULTS = f"resident: {','.join(RESIDENT_STACKS)}; under offload: {','.join(OFFLOAD_STACKS)}"  # (studio.cli's help)
 # The step cache: DBCache F1B0 W4 R0.24 MC3; the mask computes the warm-up, then one step after every MC cached ones.
@@ -64,10 +72,16 @@ def cache_spec(steps: int) -> CacheSpec:
     if groups < 1:
         raise ValueError(f"--steps {steps}: the cache rows need more than {WARMUP} steps (the warm-up)")
     return CacheSpec(
-        backend="cache-dit", Fn_compute_blocks=1, Bn_compute_blocks=0, max_warmup_steps=WARMUP,
-        residual_diff_threshold=0.24, max_continuous_cached_steps=MAX_CONTINUOUS, steps_computation_policy="static",
-        compute_bins=(WARMUP,) + (1,) * groups, cache_bins=(MAX_CONTINUOUS,) * groups,
-    )  # fmt: skip
+        backend="cache-dit",
+        Fn_compute_blocks=1,
+        Bn_compute_blocks=0,
+        max_warmup_steps=WARMUP,
+        residual_diff_threshold=0.24,
+        max_continuous_cached_steps=MAX_CONTINUOUS,
+        steps_computation_policy="static",
+        compute_bins=(WARMUP,) + (1,) * groups,
+        cache_bins=(MAX_CONTINUOUS,) * groups,
+    )
 
 
 @dataclass
@@ -94,11 +108,18 @@ class Bench:
     def describe(self) -> dict:
         t = self.transformer
         return {
-            "config": self.config, "double_blocks": t["num_layers"], "single_blocks": t["num_single_layers"],
-            "heads": t["num_attention_heads"], "head_dim": t["attention_head_dim"], "size": self.size,
-            "image_tokens": self.tokens, "text_tokens": self.text, "steps": self.steps,
-            "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
-        }  # fmt: skip
+            "config": self.config,
+            "double_blocks": t["num_layers"],
+            "single_blocks": t["num_single_layers"],
+            "heads": t["num_attention_heads"],
+            "head_dim": t["attention_head_dim"],
+            "size": self.size,
+            "image_tokens": self.tokens,
+            "text_tokens": self.text,
+            "steps": self.steps,
+            "device": str(self.device),
+            "dtype": str(self.dtype).replace("torch.", ""),
+        }
 
 
 def make_bench(config: str | None, steps: int, size: int | None, device) -> Bench:
@@ -189,11 +210,13 @@ def preset_for(stack: Stack, regime: str, steps: int):
     from studio.spec.preset import CompileSpec, Preset, QuantSpec
 
     return Preset(
-        name=f"{stack.name.replace('+', '-')}.{regime}", quantize_config=QuantSpec(quant_type=stack.quant or "none"),
+        name=f"{stack.name.replace('+', '-')}.{regime}",
+        quantize_config=QuantSpec(quant_type=stack.quant or "none"),
         offload_config=OffloadSpec(policy=REGIMES[regime]),
         cache_config=cache_spec(steps) if stack.cache else CacheSpec(),
-        attention_backend="sage" if stack.sage else "sdpa", compile=CompileSpec(enabled=stack.compile),
-    )  # fmt: skip
+        attention_backend="sage" if stack.sage else "sdpa",
+        compile=CompileSpec(enabled=stack.compile),
+    )
 
 
 def _apply(bare, preset, bench: Bench, row: RegimeRow) -> bool:

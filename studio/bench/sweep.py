@@ -95,14 +95,28 @@ class SweepResult:
 
 
 def run_sweep(
-    runner, requests, preset="cache", knob="residual_diff_threshold", values=None, *, model=None, repeats=1,
-    progress=None, cache_enabled: bool | None = None, compile_enabled: bool | None = None,
-) -> SweepResult:  # fmt: skip
+    runner,
+    requests,
+    preset="cache",
+    knob="residual_diff_threshold",
+    values=None,
+    *,
+    model=None,
+    repeats=1,
+    progress=None,
+    cache_enabled: bool | None = None,
+    compile_enabled: bool | None = None,
+) -> SweepResult:
     """See the module doc. `cache_enabled`, `compile_enabled`: the per-request switches (None: as the preset is)."""
     if cache_enabled is False:
-        fail("sweep", "cache", False, "a sweep varies a step-cache knob, so every value runs with the cache on (off, "
-             "each would run one uncached stack): leave the cache switch out (`python -m studio bench --cache false` "
-             "times stacks without a cache)")  # fmt: skip
+        fail(
+            "sweep",
+            "cache",
+            False,
+            "a sweep varies a step-cache knob, so every value runs with the cache on (off, "
+            "each would run one uncached stack): leave the cache switch out (`python -m studio bench --cache false` "
+            "times stacks without a cache)",
+        )
     values = values if values is not None else parse_values(knob, None)
     base_p = runner.resolve_preset(preset)
     variants = [variant(base_p, knob, v, compile_enabled) for v in values]

@@ -65,9 +65,16 @@ def _switched(lib, names: list[str], compile_enabled: bool | None) -> dict[str, 
 
 class Tuner:
     def __init__(
-        self, runner, requests, floor_db: float, model=None, progress=None, space: SearchSpace | None = None, *,
+        self,
+        runner,
+        requests,
+        floor_db: float,
+        model=None,
+        progress=None,
+        space: SearchSpace | None = None,
+        *,
         compile_enabled: bool | None = None,
-    ):  # fmt: skip
+    ):
         self.runner, self.requests, self.floor, self.model = runner, list(requests), floor_db, model
         self.compile_enabled = compile_enabled  # the compile switch, on the non-cache options (None: as shipped)
         self.space = space or SearchSpace()
@@ -183,26 +190,51 @@ class Tuner:
         r, cache_row = rows[win.name], rows["cache"]
         vs_cache = r.speedup / cache_row.speedup if r.speedup and cache_row.speedup else None
         desc = tuned_description(
-            self.floor, len(self.requests), worst_db=r.worst_psnr_db, speedup=r.speedup, vs_cache=vs_cache,
+            self.floor,
+            len(self.requests),
+            worst_db=r.worst_psnr_db,
+            speedup=r.speedup,
+            vs_cache=vs_cache,
             on=f"{rep.meta['device']} {rep.meta['dtype']}",
-        )  # fmt: skip
+        )
         preset = replace(win, name=name, description=desc)
         return TuneResult(
-            preset, self.floor, r.worst_psnr_db, r.speedup, vs_cache,
-            self.screened, self.timed, cands, stack.name, sorted(self.curve),
+            preset,
+            self.floor,
+            r.worst_psnr_db,
+            r.speedup,
+            vs_cache,
+            self.screened,
+            self.timed,
+            cands,
+            stack.name,
+            sorted(self.curve),
             prompts=[q.prompt for q in self.requests],
-        )  # fmt: skip
+        )
 
 
 def tune(
-    runner, requests, floor_db: float, *, name: str | None = None, model=None, progress=None, space=None,
-    cache_enabled: bool | None = None, compile_enabled: bool | None = None,
-) -> TuneResult:  # fmt: skip
+    runner,
+    requests,
+    floor_db: float,
+    *,
+    name: str | None = None,
+    model=None,
+    progress=None,
+    space=None,
+    cache_enabled: bool | None = None,
+    compile_enabled: bool | None = None,
+) -> TuneResult:
     """See the module doc. `name`: the tuned preset's (default tuned-<floor>db); `space`: what is searched;
     `cache_enabled`, `compile_enabled`: the per-request switches (None: the search decides)."""
     if cache_enabled is False:
-        fail("tune", "cache", False, "the tuner searches the step cache's knobs, so its result always caches: leave "
-             "the cache switch out (`python -m studio bench --cache false` times stacks without a cache)")  # fmt: skip
+        fail(
+            "tune",
+            "cache",
+            False,
+            "the tuner searches the step cache's knobs, so its result always caches: leave "
+            "the cache switch out (`python -m studio bench --cache false` times stacks without a cache)",
+        )
     name = name or f"tuned-{floor_db:g}db".replace(".", "_")
     runner.generate(requests[0], BASE, model=model)  # load and fail early on a model that cannot run
     return Tuner(runner, requests, floor_db, model, progress, space, compile_enabled=compile_enabled).run(name)

@@ -12,10 +12,17 @@ from studio.spec.preset import ATTENTION_BACKENDS, Preset
 from studio.spec.profiles import resolve_model
 
 DBCACHE_FIELDS = (
-    "Fn_compute_blocks", "Bn_compute_blocks", "max_warmup_steps", "residual_diff_threshold",
-    "max_continuous_cached_steps", "max_cached_steps", "num_inference_steps", "steps_computation_mask",
-    "steps_computation_policy", "enable_separate_cfg",
-)  # fmt: skip
+    "Fn_compute_blocks",
+    "Bn_compute_blocks",
+    "max_warmup_steps",
+    "residual_diff_threshold",
+    "max_continuous_cached_steps",
+    "max_cached_steps",
+    "num_inference_steps",
+    "steps_computation_mask",
+    "steps_computation_policy",
+    "enable_separate_cfg",
+)
 
 
 def recipe(runner, preset: Preset, request, model=None) -> dict:

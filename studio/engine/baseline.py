@@ -75,9 +75,13 @@ class BaseEntry:
 def entry_of(run, agreed: bool | None = None) -> BaseEntry:
     """A base entry from a measured run (engine.run.Measured); `agreed` None: as steady as its own steps."""
     return BaseEntry(
-        run.image, run.denoise_s, run.step_ms, run.ended,
-        agreed=run.priced.steady if agreed is None else agreed, block_ms=run.block_ms,
-    )  # fmt: skip
+        run.image,
+        run.denoise_s,
+        run.step_ms,
+        run.ended,
+        agreed=run.priced.steady if agreed is None else agreed,
+        block_ms=run.block_ms,
+    )
 
 
 class BaseStore:

@@ -238,9 +238,14 @@ class ModelManager:
 
     # presets ---------------------------------------------------------------------------------------------
     def pipeline(
-        self, model: str | None, preset: Preset, steps: int | None = None, on_status=None, separate_cfg: bool = False,
+        self,
+        model: str | None,
+        preset: Preset,
+        steps: int | None = None,
+        on_status=None,
+        separate_cfg: bool = False,
         task: str = "text2img",
-    ):  # fmt: skip
+    ):
         """The pipeline for `model` and `task` (engine.tasks) with `preset` applied, loading only the weights that
         must change; a step cache is moved to the task's pipeline (its call starts the cache's context).
 

@@ -106,8 +106,10 @@ def offload_changed(pipe, spec: OffloadSpec, device) -> bool:
     if state.offload_key != (spec, str(device)):
         return True
     vae = getattr(pipe, "vae", None)
-    if vae is not None and _vae_flags(vae, spec) != (getattr(vae, "use_tiling", False),
-                                                     getattr(vae, "use_slicing", False)):  # fmt: skip
+    if vae is not None and _vae_flags(vae, spec) != (
+        getattr(vae, "use_tiling", False),
+        getattr(vae, "use_slicing", False),
+    ):
         return True
     return (state.offload == "model_cpu_offload") != _model_offloaded(pipe)
 
@@ -183,9 +185,13 @@ def _group(pipe, spec: OffloadSpec, device: torch.device) -> tuple[bool, str]:
     tr, cuda = pipe.transformer, device.type == "cuda"
     stream = spec.use_stream and cuda
     apply_group_offloading(
-        tr, onload_device=device, offload_device=torch.device("cpu"), offload_type="block_level",
-        num_blocks_per_group=spec.num_blocks_per_group, use_stream=stream,
-    )  # fmt: skip
+        tr,
+        onload_device=device,
+        offload_device=torch.device("cpu"),
+        offload_type="block_level",
+        num_blocks_per_group=spec.num_blocks_per_group,
+        use_stream=stream,
+    )
     at_call = _root_hooks_at_call(tr)
     groups = _groups(tr)
     # (the rest's group lists its modules and, again, their parameters: diffusers moves each once for real)
@@ -240,9 +246,14 @@ def _layerwise(pipe, spec: OffloadSpec, device: torch.device) -> tuple[bool, str
     # target cap): transfer_buckets blocks' bytes is the window the spec means.
     budget = spec.transfer_buckets * max(module_bytes(b) for b in blocks) if asyncly else None
     handle = layerwise_offload(
-        tr, module_names=names, onload_device=device, offload_device="cpu", async_transfer=asyncly,
-        transfer_buckets=spec.transfer_buckets, max_inflight_prefetch_bytes=budget,
-    )  # fmt: skip
+        tr,
+        module_names=names,
+        onload_device=device,
+        offload_device="cpu",
+        async_transfer=asyncly,
+        transfer_buckets=spec.transfer_buckets,
+        max_inflight_prefetch_bytes=budget,
+    )
     log = new_log(tr, {id(b): module_bytes(b) for b in blocks})
     for b in blocks:
         tally_block(log, b)
@@ -289,8 +300,13 @@ def _auto(pipe, spec: OffloadSpec, device: torch.device) -> tuple[str, str]:
         return "none", f"{device.type}: the weights are already in host memory"
     free, _ = torch.cuda.mem_get_info(device)
     # the pipeline is on the device already (the loader put it there): its own bytes are free for this choice
-    free += sum(tensor_bytes(t) for c in pipe.components.values() if isinstance(c, torch.nn.Module)
-                for t in list(c.parameters()) + list(c.buffers()) if t.device == device)  # fmt: skip
+    free += sum(
+        tensor_bytes(t)
+        for c in pipe.components.values()
+        if isinstance(c, torch.nn.Module)
+        for t in list(c.parameters()) + list(c.buffers())
+        if t.device == device
+    )
     needs = _needs(pipe, spec)
     gib = 2**30
     for policy in AUTO_ORDER:
@@ -346,11 +362,13 @@ def compile_under_offload(pipe, spec: CompileSpec, *, cache_engaged: bool) -> En
     if not (spec.regional and getattr(pipe.transformer, "_repeated_blocks", None)):
         uncompile(pipe.transformer)
         return Engaged(
-            "compile", "on", False,
+            "compile",
+            "on",
+            False,
             f"compile: skipped, a whole-transformer graph would hold {state.offload}'s weight moves, which both "
             "libraries keep out of graphs (torch.compiler.disable); set compile.regional: true on a model with "
             "repeated blocks; running eager",
-        )  # fmt: skip
+        )
     if state.offload == "group_offload" and state.quant != "none":
         uncompile(pipe.transformer)
         return Engaged("compile", "on", False, f"compile: skipped, {QUANT_UNDER_GROUP}; running eager")

@@ -199,10 +199,13 @@ def apply_parallel(pipe, preset: Preset, *, source: str, steps, separate_cfg: bo
     state = stack_state(tr)
     state.parallel_starts += 1
     info = {
-        "kind": label, "world_size": spec.world_size, "ray": address(spec) or "local (started by the studio)",
-        "workers": where, "cache": "cache-dit, inside the workers" if cache_cfg is not None else "none",
+        "kind": label,
+        "world_size": spec.world_size,
+        "ray": address(spec) or "local (started by the studio)",
+        "workers": where,
+        "cache": "cache-dit, inside the workers" if cache_cfg is not None else "none",
         "attention": pc.attention_backend,
-    }  # fmt: skip
+    }
     places = ", ".join(f"rank {w['rank']} on {w['device']} ({w['host']} pid {w['pid']})" for w in where)
     detail = f"parallel: {label} over {spec.world_size} Ray workers, {info['ray']}: {places}"
     if cache_cfg is not None:
@@ -210,9 +213,12 @@ def apply_parallel(pipe, preset: Preset, *, source: str, steps, separate_cfg: bo
     if attn_note:
         detail += f"; {attn_note}"
     state.parallel = ParallelState(
-        runs=wanted(preset, steps, separate_cfg), proxy=shell, info=info,
-        engaged=Engaged("parallel", label, True, detail, label), generation=state.parallel_starts,
-    )  # fmt: skip
+        runs=wanted(preset, steps, separate_cfg),
+        proxy=shell,
+        info=info,
+        engaged=Engaged("parallel", label, True, detail, label),
+        generation=state.parallel_starts,
+    )
     return state.parallel
 
 

@@ -26,7 +26,9 @@ def resolved(preset: Preset, device) -> dict[str, tuple[str, str]]:
     name = ATTENTION_BACKENDS[preset.attention_backend]
     if name != "native":
         form, tried = resolve(name, device, dtype.torch)
-        out["attention"] = (preset.attention_backend, "usable here") if form == name else (
-            (form, f"{preset.attention_backend} as {form}") if form else ("sdpa", refusal(name, tried, device))
+        out["attention"] = (
+            (preset.attention_backend, "usable here")
+            if form == name
+            else ((form, f"{preset.attention_backend} as {form}") if form else ("sdpa", refusal(name, tried, device)))
         )
     return out

@@ -78,8 +78,19 @@ class RunContext:
         it runs), and not the prompt, the seed or the input picture."""
         r, cur = self.request, self.manager.current
         cfg = true_cfg(cur.pipe, r) if cur is not None else r.true_cfg_scale
-        return (resolve_model(self.model), self.dtype.name, r.width, r.height, r.steps, r.max_sequence_length,
-                r.guidance, cfg, r.num_images_per_prompt, r.task, r.executed_steps)  # fmt: skip
+        return (
+            resolve_model(self.model),
+            self.dtype.name,
+            r.width,
+            r.height,
+            r.steps,
+            r.max_sequence_length,
+            r.guidance,
+            cfg,
+            r.num_images_per_prompt,
+            r.task,
+            r.executed_steps,
+        )
 
     def status(self, message: str) -> None:
         if self.on_status:
@@ -152,9 +163,13 @@ def pipeline_for(ctx: RunContext, preset: Preset):
     cur = ctx.manager.ensure(ctx.model, ctx.manager.resolve_dtype(preset.dtype), ctx.on_status)
     separate = true_cfg(cur.pipe, ctx.request)
     pipe, stack, reloaded = ctx.manager.pipeline(
-        ctx.model, preset, steps=ctx.request.executed_steps, on_status=ctx.on_status, separate_cfg=separate,
+        ctx.model,
+        preset,
+        steps=ctx.request.executed_steps,
+        on_status=ctx.on_status,
+        separate_cfg=separate,
         task=ctx.request.task,
-    )  # fmt: skip
+    )
     if stack.workers is not None:
         ctx.status("running on the parallel workers")
         return stack.workers.proxy, stack, reloaded
@@ -165,11 +180,7 @@ def pipeline_for(ctx: RunContext, preset: Preset):
 def _prepare(pipe, preset: Preset, request: GenerationRequest) -> None:
     quant = stack_state(pipe.transformer).quant
     prepare_run(
-        pipe,
-        preset.cache_config,
-        quant=quant,
-        steps=request.executed_steps,
-        separate_cfg=true_cfg(pipe, request),
+        pipe, preset.cache_config, quant=quant, steps=request.executed_steps, separate_cfg=true_cfg(pipe, request)
     )
 
 
@@ -271,14 +282,18 @@ def _measure_parallel(ctx: RunContext, pipe, stack, preset: Preset, *, reloaded,
     c = preset.cache_config
     backend = "cache-dit" if c.backend == "cache-dit" else "none"
     report = CacheReport(
-        backend, list(rec["cached_steps"] or []), dict(rec.get("residual_diffs") or {}),
+        backend,
+        list(rec["cached_steps"] or []),
+        dict(rec.get("residual_diffs") or {}),
         threshold=c.effective_threshold() if c.enabled else None,
         cfg_cached_steps=rec["cfg_cached_steps"],
-    )  # fmt: skip
+    )
     lost = ()
     if rec.get("summary_error"):
-        lost = (f"cache counts: cache-dit's summary could not be read in worker rank 0 ({rec['summary_error']}); "
-                "the block hooks' count stands alone",)  # fmt: skip
+        lost = (
+            f"cache counts: cache-dit's summary could not be read in worker rank 0 ({rec['summary_error']}); "
+            "the block hooks' count stands alone",
+        )
     listed = None if lost else report.listed()
     return Measured(
         image=image,

@@ -24,20 +24,17 @@ from studio.engine.baseline import (
     shape_timing,
     side_by_side,
 )
-from studio.engine.call import cfg_lines
+from studio.engine.describe import engaged_lines, fallback_lines, labels
 from studio.engine.loader import ModelManager
-from studio.engine.lora import check_loras, lora_lines
+from studio.engine.lora import check_loras
 from studio.engine.parallel import remove_parallel, workers
 from studio.engine.run import Deadline, Measured, RunContext, measure, pipeline_for, settle, warm
-from studio.engine.state import stack_state
-from studio.engine.tasks import edits
 from studio.measure.blocks import IdealCheck, computed_blocks, price_cached_step
 from studio.measure.record import RunMetrics, RunResult, Timing
 from studio.spec.checks import ConfigError
 from studio.spec.errors import USER_ERRORS, RunError
-from studio.spec.label import changes, join_label
 from studio.spec.lora import merge_loras
-from studio.spec.preset import DTYPE_SHORT, CacheSpec, Preset
+from studio.spec.preset import CacheSpec, Preset
 from studio.spec.presets import BASE, PresetLibrary
 from studio.spec.profiles import ModelProfile, profile_for, resolve_model
 from studio.spec.request import GenerationRequest, compare_mode
@@ -166,8 +163,9 @@ class Runner:
             if self.bases.get(regime_key(ctx.key, p)) is None:
                 self.generate(ctx.request, self.base_preset(ctx.dtype.name, p), model=ctx.model)  # (its LoRAs)
             run = measure(ctx, p, warm_up=False)
-            return self._metrics(ctx, p, Paired(self.bases.get(regime_key(ctx.key, p)), run, 1, False), 0.0,
-                                 screening=True)  # fmt: skip
+            return self._metrics(
+                ctx, p, Paired(self.bases.get(regime_key(ctx.key, p)), run, 1, False), 0.0, screening=True
+            )
 
     def generate(
         self,
@@ -220,10 +218,14 @@ class Runner:
         except Exception as e:
             msg = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             if self._parallel_failed(p):
-                raise RunError(f"a parallel worker failed during the run ({msg}); the workers are stopped and the "
-                               "next request starts them again") from e  # fmt: skip
-            raise RunError(f"the run failed inside the pipeline ({msg}); the loaded model, its stack and the kept "
-                           "base images are as they were, so the next request runs as before") from e  # fmt: skip
+                raise RunError(
+                    f"a parallel worker failed during the run ({msg}); the workers are stopped and the "
+                    "next request starts them again"
+                ) from e
+            raise RunError(
+                f"the run failed inside the pipeline ({msg}); the loaded model, its stack and the kept "
+                "base images are as they were, so the next request runs as before"
+            ) from e
 
     def _parallel_failed(self, p: Preset) -> bool:
         """After a failed run of `p`: whether parallel workers ran it; they are stopped (a dead one killed), so the
@@ -254,10 +256,13 @@ class Runner:
                 paired = by_shape(shaped, then[1], self.bases.get(key), lambda: measure(ctx, p))
             else:
                 paired = side_by_side(
-                    pairing, self.bases, key,
-                    time_base=lambda: measure(ctx, base_p, show_steps=False), time_stack=lambda: measure(ctx, p),
+                    pairing,
+                    self.bases,
+                    key,
+                    time_base=lambda: measure(ctx, base_p, show_steps=False),
+                    time_stack=lambda: measure(ctx, p),
                     on_status=ctx.on_status,
-                )  # fmt: skip
+                )
             first = paired.run
             paired = replace(paired, run=replace(first, warmup_s=warmup_s, reloaded=reloaded or first.reloaded))
         else:
@@ -270,18 +275,28 @@ class Runner:
         return RunResult(paired.run.image, paired.base.image if paired.base else None, metrics)
 
     def _metrics(
-        self, ctx: RunContext, p: Preset, paired: Paired, total_s: float, *, is_base: bool = False,
+        self,
+        ctx: RunContext,
+        p: Preset,
+        paired: Paired,
+        total_s: float,
+        *,
+        is_base: bool = False,
         screening: bool = False,
-    ) -> RunMetrics:  # fmt: skip
+    ) -> RunMetrics:
         run: Measured = paired.run
         base = paired.base
         info = run.stack.workers.info if run.stack.workers is not None else None
         timing = Timing(
-            warmup_in_call=run.warmup_s is not None, runs=paired.runs, interleaved=not is_base,
-            base_now=None if base is None or is_base else paired.base_now, in_workers=info is not None,
-            screening=screening, left_out=paired.ratio.left_out if paired.ratio and not is_base else 0,
+            warmup_in_call=run.warmup_s is not None,
+            runs=paired.runs,
+            interleaved=not is_base,
+            base_now=None if base is None or is_base else paired.base_now,
+            in_workers=info is not None,
+            screening=screening,
+            left_out=paired.ratio.left_out if paired.ratio and not is_base else 0,
             by_shape=paired.by_shape,
-        )  # fmt: skip
+        )
         cache_on = run.stack.is_engaged("cache")
         ideal = self._ideal(p, paired)
         return RunMetrics.of(
@@ -299,7 +314,7 @@ class Runner:
             ideal=ideal,
             model=ctx.model,
             preset=p.name,
-            **_labels(ctx, p, run),
+            **labels(ctx, p, run),
             device=str(self.manager.device),
             dtype=ctx.dtype.name,
             request=ctx.request.as_dict(),
@@ -310,8 +325,8 @@ class Runner:
             backend_cfg_cached_steps=run.report.cfg_cached_steps,
             compile_s=run.warmup_s if run.compiled else None,
             warmup_s=run.warmup_s,
-            engaged=self._lines(ctx, run),
-            fallbacks=self._fallbacks(run),
+            engaged=engaged_lines(ctx, run, self.manager.current.pipe),
+            fallbacks=fallback_lines(run),
             reloaded=run.reloaded,
             total_s=total_s,
             blocks=run.blocks,
@@ -319,35 +334,6 @@ class Runner:
             peak_memory=run.memory.as_dict() if run.memory is not None else None,
             h2d=run.h2d,
         )
-
-    @staticmethod
-    def _fallbacks(run: Measured) -> list[str]:
-        """What did not run as asked, and what could not be read about the run."""
-        disagree = [f"step counts: {run.counts.check}"] if run.counts.disagree else []
-        return run.stack.fallbacks() + list(run.lost) + disagree
-
-    def _lines(self, ctx: RunContext, run: Measured) -> list[str]:
-        """What ran, in words: the stack's lines, the dtype's note, a cut prompt, a cache that cached nothing."""
-        lines = run.stack.lines() + ([f"dtype: {ctx.dtype.note}"] if ctx.dtype.note else [])
-        if run.dropped:
-            lines.append(f"prompt: {run.dropped[0]} tokens, the model reads {run.dropped[1]}; the rest was dropped")
-        lines += cfg_lines(ctx.request, self.manager.current.pipe, run.calls_per_step) + lora_lines(
-            ctx.request, stack_state(self.manager.current.pipe.transformer)
-        )
-        r = ctx.request
-        if r.task != "text2img" and edits(self.manager.current.pipe):
-            lines.append(
-                f"edit: {type(self.manager.current.pipe).__name__} read the input picture as a reference "
-                f"({r.image.shape[1]}x{r.image.shape[0]}); all {r.steps} steps ran"
-            )
-        elif r.task != "text2img":
-            lines.append(f"{r.task}: strength {r.strength:g}: the last {r.executed_steps} of {r.steps} steps ran")
-        if run.stack.is_engaged("cache") and run.counts.cached == 0 and run.report.threshold is not None:
-            lines.append(
-                f"cache: engaged, but no step came under R{run.report.threshold:g} on this run "
-                "(python -m studio sweep finds the threshold where this model starts caching)"
-            )
-        return lines
 
     def _ideal(self, p: Preset, paired: Paired) -> IdealCheck | None:
         """The cached run against its ideal (studio.measure.blocks), or None when nothing is cached or the blocks'
@@ -383,15 +369,3 @@ class Runner:
         """Whether `p` without its step cache is `base` (then base, timed beside it, is its non-cache reference)."""
         plain = replace(p, cache_config=CacheSpec())
         return plain.stack[1:] == same_regime(self.presets.get(BASE), p).stack[1:]
-
-
-def _labels(ctx: RunContext, p: Preset, run: Measured) -> dict:
-    """The run's label from its engaged stack, what the preset asked for, and the parts that differ (spec.label)."""
-    n = len(ctx.request.loras)
-    lora = f"lora{n}" if n else ""
-    ran = {"dtype": DTYPE_SHORT[ctx.dtype.name], **run.stack.label_parts(), "lora": lora}
-    asked = {**p.label_parts(), "lora": lora}
-    return {
-        "tag": join_label(ran), "requested_tag": join_label(asked),
-        "label_changes": changes(asked, ran, run.stack.fell_back_parts()),
-    }

@@ -129,9 +129,14 @@ def sage1_attention(
     # instead (softmax does not see a shift shared by all keys; it only narrows the int8 range) and ask it not to.
     k = key - key.mean(dim=1, keepdim=True)
     return kernel(
-        _last_dim_dense(query), k, _last_dim_dense(value),
-        tensor_layout="NHD", is_causal=is_causal, sm_scale=scale, smooth_k=False,
-    )  # fmt: skip
+        _last_dim_dense(query),
+        k,
+        _last_dim_dense(value),
+        tensor_layout="NHD",
+        is_causal=is_causal,
+        sm_scale=scale,
+        smooth_k=False,
+    )
 
 
 setattr(sage1_attention, _MARK, True)

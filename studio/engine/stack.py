@@ -112,8 +112,11 @@ def _parallel(pipe, preset: Preset, steps, separate_cfg, source) -> AppliedStack
     device = next(pipe.transformer.parameters()).device
     reason = unavailable_reason(par, pipe, device) or (None if source else "no model source to load workers from")
     if reason is not None:
-        return AppliedStack(engaged={"parallel": Engaged("parallel", par.label(), False, f"parallel: {reason}; "
-                                                         "running in one process")})  # fmt: skip
+        return AppliedStack(
+            engaged={
+                "parallel": Engaged("parallel", par.label(), False, f"parallel: {reason}; running in one process")
+            }
+        )
     out = AppliedStack(preset=preset)
     if workers(pipe) is None:
         apply_parallel(pipe, preset, source=source, steps=steps, separate_cfg=separate_cfg)
@@ -150,8 +153,13 @@ def apply_preset(
     if par is not None and par.preset is not None:
         return par
     if par is not None:  # a parallel preset that cannot run here: its stack in one process, with the reason
-        out = apply_preset(pipe, replace(preset, parallelism_config=ParallelSpec()), steps=steps,
-                           separate_cfg=separate_cfg, applied=applied)  # fmt: skip
+        out = apply_preset(
+            pipe,
+            replace(preset, parallelism_config=ParallelSpec()),
+            steps=steps,
+            separate_cfg=separate_cfg,
+            applied=applied,
+        )
         out.preset = preset
         out.engaged["parallel"] = par.engaged["parallel"]
         return out

@@ -59,4 +59,3 @@ class DeviceThread:
 
 
 DEVICE_THREAD = DeviceThread()
-

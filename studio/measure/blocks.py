@@ -122,10 +122,14 @@ class CachedStepPrice:
 
     def as_dict(self) -> dict:
         return {
-            "share": self.share, "full_step_ms": self.full_step_ms, "skipped_ms": self.skipped_ms,
-            "source": self.source, "block_ms": list(self.block_ms), "computed": list(self.computed),
+            "share": self.share,
+            "full_step_ms": self.full_step_ms,
+            "skipped_ms": self.skipped_ms,
+            "source": self.source,
+            "block_ms": list(self.block_ms),
+            "computed": list(self.computed),
             "calls": self.calls,
-        }  # fmt: skip
+        }
 
     def ideal_speedup(self, full: int, cached: int) -> float | None:
         steps = full + cached

@@ -211,10 +211,14 @@ def _judged(image, base_image, request: dict) -> tuple:
         return (judge(image, base_image) if base_image is not None else None), None
     q, each = judge_batch(image, base_image, n) if base_image is not None else (None, [None] * n)
     batch = [
-        {"seed": request["seed"] + i, "psnr_db": e.psnr_db if e else None, "ssim": e.ssim if e else None,
-         "quality": str(e.verdict if e else Verdict.NOT_COMPARED)}
+        {
+            "seed": request["seed"] + i,
+            "psnr_db": e.psnr_db if e else None,
+            "ssim": e.ssim if e else None,
+            "quality": str(e.verdict if e else Verdict.NOT_COMPARED),
+        }
         for i, e in enumerate(each)
-    ]  # fmt: skip
+    ]
     return q, batch
 
 

@@ -46,10 +46,18 @@ def _cache_dit_lists(pipe) -> dict:
     try:
         rec = read_summary(pipe)
     except (AttributeError, KeyError, TypeError, ValueError) as e:  # a summary whose shape this reader does not know
-        return {"cached_steps": None, "cfg_cached_steps": None, "residual_diffs": {},
-                "summary_error": f"{type(e).__name__}: {e}"}  # fmt: skip
-    return {"cached_steps": rec.cached_steps, "cfg_cached_steps": rec.cfg_cached_steps,
-            "residual_diffs": rec.residual_diffs, "summary_error": None}  # fmt: skip
+        return {
+            "cached_steps": None,
+            "cfg_cached_steps": None,
+            "residual_diffs": {},
+            "summary_error": f"{type(e).__name__}: {e}",
+        }
+    return {
+        "cached_steps": rec.cached_steps,
+        "cfg_cached_steps": rec.cfg_cached_steps,
+        "residual_diffs": rec.residual_diffs,
+        "summary_error": None,
+    }
 
 
 def read(actor) -> dict:

@@ -80,9 +80,16 @@ def plot_steps(metrics, path_or_buf):
 
 
 def plot_sweep(
-    knob: str, values: list, speedups: list, worst_db: list, cliff_value, path_or_buf, *, floor_db=None,
+    knob: str,
+    values: list,
+    speedups: list,
+    worst_db: list,
+    cliff_value,
+    path_or_buf,
+    *,
+    floor_db=None,
     speed_label: str = "speed-up (median over prompts)",
-):  # fmt: skip
+):
     """Speed-up and worst PSNR over prompts against one knob's values; the cliff (steepest PSNR drop) marked."""
     import matplotlib
 
@@ -101,8 +108,14 @@ def plot_sweep(
     if cliff_value is not None and cliff_value in values:
         i = values.index(cliff_value)
         ax.axvline(i, color="#d62728", lw=1.2, ls=":")
-        ax.annotate("cliff", (i, ys[i] if ys[i] is not None else 0), color="#d62728", xytext=(5, 8),
-                    textcoords="offset points", fontsize=9)  # fmt: skip
+        ax.annotate(
+            "cliff",
+            (i, ys[i] if ys[i] is not None else 0),
+            color="#d62728",
+            xytext=(5, 8),
+            textcoords="offset points",
+            fontsize=9,
+        )
     if floor_db is not None:
         ax.axhline(floor_db, color="#2ca02c", lw=0.8, ls="--", label=f"floor {floor_db:g} dB")
     ax.set_xticks(xs, [str(v) for v in values])

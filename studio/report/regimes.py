@@ -5,9 +5,22 @@ from __future__ import annotations
 from studio.report import fmt
 
 COLUMNS = (
-    "stack", "regime", "ms/step", "total s", "vs base", "cached/full", "full step", "cached step", "warm-up s",
-    "peak memory", "peak reserved", "H2D per full step", "H2D per cached step", "PSNR ¹", "engaged",
-)  # fmt: skip
+    "stack",
+    "regime",
+    "ms/step",
+    "total s",
+    "vs base",
+    "cached/full",
+    "full step",
+    "cached step",
+    "warm-up s",
+    "peak memory",
+    "peak reserved",
+    "H2D per full step",
+    "H2D per cached step",
+    "PSNR ¹",
+    "engaged",
+)
 HELP = (
     "the reference table's shape, stacks x memory regimes on a random-weight FLUX.1-dev-sized transformer. Estimate "
     "for one H200 (bf16, 40 steps, 1024x1024; not yet measured there): an eager resident row 5-20 s, a compiled one "
@@ -67,11 +80,22 @@ def cells(r) -> list[str]:
     if r.error:
         notes = f"error, lost: {r.error}" + (f" ({notes})" if notes else "")
     return [
-        r.stack, r.regime, f"{r.ms_per_step:.1f}" if timed else _status(r), f"{r.total_s:.2f}" if timed else "-",
-        _vs_base(r), steps, fmt.ms(r.full_step_ms), fmt.ms(r.cached_step_ms),
-        "n/a" if r.warmup_s is None else f"{r.warmup_s:.1f}", peak, reserved,
-        _h2d(r, "h2d_bytes_per_full_step"), _h2d(r, "h2d_bytes_per_cached_step"), r.psnr, notes.replace("|", "/"),
-    ]  # fmt: skip
+        r.stack,
+        r.regime,
+        f"{r.ms_per_step:.1f}" if timed else _status(r),
+        f"{r.total_s:.2f}" if timed else "-",
+        _vs_base(r),
+        steps,
+        fmt.ms(r.full_step_ms),
+        fmt.ms(r.cached_step_ms),
+        "n/a" if r.warmup_s is None else f"{r.warmup_s:.1f}",
+        peak,
+        reserved,
+        _h2d(r, "h2d_bytes_per_full_step"),
+        _h2d(r, "h2d_bytes_per_cached_step"),
+        r.psnr,
+        notes.replace("|", "/"),
+    ]
 
 
 def row_line(r) -> str:

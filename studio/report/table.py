@@ -13,8 +13,18 @@ from studio.spec.request import GenerationRequest
 # The shape people publish first (stack | denoise | per-step | vs base | PSNR | cached/full), then the rest.
 AGAIN = "base (again)"  # base timed a second time, last in each round: base against itself is the noise floor
 COLUMNS = (
-    "stack", "denoise", "per-step", "vs base", "PSNR", "cached/full", "of ideal", "SSIM", "quality", "preset", "notes",
-)  # fmt: skip
+    "stack",
+    "denoise",
+    "per-step",
+    "vs base",
+    "PSNR",
+    "cached/full",
+    "of ideal",
+    "SSIM",
+    "quality",
+    "preset",
+    "notes",
+)
 CORE = 7  # the columns before a bench's extras
 # Columns a bench adds where it has them, after "of ideal": (heading, MatrixRow field, format)
 OPTIONAL = (
@@ -202,5 +212,3 @@ class Matrix:
             d = r.as_dict()
             w.writerow({k: (";".join(map(str, v)) if isinstance(v, list) else v) for k, v in d.items()})
         return buf.getvalue()
-
-

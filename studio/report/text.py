@@ -13,8 +13,16 @@ from studio.report import fmt
 COST_COLUMNS = ("preset", "cold compile", "graphs", "recompiles seen", "saving vs eager twin", "pays off after")
 SWEEP_COLUMNS = ("vs base", "worst PSNR", "mean PSNR", "cached (by prompt)", "of ideal")  # after the knob's own
 DOCTOR_COLUMNS = (
-    "family", "preset", "stack", "cached/full", "cache's own list", "counts", "PSNR", "verdict", "fell back",
-)  # fmt: skip
+    "family",
+    "preset",
+    "stack",
+    "cached/full",
+    "cache's own list",
+    "counts",
+    "PSNR",
+    "verdict",
+    "fell back",
+)
 KERNEL_COLUMNS = ("stack", "ms per transformer call", "vs sdpa", "engaged")
 
 
@@ -91,10 +99,16 @@ def sweep_markdown(res) -> str:
     cells = []
     for v, r in zip(res.values, res.rows()):
         mark = " **cliff**" if res.cliff and res.cliff[0] == v else ""
-        cells.append([
-            f"{v}{mark}", fmt.speedup(r.speedup), fmt.psnr(r.worst_psnr_db), fmt.psnr(r.mean_psnr_db),
-            ",".join(map(str, r.cached_by_prompt)), "-" if r.of_ideal is None else f"{r.of_ideal:.2f}",
-        ])  # fmt: skip
+        cells.append(
+            [
+                f"{v}{mark}",
+                fmt.speedup(r.speedup),
+                fmt.psnr(r.worst_psnr_db),
+                fmt.psnr(r.mean_psnr_db),
+                ",".join(map(str, r.cached_by_prompt)),
+                "-" if r.of_ideal is None else f"{r.of_ideal:.2f}",
+            ]
+        )
     lines = _table((res.knob,) + SWEEP_COLUMNS, cells)
     cliff = cliff_line(res.knob, res.cliff)
     return "\n".join(lines + (["", cliff] if cliff else []))
@@ -137,9 +151,16 @@ def doctor_cells(r) -> list[str]:
     agree = {True: "agree", False: "DISAGREE", None: "-"}[r.counts_agree]
     own = "-" if r.backend_cached_steps is None else str(r.backend_cached_steps)
     return [
-        r.family, r.preset, r.tag, f"{r.cached_steps}/{r.full_steps}", own, agree, fmt.psnr(r.psnr_db), str(r.quality),
+        r.family,
+        r.preset,
+        r.tag,
+        f"{r.cached_steps}/{r.full_steps}",
+        own,
+        agree,
+        fmt.psnr(r.psnr_db),
+        str(r.quality),
         "; ".join(r.fallbacks),
-    ]  # fmt: skip
+    ]
 
 
 def doctor_table(rows) -> str:
@@ -203,9 +224,10 @@ def busy_text(rep, where: str) -> str:
         reading = fmt.speedup(v) if v is not None else f"no number ({note})"
         lines.append(f"  {reading}: {verdict}")
     lines.append(
-        "PASS: every busy reading within 25% of the quiet one or flagged as unreliable" if rep.passed else
-        "FAIL: a busy reading is wrong"
-    )  # fmt: skip
+        "PASS: every busy reading within 25% of the quiet one or flagged as unreliable"
+        if rep.passed
+        else "FAIL: a busy reading is wrong"
+    )
     return "\n".join(lines)
 
 

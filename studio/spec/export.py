@@ -9,9 +9,13 @@ from studio.spec.cachedit import cache_dit_configs
 from studio.spec.preset import ATTENTION_BACKENDS, Preset
 
 CACHE_KEYS = (
-    "Fn_compute_blocks", "Bn_compute_blocks", "max_warmup_steps", "residual_diff_threshold",
-    "max_continuous_cached_steps", "max_cached_steps",
-)  # fmt: skip
+    "Fn_compute_blocks",
+    "Bn_compute_blocks",
+    "max_warmup_steps",
+    "residual_diff_threshold",
+    "max_continuous_cached_steps",
+    "max_cached_steps",
+)
 DEFAULT_STEPS = 28
 AUTO_EXPORT = "float8_per_row"  # cache-dit's default quant_type
 

@@ -288,16 +288,21 @@ class Preset(Record):
         check_choice("preset", "dtype", self.dtype, DTYPES)
         check_choice("preset", "attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         for name, cls in (
-            ("quantize_config", QuantSpec), ("offload_config", OffloadSpec), ("cache_config", CacheSpec),
-            ("compile", CompileSpec), ("parallelism_config", ParallelSpec),
-        ):  # fmt: skip
+            ("quantize_config", QuantSpec),
+            ("offload_config", OffloadSpec),
+            ("cache_config", CacheSpec),
+            ("compile", CompileSpec),
+            ("parallelism_config", ParallelSpec),
+        ):
             if not isinstance(getattr(self, name), cls):
                 fail("preset", name, getattr(self, name), f"must be a {cls.__name__}")
         if self.parallelism_config.enabled and self.quantize_config.enabled:
             fail(
-                "preset", "quantize_config", self.quantize_config.quant_type,
+                "preset",
+                "quantize_config",
+                self.quantize_config.quant_type,
                 "parallel workers load the model's own weights: drop quantize_config from a parallel preset",
-            )  # fmt: skip
+            )
         lo = self.loras
         if not isinstance(lo, tuple) or len(lo) > MAX_LORAS or not all(isinstance(x, LoraSpec) for x in lo):
             fail("preset", "loras", lo, f"a list of at most {MAX_LORAS} LoRAs ({{path: ..., scale: ...}} each)")
@@ -329,9 +334,15 @@ class Preset(Record):
     def stack(self) -> tuple:
         """Everything that decides what runs (not the name or description)."""
         return (
-            self.dtype, self.quantize_config, self.offload_config, self.cache_config, self.attention_backend,
-            self.compile, self.parallelism_config, self.loras,
-        )  # fmt: skip
+            self.dtype,
+            self.quantize_config,
+            self.offload_config,
+            self.cache_config,
+            self.attention_backend,
+            self.compile,
+            self.parallelism_config,
+            self.loras,
+        )
 
     def label_parts(self, dtype: str | None = None) -> dict[str, str]:
         """What this preset asks for, one token per part of the stack (spec.label)."""

@@ -73,9 +73,13 @@ class ModelProfile:
     def request(self, prompt: str, **overrides) -> GenerationRequest:
         """A request with this profile's defaults for whatever is not given (None: the default)."""
         kw = dict(
-            steps=self.steps, width=self.width, height=self.height, guidance=self.guidance,
-            true_cfg_scale=self.true_cfg_scale, max_sequence_length=self.max_sequence_length,
-        )  # fmt: skip
+            steps=self.steps,
+            width=self.width,
+            height=self.height,
+            guidance=self.guidance,
+            true_cfg_scale=self.true_cfg_scale,
+            max_sequence_length=self.max_sequence_length,
+        )
         kw.update({k: v for k, v in overrides.items() if v is not None})
         return GenerationRequest(prompt=prompt, **kw)
 
@@ -98,12 +102,7 @@ _FLUX_PROMPTS = (
 )
 HUB_PROFILES: dict[str, ModelProfile] = {
     "black-forest-labs/FLUX.1-dev": ModelProfile(
-        "FLUX.1-dev",
-        steps=28,
-        guidance=3.5,
-        max_sequence_length=512,
-        example_prompts=_FLUX_PROMPTS,
-        gpu_step_s=0.15,
+        "FLUX.1-dev", steps=28, guidance=3.5, max_sequence_length=512, example_prompts=_FLUX_PROMPTS, gpu_step_s=0.15
     ),
     "black-forest-labs/FLUX.1-schnell": ModelProfile(
         "FLUX.1-schnell", steps=4, guidance=0.0, max_sequence_length=256, example_prompts=_FLUX_PROMPTS
@@ -127,7 +126,7 @@ HUB_PROFILES: dict[str, ModelProfile] = {
         gpu_step_s=0.3,
         example_prompts=("make it a watercolour painting", "change the sky to a sunset"),
         notes="an edit model: upload a picture (Image input) and say what to change; without one it draws from text",
-    ),  # fmt: skip
+    ),
     "Qwen/Qwen-Image-Edit": ModelProfile(
         "Qwen-Image-Edit",
         width=1024,
@@ -139,7 +138,7 @@ HUB_PROFILES: dict[str, ModelProfile] = {
         gpu_step_s=0.7,
         example_prompts=("make it a watercolour painting", 'add a sign that reads "Open"'),
         notes="an edit model: upload a picture (Image input) and say what to change",
-    ),  # fmt: skip
+    ),
     "Tongyi-MAI/Z-Image-Turbo": ModelProfile(
         "Z-Image-Turbo", steps=9, guidance=0.0, example_prompts=_FLUX_PROMPTS, gpu_step_s=0.1
     ),

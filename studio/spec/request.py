@@ -77,8 +77,12 @@ class GenerationRequest(Record):
         for name in ("negative_prompt",):
             v = getattr(self, name)
             if not isinstance(v, str) or len(v) > MAX_PROMPT_CHARS:
-                fail(o, name, v if isinstance(v, str) and len(v) < 80 else type(v).__name__,
-                     f"a string of at most {MAX_PROMPT_CHARS} characters")  # fmt: skip
+                fail(
+                    o,
+                    name,
+                    v if isinstance(v, str) and len(v) < 80 else type(v).__name__,
+                    f"a string of at most {MAX_PROMPT_CHARS} characters",
+                )
         check_int(o, "seed", self.seed, 0, 2**63 - 1)
         check_int(o, "steps", self.steps, 1, 200)
         check_int(o, "width", self.width, 16, 4096)

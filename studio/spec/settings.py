@@ -88,8 +88,11 @@ class Settings:
             presets_dir=env.get("STUDIO_PRESETS_DIR", "").strip() or None,
             hub_offline=_flag(env, "HF_HUB_OFFLINE", False),
             zerogpu=importlib.util.find_spec("spaces") is not None and _flag(env, "SPACES_ZERO_GPU", False),
-            model=model, models=(model,) + more, preset=env.get("STUDIO_PRESET", "").strip() or cls.preset,
-            public=public, compare=_choice(env, "STUDIO_COMPARE", COMPARE_MODES),
+            model=model,
+            models=(model,) + more,
+            preset=env.get("STUDIO_PRESET", "").strip() or cls.preset,
+            public=public,
+            compare=_choice(env, "STUDIO_COMPARE", COMPARE_MODES),
             device=_choice(env, "STUDIO_DEVICE", ("cpu", "cuda")),
             max_steps=_number(env, "STUDIO_MAX_STEPS", int, 1, 10_000),
             max_side=_number(env, "STUDIO_MAX_SIDE", int, 16, 16_384),
@@ -97,7 +100,7 @@ class Settings:
             worker_max_rss_gb=_number(env, "STUDIO_WORKER_MAX_RSS_GB", float, 0.1, 10_000),
             queue_size=_number(env, "STUDIO_QUEUE_SIZE", int, 1, 10_000) or cls.queue_size,
             prewarm=_flag(env, "STUDIO_PREWARM", True),
-        )  # fmt: skip
+        )
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

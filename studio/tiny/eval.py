@@ -19,14 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from studio.tiny.scenes import (
-    Scene,
-    all_single_scenes,
-    is_held_out,
-    judge_background,
-    judge_object,
-    sample_scene,
-)
+from studio.tiny.scenes import Scene, all_single_scenes, is_held_out, judge_background, judge_object, sample_scene
 
 TARGETS = {"background": 0.95, "colour": 0.85, "shape": 0.80, "pair": 0.80, "cache_psnr_db": 30.0}
 

@@ -123,9 +123,14 @@ def _qwen_image():
         axes_dims_rope=(4, 6, 6),
     )
     vae = AutoencoderKLQwenImage(
-        base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1, temperal_downsample=[False],
-        latents_mean=[0.0] * 4, latents_std=[1.0] * 4,
-    )  # fmt: skip
+        base_dim=8,
+        z_dim=4,
+        dim_mult=[1, 2],
+        num_res_blocks=1,
+        temperal_downsample=[False],
+        latents_mean=[0.0] * 4,
+        latents_std=[1.0] * 4,
+    )
     return QwenImagePipeline(FlowMatchEulerDiscreteScheduler(), vae, te, tok, tr)
 
 
@@ -140,24 +145,46 @@ def _sd3():
     def clip():
         return CLIPTextModelWithProjection(
             CLIPTextConfig(
-                vocab_size=len(tok.get_vocab()), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                num_attention_heads=2, max_position_embeddings=77, projection_dim=32, eos_token_id=1,
-                bos_token_id=0, pad_token_id=1,
+                vocab_size=len(tok.get_vocab()),
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                max_position_embeddings=77,
+                projection_dim=32,
+                eos_token_id=1,
+                bos_token_id=0,
+                pad_token_id=1,
             )
-        )  # fmt: skip
+        )
 
     t5 = T5EncoderModel(
         T5Config(vocab_size=len(tok3.get_vocab()), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)
     )
     tr = SD3Transformer2DModel(
-        sample_size=32, patch_size=2, in_channels=4, num_layers=4, attention_head_dim=16, num_attention_heads=2,
-        joint_attention_dim=32, caption_projection_dim=32, pooled_projection_dim=64, out_channels=4,
+        sample_size=32,
+        patch_size=2,
+        in_channels=4,
+        num_layers=4,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        caption_projection_dim=32,
+        pooled_projection_dim=64,
+        out_channels=4,
         pos_embed_max_size=64,
-    )  # fmt: skip
+    )
     return StableDiffusion3Pipeline(
-        transformer=tr, scheduler=FlowMatchEulerDiscreteScheduler(), vae=_small_vae(), text_encoder=clip(),
-        tokenizer=tok, text_encoder_2=clip(), tokenizer_2=tok, text_encoder_3=t5, tokenizer_3=tok3,
-    )  # fmt: skip
+        transformer=tr,
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=_small_vae(),
+        text_encoder=clip(),
+        tokenizer=tok,
+        text_encoder_2=clip(),
+        tokenizer_2=tok,
+        text_encoder_3=t5,
+        tokenizer_3=tok3,
+    )
 
 
 def _z_image():
@@ -167,14 +194,29 @@ def _z_image():
     tok = qwen_tokenizer()
     te = Qwen3Model(
         Qwen3Config(
-            vocab_size=len(tok.get_vocab()), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-            num_attention_heads=2, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+            vocab_size=len(tok.get_vocab()),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=512,
         )
-    )  # fmt: skip
+    )
     tr = ZImageTransformer2DModel(
-        all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=64, n_layers=4, n_refiner_layers=1,
-        n_heads=2, n_kv_heads=2, cap_feat_dim=32, axes_dims=[8, 12, 12], axes_lens=[256, 64, 64],
-    )  # fmt: skip
+        all_patch_size=(2,),
+        all_f_patch_size=(1,),
+        in_channels=4,
+        dim=64,
+        n_layers=4,
+        n_refiner_layers=1,
+        n_heads=2,
+        n_kv_heads=2,
+        cap_feat_dim=32,
+        axes_dims=[8, 12, 12],
+        axes_lens=[256, 64, 64],
+    )
     return ZImagePipeline(FlowMatchEulerDiscreteScheduler(), _small_vae(), te, tok, tr)
 
 
@@ -209,8 +251,14 @@ def save_family(name: str, folder: str | Path, seed: int = 0) -> Path:
     pipe.to(torch.bfloat16)
     pipe.save_pretrained(folder, safe_serialization=True)
     prof = ModelProfile(
-        name=f"tiny {name} (random weights)", width=64, height=64, size_multiple=16, min_size=32, max_size=128,
-        example_prompts=("a red circle in the center, blue background",), **PROFILES[name],
-    )  # fmt: skip
+        name=f"tiny {name} (random weights)",
+        width=64,
+        height=64,
+        size_multiple=16,
+        min_size=32,
+        max_size=128,
+        example_prompts=("a red circle in the center, blue background",),
+        **PROFILES[name],
+    )
     (folder / PROFILE_FILE).write_text(json.dumps(prof.as_dict(), indent=1))
     return folder

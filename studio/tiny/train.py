@@ -65,9 +65,16 @@ def train_vae(pipe, cfg: TinyConfig, steps: int, batch: int, rng: random.Random,
 
 @torch.no_grad()
 def encode_pool(
-    pipe, cfg: TinyConfig, n: int, rng: random.Random, chunk: int = 64, pair_share: float = 0.45, *,
-    style: str | None = None, refit: bool = True,
-):  # fmt: skip
+    pipe,
+    cfg: TinyConfig,
+    n: int,
+    rng: random.Random,
+    chunk: int = 64,
+    pair_share: float = 0.45,
+    *,
+    style: str | None = None,
+    refit: bool = True,
+):
     """Latents (posterior means) of a pool of jittered training scenes drawn in `style`, and their prompts.
 
     refit: set the VAE's shift and scale from this pool (the model's own training); False keeps the model's (a

@@ -56,9 +56,12 @@ def start_device(config: WorkerConfig, *, warm: list[str] | tuple[str, ...] = ()
 
         allowed = list(config.allowed) if config.allowed is not None else None
         runner = Runner(
-            ModelManager(config.device, allowed=allowed), config.presets, model=config.model,
-            max_steps=config.max_steps, max_side=config.max_side,
-        )  # fmt: skip
+            ModelManager(config.device, allowed=allowed),
+            config.presets,
+            model=config.model,
+            max_steps=config.max_steps,
+            max_side=config.max_side,
+        )
         runner.pairing = config.pairing or runner.pairing
         device = InProcess(runner)
         _load_at_import(runner)

@@ -107,8 +107,8 @@ class WorkerClient(Device):
     def _start(self) -> None:
         ours, theirs = multiprocessing.Pipe()
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "studio.worker.server", str(theirs.fileno())], pass_fds=[theirs.fileno()],
-        )  # fmt: skip
+            [sys.executable, "-m", "studio.worker.server", str(theirs.fileno())], pass_fds=[theirs.fileno()]
+        )
         theirs.close()  # only the worker holds its end now: its death reads as the end of the pipe here
         self._conn = ours
         ours.send(self.config)

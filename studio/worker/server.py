@@ -99,17 +99,35 @@ class WatchedRunner(Runner):
             if self._running and self.call:  # back to the stack that ran this one
                 self.call.send("running", *self._running[-1])
 
-    def generate(self, request, preset=BASE, *, model=None, cache_enabled=None, cache_threshold=None,
-                 compile_enabled=None, progress=None, presets=None, **kwargs):  # fmt: skip
+    def generate(
+        self,
+        request,
+        preset=BASE,
+        *,
+        model=None,
+        cache_enabled=None,
+        cache_threshold=None,
+        compile_enabled=None,
+        progress=None,
+        presets=None,
+        **kwargs,
+    ):
         switches = (cache_enabled, cache_threshold, compile_enabled)
         with self._runs(self._stack(preset, presets, model, switches)):
             name = preset if isinstance(preset, str) else preset.name
             if self.crash_on is not None and name == self.crash_on:
                 progress = _crash_at_step(progress)
             return super().generate(
-                request, preset, model=model, cache_enabled=cache_enabled, cache_threshold=cache_threshold,
-                compile_enabled=compile_enabled, progress=progress, presets=presets, **kwargs,
-            )  # fmt: skip
+                request,
+                preset,
+                model=model,
+                cache_enabled=cache_enabled,
+                cache_threshold=cache_threshold,
+                compile_enabled=compile_enabled,
+                progress=progress,
+                presets=presets,
+                **kwargs,
+            )
 
     def screen(self, request, preset, model=None):
         with self._runs(self._stack(preset, None, model)):
@@ -156,9 +174,13 @@ def serve(conn: Connection, config: WorkerConfig) -> None:
     install(config.settings)
     manager = ModelManager(config.device, allowed=list(config.allowed) if config.allowed is not None else None)
     runner = WatchedRunner(
-        manager, config.presets or PresetLibrary(), model=config.model, max_steps=config.max_steps,
-        max_side=config.max_side, crash_on=config.crash_on,
-    )  # fmt: skip
+        manager,
+        config.presets or PresetLibrary(),
+        model=config.model,
+        max_steps=config.max_steps,
+        max_side=config.max_side,
+        crash_on=config.crash_on,
+    )
     runner.pairing = config.pairing or runner.pairing
     service = DeviceService(runner, config.probe_threads)
     try:

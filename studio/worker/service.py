@@ -63,9 +63,15 @@ class DeviceService:
             return run_matrix(self.runner, request, presets, **kwargs)
 
     def tune(
-        self, requests: list[GenerationRequest], floor_db: float, *, model=None, progress=None, quick=True,
+        self,
+        requests: list[GenerationRequest],
+        floor_db: float,
+        *,
+        model=None,
+        progress=None,
+        quick=True,
         time_limit_s=None,
-    ) -> TuneResult:  # fmt: skip
+    ) -> TuneResult:
         """studio.bench.tune on this runner; quick: the UI's small search space."""
         space = QUICK if quick else None
         with self.runner.time_limit(time_limit_s):
@@ -78,7 +84,7 @@ class DeviceService:
 
     def doctor_family(
         self, family: str, folder: str, presets: list[str], *, on_status=None, on_row=None
-    ) -> list[DoctorRow]:  # fmt: skip
+    ) -> list[DoctorRow]:
         """The doctor's presets on one family's tiny instance in `folder` (built there unless it is already), rows
         sent as they are done (`on_row`): a crash loses none of them (studio.worker.reruns)."""
         instance = family_instance(family, Path(folder), on_status)
@@ -104,11 +110,14 @@ class DeviceService:
         """Where the device stands: its process, the loaded model, the kept bases, the threads that ran torch."""
         cur = self.runner.manager.current
         return {
-            "pid": os.getpid(), "device": str(self.runner.manager.device),
+            "pid": os.getpid(),
+            "device": str(self.runner.manager.device),
             "model": cur.source if cur is not None else None,
-            "bases": len(self.runner.bases), "bases_size": self.runner.bases.size,
-            "device_thread": DEVICE_THREAD._ident, "torch_threads": sorted(self._threads),
-        }  # fmt: skip
+            "bases": len(self.runner.bases),
+            "bases_size": self.runner.bases.size,
+            "device_thread": DEVICE_THREAD._ident,
+            "torch_threads": sorted(self._threads),
+        }
 
 
 def _on_device_thread(op: str):
