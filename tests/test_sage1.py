@@ -193,7 +193,7 @@ def test_on_cuda_with_sageattention_1_0_6_and_no_triton(sage_1_0_6_without_trito
         ("sage", "sageattention 1.0.6 installed, diffusers' sage needs sageattention>=2.1.1"),
         ("sage1", NO_TRITON),
     ]
-    assert attention._why("sage", tried, CUDA) == (
+    assert attention.refusal("sage", tried, CUDA) == (
         "sageattention 1.0.6 installed, diffusers' sage needs sageattention>=2.1.1; "
         f"sage1: {NO_TRITON}; sage_hub: the Hub is offline (HF_HUB_OFFLINE)"
     )
