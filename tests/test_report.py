@@ -39,6 +39,9 @@ def test_compile_cost_cells_say_n_a_for_a_count_torch_did_not_give():
     assert text.cost_cells(row) == ["compile", "12.5 s", "3", "0", "2.5 ms/image", "5000 images"]
     unknown = CostRow("compile", None, None, None, -0.001, math.inf)
     assert text.cost_cells(unknown) == ["compile", "-", "n/a", "n/a", "-1.0 ms/image", "never (no saving)"]
+    # a compile paid before (its blocks shared with an earlier stack): a saving, but no cold run of its own to divide
+    shared = CostRow("cache-compile", None, 0, 0, 0.0418, None)
+    assert text.cost_cells(shared)[-1] == "n/a (no cold compile of its own)"
 
 
 def test_graph_count_is_unknown_not_zero_without_dynamo(monkeypatch):

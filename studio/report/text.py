@@ -66,8 +66,10 @@ def noise_lines(noise) -> list[str]:
 
 def cost_cells(c) -> list[str]:
     """A CostRow's cells; a graph count the run could not read is n/a, never 0."""
-    never = c.payoff_images is None or math.isinf(c.payoff_images)
-    pay = "never (no saving)" if never else f"{math.ceil(c.payoff_images)} images"
+    if c.payoff_images is None:  # no cold run of its own was timed: its compile was paid before (shared blocks)
+        pay = "n/a (no cold compile of its own)"
+    else:
+        pay = "never (no saving)" if math.isinf(c.payoff_images) else f"{math.ceil(c.payoff_images)} images"
     saving = "-" if c.saving_s is None else f"{c.saving_s * 1e3:.1f} ms/image"
     cold = "-" if c.compile_s is None else fmt.seconds(c.compile_s, 1)
     return [c.preset, cold, _count(c.graphs), _count(c.recompiles), saving, pay]
