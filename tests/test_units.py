@@ -121,7 +121,8 @@ def test_progress_reporting_is_kept_out_of_denoise_time():
         ("float32", {"amx_bf16"}, "float32"),
     ],
 )
-def test_dtype_auto_on_cpus(asked, flags, expected):
+def test_dtype_auto_on_cpus(asked, flags, expected, settings):
+    settings(dtype=None)  # the rule itself, whatever STUDIO_DTYPE this run was started with
     choice = resolve_dtype(asked, CPU, flags=frozenset(flags))
     assert choice.name == expected
     if asked == "auto":
@@ -139,7 +140,8 @@ def test_dtype_setting_replaces_auto_only(settings):
         Settings.from_env({"STUDIO_DTYPE": "fp8"})
 
 
-def test_dtype_auto_on_gpus():
+def test_dtype_auto_on_gpus(settings):
+    settings(dtype=None)  # the rule itself, whatever STUDIO_DTYPE this run was started with
     cuda = torch.device("cuda")
     assert resolve_dtype("auto", cuda, cuda_bf16=True).name == "bfloat16"
     old = resolve_dtype("auto", cuda, cuda_bf16=False)
