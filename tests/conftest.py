@@ -141,15 +141,6 @@ def quiet():
     return share is not None and share < QUIET_BELOW
 
 
-def shown_or_said(m, quiet: bool) -> bool:
-    """A run's speed-up is shown (True), or, on a busy machine only, withheld with its reason (False)."""
-    if m.speedup is not None:
-        return True
-    assert m.speedup_note.startswith(("timing unreliable", "measurement error")), m.speedup_note
-    assert not quiet, f"no speed-up on a quiet machine: {m.speedup_note}"
-    return False
-
-
 @pytest.fixture
 def settings():
     """settings(dtype="float32", ...): this process's settings changed for one test (spec.settings.using), undone
@@ -158,3 +149,22 @@ def settings():
 
     with contextlib.ExitStack() as stack:
         yield lambda **kw: stack.enter_context(using(**kw))
+
+
+def plain_ui():
+    """The app's record of components with each component a plain key ("gen.image", "mx.json", ...): handlers called
+    in a test return {key: value}, no gradio server."""
+    from dataclasses import fields
+
+    from studio.app import forms
+
+    tabs = dict(
+        request=forms.RequestPanel,
+        gen=forms.GenerateTab,
+        ab=forms.CompareTab,
+        mx=forms.MatrixTab,
+        tn=forms.TuneTab,
+        pv=forms.PresetsTab,
+        hist=forms.HistoryTab,
+    )
+    return forms.UI(**{n: cls(**{f.name: f"{n}.{f.name}" for f in fields(cls)}) for n, cls in tabs.items()})

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import plain_ui
 
 from studio.cli import main
 
@@ -112,30 +113,12 @@ def _matrix(tiny_runner, **switches) -> dict:
     from studio.app.handlers import Handlers, Studio
     from studio.worker.service import InProcess
 
-    h = Handlers(Studio(InProcess(tiny_runner), [tiny_runner.model], tiny_runner.presets), _plain_ui())
+    h = Handlers(Studio(InProcess(tiny_runner), [tiny_runner.model], tiny_runner.presets), plain_ui())
     request = dict(prompt=PROMPT, model=None, seed=42, steps=STEPS, width=64, height=64, guidance=None)
     out = h.matrix(
         progress=lambda *a, **k: 0, history=None, **request, presets=["base", "cache", "sage"], repeats=1, **switches
     )
     return {r["preset"]: r for r in out["mx.json"]} | {"runs": out["mx.runs"]}
-
-
-def _plain_ui():
-    """The app's record of components with each component a plain key ("mx.json", ...): no gradio server."""
-    from dataclasses import fields
-
-    from studio.app import forms
-
-    tabs = dict(
-        request=forms.RequestPanel,
-        gen=forms.GenerateTab,
-        ab=forms.CompareTab,
-        mx=forms.MatrixTab,
-        tn=forms.TuneTab,
-        pv=forms.PresetsTab,
-        hist=forms.HistoryTab,
-    )
-    return forms.UI(**{n: cls(**{f.name: f"{n}.{f.name}" for f in fields(cls)}) for n, cls in tabs.items()})
 
 
 def test_matrix_threshold_reaches_cache_dit_and_cache_off_caches_nothing(tiny_runner):

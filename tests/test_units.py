@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from conftest import plain_ui
 
 from studio.engine.device import resolve_dtype
 from studio.measure.quality import Verdict
@@ -263,33 +264,12 @@ class FakeRunner:
         return RunResult(img, img, make_metrics(preset=preset, quality=quality))
 
 
-def _fake_ui():
-    """The app's record of components with each component a plain key ("gen.image", ...): no gradio, no server."""
-    from dataclasses import fields
-
-    from studio.app import forms
-
-    def record(cls, prefix):
-        return cls(**{f.name: f"{prefix}.{f.name}" for f in fields(cls)})
-
-    tabs = dict(
-        request=forms.RequestPanel,
-        gen=forms.GenerateTab,
-        ab=forms.CompareTab,
-        mx=forms.MatrixTab,
-        tn=forms.TuneTab,
-        pv=forms.PresetsTab,
-        hist=forms.HistoryTab,
-    )
-    return forms.UI(**{name: record(cls, name) for name, cls in tabs.items()})
-
-
 def _handlers(broken=()):
     from studio.app.handlers import Handlers, Studio
     from studio.spec import PresetLibrary
 
     runner = FakeRunner(broken)
-    return Handlers(Studio(runner, ["m"], PresetLibrary()), _fake_ui()), runner
+    return Handlers(Studio(runner, ["m"], PresetLibrary()), plain_ui()), runner
 
 
 NO_PROGRESS = dict(progress=lambda *a, **k: 0)
