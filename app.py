@@ -42,10 +42,9 @@ if importlib.util.find_spec("spaces") is not None:  # ZeroGPU: `spaces` must pat
 # cache-dit logs every hook it installs to stdout at INFO and WARNING; keep stdout for results. Set before anything
 # imports it; the device worker and a local Ray inherit it. The studio's folder first on PYTHONPATH: the worker
 # (`python -m studio.worker.server`) imports this same studio from wherever the app was started.
-os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "error")
-from studio.spec.hosting import ROOT  # noqa: E402
+from studio.spec.hosting import edge_environ  # noqa: E402  (imports nothing that reads them)
 
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+os.environ.update(edge_environ(os.environ))
 
 from studio.spec import PresetLibrary  # noqa: E402
 from studio.spec.errors import USER_ERRORS  # noqa: E402

@@ -8,7 +8,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from studio.spec.hosting import ROOT
+from studio.spec.hosting import edge_environ
 from studio.spec.settings import Settings, install
 from studio.worker.quiet import quiet_libraries  # noqa: F401  (the CLI's own process is as quiet as its worker)
 
@@ -155,8 +155,7 @@ def read_settings(args) -> Settings:
     """The CLI's edge: the environment read once into the settings record (spec.settings), the flags that stand for
     a setting (--dtype, --presets-dir, --compare) over it; installed for this process and handed to its worker."""
     # cache-dit logs every hook to stdout (the --json output) unless told; children (the worker, Ray) inherit both
-    os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "error")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    os.environ.update(edge_environ(os.environ))
     s = Settings.from_env(os.environ)
     if getattr(args, "compare", "unset") is None:  # generate's --compare: the flag, STUDIO_COMPARE, or on
         args.compare = s.compare or "on"

@@ -16,14 +16,14 @@ from studio.engine import (
     Runner,  # noqa: E402
 )
 from studio.spec import PresetLibrary  # noqa: E402
-from studio.spec.hosting import ROOT  # noqa: E402
+from studio.spec.hosting import edge_environ  # noqa: E402
 from studio.spec.settings import Settings, install, using  # noqa: E402
 from studio.tiny.build import TinyConfig, build_pipeline  # noqa: E402
 
 # The tests' edge: the environment read once into the settings record (STUDIO_DTYPE=float32 pytest ... runs the fp32
 # path on a CPU with native bf16), as app.py and cli.py do.
 install(Settings.from_env(os.environ))
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)  # (children)
+os.environ.update(edge_environ(os.environ))  # (for the processes the tests start)
 
 # The README's test command runs the tests that read no timing on two pytest-xdist workers, then the `timing` ones
 # alone. Each worker computes on one thread, so the two share the two cores rather than fight over them.

@@ -19,8 +19,7 @@ def resolved(preset: Preset, device) -> dict[str, tuple[str, str]]:
     """{part: (what runs, why)} for the parts whose choice depends on the device: dtype, 8-bit form, attention."""
     device = torch.device(device)
     dtype = resolve_dtype(preset.dtype, device)
-    why = dtype.note.partition(" (")[2].removesuffix(")") if dtype.note else "as the preset names it"
-    out = {"dtype": (dtype.name, f"auto: {why}" if preset.dtype == "auto" else why)}
+    out = {"dtype": (dtype.name, dtype.note or "")}  # a note names the dtype and says why; none: as the preset asks
     if preset.quant.enabled:
         out["quantize"] = quant_form(preset.quant, device, compiles(preset.compile, preset.offload_config))
     name = ATTENTION_BACKENDS[preset.attention_backend]

@@ -160,5 +160,10 @@ STRENGTH_INFO = (
 def on_this_machine(resolved: dict) -> str:
     """What a preset's device-dependent parts become here (engine.resolve.resolved), in one line:
     `on this machine: bfloat16 (auto: ...); int8_weight_only (auto: cpu with AVX512-VNNI, no AMX: ...)`."""
-    words = {"dtype": "", "quantize": "", "attention": "attention "}
-    return "on this machine: " + "; ".join(f"{words[k]}{ran} ({why})" for k, (ran, why) in resolved.items())
+
+    def part(k, ran, why):  # a dtype's note names the dtype itself: "auto: bfloat16 (CPU has native bf16: ...)"
+        if k == "dtype":
+            return why or ran
+        return f"{'attention ' if k == 'attention' else ''}{ran} ({why})"
+
+    return "on this machine: " + "; ".join(part(k, ran, why) for k, (ran, why) in resolved.items())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 from studio.spec.checks import ConfigError
 
@@ -101,9 +101,6 @@ class Settings:
             queue_size=_number(env, "STUDIO_QUEUE_SIZE", int, 1, 10_000) or cls.queue_size,
             prewarm=_flag(env, "STUDIO_PREWARM", True),
         )
-
-    def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 _CURRENT = [Settings()]

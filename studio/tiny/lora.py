@@ -31,6 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
+from studio.spec.hosting import edge_environ
+from studio.spec.settings import Settings, install
+
 SHEET_PROMPTS = (
     "a red circle in the center, white background",
     "a blue square on the left and a yellow triangle on the right, green background",
@@ -240,7 +243,9 @@ def _numbers_text(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     args.argv = argv
-    os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "error")  # cache-dit logs every hook to stdout unless told
+    # an entry point, so an edge: the environment read once, as app.py and the CLI do (spec.settings, spec.hosting)
+    os.environ.update(edge_environ(os.environ))
+    install(Settings.from_env(os.environ))
     if args.cmd == "train":
         r = train(args)
         print(
