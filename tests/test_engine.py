@@ -23,6 +23,7 @@ import torch
 from studio.engine import STACK_ORDER, ModelLoadError, stack_state
 from studio.engine.baseline import Pairing
 from studio.engine.quantize import apply_quant, quantized_mode
+from studio.measure.estimate import Run, speedup
 from studio.measure.quality import psnr
 from studio.spec import CacheSpec, CompileSpec, ConfigError, GenerationRequest, QuantSpec
 
@@ -223,12 +224,16 @@ def test_speedup_and_psnr_are_against_the_same_request(runner):
     entry = runner.base_entry(r)
     m = res.metrics
     assert m.base_denoise_s == entry.denoise_s and m.timed_pairs == 1
-    # priced by their median steps (studio.measure.steady): what one stalled step cannot move
-    ratio = entry.price.robust_s / (m.denoise_s / m.stall)
+    # the one estimator (studio.measure.estimate): the kept base's runs (this request's earlier base run joined by
+    # the new one) over the stack's run, each side priced by its floor
+    est = speedup(entry.runs, [Run.of(m.step_ms, m.cached_step_indices)])
+    assert len(entry.runs) == 2
     if m.speedup_note is None:
-        assert m.speedup == pytest.approx(ratio) and m.speedup_spread >= 0
-    else:  # a stall inside either run wider than a quarter of the ratio, or a reading over its ideal: no number, why
-        assert m.speedup is None and m.speedup_note.startswith(("timing unreliable", "measurement error"))
+        assert m.speedup == pytest.approx(est.point) and (m.speedup_lo, m.speedup_hi) == pytest.approx(
+            (est.lo, est.hi)
+        )
+    else:  # a useless interval, or a reading over its ideal: no number, and why
+        assert m.speedup is None and m.speedup_note.startswith(("timing too noisy to show", "measurement error"))
     assert res.metrics.psnr_db == pytest.approx(psnr(res.image, entry.image))
     assert len(res.metrics.step_ms) == 12
     assert sum(res.metrics.step_ms) / 1e3 == pytest.approx(res.metrics.denoise_s, rel=1e-6)
@@ -273,11 +278,11 @@ def test_cli_generate_json(random_model_dir, tmp_path):
     proc = subprocess.run(cmd + ["--threshold", "0.5"], capture_output=True, text=True, timeout=300)
     d = json.loads(proc.stdout)
     assert d["cached_steps"] > 0 and 20 < d["psnr_db"] < math.inf
-    # a speed-up with its spread, or none and why (a busy machine: studio.measure.steady; or a reading over its ideal)
+    # a speed-up with its interval, or none and why (studio.measure.estimate; or a reading over its ideal)
     if d["speedup"] is None:
-        assert d["speedup_note"].startswith(("timing unreliable", "measurement error")), d["speedup_note"]
+        assert d["speedup_note"].startswith(("timing too noisy to show", "measurement error")), d["speedup_note"]
     else:
-        assert d["speedup"] > 0 and d["speedup_spread"] >= 0
+        assert d["speedup_lo"] <= d["speedup"] <= d["speedup_hi"] and d["timed_pairs"] >= 2 and d["pairs_stop"]
     bad = subprocess.run(cmd + ["--preset", "nope"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "preset 'nope' not found" in bad.stderr
 

@@ -4,26 +4,30 @@ Method (the engine's own loading, timing and measuring; nothing here times anyth
 - every preset's stack is warmed up untimed by the engine on its first run, and each rotation starts with an untimed
   run of its first stack (Runner.settle: the first timed slot then follows a run, as every other does); then the
   presets are timed round-robin (base A B C base' base A B C base' ...), so machine noise hits every preset alike;
-  rows hold medians of repeats;
+  rows hold medians of repeats, and each speed-up is the one estimator's (studio.measure.estimate) over the rounds:
+  each round's runs are a pair (same moment, same load);
 - `base'` is base run a second time in the same rotation: base against itself is the noise floor of a speed-up;
 - a compiled preset is timed beside its eager twin (the same stack without compile, added when not asked for):
   their PSNR is the noise floor of compile, and the twin's time gives compile's saving per image;
-- with several prompts, each prompt is a rotation of its own; a row's speed-up is the median over prompts and its
-  PSNR the mean and the worst, so one lucky prompt cannot hide a bad stack.
+- with several prompts, each prompt is a rotation of its own; a row's speed-up is the median over prompts (its
+  interval the bootstrap's over every prompt's pairs) and its PSNR the mean and the worst, so one lucky prompt
+  cannot hide a bad stack;
+- --vs-raw: the plain pipeline's runs and the studio's, paired round by round, through the same estimator (each
+  known by its wall time: the plain run has no step probe).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from studio.bench.twins import cache_twins, with_twins
 from studio.engine import BASE, CALLER_TIMES_BASE, Runner, RunResult
 from studio.measure.blocks import CachedStepPrice, IdealCheck
+from studio.measure.estimate import Estimate, Run, speedup, speedup_over
 from studio.measure.quality import psnr
 from studio.measure.record import library_versions
-from studio.measure.steady import Ratio, Steady, ratio
 from studio.report.table import AGAIN, Matrix, MatrixRow
 from studio.spec.checks import ConfigError, check_int
 from studio.spec.preset import Preset
@@ -61,7 +65,7 @@ class Rotation:
 
     request: GenerationRequest
     times: dict[str, list[float]] = field(default_factory=dict)
-    prices: dict[str, list[float]] = field(default_factory=dict)  # each timed run's step-median price (seconds)
+    runs: dict[str, list[Run]] = field(default_factory=dict)  # each timed run, as the estimator reads it
     first: dict[str, RunResult] = field(default_factory=dict)
     last: dict[str, RunResult] = field(default_factory=dict)
     # graphs compiled by the first (warm-up) call, and by later, timed calls; None where torch gave no count
@@ -74,9 +78,12 @@ class Rotation:
     def median(self, name: str) -> float:
         return statistics.median(self.times[name])
 
-    def ratio(self, base: str, name: str) -> Ratio:
+    def ratio(self, base: str, name: str) -> Estimate:
         """`base` over `name`, round by round (each round's runs are a pair: same moment, same load)."""
-        return ratio(*([Steady(p, p, None, None) for p in self.prices[n]] for n in (base, name)))
+        return speedup(self.runs[base], self.runs[name])
+
+    def pair(self, base: str, name: str) -> tuple[list[Run], list[Run]]:
+        return self.runs[base], self.runs[name]
 
 
 def _studio(rot: Rotation, runner: Runner, request, name: str, p: Preset, model, first: bool) -> None:
@@ -89,7 +96,8 @@ def _studio(rot: Rotation, runner: Runner, request, name: str, p: Preset, model,
     else:
         rot.recompiles[name] = _total([rot.recompiles.get(name, 0), new])
     rot.times.setdefault(name, []).append(res.metrics.denoise_s)
-    rot.prices.setdefault(name, []).append(res.metrics.denoise_s / (res.metrics.stall or 1.0))
+    m = res.metrics
+    rot.runs.setdefault(name, []).append(Run.of(m.step_ms, m.cached_step_indices))
     rot.last[name] = res
 
 
@@ -128,9 +136,11 @@ def rotate(
 
 @dataclass
 class NoiseFloor:
-    base_vs_itself: float  # median over prompts of base's speed-up over its own second run (1.00 ideally)
-    spread: dict[str, float]  # per preset: (max - min) / median of its timed runs, worst over prompts
-    compile_vs_eager_db: dict[str, float]  # per compiled preset: PSNR against its eager twin, worst over prompts
+    base_vs_itself: float  # base's speed-up over its own second run in each round, the estimator's (1.00 ideally)
+    base_vs_itself_lo: float | None = None  # its interval
+    base_vs_itself_hi: float | None = None
+    spread: dict[str, float] = field(default_factory=dict)  # per preset: (max - min) / median of its timed runs
+    compile_vs_eager_db: dict[str, float] = field(default_factory=dict)  # per compiled preset: PSNR against its twin
 
 
 @dataclass
@@ -170,7 +180,7 @@ def row(name: str, rots: list[Rotation], base_name: str = BASE, ref: str | None 
     `of ideal` is measured against); None: the engine's own reading (against base, or the run's own full steps)."""
     ms = [rot.last[name].metrics for rot in rots]
     meds = [rot.median(name) for rot in rots]
-    ratios = [rot.ratio(base_name, name) for rot in rots]
+    est = speedup_over([rot.pair(base_name, name) for rot in rots])
     psnrs = [m.psnr_db for m in ms if m.psnr_db is not None]
     m0 = ms[0]
     denoise = statistics.median(meds)
@@ -179,7 +189,7 @@ def row(name: str, rots: list[Rotation], base_name: str = BASE, ref: str | None 
         tag=m0.tag,
         denoise_s=denoise,
         step_ms=denoise / max(1, len(m0.step_ms)) * 1e3,
-        speedup=statistics.median(r.value for r in ratios),
+        speedup=est.point,
         psnr_db=statistics.mean(psnrs) if psnrs else None,
         ssim=statistics.mean([m.ssim for m in ms if m.ssim is not None]) if psnrs else None,
         cached_steps=m0.cached_steps,
@@ -190,10 +200,12 @@ def row(name: str, rots: list[Rotation], base_name: str = BASE, ref: str | None 
         label_changes=list(m0.label_changes),
         requested_tag=m0.requested_tag,
     )
-    row.speedup_spread = max(r.spread for r in ratios)
-    unreliable = next((r.why_not() for r in ratios if not r.reliable), None)
-    if unreliable:
-        row.speedup, row.speedup_spread, row.speedup_note = None, None, unreliable
+    row.speedup_lo, row.speedup_hi, row.timed_pairs = est.lo, est.hi, est.pairs
+    if name == base_name:  # base against itself, the same runs: exact
+        row.speedup_lo = row.speedup_hi = None
+    elif est.useless:
+        row.speedup, row.speedup_lo, row.speedup_hi = None, None, None
+        row.speedup_note = replace(est, helps="more --repeats").why_not()
     row.worst_psnr_db = min(psnrs) if psnrs else None
     row.mean_psnr_db = row.psnr_db
     row.prompts = len(rots)
@@ -204,9 +216,10 @@ def row(name: str, rots: list[Rotation], base_name: str = BASE, ref: str | None 
     row.fallbacks += sorted({f"plain run: {rot.raw_errors[name]}" for rot in rots if name in rot.raw_errors})
     if all(name in rot.raw_times for rot in rots):
         row.raw_denoise_s = statistics.median(statistics.median(rot.raw_times[name]) for rot in rots)
-        # each studio run over the plain run right beside it (same moment, same machine load), median of those
-        pairs = [a / b for rot in rots for a, b in zip(rot.times[name], rot.raw_times[name]) if b > 0]
-        row.studio_over_raw = statistics.median(pairs)
+        # the plain runs over the studio's, paired round by round: raw's speed-up over the studio is studio/raw
+        plain = [([Run.whole(t) for t in r.raw_times[name]], [Run.whole(t) for t in r.times[name]]) for r in rots]
+        over = speedup_over(plain)
+        row.studio_over_raw, row.studio_over_raw_lo, row.studio_over_raw_hi = 1 / over.point, 1 / over.hi, 1 / over.lo
         row.raw_psnr_db = min(psnr(rot.last[name].image, rot.raw_images[name]) for rot in rots)
     return row
 
@@ -233,13 +246,13 @@ def _of_ideal(row: MatrixRow, ms: list, rots: list[Rotation], name: str, ref: st
         row.of_ideal = statistics.median(m.of_ideal for m in ms) if all(m.of_ideal for m in ms) else None
         row.of_ideal_against = ms[0].of_ideal_against
         return
-    against = [rot.ratio(ref, name) for rot in rots]
-    if not all(r.reliable for r in against):  # a busy machine: no reading rather than a wrong one
+    measured = speedup_over([rot.pair(ref, name) for rot in rots])
+    if measured.useless:  # a busy machine: no reading rather than a wrong one
         row.of_ideal_against = ref
         return
-    measured = statistics.median(r.value for r in against)
     check = IdealCheck(row.ideal_speedup, measured, ref, _price(ms[0]))
     row.of_ideal, row.of_ideal_against = check.of_ideal, ref
+    row.of_ideal_lo, row.of_ideal_hi = check.of_ideal_range or (None, None)
     if check.impossible:
         row.fallbacks.append(f"of ideal: {check.why_impossible()}")
 
@@ -250,14 +263,14 @@ def _price(m) -> CachedStepPrice:
 
 
 def _noise(rots: list[Rotation], names: list[str], twins: dict[str, str]) -> NoiseFloor:
-    aa = statistics.median(rot.median(BASE) / rot.median(AGAIN) for rot in rots)
+    aa = speedup_over([rot.pair(BASE, AGAIN) for rot in rots])
     spread = {}
     for n in names + [AGAIN]:
         spread[n] = max((max(rot.times[n]) - min(rot.times[n])) / rot.median(n) for rot in rots)
     cve = {}
     for c, t in twins.items():
         cve[c] = min(psnr(rot.last[c].image, rot.last[t].image) for rot in rots)
-    return NoiseFloor(aa, spread, cve)
+    return NoiseFloor(aa.point, aa.lo, aa.hi, spread, cve)
 
 
 def _cost(rots: list[Rotation], twins: dict[str, str]) -> list[CostRow]:

@@ -1,7 +1,8 @@
 """`python -m studio busy`: do the numbers stay honest when another program shares the cores?
 
-The target: with another CPU-bound process on the machine, a generate either reports a speed-up within
-25% of the quiet one, or reports none and says the timing was unreliable. This runs the same request quietly, then
+The target: with another CPU-bound process on the machine, every speed-up a generate shows has an interval that
+holds the quiet one (the median of the quiet readings), or it shows none and says why. This runs the same
+request quietly, then
 with a load beside it (a second process multiplying 512x512 matrices in a loop, as a browser tab, an indexing IDE
 or a second app on the same cores would), and judges every busy reading against the quiet median. Through the
 engine in this process, or through a running app's `/generate` (`--api URL`, with gradio_client).
@@ -14,7 +15,6 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-BOUND = 0.25  # a busy speed-up within 25% of the quiet median, or no number with the reason
 LOAD = "import torch\na = torch.randn(512, 512)\nwhile True:\n    a = (a @ a).tanh()\n"
 LOAD_THREADS = "torch.set_num_threads({})\n"  # after `import torch`, when the load is given a thread count
 
@@ -23,7 +23,8 @@ LOAD_THREADS = "torch.set_num_threads({})\n"  # after `import torch`, when the l
 class BusyReport:
     preset: str
     quiet: list[float | None] = field(default_factory=list)  # speed-ups read on a quiet machine
-    busy: list[tuple[float | None, str | None]] = field(default_factory=list)  # (speed-up, note) under load
+    # under load, each (speed-up, its interval's low and high end, note)
+    busy: list[tuple[float | None, float | None, float | None, str | None]] = field(default_factory=list)
 
     @property
     def quiet_median(self) -> float | None:
@@ -31,14 +32,14 @@ class BusyReport:
         return statistics.median(vals) if vals else None
 
     def verdicts(self) -> list[str]:
-        """Per busy reading: within the bound, flagged (no number, with the reason), or WRONG."""
+        """Per busy reading: its interval holds the quiet point, flagged (no number, with the reason), or WRONG."""
         q = self.quiet_median
         out = []
-        for v, note in self.busy:
-            if v is None:  # no number: right only with the reason (a busy machine, or a reading beyond its ideal)
+        for v, lo, hi, note in self.busy:
+            if v is None:  # no number: right only with the reason (a useless interval, a reading beyond its ideal)
                 out.append("flagged" if note else "WRONG (no number, no why)")
-            elif q is not None and abs(v / q - 1) <= BOUND:
-                out.append("within bound")
+            elif q is not None and lo is not None and lo <= q <= hi:
+                out.append("holds the quiet point")
             else:
                 out.append("WRONG")
         return out
@@ -62,17 +63,18 @@ def stop_load(p: subprocess.Popen) -> None:
 
 
 def engine_reader(runner, request, preset: str):
-    """A reading through the engine: one generate, its (speed-up, note)."""
+    """A reading through the engine: one generate, its (speed-up, low, high, note)."""
 
     def read():
         m = runner.generate(request, preset).metrics
-        return m.speedup, m.speedup_note
+        return m.speedup, m.speedup_lo, m.speedup_hi, m.speedup_note
 
     return read
 
 
 def api_reader(url: str, prompt: str, preset: str, seed: int):
-    """A reading through a running app's /generate (gradio_client): its (speed-up, note) from the metrics JSON."""
+    """A reading through a running app's /generate (gradio_client): its (speed-up, low, high, note) from the metrics
+    JSON."""
     from gradio_client import Client
 
     client = Client(url, verbose=False)
@@ -80,7 +82,7 @@ def api_reader(url: str, prompt: str, preset: str, seed: int):
     def read():
         out = client.predict(prompt=prompt, preset=preset, seed=seed, api_name="/generate")
         m = out[-1]
-        return m.get("speedup"), m.get("speedup_note")
+        return m.get("speedup"), m.get("speedup_lo"), m.get("speedup_hi"), m.get("speedup_note")
 
     return read
 

@@ -1,7 +1,8 @@
 """`python -m studio clicks --api URL`: what one Generate click costs through a running app, per compare mode.
 
-The target: once a shape's base timing is known, a Generate click in `auto` takes at most 1.3x the wall
-time of the stack's own run. The stack's own run, through the same path, is a click with compare `off`. This
+The targets: once a shape's base timing is known, a Generate click in `auto` takes at most 1.3x the wall
+time of the stack's own run, and a click in `on` on a new prompt at most 6x. The stack's own run, through the
+same path, is a click with compare `off`. This
 clicks `/generate` with gradio_client: one `on` click first (it keeps the shape's base timing), then rounds of
 off, auto, on clicks on other prompts of the same shape, each on a prompt and seed not asked before (so `auto`
 finds no base picture of its own and `on` has to time base); the verdict is the median auto click over the median
@@ -15,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 BOUND = 1.3  # an auto click's wall time over the stack's own run (an off click), at most
+ON_BOUND = 6.0  # an on click of a new prompt (base timed beside it, pairs until the interval is tight) at most
 PROMPTS = (
     "an orange triangle on the left, black background",
     "a green square on the right, white background",
@@ -37,6 +39,15 @@ class ClickReport:
         return self.median("auto") / self.median("off")
 
     bound: float = BOUND
+    on_bound: float = ON_BOUND
+
+    @property
+    def on_over_off(self) -> float:
+        return self.median("on") / self.median("off")
+
+    @property
+    def on_passed(self) -> bool:
+        return self.on_over_off <= self.on_bound
 
     @property
     def passed(self) -> bool:

@@ -15,6 +15,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
+from studio.measure.estimate import Run, speedup
 from studio.spec.preset import CacheSpec
 
 # FLUX.1-dev's transformer is studio.bench.doctor.FLUX_DEV (imported when built: it pulls in the engine and torch).
@@ -150,7 +151,8 @@ class RegimeRow:
     ms_per_step: float | None = None  # the run's total over its steps (a cached run mixes two step costs)
     total_s: float | None = None
     speedup: float | None = None  # the same regime's base total over this total
-    speedup_sd: float | None = None  # from the step-to-step spread of both runs
+    speedup_lo: float | None = None  # its interval (studio.measure.estimate, from both runs' steps)
+    speedup_hi: float | None = None
     cached_steps: int | None = None  # by cache-dit's own summary
     full_steps: int | None = None
     cached_at: list[int] = field(default_factory=list)  # the cached steps' indices
@@ -297,24 +299,18 @@ def measure_row(bench: Bench, stack: Stack, regime: str) -> RegimeRow:
     return row
 
 
-def _total_sd(row: RegimeRow) -> float:
-    """The sd of a run's total from its steps' spread, full and cached steps apart (steps taken as independent)."""
-    cached = set(row.cached_at)
-    groups = ([t for i, t in enumerate(row.step_ms) if i not in cached], [row.step_ms[i] for i in cached])
-    return math.sqrt(sum(len(g) * statistics.variance(g) for g in groups if len(g) >= 2)) / 1e3
-
-
 def add_speedups(rows: list[RegimeRow]) -> None:
-    """Each timed row against the timed base of its regime, with the spread both runs' steps give."""
+    """Each timed row against the timed base of its regime, by the one estimator (studio.measure.estimate: each
+    run priced by its floor, the interval from its steps)."""
     for row in rows:
         base = next((r for r in rows if r.regime == row.regime and r.stack == "base" and r.timed), None)
         if base is None or not row.timed:
             continue
-        row.speedup = base.total_s / row.total_s
         if row is base:
+            row.speedup = 1.0
             continue
-        rel = math.hypot(_total_sd(base) / base.total_s, _total_sd(row) / row.total_s)
-        row.speedup_sd = row.speedup * rel
+        est = speedup([Run.of(base.step_ms, base.cached_at)], [Run.of(row.step_ms, row.cached_at)])
+        row.speedup, row.speedup_lo, row.speedup_hi = est.point, est.lo, est.hi
 
 
 def plan(stacks: str | None, regimes: str) -> list[tuple[Stack, str]]:

@@ -3,28 +3,30 @@
 The method (the numbers are the product):
 - the base of a request is the `base` preset on the same model, dtype, prompt, seed, size, steps and guidance;
   its picture never changes, so it is kept (a bounded LRU, `BaseStore`); its timing does (machine load);
-- every run is warm (engine.run: the first run of a stack at a shape is an untimed warm-up), and priced by its
-  median full and cached steps (studio.measure.steady): a stall of a few steps moves its wall time, not its price;
-- SIDE BY SIDE, the default: while a base run is cheap (denoise under `retime_under_s`, 5 s), base and the stack are
-  timed alternately `cheap_pairs` times (B S B S B S), since load changes within seconds (measured on 2 cores while
-  a browser draws the page: single timings moved by 1.7x); an expensive base is timed once beside the stack. Then,
-  while the pair ratios disagree (beyond +-10% of their median; for one pair: a run stalled within itself), more
-  pairs, at most `max_extra_pairs` and `max_extra_s` seconds of them. The speed-up is the median pair ratio, its
-  spread half their range; a spread over a quarter of the ratio is not a number (the card says the machine was
-  busy). A kept base timing is one whose repeats agreed (or, timed once, whose steps did), and it is reused for
-  an expensive base while younger than `max_age_s` (60 s);
+- every run is warm (engine.run: the first run of a stack at a shape is an untimed warm-up); a speed-up comes from
+  the one estimator (studio.measure.estimate): each side priced by its floor (each kind of step's fastest over the
+  runs), with an interval from a bootstrap; withheld only when the interval is useless, and then it says what
+  would help;
+- SIDE BY SIDE, the default: base and the stack are timed alternately (B S B S), since load changes within seconds;
+  at least `cheap_pairs` pairs while a base run is cheap (denoise under `retime_under_s`, 5 s: one pair's interval
+  comes only from its steps, which cannot see a whole run slowed, measured on 2 cores), one for an expensive base.
+  Then more pairs while the interval is wider than +-5% of its point, at most `max_extra_pairs` of them, and only
+  while the next pair fits the time budget: `budget_runs` times what one run of the stack took (a click costs a few
+  images, whatever the device). The record says how many pairs ran and why they stopped. The same request's kept
+  base runs (its picture never changes) join the new ones: its floor only gets better known. A kept base timing is
+  reused alone for an expensive base while younger than `max_age_s` (60 s);
 - CALLER_TIMES_BASE: a caller that times base itself in its own rotation (the bench, the matrix) asks for no
   pairing: a kept base is used as it is, and only a missing one (another dtype, say) is computed, once;
 - a `base` run is itself compared with the kept base picture: bitwise equal, it refreshes the kept timing (median
   of its repeats while cheap); different, it is news, shown against the kept picture;
 - BY SHAPE (compare `auto`, a public studio's default: a click costs about one image): a DiT's denoise time depends
   on the shape of a request (model, dtype, size, steps, text length, guidance, true CFG), not on its prompt or seed,
-  so a kept base timing of the same shape whose repeats agreed, younger than `shape_max_age_s`, and taken beside
-  this same stack, divides the run; the stack runs once. The stack's price beside that base timing is kept with it:
-  a run whose full steps moved beyond DRIFT_BOUND (15%) of it means the machine's speed changed since (a browser
-  drawing the last result, another process), and its ratio is not shown. Absent or stale, the run is paired side by
-  side as above, which keeps a new one. The same request's base picture is used where it is kept; otherwise PSNR
-  is not computed (the caller asks for it);
+  so a kept base timing of the same shape younger than `shape_max_age_s`, taken beside this same stack, divides the
+  run; the stack runs once. How much the machine's speed moved since is measured by the same estimator (the stack's
+  full steps now against its full steps then, studio.measure.estimate.drift) and corrects the ratio, its interval
+  widening the result's; a useless interval is withheld ("compare on" times base beside it). Absent or stale, the
+  run is paired side by side as above, which keeps a new one. The same request's base picture is used where it is
+  kept; otherwise PSNR is not computed (the caller asks for it);
 - SAME REGIME: a stack with a memory regime (`offload_config`) is compared with `base` under that regime
   (`same_regime`), kept under its own key (`regime_key`): its speed-up and PSNR are those of its other features at the
   same weight traffic; a resident base would fold the offload's cost into the speed-up.
@@ -38,7 +40,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from studio.measure.steady import Ratio, Steady, agree, ratio, steady
+from studio.measure.estimate import TIGHT, Estimate, Run, exact_one, speedup, stalled
+from studio.measure.estimate import by_shape as estimate_by_shape
 from studio.spec.preset import Preset
 
 
@@ -54,34 +57,37 @@ def regime_key(key: tuple, preset: Preset) -> tuple:
     return key + (preset.offload_config,) if preset.offload_config.enabled else key
 
 
+TIGHT_PCT = round(TIGHT * 100)
+KEPT_RUNS = 8  # a kept base keeps its last 8 timed runs: its floor only gets better known
+
+
 @dataclass(frozen=True)
 class BaseEntry:
     image: np.ndarray
     denoise_s: float
     step_ms: list[float]
     timed_at: float = field(default_factory=time.monotonic)  # when the timed run ended (time.monotonic)
-    agreed: bool = True  # its repeats agreed (or, timed once, its steps did): a timing that may be kept
+    runs: tuple[Run, ...] = ()  # its timed runs, as the estimator reads them (the last KEPT_RUNS)
     block_ms: tuple | None = None  # its blocks' median times (eager): what a compiled stack's ideal is priced by
 
     @property
-    def price(self) -> Steady:
-        """Its step-median price (every base step is a full one)."""
-        return steady(self.denoise_s, self.step_ms, [])
+    def agreed(self) -> bool:
+        """A timing that may be kept alone: timed more than once, or once without a stall (studio.measure.estimate)."""
+        return len(self.runs) > 1 or (len(self.runs) == 1 and not stalled(self.runs))
+
+    @property
+    def full_ms(self) -> float:
+        """Its median step (every base step is a full one): what the ideal's block times are priced against."""
+        return float(np.median(self.step_ms))
 
     def age(self, now: float | None = None) -> float:
         return (time.monotonic() if now is None else now) - self.timed_at
 
 
-def entry_of(run, agreed: bool | None = None) -> BaseEntry:
-    """A base entry from a measured run (engine.run.Measured); `agreed` None: as steady as its own steps."""
-    return BaseEntry(
-        run.image,
-        run.denoise_s,
-        run.step_ms,
-        run.ended,
-        agreed=run.priced.steady if agreed is None else agreed,
-        block_ms=run.block_ms,
-    )
+def entry_of(run, earlier: tuple[Run, ...] = ()) -> BaseEntry:
+    """A base entry from a measured run (engine.run.Measured), after the `earlier` runs of the same request."""
+    runs = (tuple(earlier) + (run.timed,))[-KEPT_RUNS:]
+    return BaseEntry(run.image, run.denoise_s, run.step_ms, run.ended, runs, run.block_ms)
 
 
 class BaseStore:
@@ -111,21 +117,35 @@ class Pairing:
 
     retime_under_s: float = 5.0  # a base cheaper than this is timed again beside every run, `cheap_pairs` times
     max_age_s: float = 60.0  # an expensive base's kept timing is reused while younger than this
-    cheap_pairs: int = 3
+    cheap_pairs: int = 2
     caller_times_base: bool = False  # the caller times base in its own rotation: use the kept base as it is
-    max_extra_pairs: int = 4  # pairs timed beyond the first ones while their ratios disagree...
-    max_extra_s: float = 20.0  # ...and for at most this long
+    max_extra_pairs: int = 4  # pairs timed beyond the first ones while the interval is not tight...
+    budget_runs: float = 6.0  # ...and while the pairs so far and the next fit in this many runs of the stack
     shape_max_age_s: float = 120.0  # compare `auto`: a kept timing of the shape divides runs while younger than this
 
     def reusable(self, entry: BaseEntry, now: float | None = None) -> bool:
-        """Whether a kept base timing may divide a new run's without timing base again: only one whose repeats
-        agreed, for an expensive base, while recent (or always, for a caller that times base itself)."""
+        """Whether a kept base timing may divide a new run's without timing base again: for an expensive base, one
+        timed more than once (or once without a stall), while recent (or always, for a caller that times base
+        itself)."""
         if self.caller_times_base:
             return True
         return entry.agreed and entry.denoise_s >= self.retime_under_s and entry.age(now) <= self.max_age_s
 
     def cheap(self, denoise_s: float) -> bool:
         return not self.caller_times_base and denoise_s < self.retime_under_s
+
+    def stop(self, est: Estimate, pairs: int, first: int, spent_s: float, run_s: float) -> str | None:
+        """Why the pairing stops after `pairs` pairs (None: time another): `spent_s` on them so far, `run_s` one run
+        of the stack."""
+        if pairs < first:
+            return None
+        if est.tight:
+            return f"the interval is within ±{TIGHT_PCT}% of its point"
+        if pairs >= first + self.max_extra_pairs:
+            return f"at most {first + self.max_extra_pairs} pairs"
+        if spent_s * (pairs + 1) / pairs > self.budget_runs * run_s:
+            return f"another pair would pass the time budget ({self.budget_runs:g}x one run of the stack)"
+        return None
 
 
 CALLER_TIMES_BASE = Pairing(caller_times_base=True)
@@ -139,8 +159,9 @@ class Paired:
     run: object  # engine.run.Measured: the median of `runs`
     runs: int  # timed runs of the stack
     base_now: bool  # the base timing was taken in this call
-    ratio: Ratio | None = None  # base over the stack, from the pairs (None: not compared)
+    ratio: Estimate | None = None  # base over the stack (studio.measure.estimate); None: not compared
     by_shape: bool = False  # the base timing is a kept one of the same shape, maybe of another prompt (compare auto)
+    stack_runs: tuple[Run, ...] = ()  # the stack's timed runs beside this base (kept for compare auto's drift)
 
 
 def median_run(runs: list):
@@ -150,15 +171,10 @@ def median_run(runs: list):
     return replace(mid, warmup_s=runs[0].warmup_s, reloaded=runs[0].reloaded)
 
 
-def _median_entry(entries: list[BaseEntry]) -> BaseEntry:
-    return sorted(entries, key=lambda e: e.denoise_s)[len(entries) // 2]
-
-
-def _settled(bases: list, runs: list) -> bool:
-    """Whether more pairs would not change the answer: the pair ratios agree, or one pair whose runs were steady."""
-    if len(runs) == 1:
-        return bases[0].priced.steady and runs[0].priced.steady
-    return agree([b.priced.robust_s / r.priced.robust_s for b, r in zip(bases, runs)])  # (measure.steady)
+def _timed(fn) -> tuple[object, float]:
+    t0 = time.monotonic()
+    out = fn()
+    return out, time.monotonic() - t0
 
 
 def side_by_side(pairing: Pairing, store: BaseStore, key: tuple, time_base, time_stack, on_status=None) -> Paired:
@@ -170,48 +186,49 @@ def side_by_side(pairing: Pairing, store: BaseStore, key: tuple, time_base, time
     kept = store.get(key)
     if kept is not None and pairing.reusable(kept):
         run = time_stack()
-        return Paired(kept, run, 1, base_now=False, ratio=ratio([kept.price], [run.priced]))
-    bases, runs, extra_since = [], [], None
+        return Paired(kept, run, 1, False, speedup(kept.runs, [run.timed]), stack_runs=(run.timed,))
+    earlier = kept.runs if kept is not None else ()
+    bases, runs, spent, stack_s, why = [], [], 0.0, 0.0, ""
     while True:
         if on_status:
             new = kept is None and not bases
             on_status("computing the base image for comparison" if new else "timing the base image for comparison")
-        bases.append(time_base())
-        runs.append(time_stack())
+        (b, tb), (r, ts) = _timed(time_base), _timed(time_stack)
+        bases.append(b)
+        runs.append(r)
+        spent, stack_s = spent + tb + ts, stack_s or ts
         if pairing.caller_times_base:
             break
         first = pairing.cheap_pairs if pairing.cheap(bases[0].denoise_s) else 1  # pairs always timed
-        if len(runs) < first:
-            continue
-        extra_since = extra_since or time.monotonic()
-        spent = time.monotonic() - extra_since
-        if _settled(bases, runs) or len(runs) >= first + pairing.max_extra_pairs or spent > pairing.max_extra_s:
+        est = speedup(earlier + tuple(x.timed for x in bases), [x.timed for x in runs])
+        why = pairing.stop(est, len(runs), first, spent, stack_s)
+        if why:
             break
-    agreed = _settled(bases, runs) if len(bases) > 1 else bases[0].priced.steady
-    base = store.put(key, replace(_median_entry([entry_of(b) for b in bases]), agreed=agreed))
-    r = ratio([b.priced for b in bases], [x.priced for x in runs])
-    return Paired(base, median_run(runs), len(runs), base_now=True, ratio=r)
+    entry = entry_of(median_run(bases), earlier)
+    entry = replace(entry, runs=(earlier + tuple(x.timed for x in bases))[-KEPT_RUNS:])
+    base = store.put(key, entry)
+    stack = tuple(x.timed for x in runs)
+    r = replace(speedup(base.runs, stack), stop=why)
+    return Paired(base, median_run(runs), len(runs), base_now=True, ratio=r, stack_runs=stack)
 
 
 def shape_timing(pairing: Pairing, shapes: BaseStore, shape: tuple, now: float | None = None) -> BaseEntry | None:
-    """A kept base timing of this shape that may divide a run of any prompt of it: one whose repeats agreed, while
-    younger than `pairing.shape_max_age_s` (module doc); None: time base beside the run."""
+    """A kept base timing of this shape that may divide a run of any prompt of it, while younger than
+    `pairing.shape_max_age_s` (module doc); None: time base beside the run."""
     kept = shapes.get(shape)
     if kept is None or not kept.agreed or kept.age(now) > pairing.shape_max_age_s:
         return None
     return kept
 
 
-def by_shape(shaped: BaseEntry, then: Steady, same_request: BaseEntry | None, time_stack) -> Paired:
-    """The stack timed once, divided by the shape's kept base timing; `then`: the same stack's price when that base
-    timing was taken beside it (a run whose full steps moved beyond DRIFT_BOUND of it is not divided: the machine's
-    speed changed). The base picture is the same request's where it is kept (PSNR), else none."""
+def by_shape(shaped: BaseEntry, then: tuple[Run, ...], same_request: BaseEntry | None, time_stack) -> Paired:
+    """The stack timed once, divided by the shape's kept base timing; `then`: the same stack's runs when that base
+    timing was taken beside it (how much the machine's speed moved since corrects the ratio: module doc). The base
+    picture is the same request's where it is kept (PSNR), else none."""
     run = time_stack()
     base = replace(shaped, image=same_request.image if same_request is not None else None)
-    r = ratio([shaped.price], [run.priced])
-    if then.full_ms and run.priced.full_ms:
-        r = replace(r, drift=run.priced.full_ms / then.full_ms)
-    return Paired(base, run, 1, base_now=False, ratio=r, by_shape=True)
+    r = estimate_by_shape(shaped.runs, then, run.timed)
+    return Paired(base, run, 1, base_now=False, ratio=r, by_shape=True, stack_runs=(run.timed,))
 
 
 def base_itself(pairing: Pairing, store: BaseStore, key: tuple, time_base) -> Paired:
@@ -222,10 +239,11 @@ def base_itself(pairing: Pairing, store: BaseStore, key: tuple, time_base) -> Pa
         runs += [time_base() for _ in range(pairing.cheap_pairs - 1)]
     run = median_run(runs)
     kept = store.get(key)
-    prices = [r.priced.robust_s for r in runs]
+    timed = tuple(r.timed for r in runs)
     if kept is None or np.array_equal(kept.image, run.image):
-        kept = store.put(key, entry_of(run, agree(prices) if len(runs) > 1 else run.priced.steady))
-        # base against itself, the same run: 1.00x by construction, not a measurement with a spread
-        itself = Ratio(1.0, 0.0, len(runs), max(prices) / min(prices))
-        return Paired(kept, run, len(runs), base_now=False, ratio=itself)
-    return Paired(kept, run, len(runs), base_now=False, ratio=ratio([kept.price], [run.priced]))
+        earlier = kept.runs if kept is not None else ()
+        entry = replace(entry_of(run, earlier), runs=(earlier + timed)[-KEPT_RUNS:])
+        kept = store.put(key, entry)
+        # base against itself, the same runs: 1.00x by construction, not a measurement with an interval
+        return Paired(kept, run, len(runs), base_now=False, ratio=exact_one(len(runs)))
+    return Paired(kept, run, len(runs), base_now=False, ratio=speedup(kept.runs, timed))

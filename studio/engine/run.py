@@ -24,8 +24,8 @@ from studio.engine.stack import AppliedStack
 from studio.engine.state import stack_state
 from studio.engine.streams import stream_begin, stream_report
 from studio.measure.blocks import BlockClock
+from studio.measure.estimate import Run
 from studio.measure.memory import MemoryProbe, PeakMemory
-from studio.measure.steady import Steady, steady
 from studio.measure.timing import StepCounts, StepProbe, block_count, count_steps
 from studio.spec.errors import OverTime
 from studio.spec.preset import Preset
@@ -147,9 +147,16 @@ class Measured:
     h2d: dict | None = None  # bytes copied host-to-device per full / cached step (engine.streams), None: resident
 
     @property
-    def priced(self) -> Steady:
-        """Its step-median price: what a stall in a few steps cannot move (studio.measure.steady)."""
-        return steady(self.denoise_s, self.step_ms, self.counts.cached_indices)
+    def timed(self) -> Run:
+        """The run as the estimator reads it: its step times and cached steps (studio.measure.estimate)."""
+        return Run.of(self.step_ms, self.counts.cached_indices)
+
+    @property
+    def full_ms(self) -> float | None:
+        """Its median full step (None: every step cached): what its block times are priced against."""
+        cached = set(self.counts.cached_indices)
+        full = [t for i, t in enumerate(self.step_ms) if i not in cached]
+        return float(sorted(full)[len(full) // 2]) if full else None
 
     @property
     def calls_per_step(self) -> int:

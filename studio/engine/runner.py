@@ -30,6 +30,7 @@ from studio.engine.lora import check_loras
 from studio.engine.parallel import remove_parallel, workers
 from studio.engine.run import Deadline, Measured, RunContext, measure, pipeline_for, settle, warm
 from studio.measure.blocks import IdealCheck, computed_blocks, price_cached_step
+from studio.measure.estimate import Run, speedup
 from studio.measure.record import RunMetrics, RunResult, Timing
 from studio.spec.checks import ConfigError
 from studio.spec.errors import USER_ERRORS, RunError
@@ -270,7 +271,7 @@ class Runner:
         if paired.base is not None and paired.base.agreed and not paired.by_shape and (is_base or paired.base_now):
             self.shapes.put(shape, paired.base)  # a timing that agreed: it may divide this shape's next runs
             if not is_base:
-                self.stack_prices.put((shape, p.stack), (paired.base.timed_at, paired.run.priced))
+                self.stack_prices.put((shape, p.stack), (paired.base.timed_at, paired.stack_runs))
         metrics = self._metrics(ctx, p, paired, time.perf_counter() - t0, is_base=is_base)
         return RunResult(paired.run.image, paired.base.image if paired.base else None, metrics)
 
@@ -294,7 +295,8 @@ class Runner:
             base_now=None if base is None or is_base else paired.base_now,
             in_workers=info is not None,
             screening=screening,
-            left_out=paired.ratio.left_out if paired.ratio and not is_base else 0,
+            stalled=paired.ratio.stalled if paired.ratio and not is_base else 0,
+            stop=paired.ratio.stop if paired.ratio and not is_base else "",
             by_shape=paired.by_shape,
         )
         cache_on = run.stack.is_engaged("cache")
@@ -310,7 +312,6 @@ class Runner:
             step_ms=run.step_ms,
             counts=run.counts,
             ratio=paired.ratio if base is not None else None,
-            priced=run.priced,
             ideal=ideal,
             model=ctx.model,
             preset=p.name,
@@ -344,11 +345,11 @@ class Runner:
             return None
         c = p.cache_config
         first, last = (1, 0) if c.backend == "fbcache" else (c.Fn_compute_blocks, c.Bn_compute_blocks)
-        own = run.block_ms is not None and run.priced.full_ms is not None
+        own = run.block_ms is not None and run.full_ms is not None
         if own:
-            blocks, full_ms, source = run.block_ms, run.priced.full_ms, "from this run's block times"
-        elif base is not None and base.block_ms is not None and base.price.full_ms is not None:
-            blocks, full_ms, source = base.block_ms, base.price.full_ms, "from the eager base's block times"
+            blocks, full_ms, source = run.block_ms, run.full_ms, "from this run's block times"
+        elif base is not None and base.block_ms is not None:
+            blocks, full_ms, source = base.block_ms, base.full_ms, "from the eager base's block times"
         else:
             return None
         price = price_cached_step(
@@ -358,12 +359,14 @@ class Runner:
             return None
         ideal = price.ideal_speedup(run.counts.full, run.counts.cached)
         if self._twin_is_base(p):
-            reliable = paired.ratio is not None and paired.ratio.reliable  # a busy machine: no reading at all
-            return IdealCheck(ideal, paired.ratio.value if reliable else None, "base", price)
-        # compiled / quantized / other attention: its non-cache twin is not base; its own full steps stand in
-        own_full = run.priced.full_ms
-        measured = (len(run.step_ms) * own_full / 1e3) / run.priced.robust_s if own_full else None
-        return IdealCheck(ideal, measured, "its own full steps", price)
+            shown = paired.ratio is not None and not paired.ratio.useless  # a busy machine: no reading at all
+            return IdealCheck(ideal, paired.ratio if shown else None, "base", price)
+        # compiled / quantized / other attention: its non-cache twin is not base; its own full steps stand in (the
+        # same estimator: every step priced as its fastest full step, over the run's floor)
+        stack = paired.stack_runs or (run.timed,)
+        fulls = tuple(Run(tuple(x for i, x in enumerate(t.step_ms) if i not in t.cached)) for t in stack)
+        steps = (len(run.step_ms), 0)  # every step at the price of a full one: the run without its cache
+        return IdealCheck(ideal, speedup(fulls, stack, base_counts=steps), "its own full steps", price)
 
     def _twin_is_base(self, p: Preset) -> bool:
         """Whether `p` without its step cache is `base` (then base, timed beside it, is its non-cache reference)."""

@@ -21,6 +21,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from studio.measure.estimate import Estimate
+
 # torch is imported where blocks are timed: the records below cross to the app's process, which loads no torch
 
 
@@ -156,7 +158,7 @@ def computed_blocks(n_blocks: int, first: int, last: int) -> set[int]:
     return set(range(min(first, n_blocks))) | set(range(max(0, n_blocks - last), n_blocks))
 
 
-IMPOSSIBLE = 1.05  # a measured speed-up over 1.05x its ideal is a measurement error, not a result
+IMPOSSIBLE = 1.05  # a speed-up whose whole interval lies over 1.05x its ideal is a measurement error, not a result
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,7 @@ class IdealCheck:
     """A cached run's speed-up over the same stack without its cache, against the ideal its counts allow."""
 
     ideal: float  # steps / (full + cached x share)
-    measured: float | None  # the run's speed-up over `against`
+    measured: Estimate | None  # the run's speed-up over `against` (studio.measure.estimate); None: no reading
     against: str  # the non-cache reference: "base", or "its own full steps" (a compiled / quantized stack)
     price: CachedStepPrice
 
@@ -173,17 +175,26 @@ class IdealCheck:
         """Measured over ideal: what the cache's decision and bookkeeping cost (1.0: nothing)."""
         if self.measured is None or self.impossible:
             return None
-        return self.measured / self.ideal
+        return self.measured.point / self.ideal
+
+    @property
+    def of_ideal_range(self) -> tuple[float, float] | None:
+        """The measured interval over the ideal."""
+        if self.of_ideal is None:
+            return None
+        return self.measured.lo / self.ideal, self.measured.hi / self.ideal
 
     @property
     def impossible(self) -> bool:
-        return self.measured is not None and self.measured > IMPOSSIBLE * self.ideal
+        """The whole interval over IMPOSSIBLE x the ideal: the counts cannot give that; a measurement error."""
+        return self.measured is not None and self.measured.lo > IMPOSSIBLE * self.ideal
 
     def why_impossible(self) -> str | None:
         if not self.impossible:
             return None
+        m = self.measured
         return (
-            f"measurement error: {self.measured:.2f}x over {self.against} is more than this run's counts can give "
-            f"(ideal {self.ideal:.2f}x, a cached step priced at {self.price.share:.2f} of a full one, "
+            f"measurement error: {m.point:.2f}x ({m.lo:.2f}-{m.hi:.2f}) over {self.against} is more than this run's "
+            f"counts can give (ideal {self.ideal:.2f}x, a cached step priced at {self.price.share:.2f} of a full one, "
             f"{self.price.source}); not shown"
         )

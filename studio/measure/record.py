@@ -12,8 +12,8 @@ from importlib import metadata
 import numpy as np
 
 from studio.measure.blocks import IdealCheck
+from studio.measure.estimate import Estimate
 from studio.measure.quality import Verdict, judge, judge_batch
-from studio.measure.steady import Ratio, Steady
 from studio.measure.timing import StepCounts
 
 LIBRARIES = ("torch", "diffusers", "cache-dit", "torchao", "transformers")
@@ -39,7 +39,8 @@ class Timing:
     base_now: bool | None = None  # the base timing was taken in this call (True), kept from before (False); None: none
     in_workers: bool = False  # timed inside parallel worker rank 0
     screening: bool = False  # not a measurement: no warm-up, time not reported (the tuner's screening runs)
-    left_out: int = 0  # timed pairs left out as spoilt by a stall (measure.steady)
+    stalled: int = 0  # timed runs a stall or a slow spell hit (the estimate holds: each kind priced by its fastest)
+    stop: str = ""  # why the pairing stopped after `runs` pairs
     by_shape: bool = False  # the base timing is a kept one of the same shape (compare auto), maybe another prompt's
 
     def text(self, base_age_s: float | None) -> str:
@@ -49,8 +50,13 @@ class Timing:
         out += "1 timed run" if self.runs == 1 else f"median of {self.runs} timed runs"
         out += " interleaved with base" if self.runs > 1 and self.interleaved else ""
         out += " (timed inside parallel worker rank 0)" if self.in_workers else ""
-        if self.left_out:
-            out += f"; {self.left_out} of {self.runs} pairs left out (a stall spoilt them)"
+        if self.stop:
+            out += f"; stopped at {self.runs} pair{'s' if self.runs != 1 else ''}: {self.stop}"
+        if self.stalled:
+            out += (
+                f"; stalled: {self.stalled} timed run{'s' if self.stalled != 1 else ''} ran slow in places, which the "
+                "estimate (each kind of step at its fastest) leaves out"
+            )
         if self.by_shape:
             out += f"; base timed on a request of the same shape (prompt and seed aside), {base_age_s:.0f} s ago"
         elif self.base_now is True:
@@ -99,13 +105,17 @@ class RunMetrics:
     blocks: int = 0  # transformer blocks one full call runs
     ideal_speedup: float | None = None  # what the counts would give were the cache's own work free (measure.blocks)
     parallel: dict | None = None  # parallel workers: kind, world_size, ray, workers [{rank, device, host, pid}]
-    speedup_spread: float | None = None  # +- around `speedup`: half the range of the pair ratios it came from
-    speedup_note: str | None = None  # why there is no speed-up (a busy machine, a measurement error), in words
+    speedup_lo: float | None = None  # the speed-up's interval (studio.measure.estimate: a 95% bootstrap)
+    speedup_hi: float | None = None
+    speedup_note: str | None = None  # why there is no speed-up (a useless interval; a measurement error), in words
     timed_pairs: int = 0  # base/stack pairs the speed-up came from
-    stall: float | None = None  # this run's wall time over its step-median price (1.0: no stall within it)
+    pairs_stop: str | None = None  # why the pairing stopped where it did
+    stalled_runs: int = 0  # timed runs a stall or a slow spell hit (the estimate holds)
     cached_share: float | None = None  # a cached step's ideal price as a share of a full step, measured
     ideal_source: str | None = None  # where the block times behind `cached_share` came from
     of_ideal: float | None = None  # measured speed-up over its non-cache reference, over the ideal
+    of_ideal_lo: float | None = None  # its interval (the measured speed-up's, over the ideal)
+    of_ideal_hi: float | None = None
     of_ideal_against: str | None = None  # that reference: "base", or "its own full steps"
     ideal_detail: dict | None = None  # the numbers behind the ideal: block times, full step, skipped time, share
     of_ideal_note: str | None = None  # why there is no `of ideal` (a reading over its ideal: a measurement error)
@@ -136,8 +146,7 @@ class RunMetrics:
         denoise_s: float,
         step_ms: list[float],
         counts: StepCounts,
-        ratio: Ratio | None,
-        priced: Steady,
+        ratio: Estimate | None,
         ideal: IdealCheck | None,
         **fields,
     ) -> RunMetrics:
@@ -149,14 +158,13 @@ class RunMetrics:
             base_denoise_s, base_timed_at: the base's wall time, and when it ended (time.monotonic).
             ended: when this run's timed run ended (time.monotonic).
             counts: the cached/full counts and where they came from.
-            ratio: base over this run from the timed pairs (studio.measure.steady); None: not compared.
-            priced: this run's step-median price.
+            ratio: base over this run from the timed pairs (studio.measure.estimate); None: not compared.
             ideal: the cached run's speed-up against its ideal (studio.measure.blocks); None: nothing cached.
             fields: the rest of the record's fields, by name.
         """
         q, fields["batch"] = _judged(image, base_image, fields.get("request") or {})
         age = abs(ended - base_timed_at) if base_timed_at is not None else None
-        speedup, note = (ratio.value, ratio.why_not()) if ratio is not None else (None, None)
+        note = ratio.why_not() if ratio is not None else None
         if note is None and ideal is not None and ideal.against == "base":
             note = ideal.why_impossible()  # over base, a speed-up beyond the ideal is an error, not a result
         return cls(
@@ -168,15 +176,19 @@ class RunMetrics:
             cached_step_indices=counts.cached_indices,
             count_source=counts.source,
             count_check=counts.check,
-            speedup=None if note else speedup,
-            speedup_spread=ratio.spread if ratio is not None and not note else None,
+            speedup=ratio.point if ratio is not None and not note else None,
+            speedup_lo=ratio.lo if ratio is not None and not note and not ratio.exact else None,
+            speedup_hi=ratio.hi if ratio is not None and not note and not ratio.exact else None,
             speedup_note=note,
             timed_pairs=ratio.pairs if ratio is not None else 0,
-            stall=priced.stall,
+            pairs_stop=(ratio.stop or None) if ratio is not None else None,
+            stalled_runs=ratio.stalled if ratio is not None else 0,
             ideal_speedup=ideal.ideal if ideal else None,
             cached_share=ideal.price.share if ideal else None,
             ideal_source=ideal.price.source if ideal else None,
             of_ideal=ideal.of_ideal if ideal else None,
+            of_ideal_lo=ideal.of_ideal_range[0] if ideal and ideal.of_ideal_range else None,
+            of_ideal_hi=ideal.of_ideal_range[1] if ideal and ideal.of_ideal_range else None,
             of_ideal_against=ideal.against if ideal else None,
             ideal_detail=ideal.price.as_dict() if ideal else None,
             of_ideal_note=ideal.why_impossible() if ideal else None,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import html
 
 from studio.measure.quality import TILE, Verdict
-from studio.measure.steady import STALL_BOUND
 from studio.report import fmt
 
 CSS = """
@@ -40,16 +39,6 @@ def _lines(lines: list[str], css: str = "") -> str:
     return f'<div class="stack-lines">{body}</div>'
 
 
-def _stall(m) -> str:
-    """A note under the timing when a stall hit the reported run itself (its speed-up is taken from its price)."""
-    if m.stall is None or m.stall <= STALL_BOUND:
-        return ""
-    return (
-        f"<br><small>a stall hit this run: its wall time is {m.stall:.2f}x its step-median price, "
-        "which the speed-up is taken from</small>"
-    )
-
-
 def _uncompared(m) -> str:
     """Why a run has no PSNR: compare off, or compare auto without this request's base picture kept."""
     if m.base_denoise_s is None:
@@ -76,9 +65,9 @@ def metrics_card(m) -> str:
         steps += f"<br><small>unconditional (CFG) branch cached apart: {m.backend_cfg_cached_steps}</small>"
     steps += f"<br><small>counted by {esc(m.count_source)}" + (f"; {esc(m.count_check)}" if m.count_check else "")
     steps += "</small>"
-    vs = esc(m.speedup_note) if m.speedup_note else fmt.speedup_pm(m.speedup, m.speedup_spread)
+    vs = esc(m.speedup_note) if m.speedup_note else fmt.speedup_ci(m.speedup, m.speedup_lo, m.speedup_hi)
     if m.base_denoise_s is not None:
-        pairs = f", {m.timed_pairs} timed pair{'s' if m.timed_pairs != 1 else ''}" if m.timed_pairs else ""
+        pairs = f", {esc(fmt.pairs(m.timed_pairs, m.pairs_stop, m.stalled_runs))}" if m.timed_pairs else ""
         vs += f" (base {fmt.seconds(m.base_denoise_s)}{pairs})"
     rows = [
         ("stack", _stack(m)),
@@ -90,7 +79,7 @@ def metrics_card(m) -> str:
         ("quality", verdict_flag(m.quality)),
         *([("batch", esc(fmt.batch_line(m.batch)))] if m.batch else []),
         *([("of ideal", esc(fmt.ideal_line(m)))] if m.ideal_speedup else []),
-        ("timing", esc(m.timing) + _stall(m)),
+        ("timing", esc(m.timing)),
     ]
     if m.compile_s is not None:
         rows.append(("compile warm-up", f"{fmt.seconds(m.compile_s, 1)} (not in denoise time)"))

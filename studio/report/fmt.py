@@ -21,23 +21,36 @@ def speedup(v: float | None, digits: int = 2) -> str:
     return "n/a" if v is None else f"{v:.{digits}f}x"
 
 
-def speedup_pm(v: float | None, spread: float | None, digits: int = 2) -> str:
-    """A speed-up with its spread, as `1.70x ±0.03` (the spread from the runs it came from); none is shown for a
-    ratio that is exact by construction (base against itself: spread 0)."""
-    if v is None or not spread:
-        return speedup(v, digits)
-    return f"{v:.{digits}f}x ±{spread:.{digits}f}"
+def ratio_ci(v: float | None, lo: float | None, hi: float | None, digits: int = 2, unit: str = "") -> str:
+    """A ratio with its interval, as `1.74 (1.68-1.80)`; the point alone where there is no interval."""
+    if v is None:
+        return "n/a"
+    out = f"{v:.{digits}f}{unit}"
+    return out if lo is None or hi is None else f"{out} ({lo:.{digits}f}-{hi:.{digits}f})"
 
 
-def of_ideal(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}"
+def speedup_ci(v: float | None, lo: float | None, hi: float | None, digits: int = 2) -> str:
+    """A speed-up with its interval, as `1.74x (1.68-1.80)` (studio.measure.estimate); no interval for a ratio that
+    is exact by construction (base against itself)."""
+    return ratio_ci(v, lo, hi, digits, "x")
+
+
+def pairs(n: int, stop: str | None = None, stalled: int = 0) -> str:
+    """How many timed pairs a speed-up came from, why they stopped there, and whether a stall hit some runs."""
+    out = f"{n} timed pair{'s' if n != 1 else ''}"
+    out += f", stopped: {stop}" if stop else ""
+    return out + (f"; stalled: {stalled} run{'s' if stalled != 1 else ''} ran slow in places" if stalled else "")
+
+
+def of_ideal(v: float | None, lo: float | None = None, hi: float | None = None) -> str:
+    return "-" if v is None else ratio_ci(v, lo, hi)
 
 
 def ideal_line(m) -> str:
     """What a cached run got of what its counts allow (`m` a RunMetrics with an ideal)."""
     if m.of_ideal_note:
         return m.of_ideal_note
-    got = "n/a" if m.of_ideal is None else of_ideal(m.of_ideal)
+    got = "n/a" if m.of_ideal is None else of_ideal(m.of_ideal, m.of_ideal_lo, m.of_ideal_hi)
     head = f"{got} of the ideal {m.ideal_speedup:.2f}x"
     return (
         f"{head}: a cached step priced at {m.cached_share:.2f} of a full one ({m.ideal_source}), "
@@ -123,7 +136,7 @@ def stack(tag: str, label_changes) -> str:
 
 def summary_line(m) -> str:
     """One line for a run (the CLI's text output)."""
-    vs = m.speedup_note or speedup_pm(m.speedup, m.speedup_spread) + " vs base"
+    vs = m.speedup_note or speedup_ci(m.speedup, m.speedup_lo, m.speedup_hi) + " vs base"
     return (
         f"{m.preset} [{stack(m.tag, m.label_changes)}] denoise {seconds(m.denoise_s)} ({m.mean_step_ms:.1f} ms/step), "
         f"{steps(m.cached_steps, m.full_steps)}, {vs}, PSNR {psnr(m.psnr_db)}, SSIM {ssim(m.ssim)} [{m.quality}]"

@@ -41,9 +41,9 @@ REFERENCE = (
 def _vs_base(r) -> str:
     if r.speedup is None:
         return "n/a"
-    if r.speedup_sd is None:
-        return f"{fmt.speedup(r.speedup)} (base)" if r.stack == "base" else fmt.speedup(r.speedup)
-    return fmt.speedup_pm(r.speedup, r.speedup_sd)
+    if r.stack == "base":
+        return f"{fmt.speedup(r.speedup)} (base)"
+    return fmt.speedup_ci(r.speedup, r.speedup_lo, r.speedup_hi)
 
 
 def _peak(r) -> tuple[str, str]:

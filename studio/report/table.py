@@ -29,7 +29,7 @@ CORE = 7  # the columns before a bench's extras
 # Columns a bench adds where it has them, after "of ideal": (heading, MatrixRow field, format)
 OPTIONAL = (
     ("worst PSNR", "worst_psnr_db", fmt.psnr),
-    ("studio/raw", "studio_over_raw", lambda v: f"{v:.3f}"),
+    ("studio/raw", "studio_over_raw_ci", lambda v: fmt.ratio_ci(*v, digits=3)),
     ("peak memory", "peak_mem_bytes", fmt.size),
     ("H2D/full step", "h2d_full_bytes", fmt.size),
     ("H2D/cached step", "h2d_cached_bytes", fmt.size),
@@ -57,17 +57,23 @@ class MatrixRow:
     requested_tag: str = ""  # the label of what the preset asked for
     runs: list[float] = field(default_factory=list)  # every timed denoise, seconds
     # a bench's extras (None where it did not measure them)
-    speedup_spread: float | None = None  # +- around the speed-up, from the runs it came from
-    speedup_note: str | None = None  # why there is no speed-up (the machine was busy, a measurement error)
+    speedup_lo: float | None = None  # the speed-up's interval (studio.measure.estimate)
+    speedup_hi: float | None = None
+    timed_pairs: int = 0  # the pairs it came from
+    speedup_note: str | None = None  # why there is no speed-up (its interval is useless, a measurement error)
     ideal_speedup: float | None = None  # what the counts give were the cache's own work free (studio.measure.blocks)
     of_ideal: float | None = None  # speed-up over the non-cache reference / ideal: what the cache's machinery costs
     of_ideal_against: str | None = None  # that reference: base, the non-cache twin, or the run's own full steps
+    of_ideal_lo: float | None = None  # its interval
+    of_ideal_hi: float | None = None
     mean_psnr_db: float | None = None  # over prompts
     worst_psnr_db: float | None = None  # over prompts
     prompts: int = 1
     cached_by_prompt: list[int] = field(default_factory=list)
     compile_s: float | None = None  # the cold run that compiled
     studio_over_raw: float | None = None  # studio denoise / plain diffusers (+ cache-dit) denoise, same request
+    studio_over_raw_lo: float | None = None  # its interval (the same estimator, over whole runs)
+    studio_over_raw_hi: float | None = None
     raw_denoise_s: float | None = None
     raw_psnr_db: float | None = None  # studio image against the plain run's image
     worst_tile_psnr_db: float | None = None  # the worst 8x8 tile's PSNR against base (one run: A/B, history)
@@ -76,6 +82,12 @@ class MatrixRow:
     peak_mem_kind: str | None = None
     h2d_full_bytes: int | None = None  # under a streaming offload: bytes copied host-to-device per full step
     h2d_cached_bytes: int | None = None  # ... and per cached step
+
+    @property
+    def studio_over_raw_ci(self) -> tuple | None:
+        if self.studio_over_raw is None:
+            return None
+        return (self.studio_over_raw, self.studio_over_raw_lo, self.studio_over_raw_hi)
 
     @property
     def worst_tile(self) -> tuple | None:
@@ -94,10 +106,10 @@ class MatrixRow:
             fmt.stack(self.tag, self.label_changes),
             fmt.seconds(self.denoise_s),
             fmt.ms(self.step_ms),
-            fmt.speedup_pm(self.speedup, self.speedup_spread),
+            fmt.speedup_ci(self.speedup, self.speedup_lo, self.speedup_hi),
             fmt.psnr(self.psnr_db),
             f"{self.cached_steps}/{self.full_steps}",
-            fmt.of_ideal(self.of_ideal),
+            fmt.of_ideal(self.of_ideal, self.of_ideal_lo, self.of_ideal_hi),
             fmt.ssim(self.ssim),
             str(self.quality),
             self.preset,
@@ -122,10 +134,14 @@ class MatrixRow:
             label_changes=list(m.label_changes),
             requested_tag=m.requested_tag,
             runs=list(runs or [m.denoise_s]),
-            speedup_spread=m.speedup_spread,
+            speedup_lo=m.speedup_lo,
+            speedup_hi=m.speedup_hi,
+            timed_pairs=m.timed_pairs,
             speedup_note=m.speedup_note,
             ideal_speedup=m.ideal_speedup,
             of_ideal=m.of_ideal,
+            of_ideal_lo=m.of_ideal_lo,
+            of_ideal_hi=m.of_ideal_hi,
             of_ideal_against=m.of_ideal_against,
             worst_tile_psnr_db=m.worst_tile_psnr_db,
             worst_tile_yx=m.worst_tile_yx,

@@ -52,7 +52,8 @@ def noise_lines(noise) -> list[str]:
     """A NoiseFloor as lines: base against itself, each preset's run-to-run spread, compile against its eager twin."""
     aa = noise.base_vs_itself
     out = [
-        f"base against itself (same stack, same rotation): {fmt.speedup(aa, 3)}; a speed-up within "
+        f"base against itself (same stack, same rotation): "
+        f"{fmt.ratio_ci(aa, noise.base_vs_itself_lo, noise.base_vs_itself_hi, 3, 'x')}; a speed-up within "
         f"{abs(aa - 1) * 100:.1f}% of 1.00 is noise",
         "run-to-run spread (max-min)/median: " + ", ".join(f"{k} {v * 100:.0f}%" for k, v in noise.spread.items()),
     ]
@@ -222,11 +223,11 @@ def busy_text(rep, where: str) -> str:
         f"{rep.preset} through {where}: quiet readings {', '.join(fmt.speedup(v) for v in rep.quiet)}"
         f" (median {fmt.speedup(q)}); with a CPU-bound process beside it:"
     ]
-    for (v, note), verdict in zip(rep.busy, rep.verdicts()):
-        reading = fmt.speedup(v) if v is not None else f"no number ({note})"
+    for (v, lo, hi, note), verdict in zip(rep.busy, rep.verdicts()):
+        reading = fmt.speedup_ci(v, lo, hi) if v is not None else f"no number ({note})"
         lines.append(f"  {reading}: {verdict}")
     lines.append(
-        "PASS: every busy reading within 25% of the quiet one or flagged as unreliable"
+        "PASS: every busy reading's interval holds the quiet point, or it is withheld with its reason"
         if rep.passed
         else "FAIL: a busy reading is wrong"
     )
@@ -242,4 +243,9 @@ def clicks_text(rep, where: str) -> str:
         lines.append(f"  {mode:4s} {rep.median(mode):6.2f} s ({rep.median(mode) / off:.2f}x off), {rep.timing[mode]}")
     verdict = "PASS" if rep.passed else "FAIL"
     lines.append(f"{verdict}: an auto click is {rep.auto_over_off:.2f}x the stack's own run (target <= {rep.bound}x)")
+    verdict = "PASS" if rep.on_passed else "FAIL"
+    lines.append(
+        f"{verdict}: an on click of a new prompt is {rep.on_over_off:.2f}x the stack's own run "
+        f"(target <= {rep.on_bound}x)"
+    )
     return "\n".join(lines)

@@ -213,7 +213,8 @@ def numbers(args) -> list[dict]:
                     "cached_steps": m.cached_steps,
                     "full_steps": m.full_steps,
                     "speedup": m.speedup,
-                    "speedup_spread": m.speedup_spread,
+                    "speedup_lo": m.speedup_lo,
+                    "speedup_hi": m.speedup_hi,
                     "speedup_note": m.speedup_note,
                     "compile_s": m.compile_s,
                     "dtype": m.dtype,
@@ -225,14 +226,15 @@ def numbers(args) -> list[dict]:
 
 
 def _numbers_text(rows: list[dict]) -> str:
+    from studio.report.fmt import speedup_ci
+
     out = [
         "| preset + LoRA | PSNR vs base with the LoRA | PSNR vs plain base | cached / full | speed-up |",
         "|---|---|---|---|---|",
     ]
     for r in rows:
-        sp = f"{r['speedup']:.2f}x" if r["speedup"] else f"withheld: {r['speedup_note']}"
-        if r["speedup"] and r["speedup_spread"]:
-            sp = f"{r['speedup']:.2f}x +- {r['speedup_spread']:.2f}"
+        sp = speedup_ci(r["speedup"], r["speedup_lo"], r["speedup_hi"]) if r["speedup"] else None
+        sp = sp or f"withheld: {r['speedup_note']}"
         out.append(
             f"| {r['preset']} ({r['lora']}, {r['dtype']}) | {r['psnr_vs_base_with_lora_db']:.2f} dB | "
             f"{r['psnr_vs_plain_base_db']:.2f} dB | {r['cached_steps']} / {r['full_steps']} | {sp} |"

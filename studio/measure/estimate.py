@@ -1,0 +1,249 @@
+"""The one estimator of every speed-up the studio prints: a point and an interval from timed runs, robust to stalls.
+
+Noise on a shared CPU is one-sided: another process, the host taking the vCPU or a browser drawing only ever ADDS
+time, to a few steps of one run or to whole runs. So (chosen on runs recorded on a 2-core machine, quiet and with a
+CPU hog beside it: tests/data/step_timings.json, docs/measuring.md):
+
+- a run is its per-step times and which steps were cached (`Run`);
+- the PRICE of a set of repeats of one stack on one request is its FLOOR: for each kind of step (full, cached), the
+  fastest step of that kind in any repeat, times how many steps of that kind a run has. Steps of one kind do the
+  same work (every full step runs every block, every cached step the same few), so their fastest is what the work
+  costs when nothing interferes; a stall, a slow spell of the vCPU (measured here: whole stretches of steps at 1.6x),
+  another process, can only lift the others. Against per-step minima, kind medians and whole-run medians, the floor
+  was the most reproducible on the recorded runs (two disjoint sets of 3 pairs: median difference 3.8% against
+  10-15%) and the least moved by a CPU hog (docs/measuring.md has the table);
+- a SPEED-UP is base's price over the stack's. Its interval is a bootstrap (DRAWS draws, a fixed seed: the same runs
+  give the same interval): each draw resamples the pairs (base and stack timed one after the other share a draw)
+  and then, within each kind, the steps; the interval is the middle LEVEL of the draws. Over several prompts the
+  point is the median of the prompts' points, and each draw the median of theirs;
+- a number is WITHHELD only when its interval is useless (`Estimate.useless`): it holds 1.00 while the point is
+  more than NEAR_ONE away from it, or it is wider than +-USELESS of the point; the note says what would help;
+- a run whose wall time is over STALL_BOUND times its own median steps' was hit by a stall (a few steps waited);
+  counted, and said, while the estimate holds.
+
+numpy only: the app's process reads `Estimate` in results and never loads torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+STALL_BOUND = 1.15  # a run whose wall time is over 1.15x its median steps' was hit by a stall
+TIGHT = 0.05  # an interval within +-5% of its point: more pairs would not change what a person reads
+USELESS = 0.25  # an interval wider than +-25% of its point is not a number
+NEAR_ONE = 0.05  # an interval holding 1.00 says "no speed-up"; withheld when its point claims more than +-5%
+DRAWS = 400
+LEVEL = 0.95
+SEED = 0
+
+
+@dataclass(frozen=True)
+class Run:
+    """One timed run as the estimator reads it: milliseconds per denoising step, and the steps served from a cache."""
+
+    step_ms: tuple[float, ...]
+    cached: frozenset[int] = frozenset()
+
+    @classmethod
+    def of(cls, step_ms: Sequence[float], cached: Sequence[int] = ()) -> Run:
+        return cls(tuple(float(t) for t in step_ms), frozenset(int(i) for i in cached))
+
+    @classmethod
+    def whole(cls, seconds: float) -> Run:
+        """A run known only by its wall time (the plain pipeline of bench --vs-raw): one 'step'."""
+        return cls((seconds * 1e3,))
+
+    @property
+    def wall_ms(self) -> float:
+        return float(sum(self.step_ms))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A speed-up (base over the stack) with its interval, from `pairs` timed pairs."""
+
+    point: float
+    lo: float
+    hi: float
+    pairs: int
+    stalled: int = 0  # timed runs a stall hit (their steps priced from the other repeats or held to the guard)
+    runs: int = 0  # timed runs behind it, both sides
+    stop: str = ""  # why the pairing stopped, in words ("" where the caller chose the count)
+    exact: bool = False  # 1.00 by construction (base against itself): no interval
+    # what would help a useless interval, in words, set by the caller that can act on it ("compare on", "more repeats")
+    helps: str = ""
+
+    @property
+    def half_width(self) -> float:
+        """Half the interval, as a share of the point."""
+        return 0.0 if self.exact or self.point <= 0 else (self.hi - self.lo) / 2 / self.point
+
+    @property
+    def tight(self) -> bool:
+        return self.half_width <= TIGHT
+
+    @property
+    def useless(self) -> bool:
+        if self.exact:
+            return False
+        holds_one = self.lo <= 1.0 <= self.hi and abs(self.point - 1.0) > NEAR_ONE
+        return holds_one or self.half_width > USELESS
+
+    def why_not(self) -> str | None:
+        """Why the number is withheld, and what would help; None when it is shown."""
+        if not self.useless:
+            return None
+        why = (
+            f"holds 1.00x while its point says {self.point:.2f}x"
+            if self.lo <= 1.0 <= self.hi
+            else f"is wider than ±{USELESS * 100:.0f}% of its point"
+        )
+        more = pairs_for(self)
+        helps = self.helps or (f"about {more} more pairs" if more else "a quieter machine")
+        return (
+            f"timing too noisy to show: the interval {self.lo:.2f}-{self.hi:.2f}x over {self.pairs} "
+            f"pair{'s' if self.pairs != 1 else ''} {why}; speed-up not shown ({helps} would help)"
+        )
+
+    def scaled(self, by: Estimate) -> Estimate:
+        """This estimate times another's (a drift correction), the intervals multiplied (a conservative bound)."""
+        return replace(self, point=self.point * by.point, lo=self.lo * by.lo, hi=self.hi * by.hi)
+
+
+def exact_one(runs: int) -> Estimate:
+    """Base against itself, the same runs: 1.00x by construction, not a measurement."""
+    return Estimate(1.0, 1.0, 1.0, runs, runs=runs, exact=True)
+
+
+def pairs_for(e: Estimate, target: float = TIGHT * 2) -> int:
+    """Roughly how many more pairs would bring the interval within +-`target` (width falls as 1/sqrt(pairs));
+    0 when more pairs would not (a one-pair interval comes from its steps, not its pairs)."""
+    if e.pairs < 2 or e.half_width <= target:
+        return 0
+    need = math.ceil(e.pairs * (e.half_width / target) ** 2)
+    return min(need, 50) - e.pairs
+
+
+# -- prices ---------------------------------------------------------------------------------------------------------
+def counts_of(runs: Sequence[Run]) -> tuple[int, int]:
+    """(full, cached) steps of the runs' most common pattern (repeats of one request share theirs)."""
+    seen = [(len(r.step_ms) - len(r.cached), len(r.cached)) for r in runs]
+    return max(set(seen), key=seen.count)
+
+
+def _pools(runs: Sequence[Run]) -> tuple[np.ndarray, np.ndarray]:
+    """(full steps, cached steps): every repeat's step times of each kind, each run's kind by its own counts."""
+    full = [t for r in runs for i, t in enumerate(r.step_ms) if i not in r.cached]
+    hit = [t for r in runs for i, t in enumerate(r.step_ms) if i in r.cached]
+    return np.array(full, dtype=float), np.array(hit, dtype=float)
+
+
+def price_ms(runs: Sequence[Run], counts: tuple[int, int] | None = None) -> float:
+    """The floor price of a set of runs of one stack (module doc): each kind's fastest step, times its count in a run
+    (`counts`, (full, cached); the runs' own by default)."""
+    n_full, n_cached = counts or counts_of(runs)
+    full, hit = _pools(runs)
+    price = n_full * full.min() if n_full else 0.0
+    if n_cached:
+        price += n_cached * (hit.min() if len(hit) else full.min())  # never seen cached: priced as full (the worst)
+    return float(price)
+
+
+def stalled(runs: Sequence[Run]) -> int:
+    """How many of the runs a stall hit: wall time over STALL_BOUND times the run's own median step of each kind
+    times its count (a few steps that waited; a run slow from end to end is a slow spell, which the floor leaves out
+    just the same but no step of the run shows)."""
+    out = 0
+    for r in runs:
+        full, hit = _pools([r])
+        typical = sum(len(p) * float(np.median(p)) for p in (full, hit) if len(p))
+        out += r.wall_ms > STALL_BOUND * typical
+    return out
+
+
+# -- the bootstrap --------------------------------------------------------------------------------------------------
+def _draw_prices(runs: Sequence[Run], counts: tuple[int, int], rng: np.random.Generator, draws: int) -> np.ndarray:
+    """The floor price of each draw: the runs resampled, then each kind's pooled steps resampled."""
+    picks = rng.integers(0, len(runs), size=(draws, len(runs))) if len(runs) > 1 else np.zeros((draws, 1), int)
+    total = np.zeros(draws)
+    for n, kind in zip(counts, ("full", "cached")):
+        if not n:
+            continue
+        pools = [_pools([r])[0 if kind == "full" else 1] for r in runs]
+        if kind == "cached" and not any(len(p) for p in pools):
+            pools = [_pools([r])[0] for r in runs]
+        width = max(len(p) for p in pools)
+        table = np.full((len(runs), width), np.inf)
+        for i, p in enumerate(pools):
+            table[i, : len(p)] = p
+        drawn = table[picks].reshape(draws, -1)  # draws x (runs x steps), inf where a run had fewer of the kind
+        finite = np.isfinite(drawn)
+        chosen = rng.integers(0, drawn.shape[1], size=drawn.shape)
+        vals = np.where(np.take_along_axis(finite, chosen, axis=1), np.take_along_axis(drawn, chosen, axis=1), np.inf)
+        low = vals.min(axis=1)
+        low = np.where(np.isfinite(low), low, np.where(finite, drawn, np.inf).min(axis=1))
+        total += n * low
+    return total
+
+
+def _interval(draws: np.ndarray) -> tuple[float, float]:
+    tail = (1.0 - LEVEL) / 2 * 100
+    lo, hi = np.percentile(draws, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
+def _shaped(point: float, draws: np.ndarray, pairs: int, runs: int, stall: int) -> Estimate:
+    lo, hi = _interval(draws)
+    return Estimate(point, min(lo, point), max(hi, point), pairs, stall, runs)
+
+
+def speedup(
+    bases: Sequence[Run],
+    runs: Sequence[Run],
+    *,
+    counts: tuple[int, int] | None = None,
+    base_counts: tuple[int, int] | None = None,
+    draws: int = DRAWS,
+) -> Estimate:
+    """Base over the stack, from runs of one request (`counts`, `base_counts`: (full, cached) steps of a run of each
+    side; their runs' own by default)."""
+    return speedup_over([(bases, runs, counts, base_counts)], draws=draws)
+
+
+def speedup_over(groups: Sequence[tuple], *, draws: int = DRAWS) -> Estimate:
+    """Base over the stack over several requests (prompts), each (bases, runs[, counts[, base_counts]]): the median
+    of their points, and of each draw's."""
+    rng = np.random.default_rng(SEED)
+    points, per = [], []
+    for b, r, *rest in groups:
+        c = (rest[0] if rest else None) or counts_of(r)
+        cb = (rest[1] if len(rest) > 1 else None) or counts_of(b)
+        points.append(price_ms(b, cb) / price_ms(r, c))
+        per.append(_draw_prices(b, cb, rng, draws) / _draw_prices(r, c, rng, draws))
+    n_runs = sum(len(g[0]) + len(g[1]) for g in groups)
+    n_stalled = sum(stalled(g[0]) + stalled(g[1]) for g in groups)
+    pairs = sum(min(len(g[0]), len(g[1])) for g in groups)
+    return _shaped(float(np.median(points)), np.median(np.stack(per), axis=0), pairs, n_runs, n_stalled)
+
+
+def drift(then: Sequence[Run], now: Run, *, draws: int = DRAWS) -> Estimate | None:
+    """How much slower the same stack's FULL steps run now than when `then` was timed (over 1: slower now), each
+    side priced by its floor; None when either has no full step."""
+    fulls_then = [Run(tuple(t for i, t in enumerate(r.step_ms) if i not in r.cached)) for r in then]
+    full_now = Run(tuple(t for i, t in enumerate(now.step_ms) if i not in now.cached))
+    if not full_now.step_ms or not all(r.step_ms for r in fulls_then):
+        return None
+    n = (len(full_now.step_ms), 0)
+    return speedup([full_now], fulls_then, counts=n, base_counts=n, draws=draws)
+
+
+def by_shape(bases: Sequence[Run], then: Sequence[Run], now: Run, *, draws: int = DRAWS) -> Estimate:
+    """A run of a new prompt over a kept base timing of its shape: base's floor over the run's, corrected by how much
+    the machine's speed moved since (the stack's own full steps now over then: `drift`), with both intervals."""
+    raw = speedup(bases, [now], draws=draws)
+    moved = drift(then, now, draws=draws) if then else None
+    return replace(raw if moved is None else raw.scaled(moved), helps="compare on")

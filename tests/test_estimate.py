@@ -1,0 +1,135 @@
+"""The one estimator (studio.measure.estimate): runs worked out by hand, then real runs recorded on this project's
+2-core machine, quiet and with a CPU hog beside them (tests/data/step_timings.json, made by
+tests/data/make_step_timings.py), with stalls injected into them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from studio.measure.estimate import Estimate, Run, by_shape, exact_one, price_ms, speedup, speedup_over, stalled
+
+pytestmark = pytest.mark.quick
+DATA = json.loads((Path(__file__).parent / "data" / "step_timings.json").read_text())
+
+
+def flat(ms: float, steps: int = 20, cached=()) -> Run:
+    return Run.of([ms] * steps, cached)
+
+
+def recorded(condition: str, stack: str) -> list[Run]:
+    return [Run.of(r["step_ms"], r["cached"]) for r in DATA["conditions"][condition][stack]]
+
+
+# -- worked by hand -----------------------------------------------------------------------------------------------
+def test_quiet_runs_give_the_step_ratio_with_no_width():
+    e = speedup([flat(10.0)] * 3, [flat(6.0)] * 3)
+    assert e.point == pytest.approx(10 / 6) and (e.lo, e.hi) == pytest.approx((10 / 6, 10 / 6))
+    assert e.pairs == 3 and e.tight and not e.useless and e.why_not() is None and e.stalled == 0
+
+
+def test_full_and_cached_steps_are_priced_apart_by_their_floor():
+    ms = [12.0] * 4 + [3.0, 3.0, 3.0, 12.0] * 4  # 4 warm-up steps, then 3 cached / 1 full: 8 full, 12 cached
+    cached = [i for i, t in enumerate(ms) if t == 3.0]
+    slow = [t * 1.5 for t in ms]  # the same run in a slow spell of the CPU
+    assert price_ms([Run.of(ms, cached)]) == pytest.approx(8 * 12.0 + 12 * 3.0)
+    assert price_ms([Run.of(slow, cached), Run.of(ms, cached)]) == pytest.approx(8 * 12.0 + 12 * 3.0)
+    # another prompt caches other steps: the floor of each kind, times the counts asked for
+    assert price_ms([Run.of(ms, cached)], counts=(20, 0)) == pytest.approx(240.0)
+
+
+def test_a_stall_in_a_few_steps_or_a_whole_repeat_does_not_move_the_floor():
+    quiet = flat(10.0)
+    spiked = Run.of([10.0] * 17 + [400.0, 10.0, 10.0])  # one step waited 390 ms on another process
+    slowed = flat(27 * 10.0)  # a whole run 27x slower: the CPU given to another process throughout
+    e = speedup([quiet, spiked, slowed, quiet], [flat(6.0)] * 4)
+    assert e.point == pytest.approx(10 / 6)
+    # the spike is a stall (said, while the estimate holds); the run slow from end to end shows none in its steps
+    assert stalled([quiet, spiked, slowed, quiet]) == 1 and e.stalled == 1
+    assert e.lo <= 10 / 6 <= e.hi
+
+
+def test_withheld_only_when_the_interval_is_useless_and_then_it_says_what_would_help():
+    assert not Estimate(1.70, 1.60, 1.80, 3).useless  # +-6%
+    assert not Estimate(1.01, 0.97, 1.05, 3).useless  # "no speed-up", and that is a reading
+    holds_one = Estimate(1.30, 0.95, 1.70, 3)
+    assert holds_one.useless and "holds 1.00x while its point says 1.30x" in holds_one.why_not()
+    wide = Estimate(1.70, 1.20, 2.30, 4)  # +-32%
+    assert wide.useless and "over 4 pairs is wider than ±25% of its point" in wide.why_not()
+    assert "about 38 more pairs would help" in wide.why_not()  # +-32.4% to +-10%: 4 x (0.324 / 0.10)^2 = 42 in all
+    assert "compare on would help" in replace(wide, helps="compare on").why_not()
+    assert "a quieter machine would help" in Estimate(1.7, 1.2, 2.3, 1).why_not()  # one pair: more cannot tell
+    one = exact_one(3)
+    assert one.point == 1.0 and one.exact and not one.useless and one.half_width == 0
+
+
+def test_by_shape_corrects_for_the_machine_slowing_since_the_base_was_kept():
+    """The base (10 ms steps) and the stack (full 10 ms, cached 3 ms) were timed together; now the machine runs 1.5x
+    slower: the new run alone over the kept base reads 1.5x too low, corrected by the stack's own full steps."""
+    cached = list(range(4, 20, 2))  # 8 cached, 12 full
+    then = [Run.of([3.0 if i in cached else 10.0 for i in range(20)], cached)] * 2
+    now = Run.of([1.5 * (3.0 if i in cached else 10.0) for i in range(20)], cached)
+    truth = 200.0 / (12 * 10.0 + 8 * 3.0)
+    assert speedup([flat(10.0)] * 2, [now]).point == pytest.approx(truth / 1.5)
+    e = by_shape([flat(10.0)] * 2, then, now)
+    assert e.point == pytest.approx(truth) and e.helps == "compare on"
+
+
+# -- recorded runs ------------------------------------------------------------------------------------------------
+def test_the_recording_is_what_it_says():
+    assert DATA["stacks"] == ["base", "cache", "cache-int8-sage"] and DATA["cores"] == 2
+    for cond in ("quiet", "busy"):
+        runs = DATA["conditions"][cond]
+        assert {len(v) for v in runs.values()} == {10}
+        assert {len(r["step_ms"]) for v in runs.values() for r in v} == {28}
+        assert {len(r["cached"]) for r in runs["cache"]} == {18}
+
+
+@pytest.mark.parametrize("stack, quiet_point", [("cache", 1.745), ("cache-int8-sage", 2.044)])
+def test_recorded_quiet_runs_give_a_point_both_halves_agree_with(stack, quiet_point):
+    base, runs = recorded("quiet", "base"), recorded("quiet", stack)
+    e = speedup(base, runs)
+    assert e.point == pytest.approx(quiet_point, abs=1e-3) and e.pairs == 10 and not e.useless
+    assert e.lo < e.point < e.hi and e.half_width < 0.10
+    for half in (slice(0, 5), slice(5, 10)):  # two disjoint sets of 5 pairs: within +-12% of each other's point
+        h = speedup(base[half], runs[half])
+        assert abs(h.point / e.point - 1) < 0.12, (half, h.point, e.point)
+
+
+@pytest.mark.parametrize("stack", ["cache", "cache-int8-sage"])
+def test_recorded_runs_beside_a_cpu_hog_hold_the_quiet_point_or_are_withheld(stack):
+    """With a CPU-bound process beside them (steps up to 800 ms against 12-20 quiet), 5 pairs at a time: every shown
+    interval holds the quiet point, or the number is withheld."""
+    quiet = speedup(recorded("quiet", "base"), recorded("quiet", stack)).point
+    base, runs = recorded("busy", "base"), recorded("busy", stack)
+    shown = 0
+    for i in range(6):
+        e = speedup(base[i : i + 5], runs[i : i + 5])
+        assert e.useless or e.lo <= quiet <= e.hi or abs(e.point / quiet - 1) < 0.12, (i, e, quiet)
+        shown += not e.useless
+    assert shown >= 4
+
+
+def test_stalls_injected_into_recorded_runs_leave_the_estimate_where_it_was():
+    base, runs = recorded("quiet", "base"), recorded("quiet", "cache")
+    e = speedup(base[:5], runs[:5])
+    spiked = list(base[:5])
+    ms = list(spiked[2].step_ms)
+    for i in (5, 6, 7):
+        ms[i] += 400.0  # three steps of one base run each waited 400 ms
+    spiked[2] = Run.of(ms)
+    slowed = list(runs[:5])
+    slowed[3] = Run.of([2 * t for t in slowed[3].step_ms], slowed[3].cached)  # one stack run 2x slow throughout
+    s = speedup(spiked, slowed)
+    assert s.point == pytest.approx(e.point) and s.stalled >= e.stalled + 1
+
+
+def test_over_several_prompts_the_point_is_the_median_of_theirs():
+    base, cache, full = recorded("quiet", "base"), recorded("quiet", "cache"), recorded("quiet", "cache-int8-sage")
+    groups = [(base[:3], cache[:3]), (base[3:6], cache[3:6]), (base[6:9], full[6:9])]
+    points = sorted(speedup(b, r).point for b, r in groups)
+    e = speedup_over(groups)
+    assert e.point == pytest.approx(points[1]) and e.pairs == 9 and e.lo <= e.point <= e.hi
