@@ -194,7 +194,9 @@ this file still matches the presets and the generator.
 How to read it:
 
 - **denoise / per-step**: the denoising loop only (first transformer call to the end of the last step), median of the
-  round-robin repeats after each stack's untimed warm-up. **vs base**: base's median over the row's, in one run.
+  round-robin repeats after each stack's untimed warm-up. **vs base**: the one estimator's (docs/measuring.md): base's
+  floor over the row's (each kind of step's fastest over the repeats, times its count), each round a pair, with its
+  95% interval, `1.74x (1.68-1.80)`.
 - **Noise floor**: `base` timed a second time in every rotation: base against itself tells how far from 1.00x a
   speed-up must be to mean anything on the machine that ran it. Compile vs eager PSNR is the picture's noise floor
   under torch.compile (rounding in fused kernels; never bitwise).
@@ -206,9 +208,10 @@ How to read it:
   many images it takes before compile pays for itself at the measured per-image saving over its eager twin. The
   compiled blocks are kept per process and shared by every stack that compiles them the same way, so a compiled
   stack timed after another shows 0 graphs and a short "cold" run: its compile was paid by the first.
-- **timing unreliable** (in a row's notes): the rounds disagreed too much for a speed-up to mean anything (the
-  machine was busy); the bench withholds it and says why.
-- **studio/raw** (`--vs-raw`): each studio run divided by the plain-diffusers run beside it, median over pairs.
+- **timing too noisy to show** (in a row's notes): the interval is useless (it holds 1.00 while the point says
+  otherwise, or is wider than ±25%); the bench withholds the number and says what would help.
+- **studio/raw** (`--vs-raw`): the studio's runs over the plain-diffusers runs beside them, by the same estimator
+  over whole runs, with its interval.
 
 What the CPU choices rest on:
 

@@ -30,6 +30,8 @@ class TuneResult:
     non_cache: str
     curve: list[tuple[float, float, float | None]]  # (threshold, predicted speed-up, worst dB): the search's sweep
     prompts: list[str] = field(default_factory=list)  # the prompts the floor held on
+    speedup_lo: float | None = None  # the speed-up's interval (studio.measure.estimate, over the prompts' pairs)
+    speedup_hi: float | None = None
 
     @property
     def runs(self) -> int:
@@ -43,6 +45,8 @@ class TuneResult:
             "floor_db": self.floor_db,
             "worst_psnr_db": self.worst_db,
             "speedup": self.speedup,
+            "speedup_lo": self.speedup_lo,
+            "speedup_hi": self.speedup_hi,
             "vs_cache": self.vs_cache,
             "non_cache": self.non_cache,
             "screening_runs": self.screened,

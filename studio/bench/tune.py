@@ -194,6 +194,7 @@ class Tuner:
             len(self.requests),
             worst_db=r.worst_psnr_db,
             speedup=r.speedup,
+            interval=(r.speedup_lo, r.speedup_hi),
             vs_cache=vs_cache,
             on=f"{rep.meta['device']} {rep.meta['dtype']}",
         )
@@ -210,6 +211,8 @@ class Tuner:
             stack.name,
             sorted(self.curve),
             prompts=[q.prompt for q in self.requests],
+            speedup_lo=r.speedup_lo,
+            speedup_hi=r.speedup_hi,
         )
 
 

@@ -142,7 +142,8 @@ class Pairing:
         if est.tight:
             return f"the interval is within ±{TIGHT_PCT}% of its point"
         if pairs >= first + self.max_extra_pairs:
-            return f"at most {first + self.max_extra_pairs} pairs"
+            cap = first + self.max_extra_pairs
+            return f"at most {cap} pair{'s' if cap != 1 else ''}"
         if spent_s * (pairs + 1) / pairs > self.budget_runs * run_s:
             return f"another pair would pass the time budget ({self.budget_runs:g}x one run of the stack)"
         return None
@@ -165,9 +166,9 @@ class Paired:
 
 
 def median_run(runs: list):
-    """The median run by denoise time (an odd count gives a real run, whose step times add up to it); a load and the
-    warm-up (or compile) came before the first run: they belong to it."""
-    mid = sorted(runs, key=lambda r: r.denoise_s)[len(runs) // 2]
+    """The median run by denoise time, the faster of the middle two for an even count (a real run, whose step times
+    add up to it); a load and the warm-up (or compile) came before the first run: they belong to it."""
+    mid = sorted(runs, key=lambda r: r.denoise_s)[(len(runs) - 1) // 2]
     return replace(mid, warmup_s=runs[0].warmup_s, reloaded=runs[0].reloaded)
 
 

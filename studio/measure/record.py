@@ -47,7 +47,7 @@ class Timing:
         if self.screening:
             return "screening run: not warmed up, not a measurement"
         out = "warm-up run done" + (" in this call" if self.warmup_in_call else " earlier") + ", "
-        out += "1 timed run" if self.runs == 1 else f"median of {self.runs} timed runs"
+        out += {1: "1 timed run", 2: "the faster of 2 timed runs"}.get(self.runs, f"median of {self.runs} timed runs")
         out += " interleaved with base" if self.runs > 1 and self.interleaved else ""
         out += " (timed inside parallel worker rank 0)" if self.in_workers else ""
         if self.stop:

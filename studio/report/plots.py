@@ -25,6 +25,8 @@ def plot_tradeoff(rows: list[MatrixRow], path_or_buf, title: str = "speed-up vs 
         y = top if r.psnr_db is None or math.isinf(r.psnr_db) else r.psnr_db
         colour = "#d62728" if r.quality == Verdict.BROKEN.value else "#1f77b4"
         ax.scatter([x], [y], s=60, color=colour, zorder=3)
+        if r.speedup_lo is not None and r.speedup_hi is not None:  # the speed-up's interval (measure.estimate)
+            ax.errorbar([x], [y], xerr=[[x - r.speedup_lo], [r.speedup_hi - x]], color=colour, capsize=3, lw=1)
         # Labels run right of their point: a point whose label would cross a nearby one's takes the next free row.
         used = {row for px, py, row in placed if abs(x - px) < 0.3 * xspan and abs(y - py) < 1.5}
         row = min(set(range(len(used) + 1)) - used)

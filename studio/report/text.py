@@ -105,7 +105,7 @@ def sweep_markdown(res) -> str:
         cells.append(
             [
                 f"{v}{mark}",
-                fmt.speedup(r.speedup),
+                fmt.speedup_ci(r.speedup, r.speedup_lo, r.speedup_hi),
                 fmt.psnr(r.worst_psnr_db),
                 fmt.psnr(r.mean_psnr_db),
                 ",".join(map(str, r.cached_by_prompt)),
@@ -124,19 +124,24 @@ def tune_summary(res, *, written: str | None = None, markdown: bool = False) -> 
     code spans (the Tune tab), plain text otherwise (the CLI prints it as a YAML comment)."""
     b, c = ("**", "`") if markdown else ("", "")
     n = len(res.prompts)
+    sp = fmt.speedup_ci(res.speedup, res.speedup_lo, res.speedup_hi)
     return (
         f"{b}{res.preset.name}{b} ({c}{res.preset.tag()}{c}): worst PSNR {b}{fmt.psnr(res.worst_db)}{b} over "
-        f"{n} prompt{'' if n == 1 else 's'} (floor {res.floor_db:g}), {b}{fmt.speedup(res.speedup)}{b} vs base, "
+        f"{n} prompt{'' if n == 1 else 's'} (floor {res.floor_db:g}), {b}{sp}{b} vs base, "
         f"{fmt.speedup(res.vs_cache)} the {c}cache{c} preset's; {res.runs} runs ({res.screened} screening, "
         f"{res.timed} timed)" + (f"; written to {written}" if written else "")
     )
 
 
-def tuned_description(floor_db: float, prompts: int, *, worst_db, speedup, vs_cache, on: str) -> str:
-    """The tuned preset's own description: how it was found and what it measured (`on`: device and dtype)."""
+def tuned_description(
+    floor_db: float, prompts: int, *, worst_db, speedup, vs_cache, on: str, interval=(None, None)
+) -> str:
+    """The tuned preset's own description: how it was found and what it measured (`on`: device and dtype;
+    `interval`: the speed-up's)."""
     return (
         f"Tuned by `python -m studio tune --min-psnr {floor_db:g}` on {prompts} prompts: worst PSNR "
-        f"{fmt.psnr(worst_db)}, {fmt.speedup(speedup)} vs base ({fmt.speedup(vs_cache)} the cache preset's) on {on}."
+        f"{fmt.psnr(worst_db)}, {fmt.speedup_ci(speedup, *interval)} vs base ({fmt.speedup(vs_cache)} the cache "
+        f"preset's) on {on}."
     )
 
 
