@@ -224,10 +224,9 @@ def test_speedup_and_psnr_are_against_the_same_request(runner):
     entry = runner.base_entry(r)
     m = res.metrics
     assert m.base_denoise_s == entry.denoise_s and m.timed_pairs == 1
-    # the one estimator (studio.measure.estimate): the kept base's runs (this request's earlier base run joined by
-    # the new one) over the stack's run, each side priced by its floor
+    # the one estimator (studio.measure.estimate): the pair's base run over the stack's, each priced by its floor
     est = speedup(entry.runs, [Run.of(m.step_ms, m.cached_step_indices)])
-    assert len(entry.runs) == 2
+    assert len(entry.runs) == 1
     if m.speedup_note is None:
         assert m.speedup == pytest.approx(est.point) and (m.speedup_lo, m.speedup_hi) == pytest.approx(
             (est.lo, est.hi)

@@ -129,15 +129,15 @@ def test_a_base_run_slowed_from_end_to_end_takes_more_pairs_not_a_wrong_number()
     """Pair 1's base ran 27x slower for its whole length: the floor is the clean runs' from the start, but a draw of
     the bootstrap that holds only pair 1 says 45x, so the interval is wide until enough clean pairs outvote it."""
     bases = [_run(270.0)] + [_run(10.0)] * 5
-    out, kept = _pair(bases, [_run(6.0)] * 6)
+    out, kept = _pair(bases, [_run(6.0)] * 6, retime_under_s=1e9)  # cheap, though the slowed run takes 5.4 s
     assert out.ratio.point == pytest.approx(10 / 6) and out.ratio.tight and 2 < out.runs <= 6
     assert out.ratio.stop == "the interval is within ±5% of its point"
 
 
 def test_pairs_that_never_settle_stop_at_the_cap_and_say_so():
-    stacks = [_run(6.0), _run(30.0)] * 4  # every other stack run 5x slow
-    out, kept = _pair([_run(10.0)] * 8, stacks, max_extra_pairs=3)
-    assert out.runs == 5 and out.ratio.stop == "at most 5 pairs" and out.ratio.point == pytest.approx(10 / 6)
+    stacks = [_run(6.0), _run(30.0)] * 4  # every other stack run 5x slow: a draw of the slow ones alone says 0.33x
+    out, kept = _pair([_run(10.0)] * 8, stacks, max_extra_pairs=2)
+    assert out.runs == 4 and out.ratio.stop == "at most 4 pairs" and out.ratio.point == pytest.approx(10 / 6)
 
 
 def test_the_time_budget_stops_pairs_that_would_cost_more_than_a_few_runs():
@@ -295,4 +295,4 @@ def test_a_stall_injected_into_one_base_run_gives_the_quiet_ratio_or_the_unrelia
         handle.remove()
     verdict = judged(whole)
     if verdict == "within bound":
-        assert whole.timed_pairs >= 3 and "stopped at" in whole.timing
+        assert whole.timed_pairs >= 2 and "stopped at" in whole.timing

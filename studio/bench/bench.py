@@ -203,7 +203,7 @@ def row(name: str, rots: list[Rotation], base_name: str = BASE, ref: str | None 
     row.speedup_lo, row.speedup_hi, row.timed_pairs = est.lo, est.hi, est.pairs
     if name == base_name:  # base against itself, the same runs: exact
         row.speedup_lo = row.speedup_hi = None
-    elif est.useless:
+    elif est.useless and name != AGAIN:  # base against its second run IS the noise floor: always shown
         row.speedup, row.speedup_lo, row.speedup_hi = None, None, None
         row.speedup_note = replace(est, helps="more --repeats").why_not()
     row.worst_psnr_db = min(psnrs) if psnrs else None

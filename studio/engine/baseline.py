@@ -12,9 +12,11 @@ The method (the numbers are the product):
   comes only from its steps, which cannot see a whole run slowed, measured on 2 cores), one for an expensive base.
   Then more pairs while the interval is wider than +-5% of its point, at most `max_extra_pairs` of them, and only
   while the next pair fits the time budget: `budget_runs` times what one run of the stack took (a click costs a few
-  images, whatever the device). The record says how many pairs ran and why they stopped. The same request's kept
-  base runs (its picture never changes) join the new ones: its floor only gets better known. A kept base timing is
-  reused alone for an expensive base while younger than `max_age_s` (60 s);
+  images, whatever the device). The record says how many pairs ran and why they stopped. Both sides have the same
+  number of runs, timed in the same moments: a floor over more runs is lower (the fastest of more tries, and of
+  other moments' load), so base runs kept from earlier calls never join a new pairing (measured: they read a quiet
+  stack at 0.75x where its own pairs read 1.14x). A kept base timing is reused alone for an expensive base while
+  younger than `max_age_s` (60 s);
 - CALLER_TIMES_BASE: a caller that times base itself in its own rotation (the bench, the matrix) asks for no
   pairing: a kept base is used as it is, and only a missing one (another dtype, say) is computed, once;
 - a `base` run is itself compared with the kept base picture: bitwise equal, it refreshes the kept timing (median
@@ -40,7 +42,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from studio.measure.estimate import TIGHT, Estimate, Run, exact_one, speedup, stalled
+from studio.measure.estimate import TIGHT, Estimate, Run, exact_one, price_ms, speedup, stalled
 from studio.measure.estimate import by_shape as estimate_by_shape
 from studio.spec.preset import Preset
 
@@ -58,7 +60,6 @@ def regime_key(key: tuple, preset: Preset) -> tuple:
 
 
 TIGHT_PCT = round(TIGHT * 100)
-KEPT_RUNS = 8  # a kept base keeps its last 8 timed runs: its floor only gets better known
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class BaseEntry:
     denoise_s: float
     step_ms: list[float]
     timed_at: float = field(default_factory=time.monotonic)  # when the timed run ended (time.monotonic)
-    runs: tuple[Run, ...] = ()  # its timed runs, as the estimator reads them (the last KEPT_RUNS)
+    runs: tuple[Run, ...] = ()  # the timed runs of its last pairing, as the estimator reads them
     block_ms: tuple | None = None  # its blocks' median times (eager): what a compiled stack's ideal is priced by
 
     @property
@@ -84,10 +85,9 @@ class BaseEntry:
         return (time.monotonic() if now is None else now) - self.timed_at
 
 
-def entry_of(run, earlier: tuple[Run, ...] = ()) -> BaseEntry:
-    """A base entry from a measured run (engine.run.Measured), after the `earlier` runs of the same request."""
-    runs = (tuple(earlier) + (run.timed,))[-KEPT_RUNS:]
-    return BaseEntry(run.image, run.denoise_s, run.step_ms, run.ended, runs, run.block_ms)
+def entry_of(run) -> BaseEntry:
+    """A base entry from a measured run (engine.run.Measured)."""
+    return BaseEntry(run.image, run.denoise_s, run.step_ms, run.ended, (run.timed,), run.block_ms)
 
 
 class BaseStore:
@@ -188,7 +188,6 @@ def side_by_side(pairing: Pairing, store: BaseStore, key: tuple, time_base, time
     if kept is not None and pairing.reusable(kept):
         run = time_stack()
         return Paired(kept, run, 1, False, speedup(kept.runs, [run.timed]), stack_runs=(run.timed,))
-    earlier = kept.runs if kept is not None else ()
     bases, runs, spent, stack_s, why = [], [], 0.0, 0.0, ""
     while True:
         if on_status:
@@ -200,14 +199,13 @@ def side_by_side(pairing: Pairing, store: BaseStore, key: tuple, time_base, time
         spent, stack_s = spent + tb + ts, stack_s or ts
         if pairing.caller_times_base:
             break
-        first = pairing.cheap_pairs if pairing.cheap(bases[0].denoise_s) else 1  # pairs always timed
-        est = speedup(earlier + tuple(x.timed for x in bases), [x.timed for x in runs])
+        # pairs always timed: an expensive base (by its floor, which a stall cannot lift) is timed once
+        first = pairing.cheap_pairs if pairing.cheap(price_ms([bases[0].timed]) / 1e3) else 1
+        est = speedup([x.timed for x in bases], [x.timed for x in runs])
         why = pairing.stop(est, len(runs), first, spent, stack_s)
         if why:
             break
-    entry = entry_of(median_run(bases), earlier)
-    entry = replace(entry, runs=(earlier + tuple(x.timed for x in bases))[-KEPT_RUNS:])
-    base = store.put(key, entry)
+    base = store.put(key, replace(entry_of(median_run(bases)), runs=tuple(x.timed for x in bases)))
     stack = tuple(x.timed for x in runs)
     r = replace(speedup(base.runs, stack), stop=why)
     return Paired(base, median_run(runs), len(runs), base_now=True, ratio=r, stack_runs=stack)
@@ -242,9 +240,7 @@ def base_itself(pairing: Pairing, store: BaseStore, key: tuple, time_base) -> Pa
     kept = store.get(key)
     timed = tuple(r.timed for r in runs)
     if kept is None or np.array_equal(kept.image, run.image):
-        earlier = kept.runs if kept is not None else ()
-        entry = replace(entry_of(run, earlier), runs=(earlier + timed)[-KEPT_RUNS:])
-        kept = store.put(key, entry)
+        kept = store.put(key, replace(entry_of(run), runs=timed))
         # base against itself, the same runs: 1.00x by construction, not a measurement with an interval
         return Paired(kept, run, len(runs), base_now=False, ratio=exact_one(len(runs)))
     return Paired(kept, run, len(runs), base_now=False, ratio=speedup(kept.runs, timed))

@@ -194,13 +194,15 @@ class Matrix:
 
     def noise_line(self) -> str:
         """How to read the speed-ups: the base-against-itself ratio as a noise floor ('' when not measured)."""
-        aa = self.base_vs_itself
-        if aa is None:
+        again = next((r for r in self.rows if r.preset == AGAIN), None)
+        if again is None or again.speedup is None:
             return ""
-        pct = abs(aa - 1) * 100
+        aa = again.speedup
+        pct = max(abs(aa - 1), abs((again.speedup_lo or aa) - 1), abs((again.speedup_hi or aa) - 1)) * 100
         return (
-            f"Noise floor: `{AGAIN}` is base timed again at the end of each round; it reads {aa:.2f}x against base. "
-            f"On this run, read speed-ups within {max(pct, 1):.0f}% of each other as equal."
+            f"Noise floor: `{AGAIN}` is base timed again at the end of each round; it reads "
+            f"{fmt.speedup_ci(aa, again.speedup_lo, again.speedup_hi)} against base. On this run, read speed-ups "
+            f"within {max(pct, 1):.0f}% of each other as equal."
         )
 
     def chart_preset(self) -> str:
