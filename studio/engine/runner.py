@@ -68,7 +68,7 @@ class Runner:
         self.model = model or "tiny"
         self.bases = BaseStore(base_cache_size)  # request key -> its base picture and timing
         self.shapes = BaseStore(base_cache_size)  # shape key -> a base timing that agreed (compare auto)
-        # (shape, stack) -> (when that base timing was taken, the stack's price beside it): an auto run's drift check
+        # (shape, stack) -> (when that base timing was taken, the stack's runs beside it): an auto run's drift
         self.stack_prices = BaseStore(4 * base_cache_size)
         self.pairing = Pairing(base_retime_under_s, base_max_age_s, cheap_pairs, shape_max_age_s=shape_max_age_s)
         self.max_steps, self.max_side = max_steps, max_side
