@@ -24,9 +24,9 @@ The method (the numbers are the product):
 - BY SHAPE (compare `auto`, a public studio's default: a click costs about one image): a DiT's denoise time depends
   on the shape of a request (model, dtype, size, steps, text length, guidance, true CFG), not on its prompt or seed,
   so a kept base timing of the same shape younger than `shape_max_age_s`, taken beside this same stack, divides the
-  run; the stack runs once. How much the machine's speed moved since is measured by the same estimator (the stack's
-  full steps now against its full steps then, studio.measure.estimate.drift) and corrects the ratio, its interval
-  widening the result's; a useless interval is withheld ("compare on" times base beside it). Absent or stale, the
+  run; the stack runs once. The ratio is split where the machine's speed cancels (studio.measure.estimate.by_shape):
+  base then over the stack's own full steps then (timed together), times the new run's full steps over its price
+  (one run, one moment); a useless interval is withheld ("compare on" times base beside it). Absent or stale, the
   run is paired side by side as above, which keeps a new one. The same request's base picture is used where it is
   kept; otherwise PSNR is not computed (the caller asks for it);
 - SAME REGIME: a stack with a memory regime (`offload_config`) is compared with `base` under that regime
@@ -117,10 +117,10 @@ class Pairing:
 
     retime_under_s: float = 5.0  # a base cheaper than this is timed again beside every run, `cheap_pairs` times
     max_age_s: float = 60.0  # an expensive base's kept timing is reused while younger than this
-    cheap_pairs: int = 2
+    cheap_pairs: int = 3
     caller_times_base: bool = False  # the caller times base in its own rotation: use the kept base as it is
     max_extra_pairs: int = 4  # pairs timed beyond the first ones while the interval is not tight...
-    budget_runs: float = 6.0  # ...and while the pairs so far and the next fit in this many runs of the stack
+    budget_runs: float = 10.0  # ...and while the pairs so far and the next fit in this many runs of the stack
     shape_max_age_s: float = 120.0  # compare `auto`: a kept timing of the shape divides runs while younger than this
 
     def reusable(self, entry: BaseEntry, now: float | None = None) -> bool:

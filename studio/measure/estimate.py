@@ -109,10 +109,6 @@ class Estimate:
             f"pair{'s' if self.pairs != 1 else ''} {why}; speed-up not shown ({helps} would help)"
         )
 
-    def scaled(self, by: Estimate) -> Estimate:
-        """This estimate times another's (a drift correction), the intervals multiplied (a conservative bound)."""
-        return replace(self, point=self.point * by.point, lo=self.lo * by.lo, hi=self.hi * by.hi)
-
 
 def exact_one(runs: int) -> Estimate:
     """Base against itself, the same runs: 1.00x by construction, not a measurement."""
@@ -166,9 +162,13 @@ def stalled(runs: Sequence[Run]) -> int:
 
 
 # -- the bootstrap --------------------------------------------------------------------------------------------------
-def _draw_prices(runs: Sequence[Run], counts: tuple[int, int], rng: np.random.Generator, draws: int) -> np.ndarray:
-    """The floor price of each draw: the runs resampled, then each kind's pooled steps resampled."""
-    picks = rng.integers(0, len(runs), size=(draws, len(runs))) if len(runs) > 1 else np.zeros((draws, 1), int)
+def _draw_prices(
+    runs: Sequence[Run], counts: tuple[int, int], rng: np.random.Generator, draws: int, picks=None
+) -> np.ndarray:
+    """The floor price of each draw: the runs resampled (`picks`, draws x runs, when a pairing chose them), then each
+    kind's pooled steps resampled."""
+    if picks is None:
+        picks = rng.integers(0, len(runs), size=(draws, len(runs))) if len(runs) > 1 else np.zeros((draws, 1), int)
     total = np.zeros(draws)
     for n, kind in zip(counts, ("full", "cached")):
         if not n:
@@ -214,36 +214,49 @@ def speedup(
     return speedup_over([(bases, runs, counts, base_counts)], draws=draws)
 
 
+def _group(b: Sequence[Run], r: Sequence[Run], c, cb, rng, draws: int) -> tuple[float, np.ndarray]:
+    """One request's point and bootstrap draws: base (`b`, priced at counts `cb`) over the stack (`r`, at `c`)."""
+    c, cb = c or counts_of(r), cb or counts_of(b)
+    point = price_ms(b, cb) / price_ms(r, c)
+    if len(b) == len(r) and len(b) > 1:  # paired: a draw takes both runs of a pair
+        picks = rng.integers(0, len(b), size=(draws, len(b)))
+        return point, _draw_prices(b, cb, rng, draws, picks) / _draw_prices(r, c, rng, draws, picks)
+    return point, _draw_prices(b, cb, rng, draws) / _draw_prices(r, c, rng, draws)
+
+
 def speedup_over(groups: Sequence[tuple], *, draws: int = DRAWS) -> Estimate:
     """Base over the stack over several requests (prompts), each (bases, runs[, counts[, base_counts]]): the median
     of their points, and of each draw's."""
     rng = np.random.default_rng(SEED)
     points, per = [], []
     for b, r, *rest in groups:
-        c = (rest[0] if rest else None) or counts_of(r)
-        cb = (rest[1] if len(rest) > 1 else None) or counts_of(b)
-        points.append(price_ms(b, cb) / price_ms(r, c))
-        per.append(_draw_prices(b, cb, rng, draws) / _draw_prices(r, c, rng, draws))
+        point, drawn = _group(b, r, rest[0] if rest else None, rest[1] if len(rest) > 1 else None, rng, draws)
+        points.append(point)
+        per.append(drawn)
     n_runs = sum(len(g[0]) + len(g[1]) for g in groups)
     n_stalled = sum(stalled(g[0]) + stalled(g[1]) for g in groups)
     pairs = sum(min(len(g[0]), len(g[1])) for g in groups)
     return _shaped(float(np.median(points)), np.median(np.stack(per), axis=0), pairs, n_runs, n_stalled)
 
 
-def drift(then: Sequence[Run], now: Run, *, draws: int = DRAWS) -> Estimate | None:
-    """How much slower the same stack's FULL steps run now than when `then` was timed (over 1: slower now), each
-    side priced by its floor; None when either has no full step."""
-    fulls_then = [Run(tuple(t for i, t in enumerate(r.step_ms) if i not in r.cached)) for r in then]
-    full_now = Run(tuple(t for i, t in enumerate(now.step_ms) if i not in now.cached))
-    if not full_now.step_ms or not all(r.step_ms for r in fulls_then):
-        return None
-    n = (len(full_now.step_ms), 0)
-    return speedup([full_now], fulls_then, counts=n, base_counts=n, draws=draws)
+def _fulls(run: Run) -> Run:
+    """The run's full steps alone."""
+    return Run(tuple(t for i, t in enumerate(run.step_ms) if i not in run.cached))
 
 
 def by_shape(bases: Sequence[Run], then: Sequence[Run], now: Run, *, draws: int = DRAWS) -> Estimate:
-    """A run of a new prompt over a kept base timing of its shape: base's floor over the run's, corrected by how much
-    the machine's speed moved since (the stack's own full steps now over then: `drift`), with both intervals."""
-    raw = speedup(bases, [now], draws=draws)
-    moved = drift(then, now, draws=draws) if then else None
-    return replace(raw if moved is None else raw.scaled(moved), helps="compare on")
+    """A run of a new prompt over a kept base timing of its shape, timed once. Split where the machine's speed cancels:
+    base then over the stack's own full steps then (the pairs timed together, each run at every step a full one), times
+    the new run's own full steps over its price (one run, one moment). Whatever load came since moves both of the
+    run's figures alike; each factor's draws from its own runs."""
+    if not then or not _fulls(now).step_ms or not all(_fulls(r).step_ms for r in then):
+        return replace(speedup(bases, [now], draws=draws), helps="compare on")  # nothing to carry the speed across
+    rng = np.random.default_rng(SEED)
+    steps = (len(now.step_ms), 0)
+    then_full = [_fulls(r) for r in then]
+    a, a_draws = _group(bases, then_full, steps, counts_of(bases), rng, draws)  # base then / all-full stack then
+    b, b_draws = _group([_fulls(now)], [now], None, steps, rng, draws)  # the run's all-full price / its price
+    pairs = min(len(bases), len(then))
+    runs = len(bases) + len(then) + 1
+    est = _shaped(a * b, a_draws * b_draws, pairs, runs, stalled(bases) + stalled([now]))
+    return replace(est, helps="compare on")
