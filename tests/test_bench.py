@@ -44,7 +44,7 @@ def test_bench_rows_noise_floor_and_compile_cost(tiny_runner, quiet):
     assert c.of_ideal_against == "base" and rows["cache-compile"].of_ideal_against == "compile"
     for name, ref in (("cache", "base"), ("cache-compile", "compile")):
         r, vs = rows[name], rep.rotations[0].ratio(ref, name)
-        if not vs.useless and vs.lo <= 1.05 * r.ideal_speedup:
+        if not vs.useless and vs.point <= 1.05 * r.ideal_speedup:
             assert r.of_ideal == pytest.approx(vs.point / r.ideal_speedup)
             assert (r.of_ideal_lo, r.of_ideal_hi) == pytest.approx((vs.lo / r.ideal_speedup, vs.hi / r.ideal_speedup))
         else:  # a busy machine, or a reading over the ideal: no number, and the row says why

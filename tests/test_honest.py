@@ -114,14 +114,14 @@ def _pair(bases: list, stacks: list, **pairing):
 
 def test_quiet_pairs_give_the_step_ratio_and_stop_once_the_interval_is_tight():
     out, kept = _pair([_run(10.0)] * 3, [_run(6.0)] * 3)
-    assert out.runs == 2 and out.ratio.point == pytest.approx(10 / 6) and out.ratio.half_width == pytest.approx(0)
-    assert out.ratio.stop == "the interval is within ±5% of its point"
-    assert kept.agreed and kept.denoise_s == pytest.approx(0.2) and len(kept.runs) == 2
+    assert out.runs == 3 and out.ratio.point == pytest.approx(10 / 6) and out.ratio.half_width == pytest.approx(0)
+    assert out.ratio.stop == "the interval is within ±5% of its point"  # after the 3 pairs always timed while cheap
+    assert kept.agreed and kept.denoise_s == pytest.approx(0.2) and len(kept.runs) == 3
 
 
 def test_a_stall_inside_one_base_run_does_not_move_the_ratio_and_is_said():
-    out, kept = _pair([_run(10.0), _run(10.0, stall_ms=400.0)], [_run(6.0)] * 2)
-    assert out.runs == 2 and out.ratio.point == pytest.approx(10 / 6) and out.ratio.tight
+    out, kept = _pair([_run(10.0), _run(10.0, stall_ms=400.0), _run(10.0)], [_run(6.0)] * 3)
+    assert out.runs == 3 and out.ratio.point == pytest.approx(10 / 6) and out.ratio.tight
     assert out.ratio.stalled == 1 and kept.agreed
 
 
@@ -130,13 +130,13 @@ def test_a_base_run_slowed_from_end_to_end_takes_more_pairs_not_a_wrong_number()
     the bootstrap that holds only pair 1 says 45x, so the interval is wide until enough clean pairs outvote it."""
     bases = [_run(270.0)] + [_run(10.0)] * 5
     out, kept = _pair(bases, [_run(6.0)] * 6, retime_under_s=1e9)  # cheap, though the slowed run takes 5.4 s
-    assert out.ratio.point == pytest.approx(10 / 6) and out.ratio.tight and 2 < out.runs <= 6
+    assert out.ratio.point == pytest.approx(10 / 6) and out.ratio.tight and 3 < out.runs <= 6
     assert out.ratio.stop == "the interval is within ±5% of its point"
 
 
 def test_pairs_that_never_settle_stop_at_the_cap_and_say_so():
     stacks = [_run(6.0), _run(30.0)] * 4  # every other stack run 5x slow: a draw of the slow ones alone says 0.33x
-    out, kept = _pair([_run(10.0)] * 8, stacks, max_extra_pairs=2)
+    out, kept = _pair([_run(10.0)] * 8, stacks, max_extra_pairs=1)
     assert out.runs == 4 and out.ratio.stop == "at most 4 pairs" and out.ratio.point == pytest.approx(10 / 6)
 
 
@@ -145,7 +145,7 @@ def test_the_time_budget_stops_pairs_that_would_cost_more_than_a_few_runs():
     from studio.measure.estimate import Estimate
 
     wide = Estimate(1.7, 1.4, 2.0, 2)
-    p = Pairing()  # budget 6 runs of the stack; 2 pairs first while cheap
+    p = Pairing(budget_runs=6.0)  # a budget of 6 runs of the stack; 2 pairs first (given below)
     assert p.stop(wide, 1, 2, spent_s=0.3, run_s=0.1) is None  # the first pairs are always timed
     assert p.stop(wide, 2, 2, spent_s=0.3, run_s=0.1) is None  # 3 pairs at 0.15 s a pair: 0.45 <= 0.6
     why = p.stop(wide, 2, 2, spent_s=0.6, run_s=0.1)  # 3 pairs at 0.3 s: 0.9 > 0.6

@@ -172,8 +172,10 @@ class IdealCheck:
 
     @property
     def of_ideal(self) -> float | None:
-        """Measured over ideal: what the cache's decision and bookkeeping cost (1.0: nothing)."""
-        if self.measured is None or self.impossible:
+        """Measured over ideal: what the cache's decision and bookkeeping cost (1.0: nothing). None when there is no
+        reading, or its point lies over IMPOSSIBLE x the ideal: an ideal the run beats is not shown as a result (a
+        measurement error when the whole interval lies there, `impossible`; noise when it reaches below)."""
+        if self.measured is None or self.measured.point > IMPOSSIBLE * self.ideal:
             return None
         return self.measured.point / self.ideal
 
