@@ -15,7 +15,9 @@ CPU hog beside it: tests/data/step_timings.json, docs/measuring.md):
 - a SPEED-UP is base's price over the stack's. Its interval is a bootstrap (DRAWS draws, a fixed seed: the same runs
   give the same interval): each draw resamples the pairs (base and stack timed one after the other share a draw)
   and then, within each kind, the steps; the interval is the middle LEVEL of the draws. Over several prompts the
-  point is the median of the prompts' points, and each draw the median of theirs;
+  point is the median of the prompts' points, and each draw the median of theirs. It sees only what the runs show:
+  with few pairs a slow spell over whole runs of one side can escape it (its coverage on the recorded runs is in
+  docs/measuring.md), which is why the pairing times a cheap base 3 times;
 - a number is WITHHELD only when its interval is useless (`Estimate.useless`): it holds 1.00 while the point is
   more than NEAR_ONE away from it, or it is wider than +-USELESS of the point; the note says what would help;
 - a run whose wall time is over STALL_BOUND times its own median steps' was hit by a stall (a few steps waited);
@@ -70,7 +72,7 @@ class Estimate:
     lo: float
     hi: float
     pairs: int
-    stalled: int = 0  # timed runs a stall hit (their steps priced from the other repeats or held to the guard)
+    stalled: int = 0  # timed runs a stall hit (said; the floor leaves the stalled steps out)
     runs: int = 0  # timed runs behind it, both sides
     stop: str = ""  # why the pairing stopped, in words ("" where the caller chose the count)
     exact: bool = False  # 1.00 by construction (base against itself): no interval
