@@ -8,6 +8,7 @@ and from the cache's own record otherwise (studio.measure.timing).
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ from studio.engine.stack import AppliedStack
 from studio.engine.state import stack_state
 from studio.engine.streams import stream_begin, stream_report
 from studio.measure.blocks import BlockClock
-from studio.measure.estimate import Run
+from studio.measure.estimate import Run, full_steps
 from studio.measure.memory import MemoryProbe, PeakMemory
 from studio.measure.timing import StepCounts, StepProbe, block_count, count_steps
 from studio.spec.errors import OverTime
@@ -154,9 +155,8 @@ class Measured:
     @property
     def full_ms(self) -> float | None:
         """Its median full step (None: every step cached): what its block times are priced against."""
-        cached = set(self.counts.cached_indices)
-        full = [t for i, t in enumerate(self.step_ms) if i not in cached]
-        return float(sorted(full)[len(full) // 2]) if full else None
+        full = full_steps(self.timed).step_ms
+        return float(statistics.median(full)) if full else None
 
     @property
     def calls_per_step(self) -> int:

@@ -30,7 +30,7 @@ from studio.engine.lora import check_loras
 from studio.engine.parallel import remove_parallel, workers
 from studio.engine.run import Deadline, Measured, RunContext, measure, pipeline_for, settle, warm
 from studio.measure.blocks import IdealCheck, computed_blocks, price_cached_step
-from studio.measure.estimate import Run, speedup
+from studio.measure.estimate import full_steps, speedup
 from studio.measure.record import RunMetrics, RunResult, Timing
 from studio.spec.checks import ConfigError
 from studio.spec.errors import USER_ERRORS, RunError
@@ -364,7 +364,7 @@ class Runner:
         # compiled / quantized / other attention: its non-cache twin is not base; its own full steps stand in (the
         # same estimator: every step priced as its fastest full step, over the run's floor)
         stack = paired.stack_runs or (run.timed,)
-        fulls = tuple(Run(tuple(x for i, x in enumerate(t.step_ms) if i not in t.cached)) for t in stack)
+        fulls = tuple(full_steps(t) for t in stack)
         steps = (len(run.step_ms), 0)  # every step at the price of a full one: the run without its cache
         return IdealCheck(ideal, speedup(fulls, stack, base_counts=steps), "its own full steps", price)
 

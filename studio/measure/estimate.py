@@ -73,7 +73,6 @@ class Estimate:
     hi: float
     pairs: int
     stalled: int = 0  # timed runs a stall hit (said; the floor leaves the stalled steps out)
-    runs: int = 0  # timed runs behind it, both sides
     stop: str = ""  # why the pairing stopped, in words ("" where the caller chose the count)
     exact: bool = False  # 1.00 by construction (base against itself): no interval
     # what would help a useless interval, in words, set by the caller that can act on it ("compare on", "more repeats")
@@ -114,7 +113,7 @@ class Estimate:
 
 def exact_one(runs: int) -> Estimate:
     """Base against itself, the same runs: 1.00x by construction, not a measurement."""
-    return Estimate(1.0, 1.0, 1.0, runs, runs=runs, exact=True)
+    return Estimate(1.0, 1.0, 1.0, runs, exact=True)
 
 
 def pairs_for(e: Estimate, target: float = TIGHT * 2) -> int:
@@ -172,12 +171,13 @@ def _draw_prices(
     if picks is None:
         picks = rng.integers(0, len(runs), size=(draws, len(runs))) if len(runs) > 1 else np.zeros((draws, 1), int)
     total = np.zeros(draws)
-    for n, kind in zip(counts, ("full", "cached")):
+    by_run = [_pools([r]) for r in runs]  # each run's (full, cached) step times
+    for n, kind in zip(counts, (0, 1)):
         if not n:
             continue
-        pools = [_pools([r])[0 if kind == "full" else 1] for r in runs]
-        if kind == "cached" and not any(len(p) for p in pools):
-            pools = [_pools([r])[0] for r in runs]
+        if kind == 1 and not any(len(p[1]) for p in by_run):
+            kind = 0  # never seen cached: priced as full (price_ms's rule)
+        pools = [p[kind] for p in by_run]
         width = max(len(p) for p in pools)
         table = np.full((len(runs), width), np.inf)
         for i, p in enumerate(pools):
@@ -198,9 +198,9 @@ def _interval(draws: np.ndarray) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def _shaped(point: float, draws: np.ndarray, pairs: int, runs: int, stall: int) -> Estimate:
+def _shaped(point: float, draws: np.ndarray, pairs: int, stall: int) -> Estimate:
     lo, hi = _interval(draws)
-    return Estimate(point, min(lo, point), max(hi, point), pairs, stall, runs)
+    return Estimate(point, min(lo, point), max(hi, point), pairs, stall)
 
 
 def speedup(
@@ -235,13 +235,12 @@ def speedup_over(groups: Sequence[tuple], *, draws: int = DRAWS) -> Estimate:
         point, drawn = _group(b, r, rest[0] if rest else None, rest[1] if len(rest) > 1 else None, rng, draws)
         points.append(point)
         per.append(drawn)
-    n_runs = sum(len(g[0]) + len(g[1]) for g in groups)
     n_stalled = sum(stalled(g[0]) + stalled(g[1]) for g in groups)
     pairs = sum(min(len(g[0]), len(g[1])) for g in groups)
-    return _shaped(float(np.median(points)), np.median(np.stack(per), axis=0), pairs, n_runs, n_stalled)
+    return _shaped(float(np.median(points)), np.median(np.stack(per), axis=0), pairs, n_stalled)
 
 
-def _fulls(run: Run) -> Run:
+def full_steps(run: Run) -> Run:
     """The run's full steps alone."""
     return Run(tuple(t for i, t in enumerate(run.step_ms) if i not in run.cached))
 
@@ -251,14 +250,13 @@ def by_shape(bases: Sequence[Run], then: Sequence[Run], now: Run, *, draws: int 
     base then over the stack's own full steps then (the pairs timed together, each run at every step a full one), times
     the new run's own full steps over its price (one run, one moment). Whatever load came since moves both of the
     run's figures alike; each factor's draws from its own runs."""
-    if not then or not _fulls(now).step_ms or not all(_fulls(r).step_ms for r in then):
+    if not then or not full_steps(now).step_ms or not all(full_steps(r).step_ms for r in then):
         return replace(speedup(bases, [now], draws=draws), helps="compare on")  # nothing to carry the speed across
     rng = np.random.default_rng(SEED)
     steps = (len(now.step_ms), 0)
-    then_full = [_fulls(r) for r in then]
+    then_full = [full_steps(r) for r in then]
     a, a_draws = _group(bases, then_full, steps, counts_of(bases), rng, draws)  # base then / all-full stack then
-    b, b_draws = _group([_fulls(now)], [now], None, steps, rng, draws)  # the run's all-full price / its price
+    b, b_draws = _group([full_steps(now)], [now], None, steps, rng, draws)  # the run's all-full price / its price
     pairs = min(len(bases), len(then))
-    runs = len(bases) + len(then) + 1
-    est = _shaped(a * b, a_draws * b_draws, pairs, runs, stalled(bases) + stalled([now]))
+    est = _shaped(a * b, a_draws * b_draws, pairs, stalled(bases) + stalled([now]))
     return replace(est, helps="compare on")
