@@ -10,7 +10,7 @@ CPU hog beside it: tests/data/step_timings.json, docs/measuring.md):
   same work (every full step runs every block, every cached step the same few), so their fastest is what the work
   costs when nothing interferes; a stall, a slow spell of the vCPU (measured here: whole stretches of steps at 1.6x),
   another process, can only lift the others. Against per-step minima, kind medians and whole-run medians, the floor
-  was the most reproducible on the recorded runs (two disjoint sets of 3 pairs: median difference 3.8% against
+  was the most reproducible on the recorded runs (two disjoint sets of 3 pairs: median difference 3.6% against
   10-15%) and the least moved by a CPU hog (docs/measuring.md has the table);
 - a SPEED-UP is base's price over the stack's. Its interval is a bootstrap (DRAWS draws, a fixed seed: the same runs
   give the same interval): each draw resamples the pairs (base and stack timed one after the other share a draw)
