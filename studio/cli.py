@@ -58,6 +58,13 @@ def parser() -> argparse.ArgumentParser:
     common_args(b)
     b.add_argument("--presets", default=None, help="comma-separated preset names (default: all)")
     b.add_argument("--repeats", type=int, default=3)
+    b.add_argument(
+        "--extra-rounds",
+        type=int,
+        default=None,
+        help="rounds beyond --repeats while a speed-up's interval is useless (default: as many as the card's extra "
+        "pairs, 4; 0: exactly --repeats)",
+    )
     b.add_argument("--prompts", default=None, help="a file of prompts, one per line: one rotation per prompt")
     b.add_argument("--vs-raw", action="store_true", help="time each preset through plain diffusers too")
     b.add_argument("--json", action="store_true", help="print the rows and the run's settings as JSON")
@@ -219,6 +226,7 @@ def _bench(runner, req, args) -> int:
             cache_enabled=args.cache,
             compile_enabled=args.compile,
             vs_raw=args.vs_raw,
+            extra_rounds=args.extra_rounds,
         )
     finally:
         close()

@@ -33,8 +33,13 @@ def test_bench_rows_noise_floor_and_compile_cost(tiny_runner, quiet):
     assert rows["base"].speedup == 1.0 and rows["base"].speedup_lo is None and math.isinf(rows["base"].psnr_db)
     c = rows["cache"]
     assert c.cached_steps > 0 and c.cached_steps + c.full_steps == req.steps
+    # one round asked for; more only while a speed-up would be withheld, up to 4 (studio.bench.rotation)
+    rot = rep.rotations[0]
+    assert 1 <= rot.rounds <= 5 and rep.meta["rounds"] == [rot.rounds] and len(rot.times["cache"]) == rot.rounds
+    shown = all(r.speedup is not None for r in rows.values())
+    assert rot.stop.startswith("every speed-up's interval is usable" if shown else "at most 4 extra rounds")
     if quiet:  # on a quiet machine every row shows its speed-up (a bench that always withheld must fail here)
-        assert all(r.speedup is not None for r in rows.values()), {r.preset: r.speedup_note for r in rows.values()}
+        assert shown, {r.preset: r.speedup_note for r in rows.values()}
     # the ideal: the counts' speed-up with a cached step priced by this run's block times (studio.measure.blocks)
     m = rep.rotations[0].last["cache"].metrics
     assert m.ideal_source == "from this run's block times" and 0 < m.cached_share < 1
@@ -178,3 +183,40 @@ def test_export_loads_in_cache_dit_with_the_same_values(tmp_path):
     assert got["calibrator_config"].taylorseer_order == 2
     assert len(got["cache_config"].steps_computation_mask) == 28
     assert cache_dit_dict(lib.get("base")) == {}
+
+
+def _rotation_with(cache_steps: list[float], rounds: int):
+    """A Rotation of hand-made runs: base's 10 steps at ~100 ms, cache's odd steps cached at `cache_steps` (ms)."""
+    from studio.bench.rotation import Rotation
+    from studio.measure.estimate import Run
+
+    rot = Rotation(request=None)
+    for name in ("base", AGAIN):
+        rot.runs[name] = [Run.of([100.0 + i * 0.2 for i in range(10)], []) for _ in range(rounds)]
+    cached = [i for i in range(10) if i % 2]
+    rot.runs["cache"] = [Run.of([100.0 if i % 2 == 0 else s for i, s in enumerate(cache_steps)], cached)] * rounds
+    rot.rounds = rounds
+    return rot
+
+
+@pytest.mark.quick
+def test_extra_rounds_run_only_while_a_speed_up_would_be_withheld():
+    from studio.bench.rotation import why_stop, withheld
+
+    # cached steps from 90 to 120 ms: the floor says 1.05x, the bootstrap's interval holds 1.00: withheld
+    noisy = [0, 95, 0, 120, 0, 90, 0, 118, 0, 112]
+    rot = _rotation_with(noisy, rounds=1)
+    assert withheld(rot) == ["cache"]
+    assert why_stop(rot, repeats=2, extra=4) is None  # the repeats asked for come first
+    assert why_stop(rot, repeats=1, extra=4) is None  # then extra rounds while it is withheld...
+    rot.rounds = 5
+    assert why_stop(rot, repeats=1, extra=4) == "at most 4 extra rounds; still withheld: cache"  # ...up to the cap
+    assert why_stop(rot, repeats=1, extra=0) == "at most 0 extra rounds; still withheld: cache"
+    # cached steps all at 10 ms: 1000 / (5 * 100 + 5 * 10) = 1.82x, a usable interval: no extra round
+    fast = _rotation_with([10.0] * 10, rounds=1)
+    assert withheld(fast) == []
+    assert why_stop(fast, repeats=1, extra=4) == "every speed-up's interval is usable after 1 round (the 1 asked for)"
+    fast.rounds = 3
+    assert (
+        why_stop(fast, repeats=1, extra=4) == "every speed-up's interval is usable after 3 rounds (2 more than asked)"
+    )

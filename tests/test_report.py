@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from studio.bench import bench, doctor
+from studio.bench import doctor, rotation
 from studio.bench.bench import CostRow, NoiseFloor
 from studio.bench.sweep import SweepResult
 from studio.bench.tune import TuneResult
@@ -52,10 +52,10 @@ def test_compile_cost_cells_say_n_a_for_a_count_torch_did_not_give():
 
 
 def test_graph_count_is_unknown_not_zero_without_dynamo(monkeypatch):
-    assert isinstance(bench._graphs_compiled(), int)
+    assert isinstance(rotation._graphs_compiled(), int)
     monkeypatch.setitem(sys.modules, "torch._dynamo.utils", None)  # the import now raises ImportError
-    assert bench._graphs_compiled() is None
-    assert bench._total([2, 1]) == 3 and bench._total([2, None]) is None
+    assert rotation._graphs_compiled() is None
+    assert rotation.total_graphs([2, 1]) == 3 and rotation.total_graphs([2, None]) is None
 
 
 def _row(preset, speedup, worst, mean, cached, of_ideal=None):

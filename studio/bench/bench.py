@@ -22,32 +22,17 @@ import math
 import statistics
 from dataclasses import dataclass, field, replace
 
+from studio.bench.rotation import EXTRA_ROUNDS, Rotation, rotate, total_graphs
 from studio.bench.twins import cache_twins, with_twins
-from studio.engine import BASE, CALLER_TIMES_BASE, Runner, RunResult
+from studio.engine import BASE, Runner
 from studio.measure.blocks import CachedStepPrice, IdealCheck
-from studio.measure.estimate import Estimate, Run, speedup, speedup_over
+from studio.measure.estimate import Run, speedup_over
 from studio.measure.quality import psnr
 from studio.measure.record import library_versions
 from studio.report.table import AGAIN, Matrix, MatrixRow
 from studio.spec.checks import ConfigError, check_int
 from studio.spec.preset import Preset
 from studio.spec.request import GenerationRequest
-
-
-def _graphs_compiled() -> int | None:
-    """Graphs torch.compile has built so far in this process; None where this torch keeps no such count."""
-    try:
-        from torch._dynamo.utils import counters
-
-        return int(counters["stats"]["unique_graphs"])
-    except (ImportError, KeyError):  # a torch without dynamo's counters: the tables say n/a, never a wrong 0
-        return None
-
-
-def _total(counts) -> int | None:
-    """A sum of graph counts; unknown (None) once any part of it is."""
-    counts = list(counts)
-    return None if None in counts else sum(counts)
 
 
 def resolve_presets(runner: Runner, presets, lib, cache_enabled=None, compile_enabled=None) -> list[Preset]:
@@ -57,81 +42,6 @@ def resolve_presets(runner: Runner, presets, lib, cache_enabled=None, compile_en
     resolved = [runner.resolve_preset(p, lib) for p in names]
     rest = [p.with_overrides(cache_enabled, None, compile_enabled) for p in resolved if p.name != BASE]
     return [runner.resolve_preset(BASE)] + rest
-
-
-@dataclass
-class Rotation:
-    """One prompt's round-robin: every timed denoise per preset, the first and last result, graphs compiled."""
-
-    request: GenerationRequest
-    times: dict[str, list[float]] = field(default_factory=dict)
-    runs: dict[str, list[Run]] = field(default_factory=dict)  # each timed run, as the estimator reads it
-    first: dict[str, RunResult] = field(default_factory=dict)
-    last: dict[str, RunResult] = field(default_factory=dict)
-    # graphs compiled by the first (warm-up) call, and by later, timed calls; None where torch gave no count
-    cold_graphs: dict[str, int | None] = field(default_factory=dict)
-    recompiles: dict[str, int | None] = field(default_factory=dict)
-    raw_times: dict[str, list[float]] = field(default_factory=dict)  # --vs-raw: the plain pipeline's
-    raw_images: dict[str, object] = field(default_factory=dict)
-    raw_errors: dict[str, str] = field(default_factory=dict)
-
-    def median(self, name: str) -> float:
-        return statistics.median(self.times[name])
-
-    def ratio(self, base: str, name: str) -> Estimate:
-        """`base` over `name`, round by round (each round's runs are a pair: same moment, same load)."""
-        return speedup(self.runs[base], self.runs[name])
-
-    def pair(self, base: str, name: str) -> tuple[list[Run], list[Run]]:
-        return self.runs[base], self.runs[name]
-
-
-def _studio(rot: Rotation, runner: Runner, request, name: str, p: Preset, model, first: bool) -> None:
-    g0 = _graphs_compiled()
-    res = runner.generate(request, p, model=model, pairing=CALLER_TIMES_BASE)  # this rotation times base itself
-    g1 = _graphs_compiled()
-    new = None if g0 is None or g1 is None else g1 - g0
-    if first:
-        rot.first[name], rot.cold_graphs[name] = res, new
-    else:
-        rot.recompiles[name] = _total([rot.recompiles.get(name, 0), new])
-    rot.times.setdefault(name, []).append(res.metrics.denoise_s)
-    m = res.metrics
-    rot.runs.setdefault(name, []).append(Run.of(m.step_ms, m.cached_step_indices))
-    rot.last[name] = res
-
-
-def _plain(rot: Rotation, raw, name: str, p: Preset, request, tick) -> None:
-    try:
-        denoise, _, image = raw.run(p, request)
-    except RuntimeError as e:  # a plain recipe that cannot run here: the row says so, the bench goes on
-        rot.raw_errors[name] = str(e)
-        return
-    rot.raw_times.setdefault(name, []).append(denoise)
-    rot.raw_images[name] = image
-    if tick:
-        tick(name + " (plain)")
-
-
-def rotate(
-    runner: Runner, request, presets: list[Preset], repeats: int, model=None, tick=None, *, raw=None
-) -> Rotation:
-    """Round-robin timing of `presets` (base first, then base a second time last: AGAIN) on one request;
-    with `raw` (a RawPool), each preset's plain run beside its studio run. `tick(label)` after each run."""
-    rot = Rotation(request)
-    order = [(p.name, p) for p in presets] + [(AGAIN, presets[0])]
-    runner.settle(request, presets[0], model)  # untimed: the first slot then runs right after a run, as all others do
-    for r in range(repeats):
-        for name, p in order:
-            plain_first = raw is not None and name != AGAIN and r % 2 == 1
-            if plain_first:  # the pair's order alternates between repeats: neither side always runs second
-                _plain(rot, raw, name, p, request, tick)
-            _studio(rot, runner, request, name, p, model, first=r == 0 and name not in rot.first)
-            if tick:
-                tick(name)
-            if raw is not None and name != AGAIN and not plain_first:
-                _plain(rot, raw, name, p, request, tick)
-    return rot
 
 
 @dataclass
@@ -280,8 +190,8 @@ def _cost(rots: list[Rotation], twins: dict[str, str]) -> list[CostRow]:
         saving = statistics.median(rot.median(t) - rot.median(c) for rot in rots)
         cold = first.compile_s
         pay = (cold / saving if saving > 0 else math.inf) if cold is not None else None
-        graphs = _total(rot.cold_graphs.get(c, 0) for rot in rots)
-        recompiles = _total(rot.recompiles.get(c, 0) for rot in rots)
+        graphs = total_graphs(rot.cold_graphs.get(c, 0) for rot in rots)
+        recompiles = total_graphs(rot.recompiles.get(c, 0) for rot in rots)
         out.append(CostRow(c, cold, graphs, recompiles, saving, pay))
     return out
 
@@ -309,22 +219,30 @@ def run_bench(
     presets_library=None,
     vs_raw: bool = False,
     exclude=(),
+    extra_rounds: int | None = None,
 ) -> BenchReport:
     """The bench (module doc). `progress(done, total, label)` after each timed run; `vs_raw` runs each preset
     through plain diffusers too (studio.bench.raw) for the studio_over_raw column. `exclude`: stacks left out
-    after the twins are added (the stacks that crashed the device worker: studio.worker.reruns)."""
+    after the twins are added (the stacks that crashed the device worker: studio.worker.reruns). `extra_rounds`: rounds
+    beyond `repeats` while a speed-up would be withheld (studio.bench.rotation; None: EXTRA_ROUNDS; 0: exactly
+    `repeats`)."""
     check_int("bench", "repeats", repeats, lo=1)  # none: no timed run, nothing to divide
+    extra_rounds = EXTRA_ROUNDS if extra_rounds is None else extra_rounds
+    check_int("bench", "extra_rounds", extra_rounds, lo=0)
     lib = presets_library or runner.presets
     resolved, twins = with_twins(resolve_presets(runner, presets, lib, cache_enabled, compile_enabled))
     resolved, refs = cache_twins(resolved)  # each cached preset's `of ideal` against the same stack uncached
     resolved, twins, refs = _without(resolved, twins, refs, set(exclude))
-    total = len(requests) * repeats * (len(resolved) * (2 if vs_raw else 1) + 1)
-    done = [0]
+    per_round = len(resolved) * (2 if vs_raw else 1) + 1
+    done, total = [0], [len(requests) * repeats * per_round]
 
     def tick(label):
         done[0] += 1
         if progress:
-            progress(done[0], total, label)
+            progress(done[0], total[0], label)
+
+    def on_extra():  # an extra round: the progress bar's end moves with it
+        total[0] += per_round
 
     raw = None
     if vs_raw:
@@ -332,7 +250,10 @@ def run_bench(
 
         raw = RawPool(runner, model)
     try:
-        rots = [rotate(runner, req, resolved, repeats, model, tick, raw=raw) for req in requests]
+        rots = [
+            rotate(runner, req, resolved, repeats, model, tick, raw=raw, extra=extra_rounds, on_extra=on_extra)
+            for req in requests
+        ]
     finally:
         if raw is not None:
             raw.close()
@@ -345,6 +266,8 @@ def run_bench(
         "dtype": rots[0].last[BASE].metrics.dtype,
         "versions": library_versions(),
         "repeats": repeats,
+        "rounds": [r.rounds for r in rots],  # per prompt: the repeats and any extra rounds (studio.bench.rotation)
+        "rounds_stop": [r.stop for r in rots],
         "prompts": [r.prompt for r in requests],
         "request": requests[0].as_dict(),
         "presets": {p.name: p.as_dict() for p in resolved},

@@ -36,13 +36,25 @@ def _count(v: int | None) -> str:
 
 
 # bench ---------------------------------------------------------------------------------------------------------------
+def _rounds(m: dict) -> str:
+    """How many round-robin rounds ran: the repeats asked for, and any extra ones a withheld speed-up asked for."""
+    asked, ran = m["repeats"], m.get("rounds") or [m["repeats"]]
+    if max(ran) == asked:
+        return f"{asked} round-robin repeat{'s' if asked != 1 else ''}"
+    spans = f"{min(ran)}-{max(ran)}" if min(ran) != max(ran) else f"{max(ran)}"
+    return (
+        f"{spans} round-robin rounds ({asked} asked; more while a speed-up's interval held 1.00 or was too wide: "
+        f"{'; '.join(sorted(set(m.get('rounds_stop') or [])))})"
+    )
+
+
 def bench_header(rep) -> str:
     """The settings a bench table was taken under (a BenchReport's `meta`): model, prompt(s), request, versions."""
     m, r, v = rep.meta, rep.meta["request"], rep.meta["versions"]
     prompts = f"{len(m['prompts'])} prompts" if len(m["prompts"]) > 1 else f"prompt {m['prompts'][0]!r}"
     return (
         f"model {m['model']}, {prompts}, seed {r['seed']}, {r['steps']} steps, {r['width']}x{r['height']}, "
-        f"device {m['device']}, dtype {m['dtype']}; median of {m['repeats']} round-robin repeats after each stack's "
+        f"device {m['device']}, dtype {m['dtype']}; median of {_rounds(m)} after each stack's "
         f"warm-up; torch {v.get('torch')}, diffusers {v.get('diffusers')}, cache-dit "
         f"{v.get('cache-dit')}, torchao {v.get('torchao')}"
     )

@@ -1,0 +1,152 @@
+"""One prompt's round-robin for the bench (studio.bench.bench): every preset timed in turn, base twice per round.
+
+Rounds: the `repeats` asked for, then, while some preset's speed-up over base would be withheld (its interval is
+useless: studio.measure.estimate), up to `extra` more rounds, so a `--repeats 1` bench on a quiet machine measures a
+small speed-up rather than saying "more --repeats would help" (the card's adaptive pairing, engine.baseline, does the
+same for one click). Each round's runs are a pair for the estimator: same moment, same load.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from studio.engine import BASE, CALLER_TIMES_BASE, Pairing, Runner, RunResult
+from studio.measure.estimate import Estimate, Run, speedup
+from studio.report.table import AGAIN
+from studio.spec.preset import Preset
+from studio.spec.request import GenerationRequest
+
+EXTRA_ROUNDS = Pairing().max_extra_pairs  # the card's cap on pairs beyond the first ones, the bench's on rounds
+
+
+def _graphs_compiled() -> int | None:
+    """Graphs torch.compile has built so far in this process; None where this torch keeps no such count."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+    except (ImportError, KeyError):  # a torch without dynamo's counters: the tables say n/a, never a wrong 0
+        return None
+
+
+def total_graphs(counts) -> int | None:
+    """A sum of graph counts; unknown (None) once any part of it is."""
+    counts = list(counts)
+    return None if None in counts else sum(counts)
+
+
+@dataclass
+class Rotation:
+    """One prompt's round-robin: every timed denoise per preset, the first and last result, graphs compiled."""
+
+    request: GenerationRequest
+    times: dict[str, list[float]] = field(default_factory=dict)
+    runs: dict[str, list[Run]] = field(default_factory=dict)  # each timed run, as the estimator reads it
+    first: dict[str, RunResult] = field(default_factory=dict)
+    last: dict[str, RunResult] = field(default_factory=dict)
+    # graphs compiled by the first (warm-up) call, and by later, timed calls; None where torch gave no count
+    cold_graphs: dict[str, int | None] = field(default_factory=dict)
+    recompiles: dict[str, int | None] = field(default_factory=dict)
+    raw_times: dict[str, list[float]] = field(default_factory=dict)  # --vs-raw: the plain pipeline's
+    raw_images: dict[str, object] = field(default_factory=dict)
+    raw_errors: dict[str, str] = field(default_factory=dict)
+    rounds: int = 0  # rounds timed: the repeats asked for and any extra ones (module doc)
+    stop: str = ""  # why the rounds stopped where they did
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.times[name])
+
+    def ratio(self, base: str, name: str) -> Estimate:
+        """`base` over `name`, round by round (each round's runs are a pair: same moment, same load)."""
+        return speedup(self.runs[base], self.runs[name])
+
+    def pair(self, base: str, name: str) -> tuple[list[Run], list[Run]]:
+        return self.runs[base], self.runs[name]
+
+
+def _studio(rot: Rotation, runner: Runner, request, name: str, p: Preset, model, first: bool) -> None:
+    g0 = _graphs_compiled()
+    res = runner.generate(request, p, model=model, pairing=CALLER_TIMES_BASE)  # this rotation times base itself
+    g1 = _graphs_compiled()
+    new = None if g0 is None or g1 is None else g1 - g0
+    if first:
+        rot.first[name], rot.cold_graphs[name] = res, new
+    else:
+        rot.recompiles[name] = total_graphs([rot.recompiles.get(name, 0), new])
+    rot.times.setdefault(name, []).append(res.metrics.denoise_s)
+    m = res.metrics
+    rot.runs.setdefault(name, []).append(Run.of(m.step_ms, m.cached_step_indices))
+    rot.last[name] = res
+
+
+def _plain(rot: Rotation, raw, name: str, p: Preset, request, tick) -> None:
+    try:
+        denoise, _, image = raw.run(p, request)
+    except RuntimeError as e:  # a plain recipe that cannot run here: the row says so, the bench goes on
+        rot.raw_errors[name] = str(e)
+        return
+    rot.raw_times.setdefault(name, []).append(denoise)
+    rot.raw_images[name] = image
+    if tick:
+        tick(name + " (plain)")
+
+
+def _round(rot: Rotation, runner: Runner, request, order, r: int, model, tick, raw) -> None:
+    for name, p in order:
+        plain_first = raw is not None and name != AGAIN and r % 2 == 1
+        if plain_first:  # the pair's order alternates between rounds: neither side always runs second
+            _plain(rot, raw, name, p, request, tick)
+        _studio(rot, runner, request, name, p, model, first=r == 0 and name not in rot.first)
+        if tick:
+            tick(name)
+        if raw is not None and name != AGAIN and not plain_first:
+            _plain(rot, raw, name, p, request, tick)
+
+
+def withheld(rot: Rotation) -> list[str]:
+    """The presets whose speed-up over base these rounds would withhold (its interval is useless)."""
+    names = [n for n in rot.runs if n not in (BASE, AGAIN)]
+    return [n for n in names if rot.ratio(BASE, n).useless]
+
+
+def why_stop(rot: Rotation, repeats: int, extra: int) -> str | None:
+    """Why the rotation stops after its rounds so far (None: time another round)."""
+    if rot.rounds < repeats:
+        return None
+    wanting = withheld(rot)
+    if not wanting:
+        asked = f"the {repeats} asked for" if rot.rounds == repeats else f"{rot.rounds - repeats} more than asked"
+        return (
+            f"every speed-up's interval is usable after {rot.rounds} round{'s' if rot.rounds != 1 else ''} ({asked})"
+        )
+    if rot.rounds >= repeats + extra:
+        return f"at most {extra} extra round{'s' if extra != 1 else ''}; still withheld: {', '.join(wanting)}"
+    return None
+
+
+def rotate(
+    runner: Runner,
+    request,
+    presets: list[Preset],
+    repeats: int,
+    model=None,
+    tick=None,
+    *,
+    raw=None,
+    extra: int = EXTRA_ROUNDS,
+    on_extra=None,
+) -> Rotation:
+    """Round-robin timing of `presets` (base first, then base a second time last: AGAIN) on one request, for
+    `repeats` rounds and up to `extra` more while a speed-up would be withheld (module doc); with `raw` (a RawPool),
+    each preset's plain run beside its studio run. `tick(label)` after each run; `on_extra()` before an extra round."""
+    rot = Rotation(request)
+    order = [(p.name, p) for p in presets] + [(AGAIN, presets[0])]
+    runner.settle(request, presets[0], model)  # untimed: the first slot then runs right after a run, as all others do
+    while (stop := why_stop(rot, repeats, extra)) is None:
+        if rot.rounds >= repeats and on_extra:
+            on_extra()
+        _round(rot, runner, request, order, rot.rounds, model, tick, raw)
+        rot.rounds += 1
+    rot.stop = stop
+    return rot
