@@ -58,13 +58,7 @@ def parser() -> argparse.ArgumentParser:
     common_args(b)
     b.add_argument("--presets", default=None, help="comma-separated preset names (default: all)")
     b.add_argument("--repeats", type=int, default=3)
-    b.add_argument(
-        "--extra-rounds",
-        type=int,
-        default=None,
-        help="rounds beyond --repeats while a speed-up's interval is useless (default: as many as the card's extra "
-        "pairs, 4; 0: exactly --repeats)",
-    )
+    b.add_argument("--extra-rounds", type=int, default=None, help="rounds beyond --repeats while a row is withheld")
     b.add_argument("--prompts", default=None, help="a file of prompts, one per line: one rotation per prompt")
     b.add_argument("--vs-raw", action="store_true", help="time each preset through plain diffusers too")
     b.add_argument("--json", action="store_true", help="print the rows and the run's settings as JSON")

@@ -92,7 +92,8 @@ def _plain(rot: Rotation, raw, name: str, p: Preset, request, tick) -> None:
         tick(name + " (plain)")
 
 
-def _round(rot: Rotation, runner: Runner, request, order, r: int, model, tick, raw) -> None:
+def _round(rot: Rotation, runner: Runner, order, model, tick, raw) -> None:
+    request, r = rot.request, rot.rounds
     for name, p in order:
         plain_first = raw is not None and name != AGAIN and r % 2 == 1
         if plain_first:  # the pair's order alternates between rounds: neither side always runs second
@@ -146,7 +147,7 @@ def rotate(
     while (stop := why_stop(rot, repeats, extra)) is None:
         if rot.rounds >= repeats and on_extra:
             on_extra()
-        _round(rot, runner, request, order, rot.rounds, model, tick, raw)
+        _round(rot, runner, order, model, tick, raw)
         rot.rounds += 1
     rot.stop = stop
     return rot
