@@ -1,6 +1,12 @@
 """ModelManager: the only caller of `from_pretrained`. Loads, keeps and frees one pipeline; the engine's stack
 module applies presets to it.
 
+Where a model goes is decided before it is loaded (engine.placement, from its files' sizes: engine.sizes): resident
+on the device when its regime keeps it there and it fits; on the host when its regime offloads (explicitly, or
+`auto` deciding so), each component then placed by the regime; refused, with the numbers and the fix, when not even
+the least regime fits. `from_pretrained` reads onto the host; nothing goes onto the device before that decision, and
+a new model goes there only after the old one has let go of it.
+
 Switching presets re-applies only what changed: cache, attention and compile toggle in place; a different dtype or
 quantization needs other transformer weights. Those are kept as variants (bounded: STUDIO_TRANSFORMER_SLOTS, 2 on
 the CPU and 1 on a GPU by default), so A/B between `base` and an INT8 stack does not reload weights on every click.
@@ -23,12 +29,24 @@ from studio.engine.compile import compiles
 from studio.engine.device import DtypeChoice, default_device, resolve_dtype
 from studio.engine.lora import fuse_loras
 from studio.engine.parallel import remove_parallel
+from studio.engine.placement import (
+    RUN_DEVICE_ATTR,
+    Plan,
+    decide,
+    describe,
+    device_bytes,
+    free_memory,
+    gib,
+    margin_bytes,
+)
 from studio.engine.quantize import quant_form
+from studio.engine.sizes import ModelSizes, read_sizes, sizes_of_pipe
 from studio.engine.stack import AppliedStack, apply_preset
 from studio.engine.state import stack_state
 from studio.engine.tasks import task_pipe
 from studio.spec.checks import ConfigError
 from studio.spec.errors import ModelLoadError
+from studio.spec.offload import OffloadSpec
 from studio.spec.preset import Preset, QuantSpec
 from studio.spec.profiles import resolve_model
 from studio.spec.settings import current
@@ -56,6 +74,7 @@ class Loaded:
     active: tuple | None = None  # the key of the variant in pipe.transformer
     pipes: dict = field(default_factory=dict)  # task -> its pipeline made from `pipe` (engine.tasks)
     cache_on: object | None = None  # the pipeline the step cache was applied to (pipe, or a task's)
+    placement: dict | None = None  # where each component lives (engine.placement.describe), after the last regime
 
     @property
     def stack(self) -> AppliedStack | None:
@@ -118,39 +137,94 @@ class ModelManager:
             msg = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
             hint = "" if looks_local else load_hint(e)
             raise ModelLoadError(f"could not load model {source!r}: {type(e).__name__}: {msg}{hint}") from e
-        return pipe.to(self.device)
+        return pipe  # on the host: the loader places it (load)
 
     def resolve_dtype(self, asked: str) -> DtypeChoice:
         return resolve_dtype(asked, self.device)
 
-    def load(self, model: str | None, dtype: DtypeChoice | None = None) -> Loaded:
-        """Load `model`; on failure the previously loaded model stays loaded and working."""
+    def _plan(self, sizes: ModelSizes, spec: OffloadSpec, source: str, dtype: DtypeChoice, releasable: int) -> Plan:
+        """engine.placement.decide for this device, with `releasable` device bytes given back first."""
+        margin = margin_bytes(sizes, source, dtype.torch.itemsize, self.device)
+        return decide(sizes, spec, self.device, free_memory(self.device, 0, releasable), margin)
+
+    def _held(self) -> int:
+        """Device bytes the loaded model keeps there between uses (its placement; on a CPU budget, logical)."""
+        cur = self.current
+        return (cur.placement or {}).get("device_bytes", 0) if cur is not None else 0
+
+    def load(self, model: str | None, dtype: DtypeChoice | None = None, offload: OffloadSpec | None = None) -> Loaded:
+        """Load `model` where its regime says (module doc); on failure the previously loaded model stays loaded and
+        working, except where both would not fit on the device: then it went first, and the error says so.
+
+        Args:
+            offload: the regime the model is loaded for; None (a model loaded before any preset): the loader's own
+                choice, `auto`'s (resident where the whole pipeline fits, else on the host).
+        """
         with self.lock:
             source = resolve_model(model)
             if self.allowed is not None and source not in self.allowed:
                 served = sorted("tiny" if s == resolve_model(None) else s for s in self.allowed)
                 raise ModelLoadError(f"model {model!r} is not served here; this studio serves: {', '.join(served)}")
             dtype = dtype or self.resolve_dtype("auto")
-            pipe = self._from_pretrained(source, dtype.torch)
+            spec, name = offload or OffloadSpec(policy="auto"), f"model {model or 'tiny'!r} in {dtype.name}"
+            sizes, unknown = read_sizes(source, dtype.torch)
+            plan = self._plan(sizes, spec, source, dtype, self._held()) if sizes is not None else None
+            if plan is not None and not plan.fits:
+                raise ModelLoadError(plan.refusal(name))  # before loading: the loaded model stays
+            # both would not fit: the old one lets go of the device (and of its host copy) before the new one is read
+            free_now = free_memory(self.device, self._held())
+            evicted = plan is not None and self.current is not None and free_now.bytes is not None
+            evicted = evicted and plan.need > free_now.bytes
+            if evicted:
+                log.info("unloading %s first: %s needs %s, %s", self.current.model, name, gib(plan.need), free_now)
+                self.unload()
+            try:
+                pipe = self._from_pretrained(source, dtype.torch)
+            except ModelLoadError as e:
+                if evicted:
+                    raise ModelLoadError(f"{e} (the previous model was unloaded first: both would not fit)") from e
+                raise
             pipe.set_progress_bar_config(disable=True)  # progress goes to the UI and the CLI's own bar
-            # Only now that the new one loaded, let go of the old one (one pipeline per class: cache-dit
-            # patches the class, so the old pipeline's hooks must come off first).
-            self.unload()
-            cur = Loaded(model or "tiny", source, pipe, dtype)
-            cur.active = (dtype.name, QuantSpec(), ())
-            cur.variants[cur.active] = Variant(pipe.transformer)
-            self.current = cur
-            log.info("loaded %s (%s) on %s in %s", model, type(pipe).__name__, self.device, dtype.name)
-            return cur
+            if plan is None:  # sizes unknown before loading: decided on the loaded modules, still before placing
+                sizes = sizes_of_pipe(pipe)
+                plan = self._plan(sizes, spec, source, dtype, self._held())
+                if not plan.fits:
+                    del pipe
+                    self._free()
+                    raise ModelLoadError(f"{plan.refusal(name)} (sized after loading into host memory: {unknown})")
+            return self._install(model, source, pipe, dtype, plan, sizes, spec)
 
-    def ensure(self, model: str | None, dtype: DtypeChoice | None = None, on_status=None) -> Loaded:
-        """The loaded `model`, loading it first if another (or none) is loaded."""
+    def _install(self, model, source, pipe, dtype, plan: Plan, sizes: ModelSizes, spec: OffloadSpec) -> Loaded:
+        """The new pipeline in place of the old one, on the device only once the old one let go of it (one pipeline
+        per class too: cache-dit patches the class, so the old pipeline's hooks come off first)."""
+        self.unload()
+        if plan.resident:
+            pipe.to(self.device)
+        setattr(pipe.transformer, RUN_DEVICE_ATTR, str(self.device))  # a host-loaded model still runs there
+        cur = Loaded(model or "tiny", source, pipe, dtype)
+        cur.active = (dtype.name, QuantSpec(), ())
+        cur.variants[cur.active] = Variant(pipe.transformer)
+        cur.placement = describe(pipe, "none" if plan.resident else "host", spec, self.device, sizes, plan)
+        self.current = cur
+        where = "resident" if plan.resident else f"on the host for {plan.policy}"
+        log.info("loaded %s (%s) %s, %s, %s: %s", model, type(pipe).__name__, where, self.device, dtype.name, plan.why)
+        return cur
+
+    def ensure(
+        self, model: str | None, dtype: DtypeChoice | None = None, on_status=None, offload: OffloadSpec | None = None
+    ) -> Loaded:
+        """The loaded `model`, loading it first (for the regime `offload`: load) if another (or none) is loaded."""
         with self.lock:
             if self.current is not None and self.current.source == resolve_model(model):
                 return self.current
             if on_status:
                 on_status(f"loading model {model or 'tiny'}")
-            return self.load(model, dtype)
+            return self.load(model, dtype, offload)
+
+    def placement(self) -> dict | None:
+        """Where each component of the loaded model lives now (engine.placement.describe; the record's
+        `placement`), None when nothing is loaded."""
+        return self.current.placement if self.current is not None else None
 
     def unload(self) -> None:
         with self.lock:
@@ -195,15 +269,17 @@ class ModelManager:
         cur.active = None
         cur.dtype = dtype
 
-    def _load_transformer(self, cur: Loaded, dtype: DtypeChoice):
+    def _load_transformer(self, cur: Loaded, dtype: DtypeChoice, resident: bool):
+        """Another set of transformer weights, on the device only when the coming regime keeps them there."""
         cls = type(cur.pipe.transformer)
         try:
             new = cls.from_pretrained(cur.source, subfolder="transformer", dtype=dtype.torch, use_safetensors=True)
         except Exception as e:
             raise ModelLoadError(f"could not reload transformer of {cur.source!r}: {e}") from e
-        return new.to(self.device)
+        setattr(new, RUN_DEVICE_ATTR, str(self.device))
+        return new.to(self.device) if resident else new
 
-    def _switch_variant(self, cur: Loaded, key: tuple, on_status) -> bool:
+    def _switch_variant(self, cur: Loaded, key: tuple, on_status, resident: bool = True) -> bool:
         """Put the transformer for `key` (dtype, quantization) in the pipeline; True when weights were loaded."""
         if cur.active == key:
             return False
@@ -217,7 +293,7 @@ class ModelManager:
                 on_status("loading transformer weights for this dtype/quantization")
             while len(cur.variants) >= self.slots:
                 cur.variants.popitem(last=False)
-            cur.variants[key] = Variant(self._load_transformer(cur, cur.dtype))
+            cur.variants[key] = Variant(self._load_transformer(cur, cur.dtype, resident))
         cur.variants.move_to_end(key)
         cur.pipe.register_modules(transformer=cur.variants[key].transformer)
         if loaded and key[2]:
@@ -256,16 +332,17 @@ class ModelManager:
         with self.lock:
             dtype = self.resolve_dtype(preset.dtype)
             fresh = self.current is None or self.current.source != resolve_model(model)
-            cur = self.ensure(model, dtype, on_status)
+            cur = self.ensure(model, dtype, on_status, offload=preset.offload_config)
             if cur.dtype.name != dtype.name:
                 self._set_dtype(cur, dtype)
                 fresh = True
+            plan = self._fits(cur, preset)  # before anything moves: a regime that does not fit is refused
             quant = preset.quantize_config if preset.quantize_config.enabled else QuantSpec()
             if quant.enabled:  # weights are keyed by the form that runs (`auto` resolved, engine.quantize)
                 form = quant_form(quant, self.device, compiles(preset.compile, preset.offload_config))[0]
                 quant = replace(quant, quant_type=form) if form != quant.quant_type else quant
             fused = preset.loras if quant.enabled else ()  # fused before quantization (engine.lora)
-            loaded = self._switch_variant(cur, (dtype.name, quant, fused), on_status)
+            loaded = self._switch_variant(cur, (dtype.name, quant, fused), on_status, plan is None or plan.resident)
             variant = cur.variants[cur.active]
             pipe = task_pipe(cur, task)
             if cur.cache_on is not None and cur.cache_on is not pipe:  # the cache is on another task's pipeline
@@ -278,4 +355,18 @@ class ModelManager:
             if stack.workers is None:  # parallel workers leave the main process's own stack as it was
                 variant.stack = stack
                 cur.cache_on = pipe if stack_state(pipe.transformer).cache != "none" else None
+                ran = stack_state(pipe.transformer).offload
+                cur.placement = describe(pipe, ran, preset.offload_config, self.device, sizes_of_pipe(pipe), plan)
             return pipe, stack, fresh or loaded
+
+    def _fits(self, cur: Loaded, preset: Preset) -> Plan | None:
+        """The plan for `preset`'s regime on the loaded model (its own device bytes given back: it is the one being
+        placed); ConfigError with the numbers and the fix when it does not fit. None for parallel workers (they
+        load the model in their own processes)."""
+        if preset.wants_workers:
+            return None
+        sizes = sizes_of_pipe(cur.pipe)
+        plan = self._plan(sizes, preset.offload_config, cur.source, cur.dtype, device_bytes(cur.pipe, self.device))
+        if not plan.fits:
+            raise ConfigError(plan.refusal(f"model {cur.model!r} in {cur.dtype.name} under preset {preset.name!r}"))
+        return plan

@@ -20,28 +20,31 @@ from dataclasses import replace
 import torch
 
 from studio.engine.compile import apply_compile, uncompile
-from studio.engine.state import Engaged, stack_state
-from studio.engine.streams import (
-    STREAMING,
-    module_bytes,
-    new_log,
-    tally_block,
-    tally_group,
-    tally_prefetch,
-    tensor_bytes,
+from studio.engine.placement import (
+    FALLBACK_MARGIN,
+    HOST,
+    RUN_DEVICE_ATTR,
+    decide,
+    device_bytes,
+    free_memory,
+    margin_bytes,
+    needs,
+    pin_reason,
+    place,
 )
-from studio.measure.blocks import block_list, block_names
-from studio.spec.offload import AUTO_ORDER, OffloadSpec
+from studio.engine.sizes import sizes_of_pipe
+from studio.engine.state import Engaged, stack_state
+from studio.engine.streams import STREAMING, module_bytes, new_log, tally_block, tally_group, tally_prefetch
+from studio.measure.blocks import block_names
+from studio.spec.offload import OffloadSpec
 from studio.spec.preset import CompileSpec
 
 # diffusers hooks/group_offloading.py: _GROUP_OFFLOADING, _LAYER_EXECUTION_TRACKER, _LAZY_PREFETCH_GROUP_OFFLOADING
 GROUP_HOOKS = ("group_offloading", "layer_execution_tracker", "lazy_prefetch_group_offloading")
-# What `auto` adds to the weights for one run. The peak of a FLUX-size pipeline is not the transformer's activations
-# (1024x1024 in bf16: 4096 + 512 tokens x 3072 wide is 28 MiB a tensor, a few hundred MiB with the MLP and q/k/v) but
-# the VAE decode: 128-512-channel feature maps at full resolution, 512 x 1024 x 1024 x 2 B = 1 GiB each, two or three
-# alive in one conv (why diffusers has enable_vae_tiling); plus the CUDA context and the caching allocator's slack
-# (about 1 GiB). 4 GiB covers 1024x1024; measured peaks (studio.measure.memory) are the way to tighten it.
-ACTIVATION_MARGIN = 4 * 2**30
+# What `auto` adds to the weights where the model's configs give no activation estimate (engine.placement: the
+# estimate from the VAE's and the transformer's configs at the model's default size; a FLUX-size pipeline's peak is
+# its VAE decode at 1024x1024, about 1.5 GiB in bf16, plus the CUDA allocator's slack).
+ACTIVATION_MARGIN = FALLBACK_MARGIN
 
 
 def _model_offloaded(pipe) -> bool:
@@ -60,7 +63,11 @@ def _groups(tr) -> list:
 
 
 def run_device(pipe) -> torch.device:
-    """The device the pipeline computes on (under offload the weights' own device says where they wait)."""
+    """The device the pipeline computes on: the one the loader placed it for (engine.placement marks its transformers:
+    a model loaded on the host for an offload regime waits there), else where its weights say."""
+    marked = getattr(pipe.transformer, RUN_DEVICE_ATTR, None)
+    if marked is not None:
+        return torch.device(marked)
     state = stack_state(pipe.transformer)
     if state.offload_key is not None and state.offload != "none":
         return torch.device(state.offload_key[1])
@@ -72,7 +79,8 @@ def run_device(pipe) -> torch.device:
 
 def remove_offload(pipe, device) -> None:
     """Take off whatever regime is on (counting hooks, diffusers groups, cache-dit layerwise handles, accelerate's
-    model hooks) and leave every weight on `device`. The step cache must be off already (module doc)."""
+    model hooks) and leave the weights it moved on `device` (the host, when the next regime streams). The step cache
+    must be off already (module doc)."""
     from cache_dit.offload import get_layerwise_offload_handles, remove_layerwise_offload
     from diffusers.hooks import HookRegistry
 
@@ -223,19 +231,10 @@ def _engaged_text(head: str, notes: list[str], device: torch.device) -> str:
     return f"{head}: " + "; ".join(notes) + ")"
 
 
-def _pin_reason() -> str | None:
-    """Why host memory cannot be pinned here (cache-dit's layerwise offload pins its CPU copy of every block)."""
-    try:
-        torch.empty(1).pin_memory()
-    except RuntimeError as e:
-        return str(e).splitlines()[0]
-    return None
-
-
 def _layerwise(pipe, spec: OffloadSpec, device: torch.device) -> tuple[bool, str]:
     from cache_dit.offload import layerwise_offload
 
-    why = _pin_reason()
+    why = pin_reason()
     if why is not None:
         return False, f"layerwise_offload: needs pinned host memory, which needs an accelerator ({why})"
     tr = pipe.transformer
@@ -277,68 +276,56 @@ def _model_offload(pipe, spec: OffloadSpec, device: torch.device) -> tuple[bool,
     )
 
 
-def _needs(pipe, spec: OffloadSpec) -> dict[str, int]:
-    """Device bytes each policy holds at its peak for this pipeline (an estimate: weights + ACTIVATION_MARGIN)."""
-    comps = [c for c in pipe.components.values() if isinstance(c, torch.nn.Module)]
-    tr = pipe.transformer
-    blocks = [module_bytes(b) for b in block_list(tr)] or [module_bytes(tr)]
-    everything = module_bytes(*comps)
-    resident = everything - sum(blocks)  # the encoders, the VAE and the transformer's non-block weights
-    # a prefetching regime holds the next unit beside the running one; diffusers' streams take one block a group
-    group = (2 if spec.use_stream else spec.num_blocks_per_group) * max(blocks)
-    return {
-        "none": everything + ACTIVATION_MARGIN,
-        "layerwise_offload": resident + (1 + spec.transfer_buckets) * max(blocks) + ACTIVATION_MARGIN,
-        "group_offload": resident + group + ACTIVATION_MARGIN,
-        "model_cpu_offload": max(module_bytes(c) for c in comps) + ACTIVATION_MARGIN,
-    }
+def _margin(pipe, device: torch.device | None) -> tuple[int, str]:
+    elem = next(pipe.transformer.parameters()).element_size()
+    return margin_bytes(sizes_of_pipe(pipe), getattr(pipe, "name_or_path", None), elem, device or torch.device("cuda"))
+
+
+def _needs(pipe, spec: OffloadSpec, device: torch.device | None = None) -> dict[str, int]:
+    """Device bytes each policy holds at its peak for this loaded pipeline (engine.placement.needs: the formula the
+    loader applies before loading, here on the loaded modules)."""
+    return needs(sizes_of_pipe(pipe), spec, _margin(pipe, device)[0], device)
 
 
 def _auto(pipe, spec: OffloadSpec, device: torch.device) -> tuple[str, str]:
-    """The first policy of AUTO_ORDER that fits, and why."""
-    if device.type != "cuda":
-        return "none", f"{device.type}: the weights are already in host memory"
-    free, _ = torch.cuda.mem_get_info(device)
-    # the pipeline is on the device already (the loader put it there): its own bytes are free for this choice
-    free += sum(
-        tensor_bytes(t)
-        for c in pipe.components.values()
-        if isinstance(c, torch.nn.Module)
-        for t in list(c.parameters()) + list(c.buffers())
-        if t.device == device
-    )
-    needs = _needs(pipe, spec)
-    gib = 2**30
-    for policy in AUTO_ORDER:
-        if needs[policy] <= free:
-            return policy, f"needs ~{needs[policy] / gib:.1f} GiB of {free / gib:.1f} GiB free"
-    least = min(AUTO_ORDER, key=needs.get)
-    return least, f"nothing fits {free / gib:.1f} GiB free; the least, ~{needs[least] / gib:.1f} GiB, may not"
+    """The first policy of AUTO_ORDER that can run here and fits, and why (engine.placement.decide). The pipeline's
+    own bytes on the device are free for this choice: it is the one being placed. Nothing fitting, the least hungry,
+    saying so (the loader refuses that case before it gets here)."""
+    free = free_memory(device, 0, device_bytes(pipe, device))
+    plan = decide(sizes_of_pipe(pipe), spec, device, free, _margin(pipe, device))
+    return plan.policy, (plan.why if plan.fits else f"{plan.why}, may not fit")
 
 
 _POLICIES = {"group_offload": _group, "layerwise_offload": _layerwise, "model_cpu_offload": _model_offload}
 
 
 def apply_offload(pipe, spec: OffloadSpec, device) -> Engaged:
-    """Put `pipe` under the memory regime `spec` on `device` (after taking off the one it was under).
+    """Put `pipe` under the memory regime `spec` on `device` (after taking off the one it was under), each component
+    where the regime keeps it (engine.placement.place). Weights that leave the device go to the host first: a model
+    bigger than the card never passes through a resident state between two regimes.
 
     The step cache must be off (engine.stack takes it off and puts it back after)."""
     device = torch.device(device)
-    remove_offload(pipe, device)
     policy, why = _auto(pipe, spec, device) if spec.policy == "auto" else (spec.policy, "")
+    remove_offload(pipe, device if policy == "none" else HOST)
     ok, text = _POLICIES[policy](pipe, spec, device) if policy != "none" else (True, f"none (resident on {device})")
     if policy == "none" and spec.policy == "auto":
         text = "none"
+    ran_policy = policy if ok else "none"
+    place(pipe, ran_policy, device)
     vae_ok, vae_notes = _apply_vae(pipe, spec)
     state = stack_state(pipe.transformer)
-    state.offload, state.offload_key = (policy if ok else "none"), (spec, str(device))
+    state.offload, state.offload_key = ran_policy, (spec, str(device))
     head = f"auto: {text} ({why})" if spec.policy == "auto" else text
     if not ok:
         head += "; weights resident"
+    if ran_policy in STREAMING:
+        others = [n for n, c in pipe.components.items() if isinstance(c, torch.nn.Module) and n != "transformer"]
+        head += f"; {', '.join(others)} resident on {device}"
     requested = spec.label() or "none"
     engaged = ok and vae_ok and spec.enabled
     vae = {"vae_tiling": spec.vae_tiling and vae_ok, "vae_slicing": spec.vae_slicing and vae_ok}
-    ran = replace(spec, policy=policy if ok else "none", **vae).label()
+    ran = replace(spec, policy=ran_policy, **vae).label()
     return Engaged("offload", requested, engaged, "; ".join(["offload: " + head] + vae_notes), ran)
 
 

@@ -130,6 +130,10 @@ class RunMetrics:
     # Under a block-streaming offload regime: bytes copied host-to-device per full and per cached step
     # (engine.offload.stream_report). None: everything resident.
     h2d: dict | None = None
+    # Where each component of the pipeline lives (engine.placement.describe): regime, components {name: where},
+    # device_bytes / host_bytes between uses, the peak estimate and the free memory it was placed against. None: not
+    # recorded.
+    placement: dict | None = None
     requested_tag: str = ""  # the label of what the preset asked for (`auto` unresolved, `sage` where SDPA ran)
     label_changes: list[str] = field(default_factory=list)  # parts that did not run as asked: ["sage->sdpa"]
 

@@ -55,6 +55,18 @@ def _stack(m) -> str:
     return out
 
 
+def _placement(p: dict) -> str:
+    """Where each component lives, the weights held on the device between uses, and what they were placed against
+    (engine.placement.describe)."""
+    out = "; ".join(f"{name}: {where}" for name, where in p["components"].items())
+    out += f" ({fmt.size(p['device_bytes'])} on {p['device']} between uses"
+    if p.get("free_bytes") is not None:
+        out += f", placed against {fmt.size(p['free_bytes'])} free ({p['free_source']})"
+        if p.get("logical"):
+            out += "; one memory here: placed as on a card of that size"
+    return out + ")"
+
+
 def metrics_card(m) -> str:
     """`m` is a RunMetrics."""
     esc = html.escape
@@ -89,6 +101,8 @@ def metrics_card(m) -> str:
     if m.fallbacks:
         rows.append(("fell back", _lines(m.fallbacks, "fallback")))
     rows.append(("peak memory", esc(fmt.memory_line(m.peak_memory, m.h2d))))
+    if m.placement:
+        rows.append(("placement", esc(_placement(m.placement))))
     rows.append(("device", f"{esc(m.device)}, {esc(m.dtype)}"))
     body = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows)
     return f'<div class="metrics-card"><table>{body}</table></div>'

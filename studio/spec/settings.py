@@ -55,6 +55,9 @@ class Settings:
     ray_address: str | None = None  # RAY_ADDRESS: an existing Ray cluster for the parallel presets
     lora_rank: int = 64  # STUDIO_LORA_RANK: every LoRA hot-swap slot's rank (engine.lora)
     transformer_slots: int | None = None  # STUDIO_TRANSFORMER_SLOTS: weight sets kept loaded (None: 1 GPU, 2 CPU)
+    # STUDIO_DEVICE_MEMORY_GB: the device memory (GiB) the studio may use; the loader and `offload_config` place the
+    # model within it, on a CPU as on CUDA (engine.placement). None: the device's free memory (unbounded on a CPU)
+    device_memory_gb: float | None = None
     presets_dir: str | None = None  # STUDIO_PRESETS_DIR: the user preset folder
     hub_offline: bool = False  # HF_HUB_OFFLINE: the Hub is not reached (a load error says so)
     zerogpu: bool = False  # a ZeroGPU Space: `spaces` installed and SPACES_ZERO_GPU set
@@ -85,6 +88,7 @@ class Settings:
             ray_address=env.get("RAY_ADDRESS", "").strip() or None,
             lora_rank=_number(env, "STUDIO_LORA_RANK", int, 1, 1024) or cls.lora_rank,
             transformer_slots=_number(env, "STUDIO_TRANSFORMER_SLOTS", int, 1, 64),
+            device_memory_gb=_number(env, "STUDIO_DEVICE_MEMORY_GB", float, 0.001, 100_000),
             presets_dir=env.get("STUDIO_PRESETS_DIR", "").strip() or None,
             hub_offline=_flag(env, "HF_HUB_OFFLINE", False),
             zerogpu=importlib.util.find_spec("spaces") is not None and _flag(env, "SPACES_ZERO_GPU", False),

@@ -1,0 +1,272 @@
+"""Where a pipeline's components live, decided from their sizes against the device's free memory, BEFORE anything is
+placed on the device (and, for a model read from its files, before its weights are loaded: engine.sizes).
+
+One decision code on every device: `free_memory` is the least of the device-memory budget (STUDIO_DEVICE_MEMORY_GB,
+less what the studio already holds there) and, on CUDA, what `torch.cuda.mem_get_info` says is free. On a CPU with
+no budget nothing bounds it (everything resident, the studio's behaviour before budgets); on a CPU with a budget the
+accounting is logical (bytes the studio keeps "on the device" against bytes it keeps on the host: onload and offload
+device are both the CPU, nothing crosses a bus) and the same `decide` places the model as it would on a card that
+size. That is what makes the 24 GB-card case testable on a CPU.
+
+`needs` is what each regime holds on the device at its peak: the weights it keeps there plus an activation estimate
+(`activation_bytes`, from the model's own VAE and transformer configs at its profile's default size); the loader,
+`offload_config: auto` (engine.offload) and the refusals all read it, so a refusal before loading and a choice
+after it use the same numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from studio.engine.sizes import ModelSizes
+from studio.measure.blocks import block_names
+from studio.spec.offload import AUTO_ORDER, OffloadSpec
+from studio.spec.settings import current
+
+GIB = 2**30
+HOST = torch.device("cpu")
+BUDGET_ENV = "STUDIO_DEVICE_MEMORY_GB"
+RUN_DEVICE_ATTR = "_studio_run_device"  # on a transformer the loader placed: the device its pipeline computes on
+# Where the model's configs cannot be read: the peak over the weights of a FLUX-size pipeline at 1024x1024 (its VAE
+# decode: 128-512-channel feature maps at full resolution, two or three alive in one conv) plus the CUDA allocator's
+# slack (engine.offload keeps the name: ACTIVATION_MARGIN).
+FALLBACK_MARGIN = 4 * GIB
+# What the CUDA caching allocator and cuDNN's conv workspaces hold beyond the tensors alive (an estimate; the
+# measured peak on the card, studio.measure.memory, is the way to tighten it). Nothing of it on a CPU budget.
+CUDA_SLACK = GIB
+FIX_NONE = f"use offload_config policy auto or layerwise_offload (or group_offload), or raise {BUDGET_ENV}"
+
+
+def gib(n: int | None) -> str:
+    return "unbounded" if n is None else f"{n / GIB:.3g} GiB"
+
+
+def activation_bytes(configs: dict, width: int, height: int, text_tokens: int, elem: int) -> int | None:
+    """The largest activation peak of one run, in bytes (None: the configs do not say enough).
+
+    The VAE decode and the transformer do not run at once, so the peak is the larger of the two:
+      VAE (AutoencoderKL): level i of `block_out_channels` is upsampled into level i-1's area, so the largest map is
+        max(c_i x H x W / 4^(i-1)); about three are alive in a resnet (input, norm, activation): FLUX at 1024x1024
+        in bf16, 256 channels x 1 M pixels x 3 x 2 B = 1.5 GiB.
+      transformer: (image tokens + text tokens) x its width x 12 alive (hidden states, q/k/v, attention out, the
+        4x MLP): FLUX at 1024x1024, 4608 x 3072 x 12 x 2 B = 0.3 GiB.
+    """
+    chans = (configs.get("vae") or {}).get("block_out_channels")
+    if not chans:
+        return None
+    area = width * height
+    vae = max(c * area // 4 ** max(0, i - 1) for i, c in enumerate(chans)) * 3 * elem
+    tr = configs.get("transformer") or {}
+    heads, dim = tr.get("num_attention_heads"), tr.get("attention_head_dim")
+    tokens = area // (2 ** (len(chans) - 1) * 2) ** 2 + text_tokens  # VAE scale x 2x2 latent patches
+    return max(vae, tokens * heads * dim * 12 * elem if heads and dim else 0)
+
+
+def margin_bytes(sizes: ModelSizes, source: str | None, elem: int, device: torch.device) -> tuple[int, str]:
+    """What `needs` adds to the weights: the activation estimate at the model's default size, and how it was made."""
+    from studio.spec.profiles import profile_for
+
+    prof = profile_for(source) if source else None
+    w, h = (prof.width, prof.height) if prof else (1024, 1024)
+    act = activation_bytes(sizes.configs, w, h, (prof.max_sequence_length if prof else None) or 512, elem)
+    slack = CUDA_SLACK if device.type == "cuda" else 0
+    if act is None:
+        return FALLBACK_MARGIN, f"activations ~{gib(FALLBACK_MARGIN)} (no VAE config to estimate from)"
+    return act + slack, f"activations ~{gib(act)} at {w}x{h}" + (f" + {gib(slack)} allocator slack" if slack else "")
+
+
+def needs(sizes: ModelSizes, spec: OffloadSpec, margin: int, device: torch.device | None = None) -> dict[str, int]:
+    """Device bytes each policy holds at its peak (weights it keeps there + `margin`).
+
+    Args:
+        device: where it runs (None: a CUDA device): a prefetching regime (cache-dit's async copies, diffusers'
+            streams) holds the next unit beside the running one only on CUDA; elsewhere each onloads as it runs.
+    """
+    cuda = device is None or device.type == "cuda"
+    largest = sizes.largest_block
+    resident = sizes.total - sizes.block_total  # the encoders, the VAE and the transformer's non-block weights
+    ahead = spec.transfer_buckets if spec.async_transfer and cuda else 0
+    group = (2 if spec.use_stream and cuda else spec.num_blocks_per_group) * largest
+    return {
+        "none": sizes.total + margin,
+        "layerwise_offload": resident + (1 + ahead) * largest + margin,
+        "group_offload": resident + group + margin,
+        "model_cpu_offload": max(sizes.components.values(), default=0) + margin,
+    }
+
+
+def pin_reason() -> str | None:
+    """Why host memory cannot be pinned here (cache-dit's layerwise offload pins its CPU copy of every block)."""
+    try:
+        torch.empty(1).pin_memory()
+    except RuntimeError as e:
+        return str(e).splitlines()[0]
+    return None
+
+
+def unavailable(policy: str, device: torch.device) -> str | None:
+    """Why `policy` cannot run on `device` (None: it can). A CUDA device is an accelerator: pinning works there."""
+    if policy == "model_cpu_offload" and device.type != "cuda":
+        return f"model_cpu_offload needs a CUDA device (this run is on {device.type})"
+    if policy == "layerwise_offload" and device.type != "cuda":
+        why = pin_reason()
+        return f"layerwise_offload needs pinned host memory, which needs an accelerator ({why})" if why else None
+    return None
+
+
+@dataclass(frozen=True)
+class Free:
+    bytes: int | None  # None: unbounded (a CPU without a budget)
+    source: str  # where the number comes from, in words
+
+
+def free_memory(device: torch.device, held: int = 0, releasable: int = 0) -> Free:
+    """The device memory the studio may still fill: the least of the budget less `held` (what the studio keeps on
+    the device now) and CUDA's free memory plus `releasable` (device bytes of the pipeline about to be replaced)."""
+    budget = current().device_memory_gb
+    parts = []
+    if budget is not None:
+        less = f" less {gib(held)} held by the loaded model" if held else ""
+        parts.append((int(budget * GIB) - held, f"{BUDGET_ENV}={budget:g}{less}"))
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        back = f" + {gib(releasable)} of the pipeline being replaced" if releasable else ""
+        parts.append((free + releasable, f"free on {device} (torch.cuda.mem_get_info){back}"))
+    if not parts:
+        return Free(None, f"{device.type}: no device-memory budget ({BUDGET_ENV} unset)")
+    return Free(*min(parts))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Which regime runs and whether it fits: what the loader and `auto` act on."""
+
+    asked: str  # the preset's policy (`auto` unresolved)
+    policy: str  # the regime that will run (a policy that cannot run here falls back to none)
+    needs: dict
+    free: Free
+    fits: bool
+    why: str  # how it was chosen, in words
+    margin: tuple = (0, "")  # (bytes, how estimated): engine.placement.margin_bytes
+    cannot: str | None = None  # why the asked policy cannot run here (it would run resident)
+
+    @property
+    def need(self) -> int:
+        return self.needs[self.policy]
+
+    @property
+    def resident(self) -> bool:
+        return self.policy == "none"
+
+    def refusal(self, model: str) -> str:
+        """The sentence a refusal says: what the regime needs (weights, activations), what is free, and the fix."""
+        what = (
+            f"{self.policy} needs ~{gib(self.need)} ({gib(self.need - self.margin[0])} of weights on the device + "
+            f"{self.margin[1]})"
+        )
+        if self.asked == "auto":
+            what = f"offload_config auto: the least of the regimes that run here, {what}"
+        elif self.cannot:
+            what += f" ({self.cannot}, so it would run resident)"
+        head = f"{model} does not fit the device: {what}, and {self.free.source} leaves {gib(self.free.bytes)}"
+        if self.policy == "none":
+            return f"{head}; {FIX_NONE}"
+        return f"{head}; raise {BUDGET_ENV}, free device memory, or load a smaller dtype or quantization"
+
+
+def decide(sizes: ModelSizes, spec: OffloadSpec, device: torch.device, free: Free, margin: tuple[int, str]) -> Plan:
+    """The regime for `spec` on `device` with `free` bytes: `auto` takes the first of AUTO_ORDER that can run here
+    and fits; an explicit policy that cannot run here falls back to resident (engine.offload says why), and then
+    must fit resident."""
+    need = needs(sizes, spec, margin[0], device)
+    if spec.policy == "auto":
+        if free.bytes is None:
+            return Plan("auto", "none", need, free, True, f"{device.type}: the weights are already in host memory")
+        runnable = [p for p in AUTO_ORDER if unavailable(p, device) is None]
+        for p in runnable:
+            if need[p] <= free.bytes:
+                return Plan("auto", p, need, free, True, f"needs ~{gib(need[p])} of {gib(free.bytes)} free", margin)
+        least = min(runnable, key=need.get)
+        why = f"nothing fits {gib(free.bytes)} free; the least, {least}, needs ~{gib(need[least])}"
+        return Plan("auto", least, need, free, False, why, margin)
+    cannot = unavailable(spec.policy, device) if spec.policy != "none" else None
+    policy = "none" if cannot else spec.policy
+    fits = free.bytes is None or need[policy] <= free.bytes
+    return Plan(spec.policy, policy, need, free, fits, f"{policy} needs ~{gib(need[policy])}", margin, cannot)
+
+
+# placing ---------------------------------------------------------------------------------------------------------
+def modules(pipe) -> dict:
+    return {n: c for n, c in pipe.components.items() if isinstance(c, torch.nn.Module)}
+
+
+def device_bytes(pipe, device: torch.device) -> int:
+    """Bytes of the pipeline's tensors on `device` now (a CUDA device: what replacing this pipeline gives back)."""
+    from studio.engine.streams import tensor_bytes
+
+    return sum(
+        tensor_bytes(t)
+        for c in modules(pipe).values()
+        for t in list(c.parameters()) + list(c.buffers())
+        if t.device.type == device.type and device.index in (None, t.device.index)
+    )
+
+
+def place(pipe, policy: str, device: torch.device) -> None:
+    """Move what `policy` keeps on the device there, after its hooks went on (a no-op for what is there already):
+    resident, everything; layerwise, all but the transformer's blocks (cache-dit onloads those as they run); group
+    offload, all but the transformer (diffusers onloads its groups, the rest of it included); model offload, nothing
+    (accelerate moves each component for its turn)."""
+    if policy == "model_cpu_offload":
+        return
+    for name, comp in modules(pipe).items():
+        if name != "transformer":
+            comp.to(device)
+        elif policy == "none":
+            comp.to(device)
+        elif policy == "layerwise_offload":
+            blocks = {b.split(".")[0] for b in block_names(comp)}
+            for child, m in comp.named_children():  # (a transformer's own parameters sit in its children)
+                if child not in blocks:
+                    m.to(device)
+
+
+def describe(pipe, policy: str, spec: OffloadSpec, device: torch.device, sizes: ModelSizes, plan: Plan | None) -> dict:
+    """Where each component lives (the card's and the JSON's `placement`), and the device bytes it holds at rest."""
+    where = {}
+    vae = getattr(pipe, "vae", None)
+    n = len(sizes.blocks)
+    for name in modules(pipe):
+        if policy == "host":
+            where[name] = "host (loaded there for an offload regime; placed when a preset's regime applies)"
+        elif policy == "model_cpu_offload":
+            where[name] = "host, onloaded for its turn (model_cpu_offload)"
+        elif name == "transformer" and policy == "layerwise_offload":
+            ahead = spec.transfer_buckets if spec.async_transfer and device.type == "cuda" else 0
+            where[name] = f"{n} blocks streamed from the host, {ahead} ahead (layerwise); the rest on the device"
+        elif name == "transformer" and policy == "group_offload":
+            where[name] = f"{n} blocks streamed from the host, {spec.num_blocks_per_group} a group (group_offload)"
+        else:
+            where[name] = "device"
+        if name == "vae" and getattr(vae, "use_tiling", False):
+            where[name] += ", tiled decode"
+    held = {
+        "none": sizes.total,
+        "layerwise_offload": sizes.total - sizes.block_total,
+        "group_offload": sizes.total - sizes.components.get("transformer", 0),
+        "model_cpu_offload": 0,
+        "host": 0,
+    }[policy]
+    out = {
+        "device": str(device),
+        "regime": policy,
+        "components": where,
+        "device_bytes": held,  # weights kept on the device between uses
+        "host_bytes": sizes.total - held,
+        "logical": device.type != "cuda",  # the same memory: the accounting is the studio's, nothing crosses a bus
+    }
+    if plan is not None:
+        out.update(peak_estimate_bytes=plan.need, free_bytes=plan.free.bytes, free_source=plan.free.source)
+    return out

@@ -1,0 +1,177 @@
+"""A pipeline's weight bytes per component, read BEFORE loading it, and the same record from a loaded pipeline.
+
+Why before: the loader decides where a model goes (resident, or on the host with its blocks streamed) and whether
+it fits at all before `from_pretrained` reads a byte of weights (engine.placement). A safetensors file starts with
+an 8-byte little-endian header length and a JSON header giving every tensor's dtype and shape, so the exact
+parameter count of each component is known from a few kilobytes per file; a sharded component's
+`*.safetensors.index.json` names its shards (each shard's header is read the same way).
+
+The bytes are scaled to the dtype the preset loads in, as the libraries will: floating tensors take the load
+dtype's size, except the modules a class keeps in float32 (`_keep_in_fp32_modules`: diffusers always, transformers
+under float16 only, or also bfloat16 for `_keep_in_fp32_modules_strict`); integer tensors keep their stored size.
+Buffers that are not saved (CLIP's `position_ids`) are not in the files: the record counts parameters, which is
+what a loaded pipeline's parameters sum to exactly (tests/test_budget.py).
+
+A Hub id is read from the local Hub cache when its snapshot is there; otherwise the sizes are unknown before
+loading (this studio reads no headers over the network: `read_sizes` says why, and the loader decides from the
+loaded modules instead, still before anything goes onto the device).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+# safetensors dtype names -> bytes per element (https://github.com/huggingface/safetensors, format)
+ST_BYTES = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
+    "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
+}  # fmt: skip
+ST_FLOAT = ("F64", "F32", "F16", "BF16")  # what from_pretrained(dtype=...) casts
+HEADER_CAP = 100 * 2**20  # a header longer than this is not a safetensors header
+_BLOCK = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\.(\d+)\.")  # "<ModuleList>.<i>." at the top: a block (measure.blocks)
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    """Weight bytes per component (the load dtype), the transformer's blocks apart, and where they came from."""
+
+    components: dict  # component name -> bytes of its parameters
+    blocks: dict  # "transformer_blocks.0" -> bytes: the transformer's repeated blocks (top-level ModuleList items)
+    source: str  # "safetensors headers" | "the loaded modules"
+    configs: dict = field(default_factory=dict)  # "vae" / "transformer" -> its config dict (activation estimate)
+
+    @property
+    def total(self) -> int:
+        return sum(self.components.values())
+
+    @property
+    def largest_block(self) -> int:
+        return max(self.blocks.values(), default=self.components.get("transformer", 0))
+
+    @property
+    def block_total(self) -> int:
+        return sum(self.blocks.values()) if self.blocks else self.components.get("transformer", 0)
+
+
+def _header(path: Path) -> dict:
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        if n > HEADER_CAP:
+            raise ValueError(f"{path}: header of {n} bytes is not a safetensors header")
+        head = json.loads(f.read(n))
+    head.pop("__metadata__", None)
+    return head
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of one component folder: the shards an index names, else every *.safetensors."""
+    indexes = sorted(folder.glob("*.safetensors.index.json"))
+    if indexes:
+        shards = set(json.loads(indexes[0].read_text()).get("weight_map", {}).values())
+        return [folder / s for s in sorted(shards)]
+    return sorted(folder.glob("*.safetensors"))
+
+
+def _keep_fp32(library: str, cls_name: str, dtype: torch.dtype) -> tuple[str, ...]:
+    """The module names `library.cls_name` keeps in float32 when loaded in `dtype` (module doc)."""
+    try:
+        cls = getattr(importlib.import_module(library), cls_name)
+    except (ImportError, AttributeError):
+        return ()  # an unknown class cannot load either: from_pretrained will say so
+    keep = list(getattr(cls, "_keep_in_fp32_modules", None) or [])
+    if library == "transformers":
+        strict = list(getattr(cls, "_keep_in_fp32_modules_strict", None) or [])
+        keep = (keep if dtype == torch.float16 else []) + (strict if dtype in (torch.float16, torch.bfloat16) else [])
+    return tuple(keep)
+
+
+def _tensor_bytes(name: str, info: dict, load_bytes: int, keep: tuple[str, ...]) -> int:
+    n = 1
+    for d in info["shape"]:
+        n *= d
+    if info["dtype"] not in ST_FLOAT:
+        return n * ST_BYTES[info["dtype"]]
+    return n * (4 if keep and any(k in name.split(".") for k in keep) else load_bytes)
+
+
+def _component(folder: Path, library: str, cls_name: str, dtype: torch.dtype) -> tuple[int, dict]:
+    """(bytes, {block name: bytes}) of one component folder in `dtype`."""
+    files = _weight_files(folder)
+    if not files:
+        raise FileNotFoundError(f"{folder.name}: no *.safetensors (the loader reads safetensors only)")
+    keep = _keep_fp32(library, cls_name, dtype)
+    size = torch.empty((), dtype=dtype).element_size()
+    total, blocks = 0, {}
+    for path in files:
+        for name, info in _header(path).items():
+            b = _tensor_bytes(name, info, size, keep)
+            total += b
+            m = _BLOCK.match(name)
+            if m:
+                key = f"{m.group(1)}.{m.group(2)}"
+                blocks[key] = blocks.get(key, 0) + b
+    return total, blocks
+
+
+def local_folder(source: str) -> tuple[Path | None, str | None]:
+    """(the folder holding `source`'s files, None) or (None, why it cannot be read before loading)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path, None
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(source, local_files_only=True)), None
+    except (LocalEntryNotFoundError, OSError, ValueError) as e:
+        why = f"{source} is not in the local Hub cache ({type(e).__name__}); no headers are read over the network"
+        return None, why
+
+
+def read_sizes(source: str, dtype: torch.dtype) -> tuple[ModelSizes | None, str | None]:
+    """(`source`'s sizes in `dtype`, None) from its files, without loading weights; or (None, why not)."""
+    folder, why = local_folder(source)
+    if folder is None:
+        return None, why
+    try:
+        index = json.loads((folder / "model_index.json").read_text())
+    except (OSError, ValueError) as e:
+        return None, f"no readable model_index.json in {folder} ({type(e).__name__})"
+    components, blocks, configs = {}, {}, {}
+    for name, entry in index.items():
+        if name.startswith("_") or not isinstance(entry, list) or len(entry) != 2 or None in entry:
+            continue
+        sub = folder / name
+        if not (sub / "config.json").is_file():
+            continue  # a tokenizer, a scheduler: no weights
+        try:
+            components[name], found = _component(sub, entry[0], entry[1], dtype)
+            configs[name] = json.loads((sub / "config.json").read_text())
+        except (OSError, ValueError, KeyError, struct.error) as e:
+            return None, f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        if name == "transformer":
+            blocks = found
+    return ModelSizes(components, blocks, "safetensors headers", configs), None
+
+
+def sizes_of_pipe(pipe) -> ModelSizes:
+    """The same record from a loaded pipeline's modules (parameters: what the files hold; tensor_bytes reads
+    torchao's quantized tensors by their inner tensors)."""
+    from studio.engine.streams import tensor_bytes
+    from studio.measure.blocks import block_names
+
+    comps = {n: c for n, c in pipe.components.items() if isinstance(c, torch.nn.Module)}
+    components = {n: sum(tensor_bytes(p) for p in c.parameters()) for n, c in comps.items()}
+    tr = comps.get("transformer")
+    blocks = {}
+    if tr is not None:
+        blocks = {b: sum(tensor_bytes(p) for p in tr.get_submodule(b).parameters()) for b in block_names(tr)}
+    configs = {n: dict(c.config) for n, c in comps.items() if isinstance(getattr(c, "config", None), dict)}
+    return ModelSizes(components, blocks, "the loaded modules", configs)
