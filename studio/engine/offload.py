@@ -43,7 +43,7 @@ from studio.spec.preset import CompileSpec
 GROUP_HOOKS = ("group_offloading", "layer_execution_tracker", "lazy_prefetch_group_offloading")
 # What `auto` adds to the weights where the model's configs give no activation estimate (engine.placement: the
 # estimate from the VAE's and the transformer's configs at the model's default size; a FLUX-size pipeline's peak is
-# its VAE decode at 1024x1024, about 1.5 GiB in bf16, plus the CUDA allocator's slack).
+# its VAE decode at 1024x1024, about 2.5 GiB in bf16, plus the CUDA allocator's slack).
 ACTIVATION_MARGIN = FALLBACK_MARGIN
 
 

@@ -36,6 +36,7 @@ FALLBACK_MARGIN = 4 * GIB
 # What the CUDA caching allocator and cuDNN's conv workspaces hold beyond the tensors alive (an estimate; the
 # measured peak on the card, studio.measure.memory, is the way to tighten it). Nothing of it on a CPU budget.
 CUDA_SLACK = GIB
+VAE_ALIVE = 5  # feature maps of the largest size alive at the VAE decode's peak (activation_bytes)
 FIX_NONE = f"use offload_config policy auto or layerwise_offload (or group_offload), or raise {BUDGET_ENV}"
 
 
@@ -48,8 +49,9 @@ def activation_bytes(configs: dict, width: int, height: int, text_tokens: int, e
 
     The VAE decode and the transformer do not run at once, so the peak is the larger of the two:
       VAE (AutoencoderKL): level i of `block_out_channels` is upsampled into level i-1's area, so the largest map is
-        max(c_i x H x W / 4^(i-1)); about three are alive in a resnet (input, norm, activation): FLUX at 1024x1024
-        in bf16, 256 channels x 1 M pixels x 3 x 2 B = 1.5 GiB.
+        max(c_i x H x W / 4^(i-1)), and VAE_ALIVE of its size are alive at the peak (measured: a FLUX-config VAE's
+        decode on a CPU in bf16 peaked 112 MiB over its weights at 256x256 and 528 MiB at 512x512, i.e. 3.5 and 4.1
+        maps; 5 leaves room): FLUX at 1024x1024 in bf16, 256 channels x 1 M pixels x 5 x 2 B = 2.5 GiB.
       transformer: (image tokens + text tokens) x its width x 12 alive (hidden states, q/k/v, attention out, the
         4x MLP): FLUX at 1024x1024, 4608 x 3072 x 12 x 2 B = 0.3 GiB.
     """
@@ -57,7 +59,7 @@ def activation_bytes(configs: dict, width: int, height: int, text_tokens: int, e
     if not chans:
         return None
     area = width * height
-    vae = max(c * area // 4 ** max(0, i - 1) for i, c in enumerate(chans)) * 3 * elem
+    vae = max(c * area // 4 ** max(0, i - 1) for i, c in enumerate(chans)) * VAE_ALIVE * elem
     tr = configs.get("transformer") or {}
     heads, dim = tr.get("num_attention_heads"), tr.get("attention_head_dim")
     tokens = area // (2 ** (len(chans) - 1) * 2) ** 2 + text_tokens  # VAE scale x 2x2 latent patches
