@@ -131,26 +131,62 @@ def test_the_in_process_device_keeps_the_same_boundary(runner, caplog):
         device.bench([req], ["warp-speed"])
 
 
-def test_a_native_crash_ends_one_call_and_the_next_gets_the_same_pixels(worker, random_model_dir):
+def test_a_native_crash_is_forgiven_once_and_refused_on_the_second_in_a_row(worker, random_model_dir):
+    """A stack that crashes the worker on every run (a deterministic segfault): the call runs once more on the new
+    worker, crashes it again, and ends with the sentence; the stack is refused from then on, with how to clear it."""
     before = _generate(worker)
-    pid, steps = worker.pid, []
+    pid, steps, lines = worker.pid, [], []
     with pytest.raises(WorkerCrashed) as crash:
-        _generate(worker, preset="int8-weight-only", cache_threshold=None, progress=lambda i, t, rec: steps.append(i))
+        _generate(
+            worker,
+            preset="int8-weight-only",
+            cache_threshold=None,
+            progress=lambda i, t, rec: steps.append(i),
+            on_status=lines.append,
+        )
+    died = f"the device worker crashed (SIGSEGV) while running int8-weight-only on {random_model_dir}"
     assert str(crash.value) == (
-        f"the device worker crashed (SIGSEGV) while running int8-weight-only on {random_model_dir}; it has been "
-        "restarted and the model is loading again"
+        f"{died}; it has been restarted and the model is loading again; int8-weight-only is refused from now on (its "
+        "second crash in a row)"
     )
-    assert isinstance(crash.value, RunError)  # what the handlers already turn into a gr.Error
-    assert steps == [0, 1, 2]  # its progress reached this process up to the step it died in
-    assert not _alive(pid) and worker.pid != pid and worker.restarts == 1
+    assert isinstance(crash.value, RunError) and not crash.value.forgiven  # the handlers show it as a failed run
+    assert (
+        f"{died}; it has been restarted and the model is loading again; running int8-weight-only once more (a second "
+        "crash in a row refuses it)"
+    ) in lines
+    assert steps == [0, 1, 2, 0, 1, 2]  # each run's progress reached this process up to the step it died in
+    assert not _alive(pid) and worker.pid != pid and worker.restarts == 2
     after = _generate(worker)
     assert np.array_equal(after.image, before.image)
     assert after.metrics.cached_step_indices == before.metrics.cached_step_indices
     with pytest.raises(
-        RunError, match=r"int8-weight-only on .* is refused: it crashed the device worker \(SIGSEGV\) earlier"
+        RunError,
+        match=r"int8-weight-only on .* is refused: it crashed the device worker twice in a row \(SIGSEGV, SIGSEGV\) "
+        r"in this app's run.*\(restart the app to clear this\)",
     ):
         _generate(worker, preset="int8-weight-only", cache_threshold=None)
-    assert worker.restarts == 1  # refused, not crashed again
+    assert worker.restarts == 2  # refused, not crashed again
+
+
+def test_a_transient_crash_costs_a_wait_not_the_request(worker, random_model_dir, tmp_path):
+    """A stack that crashes the worker once (the file `crash_once` marks it done): the same call runs again on the
+    new worker and returns the picture a worker that never crashed gives; the stack stays allowed, and its count of
+    crashes in a row starts again after a run of it finishes."""
+    once = tmp_path / "crashed-once"
+    w = WorkerClient(WorkerConfig(model=random_model_dir, device="cpu", crash_on="cache", crash_once=str(once)))
+    try:
+        lines = []
+        res = _generate(w, on_status=lines.append)
+        assert once.exists() and w.restarts == 1
+        assert any(
+            line.endswith("running cache.override once more (a second crash in a row refuses it)") for line in lines
+        ), lines
+        assert w.refused == {} and w.crashes == {}  # it ran to the end: nothing in a row any more
+        again = _generate(w)
+        assert np.array_equal(res.image, again.image) and w.restarts == 1
+    finally:
+        w.close()
+    assert np.array_equal(_generate(worker).image, res.image)  # the same pixels as a worker that never crashed
 
 
 def test_the_memory_limit_restarts_the_worker_between_requests(random_model_dir):
@@ -261,7 +297,7 @@ def test_the_app_refuses_a_crashed_stack_and_keeps_serving_through_gradio(random
         kw = dict(prompt=PROMPT, model=random_model_dir, seed=3, steps=10, api_name="/generate")
         before = c.predict(preset="cache", threshold=0.5, **kw)
         with pytest.raises(
-            AppError, match=r"the device worker crashed \(SIGSEGV\) while running int8-weight-only on "
+            AppError, match=r"the device worker crashed \(SIGSEGV\) while running int8-weight-only on .* refused"
         ):
             c.predict(preset="int8-weight-only", **kw)
         after = c.predict(preset="cache", threshold=0.5, **kw)

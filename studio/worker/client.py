@@ -1,10 +1,14 @@
 """The app's side of the device worker: it starts the worker (studio.worker.server) as a process of its own, sends
 it one call at a time, and passes the progress the worker streams back to the caller's functions.
 
-When the worker dies under a call (a signal, the OOM killer, an abort in a kernel), that call ends with one sentence
-(WorkerCrashed, a RunError: the handlers show it as they show any failed run), the stack it was running is
-remembered and refused for the rest of this process's life, and a new worker starts and loads the model again in
-the background, so the next request gets the same pixels as before the crash. WorkerCrashed names the stack and how
+When the worker dies under a call (a signal, the OOM killer, an abort in a kernel), a new worker starts and loads
+the model again in the background, so the next request gets the same pixels as before the crash, and the stack it
+was running is remembered. A crash is forgiven once: a generate call whose stack crashed for the first time in a row
+runs once more on the new worker (a status line says so; a transient crash costs a wait, not the request); other
+calls end with one sentence (WorkerCrashed, a RunError: the handlers show it as they show any failed run). A second
+crash of the same stack with no finished run of it between refuses that stack for the rest of this process's life,
+with the reason and how to clear it. A request that arrives while the new worker loads waits for it, with a status
+line. WorkerCrashed names the stack and how
 it died: the CLI's bench and doctor run on without that stack (studio.worker.reruns). Between calls, a worker whose
 resident memory is over `WorkerConfig.max_rss_gb` is restarted the same way. `close()` (also at exit) stops it:
 asked first, then SIGTERM, then SIGKILL.
@@ -28,6 +32,7 @@ import threading
 from studio.spec.errors import USER_ERRORS, RunError
 from studio.spec.presets import BASE
 from studio.worker.protocol import (
+    RESTARTING,
     Device,
     WorkerConfig,
     WorkerCrashed,
@@ -35,12 +40,14 @@ from studio.worker.protocol import (
     error_from,
     how_it_died,
     refusal_sentence,
+    retry_sentence,
     stack_key,
 )
 
 log = logging.getLogger("studio.worker")
 
 POLL_S = 0.5  # how often a waiting call looks whether the worker is still alive
+RETRIED = ("generate",)  # calls run once more on the new worker after their stack's first crash (module doc)
 STOP_WAIT_S = 10.0  # how long a worker asked to stop may take to unload before it is terminated
 
 
@@ -79,11 +86,14 @@ class WorkerClient(Device):
         self.config = config
         self.warm = list(warm)
         self.refused: dict[tuple[str, str], str] = {}  # stack key -> why it is refused
+        self.crashes: dict[tuple[str, str], list[str]] = {}  # stack key -> how it crashed, in a row (no run between)
+        self._restarting = threading.Event()  # a new worker is loading the model again after a crash
         self.restarts = 0  # how many times a worker was replaced (crashed or over its memory limit)
         self._lock = threading.Lock()  # one call at a time on the pipe
         self._ids = itertools.count(1)
         self._model = config.model  # the model the last call that went through used: reloaded after a restart
         self._running: tuple[str, str, str] | None = None
+        self._ran: set[tuple[str, str]] = set()  # the stacks the call in flight started (their keys)
         self._closed = False
         self._start()
         atexit.register(self.close)
@@ -140,6 +150,10 @@ class WorkerClient(Device):
                 self.warm_up(self.request(self.profile(model).first_prompt, model=model, seed=42), self.warm, model)
             except USER_ERRORS as e:  # the next request loads it instead
                 log.warning("loading %s again after a restart failed: %s", model, e)
+            finally:
+                self._restarting.clear()
+
+        self._restarting.set()
 
         threading.Thread(target=run, name="studio-worker-reload", daemon=True).start()
 
@@ -153,21 +167,42 @@ class WorkerClient(Device):
 
     # one call ----------------------------------------------------------------------------------------------------
     def _call(self, op: str, args: tuple, kwargs: dict):
+        """One call; a generate call whose stack crashed the worker for the first time in a row runs once more on
+        the new worker (a transient crash costs the visitor a wait, not the request), with a status line."""
+        try:
+            return self._call_once(op, args, kwargs)
+        except WorkerCrashed as e:
+            if op not in RETRIED or not e.forgiven:
+                raise
+            say = kwargs.get("on_status")
+            if callable(say):
+                say(retry_sentence(str(e), e.running[0]))
+            return self._call_once(op, args, kwargs)
+
+    def _call_once(self, op: str, args: tuple, kwargs: dict):
         callbacks = {k: v for k, v in kwargs.items() if callable(v)}
         plain = {k: v for k, v in kwargs.items() if k not in callbacks}
-        with self._lock:
+        if not self._lock.acquire(blocking=False):  # another call, or the reload after a crash, holds the worker
+            if self._restarting.is_set() and callable(kwargs.get("on_status")):
+                kwargs["on_status"](RESTARTING)
+            self._lock.acquire()
+        try:
             if self._closed:
                 raise RunError("the device worker has been stopped: the app is shutting down")
-            call_id, self._running = next(self._ids), None
+            call_id, self._running, self._ran = next(self._ids), None, set()
             try:
                 self._conn.send(("call", call_id, op, args, plain, list(callbacks), dict(self.refused)))
             except OSError:  # its end is closed: it died between calls
                 self._died(op)
             result = self._wait(call_id, op, callbacks)
+            for key in self._ran:  # they ran to the end: a crash before is no longer "in a row"
+                self.crashes.pop(key, None)
             if plain.get("model"):
                 self._model = plain["model"]
             self._check_memory()
             return result
+        finally:
+            self._lock.release()
 
     def _wait(self, call_id: int, op: str, callbacks: dict):
         failed = None  # an exception from one of the caller's functions: raised once the worker is done with the call
@@ -178,6 +213,7 @@ class WorkerClient(Device):
             kind = msg[0]
             if kind == "running":
                 self._running = msg[2:]
+                self._ran.add(stack_key(msg[4], msg[3]))
             elif kind == "callback":
                 try:
                     callbacks[msg[2]](*msg[3])
@@ -212,19 +248,25 @@ class WorkerClient(Device):
         self._conn.close()
         if self._closed:  # stopped by close() under this call (the app is exiting): no new worker
             raise RunError(f"the device worker was stopped ({how}) during a {op} call: the app is shutting down")
-        running = None
+        running, forgiven = None, False
         if self._running is not None:
             name, tag, model = self._running
-            running = (name, model)
-            self.refused[stack_key(model, tag)] = refusal_sentence(how, *running)
+            running, key = (name, model), stack_key(model, tag)
+            hows = self.crashes.setdefault(key, [])
+            hows.append(how)
+            forgiven = len(hows) < 2  # forgiven once; a second crash in a row refuses the stack
+            if not forgiven:
+                self.refused[key] = refusal_sentence(hows, *running)
         reloading = bool(self.warm) and op != "warm_up"  # a warm-up that crashed is not tried again at once
         sentence = crash_sentence(how, running, op, reloading)
+        if running is not None and not forgiven:
+            sentence += f"; {running[0]} is refused from now on (its second crash in a row)"
         log.error("%s", sentence)
         self.restarts += 1
         self._start()
         if reloading:
             self._reload()
-        raise WorkerCrashed(sentence, how, running)
+        raise WorkerCrashed(sentence, how, running, forgiven)
 
     def _check_memory(self) -> None:
         limit = self.config.max_rss_gb

@@ -53,14 +53,15 @@ class WorkerCrashed(RunError):
     Attributes:
         how: how it died (spec.errors.how_it_died: "SIGSEGV", "SIGKILL: out of memory, or killed", ...).
         running: (preset name, model) of the stack it was running, None when it had started none.
+        forgiven: the stack's first crash in a row: it is not refused (a generate call is tried once more at once).
     """
 
-    def __init__(self, sentence: str, how: str = "", running: tuple[str, str] | None = None):
+    def __init__(self, sentence: str, how: str = "", running: tuple[str, str] | None = None, forgiven: bool = False):
         super().__init__(sentence)
-        self.how, self.running = how, running
+        self.how, self.running, self.forgiven = how, running, forgiven
 
     def __reduce__(self):  # pickled whole (the attributes too), as any exception that crosses a process may be
-        return type(self), (str(self), self.how, self.running)
+        return type(self), (str(self), self.how, self.running, self.forgiven)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,8 @@ class WorkerConfig:
         crash_on: TEST ONLY. The worker kills itself with SIGSEGV at the third denoising step of any run of the preset
             of this name, as a native crash inside a kernel would (tests/test_worker.py, tests/test_crash.py; the
             CLI reads it from CRASH_ENV).
+        crash_once: TEST ONLY. A file: with `crash_on`, the worker dies only while this file does not exist (it makes
+            the file first), as a transient crash would (a flaky driver, the OOM killer taking it once).
         probe_threads: TEST ONLY. Record the OS threads that call a transformer (the `info` call returns them).
         quiet: library chatter below errors and no progress bars in the worker (the CLI's: stderr is its bar's).
         settings: the settings record (spec.settings) the worker installs: its process reads no environment.
@@ -92,6 +95,7 @@ class WorkerConfig:
     max_rss_gb: float | None = None
     pairing: object | None = None  # engine.baseline.Pairing (not imported here: the app's process loads no torch)
     crash_on: str | None = None
+    crash_once: str | None = None
     probe_threads: bool = False
     quiet: bool = False
     settings: Settings = field(default_factory=current)  # the starting process's record, installed in the worker
@@ -129,12 +133,21 @@ def crash_sentence(how: str, running: tuple[str, str] | None, op: str, reloading
     return f"the device worker crashed ({how}) while {doing}; it has been restarted{then}"
 
 
-def refusal_sentence(how: str, name: str, model: str) -> str:
-    """Why a stack that crashed the worker is not run again."""
+def refusal_sentence(hows: list[str], name: str, model: str) -> str:
+    """Why a stack that crashed the worker twice in a row is not run again, and how to clear it."""
     return (
-        f"{name} on {model} is refused: it crashed the device worker ({how}) earlier in this app's run, and every "
-        "request in flight would be lost if it did again; choose another preset (or restart the app to try it again)"
+        f"{name} on {model} is refused: it crashed the device worker twice in a row ({', '.join(hows)}) in this "
+        "app's run, and every request in flight would be lost if it did again; choose another preset (restart the "
+        "app to clear this)"
     )
+
+
+def retry_sentence(crash: str, name: str) -> str:
+    """The status line of a generate call whose stack crashed the worker once: it runs again on the new worker."""
+    return f"{crash}; running {name} once more (a second crash in a row refuses it)"
+
+
+RESTARTING = "the device worker is starting again (after a crash, or over its memory limit): this request waits for it"
 
 
 class Device:

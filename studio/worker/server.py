@@ -71,10 +71,10 @@ class WatchedRunner(Runner):
     refused afterwards), and it refuses a stack that crashed a worker before. A stack's base run inside
     `generate` is blamed on the stack: it runs only because the stack was asked for."""
 
-    def __init__(self, *args, crash_on: str | None = None, **kwargs):
+    def __init__(self, *args, crash_on: str | None = None, crash_once: str | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.call: Call | None = None
-        self.crash_on = crash_on
+        self.crash_on, self.crash_once = crash_on, crash_once
         self._running: list[tuple[str, str, str]] = []  # (preset name, tag, model): nested (screen runs base first)
 
     def _stack(self, preset, presets, model, switches=(None, None, None)) -> tuple[str, str, str]:
@@ -83,6 +83,15 @@ class WatchedRunner(Runner):
 
     def _refusal(self, stack: tuple[str, str, str]) -> str | None:
         return (self.call.refused if self.call else {}).get(stack_key(stack[2], stack[1]))
+
+    def _crashes_now(self) -> bool:
+        """TEST ONLY: whether the `crash_on` hook fires on this run (always, or once per `crash_once` file)."""
+        if self.crash_once is None:
+            return True
+        if os.path.exists(self.crash_once):
+            return False
+        open(self.crash_once, "w").close()
+        return True
 
     @contextmanager
     def _runs(self, stack: tuple[str, str, str]):
@@ -115,7 +124,7 @@ class WatchedRunner(Runner):
         switches = (cache_enabled, cache_threshold, compile_enabled)
         with self._runs(self._stack(preset, presets, model, switches)):
             name = preset if isinstance(preset, str) else preset.name
-            if self.crash_on is not None and name == self.crash_on:
+            if self.crash_on is not None and name == self.crash_on and self._crashes_now():
                 progress = _crash_at_step(progress)
             return super().generate(
                 request,
@@ -180,6 +189,7 @@ def serve(conn: Connection, config: WorkerConfig) -> None:
         max_steps=config.max_steps,
         max_side=config.max_side,
         crash_on=config.crash_on,
+        crash_once=config.crash_once,
     )
     runner.pairing = config.pairing or runner.pairing
     service = DeviceService(runner, config.probe_threads)
