@@ -96,6 +96,25 @@ def test_compile_preset_without_cache_is_fullgraph_and_all_full(runner):
     assert res.metrics.psnr_db > 35.0
 
 
+def test_the_public_limits_shape_key_is_what_builds_dynamo_graphs(runner):
+    """app.limits.compiled_shape against Dynamo's own count: requests of one key build no graph, a new key does."""
+    from torch._dynamo.utils import counters
+
+    from studio.app.limits import compiled_shape
+
+    first = req()
+    runner.generate(first, "compile", compare="off")
+    same = [req(steps=8, seed=9, prompt="a blue square"), req(true_cfg_scale=3.0, negative_prompt="blurry")]
+    for r in same:
+        graphs = counters["stats"]["unique_graphs"]
+        runner.generate(r, "compile", compare="off")
+        assert counters["stats"]["unique_graphs"] == graphs and compiled_shape("m", r) == compiled_shape("m", first)
+    for r in (req(num_images_per_prompt=2), req(width=96)):
+        graphs = counters["stats"]["unique_graphs"]
+        runner.generate(r, "compile", compare="off")
+        assert counters["stats"]["unique_graphs"] > graphs and compiled_shape("m", r) != compiled_shape("m", first)
+
+
 def test_whole_model_compile_counts_and_refuses_to_hide_a_cache(runner, tmp_path):
     runner.presets.add("whole32", "dtype: float32\ncompile: {enabled: true, regional: false}\n")
     runner.presets.add(

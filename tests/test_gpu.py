@@ -58,3 +58,48 @@ def test_offload_regimes_give_the_resident_pixels_while_weights_move(gpu_runner,
     assert not res.metrics.label_changes, res.metrics.fallbacks
     # real copies between host and device: diffusers' own offload tests allow 1e-4 on latents; pixels: one level
     assert np.abs(res.image.astype(int) - base.astype(int)).max() <= 1
+
+
+@pytest.mark.budget24
+def test_a_flux_dev_sized_model_loads_and_runs_under_a_24_gb_budget_with_layerwise_and_the_cache(tmp_path):
+    """The 24 GB card on an H200 (STUDIO_DEVICE_MEMORY_GB=24): a pipeline with FLUX.1-dev's transformer (19 + 38
+    blocks, 23.8 GB in bf16, random weights) and the embedded model's encoders and VAE. Resident is refused before
+    loading with the numbers; layerwise offload with the step cache loads it on the host, streams the blocks, caches
+    steps, and stays under the budget (the measured peak)."""
+    from diffusers import FluxPipeline, FluxTransformer2DModel
+
+    from studio.bench.doctor import FLUX_DEV
+    from studio.spec.checks import ConfigError
+    from studio.spec.settings import using
+    from studio.tiny.build import EMBEDDED_DIR
+
+    folder = tmp_path / "flux-dev-sized"
+    small = FluxPipeline.from_pretrained(EMBEDDED_DIR, torch_dtype=torch.bfloat16)
+    fit = ("in_channels", "out_channels", "joint_attention_dim", "pooled_projection_dim")  # the small encoders' widths
+    cfg = {**FLUX_DEV, **{k: small.transformer.config[k] for k in fit}}
+    with torch.device("cuda"):
+        big = FluxTransformer2DModel(**cfg).to(torch.bfloat16)  # fp32 init on the GPU (48 GB), then bf16
+    pipe = FluxPipeline(**{**small.components, "transformer": big})
+    pipe.save_pretrained(folder, safe_serialization=True, max_shard_size="5GB")
+    del pipe, big, small
+    torch.cuda.empty_cache()
+    lib = PresetLibrary(user_dir=tmp_path / "presets")
+    lib.add("stream", "offload_config: {policy: layerwise_offload}\ncache_config: {residual_diff_threshold: 0.5}\n")
+    r = Runner(ModelManager("cuda"), lib, model=str(folder))
+    req = GenerationRequest(prompt="a red circle", seed=3, steps=12, width=512, height=512, max_sequence_length=32)
+    try:
+        with using(device_memory_gb=24.0):
+            with pytest.raises(ConfigError, match=r"does not fit the device: none needs ~2\d\.\d+ GiB"):
+                r.generate(req, "base", compare="off")
+            torch.cuda.reset_peak_memory_stats()
+            res = r.generate(req, "stream", compare="off")
+        place = r.manager.placement()
+        assert (
+            place["regime"] == "layerwise_offload" and "streamed from the host" in place["components"]["transformer"]
+        )
+        assert res.metrics.cached_steps > 0 and res.metrics.full_steps + res.metrics.cached_steps == 12
+        peak = torch.cuda.max_memory_allocated()
+        assert peak < 24 * 2**30, peak
+        print(f"24 GB case: peak {peak / 2**30:.2f} GiB, denoise {res.metrics.denoise_s:.1f} s, {res.metrics.tag}")
+    finally:
+        r.manager.unload()

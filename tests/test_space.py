@@ -4,6 +4,11 @@ needed: the callables are plain functions of the event's arguments, as ZeroGPU c
 from __future__ import annotations
 
 import inspect
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +17,7 @@ from studio.app.handlers import Studio
 from studio.engine import ModelManager, Runner
 from studio.spec import PresetLibrary
 from studio.spec.profiles import HUB_PROFILES
+from studio.spec.settings import using
 from studio.worker.service import InProcess
 
 FLUX = "black-forest-labs/FLUX.1-dev"
@@ -34,9 +40,12 @@ def test_a_zerogpu_call_reserves_what_its_request_needs():
     m1 = d.matrix(**{**one, "presets": presets, "repeats": 1})
     m3 = d.matrix(**{**one, "presets": presets, "repeats": 3})
     assert auto < m1 < m3 <= MAX_S  # (a Generate with compare on may pair base 7 times: 14 runs)
-    # a compile is reserved for: a compiled preset, or compile=true on any
+    # a compile is reserved for: a compiled preset, or compile=true on any; not on ZeroGPU, where it is refused
     assert d.generate(**{**one, "preset": "cache-compile"}, compare="off") > off
     assert d.generate(**one, compare="off", compile="true") > off
+    with using(zerogpu=True):
+        assert d.generate(**{**one, "preset": "cache-compile"}, compare="off") == off
+        assert d.compare(**one, preset_a="base", preset_b="cache-int8-sage") == 2 * on  # the default A/B pair
     # a quarter of the pixels, fewer seconds; a form that cannot be read reserves the least (the handler refuses it)
     assert d.generate(**{**one, "width": 512, "height": 512}, compare="on") < on
     assert d.generate(**{**one, "steps": "many"}, compare="on") == MIN_S
@@ -91,3 +100,65 @@ def test_the_space_front_matter_matches_what_runs():
     assert f"gradio=={meta['sdk_version']}" in (root / "requirements.txt").read_text().split()
     assert (root / meta["app_file"]).is_file() and meta["suggested_hardware"] == "cpu-basic"
     assert meta["startup_duration_timeout"] == "30m" and "preload_from_hub" not in meta  # the model is in the repo
+
+
+@pytest.mark.quick
+def test_a_visitor_is_an_address_and_x_forwarded_for_counts_only_behind_the_hosts_proxy():
+    from studio.app.limits import visitor
+
+    fwd = {"x-forwarded-for": "203.0.113.7, 10.0.0.1"}
+    assert visitor("10.0.0.1", fwd, "s1", trust_forwarded=True) == "address 203.0.113.7"  # a Space: the first hop
+    assert (
+        visitor("10.0.0.1", fwd, "s1", trust_forwarded=False) == "address 10.0.0.1"
+    )  # elsewhere: any client writes it
+    assert visitor("10.0.0.1", {}, "s1", trust_forwarded=True) == "address 10.0.0.1"
+    assert visitor(None, None, "s1", trust_forwarded=True) == "session s1"  # no address known: the session
+    assert visitor(None, None, None, trust_forwarded=False) == "anonymous"
+
+
+@pytest.mark.quick
+def test_a_compiled_shape_is_what_builds_graphs_not_the_steps_or_the_seed():
+    """The key the public limit counts (the graphs themselves are counted in tests/test_compile.py)."""
+    import numpy as np
+
+    from studio.app.limits import compiled_shape, shape_text
+    from studio.spec.request import GenerationRequest
+
+    req = GenerationRequest("a red circle", steps=10, seed=1, width=64, height=64)
+    key = compiled_shape("tiny", req)
+    same = [
+        replace(req, steps=28, seed=7, prompt="another prompt"),
+        replace(req, true_cfg_scale=4.0, negative_prompt="blurry"),
+        replace(req, image=np.zeros((48, 48, 3), np.uint8), strength=0.5),  # img2img: encoded outside
+    ]
+    assert {compiled_shape("tiny", r) for r in same} == {key}
+    others = [replace(req, width=96), replace(req, num_images_per_prompt=2)]
+    edit = replace(req, image=np.zeros((48, 80, 3), np.uint8))  # an edit model's reference joins the sequence
+    assert len({key, compiled_shape("tiny", edit, edits=True)} | {compiled_shape("tiny", r) for r in others}) == 4
+    assert shape_text(key) == "tiny 64x64"
+    assert shape_text(compiled_shape("tiny", others[1])) == "tiny 64x64 (batch 2)"
+    assert shape_text(compiled_shape("kontext", edit, edits=True)) == "kontext 64x64 (reference picture 80x48)"
+
+
+def _lines(path: Path) -> list[str]:
+    return [x.split("#")[0].strip() for x in path.read_text().splitlines() if x.split("#")[0].strip()]
+
+
+def test_the_gpu_install_is_the_pinned_set_plus_its_kernels_and_resolves():
+    """requirements-gpu.txt (a GPU machine, a GPU Space) is requirements.txt's pinned set plus sageattention, triton
+    and kernels, and pip resolves it (a dry run: nothing is installed, no GPU needed)."""
+    root = Path(__file__).resolve().parents[1]
+    cpu, gpu = _lines(root / "requirements.txt"), _lines(root / "requirements-gpu.txt")
+    assert gpu[: len(cpu)] == cpu  # the same pins, in the same order
+    assert gpu[len(cpu) :] == ["sageattention==1.0.6", "triton", "kernels==0.17.2"]
+    report = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "-q", "--report", "-", "-r", "requirements-gpu.txt"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert report.returncode == 0, report.stderr[-2000:]
+    todo = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.stdout)["install"]}
+    assert todo.get("sageattention") == "1.0.6" and todo.get("kernels") == "0.17.2" and "triton" in todo
+    assert "torch" not in todo  # the pinned torch of the test environment satisfies it as it is

@@ -22,6 +22,7 @@ from PIL import Image
 from studio.engine.baseline import Pairing
 from studio.spec import PresetLibrary
 from studio.spec.preset import DTYPE_SHORT
+from studio.spec.settings import using
 from studio.worker import WorkerClient, WorkerConfig
 
 PROMPT = "a red circle in the center, blue background"
@@ -473,11 +474,24 @@ def test_a_cancelled_request_leaves_the_app_serving_the_same_pixels(client, app)
         assert pool.submit(runner.info).result(timeout=60)["pid"] == runner.pid
 
 
-def test_a_public_studio_refuses_what_burns_its_gpu_before_any_load(random_model_dir, tmp_path):
+def test_a_public_studio_refuses_what_burns_its_gpu_before_any_load(random_model_dir, tmp_path, monkeypatch):
     """in public mode a visitor's compile, an oversized Matrix and a burst of requests are refused with a
-    sentence before any model work (a spy on the loader counts loads); the operator's caps come before the load too."""
+    sentence before any model work (a spy on the loader counts loads) and before a ZeroGPU reservation (`spaces.GPU`
+    replaced by one that counts the calls it reserves a GPU for); the operator's caps come before the load too."""
+    import spaces
     from gradio_client import Client
     from gradio_client.exceptions import AppError
+
+    reserved = []
+
+    def gpu(fn, duration=None):  # as @spaces.GPU: the call runs only once a GPU is reserved for `duration(...)` s
+        def call(*args, **kwargs):
+            reserved.append(duration(*args, **kwargs))
+            return fn(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(spaces, "GPU", gpu)
 
     from studio.app.limits import PublicGuard, PublicLimits, Refused
     from studio.engine import ModelManager, Runner
@@ -488,7 +502,8 @@ def test_a_public_studio_refuses_what_burns_its_gpu_before_any_load(random_model
     real_load = runner.manager.load
     runner.manager.load = lambda *a, **k: loads.append(a) or real_load(*a, **k)
     limits = PublicLimits(max_matrix_runs=4, requests_per_minute=3, compiled_shapes=1)
-    demo, url = _launch(runner, public=True, limits=limits)
+    with using(trust_forwarded=True):  # as on a Space: the visitor is X-Forwarded-For's first hop
+        demo, url = _launch(runner, public=True, limits=limits)
     try:
         c = Client(url, verbose=False)
         common = dict(prompt=PROMPT, model=random_model_dir, steps=10)
@@ -502,9 +517,12 @@ def test_a_public_studio_refuses_what_burns_its_gpu_before_any_load(random_model
             c.predict(**{**common, "steps": 50}, preset="base", api_name="/generate")
         with pytest.raises(AppError, match="at most 3 requests a minute per visitor: try again in"):
             c.predict(**common, preset="base", api_name="/generate")
-        assert loads == []  # nothing above loaded a model
-        ok = Client(url, verbose=False).predict(**common, preset="base", api_name="/generate")  # another visitor
-        assert ok[-1]["psnr_db"] == "inf" and len(loads) == 1
+        with pytest.raises(AppError, match="at most 3 requests a minute per visitor"):  # a new client, same address
+            Client(url, verbose=False).predict(**common, preset="base", api_name="/generate")
+        assert loads == [] and reserved == []  # nothing above loaded a model or reserved a GPU
+        other = Client(url, verbose=False, headers={"X-Forwarded-For": "203.0.113.7, 10.0.0.1"})  # another visitor
+        ok = other.predict(**common, preset="base", api_name="/generate")
+        assert ok[-1]["psnr_db"] == "inf" and len(loads) == 1 and len(reserved) == 1
     finally:
         demo.close()
         runner.manager.unload()
@@ -521,6 +539,7 @@ def test_a_public_studio_refuses_what_burns_its_gpu_before_any_load(random_model
     req = runner.request(PROMPT, steps=10)
     guard.shape(mine, "m", req, compiled=True)
     guard.shape(mine, "m", req, compiled=True)  # the same shape again: no new compile
-    with pytest.raises(Refused, match="compiled stacks here have met 1 shapes already"):
-        guard.shape(mine, "m", replace(req, steps=12), compiled=True)
-    guard.shape(mine, "m", replace(req, steps=12), compiled=False)  # uncompiled: no limit
+    guard.shape(mine, "m", replace(req, steps=12, seed=9), compiled=True)  # steps and seed build no graph
+    with pytest.raises(Refused, match=r"compiled stacks here have met 1 shapes already .*: use one of them \(m "):
+        guard.shape(mine, "m", replace(req, num_images_per_prompt=2), compiled=True)
+    guard.shape(mine, "m", replace(req, width=128), compiled=False)  # uncompiled: no limit

@@ -4,7 +4,8 @@ ZeroGPU reserves a GPU for `duration` seconds per call (60 s unless said) and cu
 quota is charged for the reservation. So the duration is what this request needs, not a constant: the denoising
 work (steps x transformer calls x an estimated time per call at this size, from the model profile's `gpu_step_s`
 scaled by pixels), times the runs the event makes (the compare mode's pairs, a Matrix's presets and repeats, the
-tuner's search), plus a warm-up for each stack and a compile where one is asked for, with a margin. A small
+tuner's search), plus a warm-up for each stack and a compile where one is asked for (none on ZeroGPU itself, where
+compile is refused), with a margin. A small
 Generate reserves little; a Matrix of every preset reserves what it needs, up to `MAX_S`.
 
 Not gradio and not torch: the handlers' forms in, seconds out (the callable ZeroGPU calls with the event's own
@@ -17,6 +18,7 @@ import math
 
 from studio.spec.checks import ConfigError
 from studio.spec.profiles import ModelProfile
+from studio.spec.settings import current
 
 MIN_S = 15  # a call that needs less still gets this (the fork and the move to the GPU)
 MAX_S = 600  # what one call may reserve at most
@@ -69,6 +71,9 @@ class Durations:
         return run_seconds(prof, *size, cfg_calls=cfg * int(v.get("num_images_per_prompt") or 1))
 
     def _compiles(self, v: dict, names: list[str]) -> int:
+        """Compile warm-ups the event makes: none on ZeroGPU, where compile is refused (engine.compile says why)."""
+        if current().zerogpu:
+            return 0
         if str(v.get("compile", "unset")).lower() == "true":
             return len(names)
         lib = self.studio.presets

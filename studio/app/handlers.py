@@ -18,14 +18,15 @@ from pathlib import Path
 
 import gradio as gr
 
+from studio.app.admit import Admission, build_request
 from studio.app.errors import shown
 from studio.app.forms import UI, CompareForm, GenerateForm, MatrixForm, RequestForm, TuneForm
 from studio.app.gpu_time import Durations
 from studio.app.history import History, history_csv, record
-from studio.app.limits import PublicGuard
+from studio.app.limits import PublicGuard, visitor
 from studio.app.preset_handlers import PresetHandlers
 from studio.app.progress import progress_hooks
-from studio.app.values import batch_pictures, cfg_scale, json_safe, notes_md, png, threshold_value, tile_at
+from studio.app.values import batch_pictures, json_safe, notes_md, png, threshold_value, tile_at
 from studio.measure.quality import difference
 from studio.report.card import broken_flag, metrics_card
 from studio.report.images import enlarge, error_picture
@@ -33,13 +34,12 @@ from studio.report.plots import plot_steps, plot_tradeoff
 from studio.report.table import MatrixRow
 from studio.spec import PresetLibrary, parse_switch
 from studio.spec.lora import shipped_loras
-from studio.spec.request import check_scale, compare_mode, image_inputs, parse_loras
+from studio.spec.request import compare_mode
 from studio.worker.protocol import Device
 
 CACHE_CHOICES = [("follow preset", "unset"), ("on", "true"), ("off", "false")]
 COMPILE_CHOICES = CACHE_CHOICES
 MAX_PUBLIC_TUNE_PROMPTS = 3
-REQUEST = "That request can't run: "  # before a bad request's sentence (app.errors.shown)
 PREDICTED = "speed-up the counts predict (screening, not timed)"
 
 
@@ -67,6 +67,16 @@ class Studio:
         os.replace(tmp, path)
         return str(path)
 
+    def visitor(self, request) -> str:
+        """Who `request` (a gr.Request) comes from, for the public limits (app.limits.visitor)."""
+        client = getattr(request, "client", None)
+        return visitor(
+            getattr(client, "host", None),
+            getattr(request, "headers", None),
+            getattr(request, "session_hash", None),
+            self.guard.trust_forwarded if self.guard is not None else False,
+        )
+
     def library(self, request=None) -> PresetLibrary:
         """The presets this visitor sees: built-ins plus their own (public mode) or the shared user folder."""
         if not self.public:
@@ -83,33 +93,12 @@ class Handlers(PresetHandlers):
         self.studio = studio
         self.ui = ui
         self.durations = Durations(studio)  # what each event reserves on ZeroGPU (app.gpu_time)
+        self.admit = Admission(studio)  # the public limits, before an event takes the device (app.admit)
         self._resolved: dict = {}  # preset -> what its device-dependent parts become here (asked of the device once)
 
     # helpers ---------------------------------------------------------------------------------------------
     def _request(self, form: RequestForm):
-        with shown(REQUEST):  # refused even where the model takes none, and the value is dropped below
-            check_scale("guidance", float(form.guidance) if form.guidance is not None else None)
-        if not form.prompt or not str(form.prompt).strip():
-            raise gr.Error("Write a prompt first: the prompt is empty.")
-        device = self.studio.device
-        with shown(REQUEST):
-            profile = device.profile(form.model)
-            takes_guidance = profile.guidance is not None
-            strength = 1.0 if profile.edits else form.strength  # an edit model's picture is a reference: all steps run
-            return device.request(
-                str(form.prompt),
-                model=form.model,
-                seed=int(form.seed if form.seed is not None else 0),
-                steps=int(form.steps),
-                width=int(form.width),
-                height=int(form.height),
-                guidance=float(form.guidance) if form.guidance is not None and takes_guidance else None,
-                negative_prompt=str(form.negative_prompt or ""),
-                true_cfg_scale=cfg_scale(form.true_cfg_scale),
-                num_images_per_prompt=int(form.num_images_per_prompt or 1),
-                loras=parse_loras(form.loras),
-                **image_inputs(form.image, form.mask_image, strength),
-            )
+        return build_request(self.studio.device, form)
 
     def _run(self, req, form: GenerateForm | CompareForm, preset: str, progress, request=None):
         on_step, on_status = progress_hooks(progress)
@@ -126,20 +115,6 @@ class Handlers(PresetHandlers):
                 on_status=on_status,
                 presets=self.studio.library(request),
                 time_limit_s=self.studio.time_limit_s,
-            )
-
-    def _guard(self, request, req, form, presets: list[str]) -> None:
-        """A public studio's limits (app.limits), from the form and the presets alone: before any device work."""
-        if self.studio.guard is None:
-            return
-        with shown():
-            lib = self.studio.library(request)
-            self.studio.guard.event(
-                getattr(request, "session_hash", None),
-                parse_switch(getattr(form, "compile", "unset"), "compile"),
-                [(lib.get(n), lib.is_builtin(n)) for n in presets],
-                form.model or self.studio.models[0],
-                req,
             )
 
     def _history(self, hist: History | None, req, results) -> dict:
@@ -164,7 +139,6 @@ class Handlers(PresetHandlers):
     ):
         form = GenerateForm(image=image, mask_image=mask_image, **values)
         req = self._request(form)
-        self._guard(request, req, form, [form.preset])
         res = self._run(req, form, form.preset, progress, request)
         gen, metrics = self.ui.gen, json_safe(res.metrics.as_dict())
         return {
@@ -209,7 +183,6 @@ class Handlers(PresetHandlers):
     ):
         form = CompareForm(image=image, mask_image=mask_image, **values)
         req = self._request(form)
-        self._guard(request, req, form, [form.preset_a, form.preset_b])
         ra = self._run(req, form, form.preset_a, progress, request)
         rb = self._run(req, form, form.preset_b, progress, request)
         rows = [MatrixRow.from_metrics(ra.metrics), MatrixRow.from_metrics(rb.metrics)]
@@ -244,10 +217,6 @@ class Handlers(PresetHandlers):
         req = self._request(form)
         if not form.presets:
             raise gr.Error("Choose at least one preset for the matrix.")
-        if self.studio.guard is not None:
-            with shown():
-                self.studio.guard.matrix(len(form.presets), int(form.repeats or 1))
-        self._guard(request, req, form, list(form.presets))
         with shown():
             mat = self.studio.device.matrix(
                 req,
@@ -288,7 +257,6 @@ class Handlers(PresetHandlers):
 
         form = TuneForm(image=image, mask_image=mask_image, **values)
         req = self._request(form)
-        self._guard(request, req, form, [])
         prompts = [x.strip() for x in (form.prompts_text or "").splitlines() if x.strip()] or [req.prompt]
         size = form.size
         if self.studio.public:

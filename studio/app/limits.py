@@ -4,9 +4,13 @@ the form and the preset alone, before any model work or load, and refused with a
 - compile and its mode are the operator's: a visitor's per-request `compile=true`, and a visitor's own preset that
   compiles (saved, uploaded or tuned), are refused; the operator's built-in presets compile as they say;
 - compiled stacks meet a bounded number of distinct shapes per process (each new one is a compile of minutes on a
-  real model, and torch.compile's recompile limit is 8 per frame);
+  real model, and torch.compile's recompile limit is 8 per frame). A shape is what makes Dynamo build new graphs
+  (`compiled_shape`: size, batch, an edit model's reference picture), not the steps, seed or true CFG;
 - a Matrix is at most `max_matrix_runs` timed runs (presets + 1 for `base (again)`, times repeats);
-- each session may start at most `requests_per_minute` device events in any 60 s;
+- each visitor may start at most `requests_per_minute` device events in any 60 s. A visitor is an address
+  (`visitor`): X-Forwarded-For's first hop where a proxy of the host's writes it (on a Space), the connection's
+  address elsewhere, the session only when neither is known; a script that opens a new client per request is the
+  same visitor;
 - a request (one Generate, A/B, Matrix or tuner's search) stops between two denoising steps once it has run
   `request_s` seconds, with a sentence (engine.run.Deadline: the only limit that is checked while it runs).
 
@@ -28,14 +32,46 @@ class Refused(ConfigError):
     """A public studio's limit, in a sentence (a ConfigError: the handlers show it as they show a bad request)."""
 
 
+def visitor(host: str | None, headers, session: str | None, trust_forwarded: bool) -> str:
+    """Who a request comes from, for the per-visitor rate: `headers` a mapping (case-insensitive, as gradio's
+    request's; or plain lower-case keys). X-Forwarded-For is read only where the host's own proxy writes it
+    (`trust_forwarded`: on a Space); elsewhere any client could write one per request."""
+    if trust_forwarded and headers is not None:
+        hops = str(headers.get("x-forwarded-for") or "").split(",")
+        if hops[0].strip():
+            return "address " + hops[0].strip()
+    if host:
+        return "address " + str(host)
+    return "session " + str(session) if session else "anonymous"
+
+
+def compiled_shape(model: str, request, edits: bool = False) -> tuple:
+    """What a compiled stack's graphs depend on in a request (Dynamo guards on tensor shapes): the latent size and
+    the batch, and for a model that edits (`edits`: Kontext, Qwen-Image-Edit) its reference picture's size (its
+    latents join the transformer's sequence). Counted in Dynamo graphs on the embedded model (tests/test_compile.py):
+    a new batch or size builds graphs; steps, seed, prompt, true CFG (the negative prompt is a second call of the same
+    shapes) and an img2img picture (encoded outside the transformer) build none. A key is one compile at most:
+    Dynamo marks a dimension dynamic once it has changed, so a third size may build nothing."""
+    image = getattr(request, "image", None)
+    picture = tuple(image.shape[:2]) if image is not None and edits else None
+    return (model, request.width, request.height, request.num_images_per_prompt, picture)
+
+
+def shape_text(key: tuple) -> str:
+    model, w, h, batch, picture = key
+    extra = [f"batch {batch}"] if batch > 1 else []
+    extra += [f"reference picture {picture[1]}x{picture[0]}"] if picture else []
+    return f"{model} {w}x{h}" + (f" ({', '.join(extra)})" if extra else "")
+
+
 @dataclass(frozen=True)
 class PublicLimits:
     """A public studio's limits (README: Public mode)."""
 
     max_matrix_runs: int = 24  # (presets + 1) x repeats
     max_repeats: int = 3
-    requests_per_minute: int = 12  # device events per session, in any 60 s
-    compiled_shapes: int = 4  # distinct (model, width, height, steps) a compiled stack may meet per process
+    requests_per_minute: int = 12  # device events per visitor (an address), in any 60 s
+    compiled_shapes: int = 4  # distinct shapes (compiled_shape) compiled stacks may meet per process
     request_s: int = 300  # seconds one request may run on the device (STUDIO_MAX_REQUEST_S)
 
     def __post_init__(self):
@@ -54,16 +90,18 @@ class PublicGuard:
     """The limits and what they count: the sessions' recent events and the shapes compiled stacks have met."""
 
     limits: PublicLimits = field(default_factory=PublicLimits)
-    _events: dict = field(default_factory=dict)  # session -> deque of event start times (monotonic)
+    trust_forwarded: bool = False  # X-Forwarded-For is the host's proxy's (spec.settings: on a Space)
+    _events: dict = field(default_factory=dict)  # visitor -> deque of event start times (monotonic)
     _shapes: set = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def rate(self, session: str | None, now: float | None = None) -> None:
-        """Count one device event of `session`; Refused when it would be over the per-minute limit."""
+    def rate(self, who: str | None, now: float | None = None) -> None:
+        """Count one device event of visitor `who` (`visitor`); Refused when it would be over the per-minute
+        limit."""
         now = time.monotonic() if now is None else now
         n = self.limits.requests_per_minute
         with self._lock:
-            seen = self._events.setdefault(session or "anonymous", deque())
+            seen = self._events.setdefault(who or "anonymous", deque())
             while seen and now - seen[0] >= 60.0:
                 seen.popleft()
             if len(seen) >= n:
@@ -72,12 +110,15 @@ class PublicGuard:
                     f"this public studio runs at most {n} requests a minute per visitor: try again in {wait:.0f} s"
                 )
             seen.append(now)
-            if len(self._events) > 10_000:  # sessions that left: the oldest go first
+            if len(self._events) > 10_000:  # visitors that left: the oldest go first
                 self._events.pop(next(iter(self._events)))
 
-    def event(self, session: str | None, switch: bool | None, presets: list, model: str, request) -> None:
-        """One device event: the session's rate, the compile switch, and each (preset, built in?) it runs."""
-        self.rate(session)
+    def event(
+        self, who: str | None, switch: bool | None, presets: list, model: str, request, edits: bool = False
+    ) -> None:
+        """One device event of visitor `who`: the rate, the compile switch, and each (preset, built in?) it runs
+        (`edits`: the model takes a reference picture, compiled_shape)."""
+        self.rate(who)
         self.compile_switch(switch)
         own = [lo.path for lo in getattr(request, "loras", ()) if not lo.is_name]  # a shipped name reads no path
         if own:
@@ -88,7 +129,7 @@ class PublicGuard:
             )
         for p, builtin in presets:
             self.preset(p, builtin)
-            self.shape(p, model, request, p.compile.enabled if switch is None else switch)
+            self.shape(p, model, request, p.compile.enabled if switch is None else switch, edits)
 
     def compile_switch(self, switch: bool | None) -> None:
         if switch:
@@ -112,19 +153,20 @@ class PublicGuard:
                 "presets compile; save it with compile: {enabled: false}"
             )
 
-    def shape(self, p: Preset, model: str, request, compiled: bool) -> None:
+    def shape(self, p: Preset, model: str, request, compiled: bool, edits: bool = False) -> None:
         """A compiled stack at a shape it has not met: Refused once `compiled_shapes` distinct ones were met."""
         if not compiled:
             return
-        key = (model, request.width, request.height, request.steps)
+        key = compiled_shape(model, request, edits)
         with self._lock:
             if key in self._shapes:
                 return
             if len(self._shapes) >= self.limits.compiled_shapes:
+                met = "; ".join(shape_text(k) for k in sorted(self._shapes, key=str)[:4])
                 raise Refused(
                     f"{p.name} is compiled, and compiled stacks here have met {len(self._shapes)} shapes already "
-                    f"(the limit of this public studio): use one of {sorted(self._shapes)[:4]} (model, width, "
-                    "height, steps), or an uncompiled preset"
+                    f"(the limit of this public studio): use one of them ({met}; any steps and seed), or an "
+                    "uncompiled preset"
                 )
             self._shapes.add(key)
 

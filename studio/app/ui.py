@@ -12,6 +12,7 @@ cache and compile: "true", "false", or "unset" to follow the preset; threshold: 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import random
 import tempfile
@@ -28,21 +29,32 @@ from studio.app.panel import request_panel
 from studio.report.card import CSS
 from studio.spec.presets import BASE
 from studio.spec.request import compare_mode
+from studio.spec.settings import current
 from studio.worker.protocol import Device
 
 __all__ = ["CSS", "build_app"]
 
 
-def _gpu(fn, duration=None):
-    """A device event's handler: on ZeroGPU Spaces (the `spaces` package present) under @spaces.GPU, which runs it in
-    a process `spaces` forks with the GPU attached, for `duration` (a callable of the event's arguments: app.gpu_time)
-    seconds. (Where torch runs, all of it runs on that process's one device thread: the device does that,
-    studio.worker.) Off ZeroGPU `spaces.GPU` returns the handler as it is."""
-    if importlib.util.find_spec("spaces") is None:
-        return fn
-    import spaces  # noqa: PLC0415
+def _gpu(fn, duration=None, admit=None):
+    """A device event's handler, admitted first (`admit`, app.admit: the public limits, in this process) and then,
+    on ZeroGPU Spaces (the `spaces` package present), run under @spaces.GPU, which runs it in a process `spaces`
+    forks with the GPU attached, for `duration` (a callable of the event's arguments: app.gpu_time) seconds: a
+    refused request reserves no GPU. (Where torch runs, all of it runs on that process's one device thread: the
+    device does that, studio.worker.) Off ZeroGPU `spaces.GPU` returns the handler as it is."""
+    run = fn
+    if importlib.util.find_spec("spaces") is not None:
+        import spaces  # noqa: PLC0415
 
-    return spaces.GPU(fn, duration=duration)
+        run = spaces.GPU(fn, duration=duration)
+    if admit is None:
+        return run
+
+    @functools.wraps(fn)  # gradio reads the handler's signature (its gr.Request, gr.Progress, names) through it
+    def event(*args, **kwargs):
+        admit(*args, **kwargs)
+        return run(*args, **kwargs)
+
+    return event
 
 
 def _wire(ui: UI, h: Handlers, demo) -> None:
@@ -67,7 +79,7 @@ def _wire(ui: UI, h: Handlers, demo) -> None:
     gen_in = forms.inputs(forms.GenerateForm, r, gen) | hist_in
     gr.on(
         [gen.button.click, r.prompt.submit],
-        _gpu(h.generate, h.durations.generate),
+        _gpu(h.generate, h.durations.generate, h.admit.generate),
         inputs_kwargs=gen_in,
         outputs=gen_out,
         api_name="generate",
@@ -75,17 +87,21 @@ def _wire(ui: UI, h: Handlers, demo) -> None:
     )
     # the same request compared `on` (API callers pass compare="on" to /generate)
     gen.compare_button.click(
-        _gpu(h.generate_compared, h.durations.generate), inputs_kwargs=gen_in, outputs=gen_out, **private, **device
+        _gpu(h.generate_compared, h.durations.generate, h.admit.generate),
+        inputs_kwargs=gen_in,
+        outputs=gen_out,
+        **private,
+        **device,
     )
     ab.button.click(
-        _gpu(h.compare, h.durations.compare),
+        _gpu(h.compare, h.durations.compare, h.admit.compare),
         inputs_kwargs=forms.inputs(forms.CompareForm, r, ab) | hist_in,
         outputs=[ab.slider, ab.img_a, ab.img_b, ab.table, ab.flag] + hist_out + [ab.error_map] + more + [ab.json],
         api_name="compare",
         **device,
     )
     mx.button.click(
-        _gpu(h.matrix, h.durations.matrix),
+        _gpu(h.matrix, h.durations.matrix, h.admit.matrix),
         inputs_kwargs=forms.inputs(forms.MatrixForm, r, mx) | hist_in,
         outputs=[mx.table, mx.plot, mx.pick, mx.steps_plot, mx.csv, mx.md, mx.runs, mx.noise]
         + hist_out
@@ -96,7 +112,7 @@ def _wire(ui: UI, h: Handlers, demo) -> None:
     )
     mx.pick.change(h.pick_steps, [mx.pick, mx.runs], mx.steps_plot, **private)
     tn.button.click(
-        _gpu(h.tune, h.durations.tune),
+        _gpu(h.tune, h.durations.tune, h.admit.tune),
         inputs_kwargs=forms.inputs(forms.TuneForm, r, tn),
         outputs=[tn.result, tn.plot, tn.yaml, tn.name, tn.json],
         api_name="tune",
@@ -146,7 +162,7 @@ def build_app(
     presets = device.presets
     if presets.user_dir is None:
         presets = presets.with_user_dir(Path(tempfile.gettempdir()) / "dit-speed-studio-presets")
-    guard = PublicGuard(limits or PublicLimits()) if public else None
+    guard = PublicGuard(limits or PublicLimits(), current().trust_forwarded) if public else None
     if time_limit_s is None and guard is not None:
         time_limit_s = guard.limits.request_s
     studio = Studio(device, models or [device.model], presets, public=public, guard=guard, time_limit_s=time_limit_s)

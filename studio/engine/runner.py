@@ -203,7 +203,8 @@ class Runner:
         with self.manager.lock:
             self.check_caps(request)  # an operator's caps before any load
             check_loras(ctx.request, p)  # a LoRA on a stack it cannot run on, before any model work
-            self.manager.ensure(ctx.model, ctx.dtype, on_status)  # a model that cannot load says so next
+            # a model that cannot load (or fit the device under this regime: engine.placement) says so next
+            self.manager.ensure(ctx.model, ctx.dtype, on_status, offload=p.offload_config)
             self.check_request(request, ctx.model)
             with self._failures(p):
                 return self._generate(ctx, p, pairing or self.pairing, compare, t0)
@@ -334,6 +335,7 @@ class Runner:
             parallel=info,
             peak_memory=run.memory.as_dict() if run.memory is not None else None,
             h2d=run.h2d,
+            placement=self.manager.placement(),
         )
 
     def _ideal(self, p: Preset, paired: Paired) -> IdealCheck | None:

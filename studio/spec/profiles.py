@@ -102,7 +102,12 @@ _FLUX_PROMPTS = (
 )
 HUB_PROFILES: dict[str, ModelProfile] = {
     "black-forest-labs/FLUX.1-dev": ModelProfile(
-        "FLUX.1-dev", steps=28, guidance=3.5, max_sequence_length=512, example_prompts=_FLUX_PROMPTS, gpu_step_s=0.15
+        "FLUX.1-dev",
+        steps=28,
+        guidance=3.5,
+        max_sequence_length=512,
+        example_prompts=_FLUX_PROMPTS,
+        gpu_step_s=0.2,  # measured 175 ms a call at 1024x1024 on a whole H200 (docs/bench/gpu/gpu-check-2026-11-29.md)
     ),
     "black-forest-labs/FLUX.1-schnell": ModelProfile(
         "FLUX.1-schnell", steps=4, guidance=0.0, max_sequence_length=256, example_prompts=_FLUX_PROMPTS

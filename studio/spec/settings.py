@@ -66,6 +66,9 @@ class Settings:
     models: tuple = ()  # STUDIO_MODELS: more models for the picker (in public mode the only ones that load)
     preset: str = "cache"  # STUDIO_PRESET: the Generate tab's default
     public: bool = False  # STUDIO_PUBLIC=1, or on a Space (SPACE_ID)
+    # the visitor's address is X-Forwarded-For's first hop: on a Space (SPACE_ID: its proxy sets it), or
+    # STUDIO_TRUST_FORWARDED=1 behind a proxy of the operator's; elsewhere a client could write it (app.limits)
+    trust_forwarded: bool = False
     compare: str | None = None  # STUDIO_COMPARE: on | auto | off (None: on, auto in public mode)
     device: str | None = None  # STUDIO_DEVICE: cpu or cuda
     max_steps: int | None = None  # STUDIO_MAX_STEPS
@@ -96,6 +99,7 @@ class Settings:
             models=(model,) + more,
             preset=env.get("STUDIO_PRESET", "").strip() or cls.preset,
             public=public,
+            trust_forwarded=bool(env.get("SPACE_ID")) or _flag(env, "STUDIO_TRUST_FORWARDED", False),
             compare=_choice(env, "STUDIO_COMPARE", COMPARE_MODES),
             device=_choice(env, "STUDIO_DEVICE", ("cpu", "cuda")),
             max_steps=_number(env, "STUDIO_MAX_STEPS", int, 1, 10_000),
