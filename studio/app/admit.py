@@ -72,6 +72,7 @@ class Admission:
                 req,
                 edits=bool(self.studio.device.profile(model).edits),
             )
+            self.studio.device.check_caps(req)  # the operator's caps, as the device would refuse them, before a GPU
 
     def generate(self, request=None, progress=None, *, history=None, image=None, mask_image=None, **values) -> None:
         form = GenerateForm(image=image, mask_image=mask_image, **values)

@@ -38,7 +38,7 @@ from studio.spec.lora import merge_loras
 from studio.spec.preset import CacheSpec, Preset
 from studio.spec.presets import BASE, PresetLibrary
 from studio.spec.profiles import ModelProfile, profile_for, resolve_model
-from studio.spec.request import GenerationRequest, compare_mode
+from studio.spec.request import GenerationRequest, check_caps, compare_mode
 
 
 class Runner:
@@ -87,12 +87,7 @@ class Runner:
 
     def check_caps(self, request: GenerationRequest) -> None:
         """Raise ConfigError with a sentence when the request is over the operator's caps (before any load)."""
-        if self.max_steps is not None and request.steps > self.max_steps:
-            raise ConfigError(f"steps {request.steps} is over this studio's limit of {self.max_steps}")
-        for name in ("width", "height"):
-            v = getattr(request, name)
-            if self.max_side is not None and v > self.max_side:
-                raise ConfigError(f"{name} {v} is over this studio's limit of {self.max_side}")
+        check_caps(request, self.max_steps, self.max_side)
 
     def check_request(self, request: GenerationRequest, model: str | None = None) -> None:
         """Raise ConfigError with a sentence when the request is over the caps or the model cannot take this size."""

@@ -181,3 +181,13 @@ def image_inputs(image, mask, strength) -> dict:
             m = m.resize((pic.shape[1], pic.shape[0]), Image.Resampling.NEAREST)
         out["mask_image"] = np.asarray(m)
     return out
+
+
+def check_caps(request: GenerationRequest, max_steps: int | None, max_side: int | None) -> None:
+    """Raise ConfigError with a sentence when the request is over an operator's caps (steps; width and height)."""
+    if max_steps is not None and request.steps > max_steps:
+        raise ConfigError(f"steps {request.steps} is over this studio's limit of {max_steps}")
+    for name in ("width", "height"):
+        v = getattr(request, name)
+        if max_side is not None and v > max_side:
+            raise ConfigError(f"{name} {v} is over this studio's limit of {max_side}")

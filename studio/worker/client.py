@@ -99,6 +99,10 @@ class WorkerClient(Device):
         atexit.register(self.close)
 
     @property
+    def caps(self) -> tuple[int | None, int | None]:
+        return (self.config.max_steps, self.config.max_side)
+
+    @property
     def pid(self) -> int:
         """The worker process's id."""
         return self._proc.pid

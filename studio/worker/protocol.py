@@ -34,7 +34,7 @@ from studio.spec.errors import (
 )
 from studio.spec.presets import PresetLibrary
 from studio.spec.profiles import ModelProfile, profile_for, resolve_model
-from studio.spec.request import GenerationRequest
+from studio.spec.request import GenerationRequest, check_caps
 from studio.spec.settings import Settings, current
 
 log = logging.getLogger("studio.worker")
@@ -167,6 +167,15 @@ class Device:
 
     def profile(self, model: str | None = None) -> ModelProfile:
         return profile_for(resolve_model(model or self.model))
+
+    @property
+    def caps(self) -> tuple[int | None, int | None]:
+        """The operator's caps (max steps, max side) the device refuses a request over; none unless a subclass has."""
+        return (None, None)
+
+    def check_caps(self, request: GenerationRequest) -> None:
+        """ConfigError with the sentence the device would end the request with, without a device call (app.admit)."""
+        check_caps(request, *self.caps)
 
     def request(self, prompt: str, model: str | None = None, **overrides) -> GenerationRequest:
         """A request with the model profile's defaults for whatever is not given."""

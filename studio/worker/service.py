@@ -146,6 +146,10 @@ class InProcess(Device):
         self.service = DeviceService(runner, probe_threads)
         self._closed = False
 
+    @property
+    def caps(self) -> tuple[int | None, int | None]:
+        return (self.runner.max_steps, self.runner.max_side)
+
     generate = _on_device_thread("generate")
     matrix = _on_device_thread("matrix")
     tune = _on_device_thread("tune")
