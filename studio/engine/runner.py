@@ -32,8 +32,10 @@ from studio.engine.run import Deadline, Measured, RunContext, measure, pipeline_
 from studio.measure.blocks import IdealCheck, computed_blocks, price_cached_step
 from studio.measure.estimate import full_steps, speedup
 from studio.measure.record import RunMetrics, RunResult, Timing
+from studio.spec.cachedit import step_mask
 from studio.spec.checks import ConfigError
 from studio.spec.errors import USER_ERRORS, RunError
+from studio.spec.headroom import headroom, run_fields
 from studio.spec.lora import merge_loras
 from studio.spec.preset import CacheSpec, Preset
 from studio.spec.presets import BASE, PresetLibrary
@@ -331,6 +333,17 @@ class Runner:
             peak_memory=run.memory.as_dict() if run.memory is not None else None,
             h2d=run.h2d,
             placement=self.manager.placement(),
+            **self._room(ctx, p, run),
+        )
+
+    def _room(self, ctx: RunContext, p: Preset, run: Measured) -> dict:
+        """The step cache's room at this run's steps, asked for whether or not it engaged, and why an engaged one
+        cached nothing (spec.headroom: cache-dit's own rules, the run's own residual differences)."""
+        steps, c = ctx.request.executed_steps, p.cache_config
+        room = headroom(c, steps, step_mask(c, steps) if c.has_mask else None)
+        r = run.report
+        return run_fields(
+            room, engaged=r.backend != "none", cached=run.counts.cached, diffs=r.residual_diffs, threshold=r.threshold
         )
 
     def _ideal(self, p: Preset, paired: Paired) -> IdealCheck | None:

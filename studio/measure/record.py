@@ -136,6 +136,12 @@ class RunMetrics:
     placement: dict | None = None
     requested_tag: str = ""  # the label of what the preset asked for (`auto` unresolved, `sage` where SDPA ran)
     label_changes: list[str] = field(default_factory=list)  # parts that did not run as asked: ["sage->sdpa"]
+    # A step cache's room (studio.spec.headroom), wherever the preset asks for one: the most steps it can skip at this
+    # run's steps under cache-dit's rules (warm-up, caps, step mask); the sentence when that leaves little or no room
+    # (before the run: the card says it whatever happened); and why a cache that engaged cached nothing.
+    cache_skippable: int | None = None
+    cache_headroom: str | None = None
+    cache_idle: str | None = None
 
     @classmethod
     def of(

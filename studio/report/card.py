@@ -67,6 +67,15 @@ def _placement(p: dict) -> str:
     return out + ")"
 
 
+def _room(m) -> str:
+    """A step cache's room at these steps where it is little (said before the run: spec.headroom), and why a cache
+    that engaged cached nothing; the sentence once where the second repeats the first."""
+    lines = [x for x in (m.cache_headroom, m.cache_idle) if x]
+    if m.cache_headroom and m.cache_idle and m.cache_headroom in m.cache_idle:
+        lines = [m.cache_idle]
+    return _lines(lines, "fallback") if lines else ""
+
+
 def metrics_card(m) -> str:
     """`m` is a RunMetrics."""
     esc = html.escape
@@ -77,6 +86,7 @@ def metrics_card(m) -> str:
         steps += f"<br><small>unconditional (CFG) branch cached apart: {m.backend_cfg_cached_steps}</small>"
     steps += f"<br><small>counted by {esc(m.count_source)}" + (f"; {esc(m.count_check)}" if m.count_check else "")
     steps += "</small>"
+    room = _room(m)
     vs = esc(m.speedup_note) if m.speedup_note else fmt.speedup_ci(m.speedup, m.speedup_lo, m.speedup_hi)
     if m.base_denoise_s is not None:
         pairs = f", {esc(fmt.pairs(m.timed_pairs, m.pairs_stop, m.stalled_runs))}" if m.timed_pairs else ""
@@ -85,6 +95,7 @@ def metrics_card(m) -> str:
         ("stack", _stack(m)),
         ("denoise", f"{fmt.seconds(m.denoise_s)} &nbsp; ({m.mean_step_ms:.1f} ms/step)"),
         ("steps", steps),
+        *([("cache room", room)] if room else []),
         ("vs base", vs),
         ("PSNR / SSIM", f"{fmt.psnr(m.psnr_db)} / {fmt.ssim(m.ssim)}" if m.psnr_db is not None else _uncompared(m)),
         (f"worst {TILE}x{TILE} tile", fmt.tile(m.worst_tile_psnr_db, m.worst_tile_yx)),

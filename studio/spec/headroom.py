@@ -1,0 +1,184 @@
+"""How many steps a step cache can skip at all, before a run: the room its warm-up, run caps and step mask leave.
+
+Few-step and distilled models (FLUX.1-schnell's 4 steps, Z-Image-Turbo's 9) leave a cache little or no room; the
+card says so before anyone reads a speed-up, and a run that cached nothing says why (`idle_sentence`).
+
+The bound follows cache-dit 1.5.3's own decision, step by step (caching/cache_contexts/cache_manager.py `can_cache`,
+cache_context.py `warmup_steps` and `mark_step_begin`):
+- steps 0 .. max_warmup_steps-1 never cache (`is_in_warmup`; with a step mask the warm-up is cut to the mask's leading
+  compute steps, which compute anyway); the studio leaves `warmup_interval` at cache-dit's default 1;
+- under a step mask a mask-1 step computes; a mask-0 step under the `static` policy caches, unconditionally (before any
+  cap or residual check); under `dynamic` it goes on to the checks below;
+- `max_cached_steps` (>= 0) caps the cached steps of the run; `max_continuous_cached_steps` (>= 0) the cached steps in
+  a row (a computed step resets the streak in `mark_step_begin`);
+- then the residual check, which needs a residual from a computed step before it (`prev_states_tensor is not None`):
+  step 0 always computes, even with no warm-up.
+Caching every step these rules allow is the most a run can skip (a computed step can only come earlier than a cap
+forces it), so the bound is that greedy count: with no mask, `r - r // (C + 1)` of the `r` steps after the warm-up
+under a run cap C (8 steps, warm-up 4, C 3: steps 4, 5, 6 cached, 7 computed: 3). Fn/Bn_compute_blocks change what a
+cached step costs, not how many steps may be cached. diffusers' First-Block-Cache has no warm-up and no caps: its
+first call computes (no residual yet), every later one may be cached.
+
+Sentences live here, beside the numbers, because the record's JSON carries them and the engine, which builds the
+record, sits below studio.report (imports go one way).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from studio.spec.preset import CacheSpec
+
+
+@dataclass(frozen=True)
+class Headroom:
+    """The most steps a cache can skip in a run of `steps` steps, and what bounds it (the spec's own knobs)."""
+
+    backend: str  # "cache-dit" or "fbcache"
+    steps: int  # the steps that run (a request's executed steps: img2img's strength shortens them)
+    skippable: int  # the most steps the cache can skip
+    first: int  # the first step that may be cached (== steps: none may be)
+    warmup: int = 0  # max_warmup_steps
+    run_cap: int = -1  # max_continuous_cached_steps (-1: none)
+    total_cap: int = -1  # max_cached_steps (-1: none)
+    mask: str | None = None  # the step mask: a policy name, "bins", or None
+    static: bool = True  # the mask's policy is static (it alone decides)
+    mask_computes: int = 0  # steps the mask computes
+
+    @property
+    def tight(self) -> bool:
+        """Worth saying before the run: the cache can skip nothing, or fewer than half the steps (so even free cached
+        steps cannot make the run 2x faster) while the steps before its first cacheable one take a quarter or more
+        of the run (the request's few steps hold it down, not the preset's run cap alone: at most 1 cached in a row
+        is under half at any length, and saying so on every card says nothing about the request). The shipped
+        `cache` (warm-up 4, 3 in a row) is tight at 9 steps and fewer (4 of 9) and not from 10 (5 of 10)."""
+        return self.skippable == 0 or (2 * self.skippable < self.steps and 4 * self.first >= self.steps)
+
+    def sentence(self) -> str:
+        """e.g. 'at 8 steps with 4 warm-up steps and at most 3 cached in a row, this cache can skip at most 3 of 8
+        steps'."""
+        n, s = self.skippable, self.steps
+        can = f"can skip at most {n} of {s} {_steps(s)}" if n else f"can skip none of the {s} {_steps(s)}"
+        if self.backend == "fbcache":
+            return f"at {s} {_steps(s)} First-Block-Cache computes the first (no residual to compare yet), so it {can}"
+        clauses = []
+        if self.mask is not None:
+            kind = "static" if self.static else "dynamic"
+            clauses.append(f"the {kind} step mask {self.mask} computing {self.mask_computes} of them")
+        else:
+            clauses.append(f"{self.warmup} warm-up {_steps(self.warmup)}")
+        if self.mask is None or not self.static:
+            if self.run_cap >= 0:
+                clauses.append(f"at most {self.run_cap} cached in a row")
+            if self.total_cap >= 0:
+                clauses.append(f"at most {self.total_cap} cached in all")
+        with_ = clauses[0] if len(clauses) == 1 else ", ".join(clauses[:-1]) + " and " + clauses[-1]
+        return f"at {s} {_steps(s)} with {with_}, this cache {can}"
+
+
+def _steps(n: int) -> str:
+    return "step" if n == 1 else "steps"
+
+
+def headroom(spec: CacheSpec, steps: int, mask: list[int] | None = None) -> Headroom | None:
+    """The most steps `spec`'s cache can skip in a run of `steps` steps; None when it asks for no cache.
+
+    Args:
+        mask: the spec's step mask sized to `steps` (spec.cachedit.step_mask: 1 computes, 0 may cache); needed when
+            the spec has one (building it takes cache-dit, which this torch-free module does not import).
+    """
+    if not spec.enabled:
+        return None
+    if spec.backend == "fbcache":
+        return Headroom("fbcache", steps, max(0, steps - 1), min(1, steps))
+    if spec.has_mask and mask is None:
+        raise ValueError("a step mask's headroom needs the mask (spec.cachedit.step_mask)")
+    static = spec.steps_computation_policy == "static"
+    cacheable = _dbcache_steps(
+        steps, spec.max_warmup_steps, spec.max_continuous_cached_steps, spec.max_cached_steps, mask, static
+    )
+    return Headroom(
+        "cache-dit",
+        steps,
+        len(cacheable),
+        cacheable[0] if cacheable else steps,
+        spec.max_warmup_steps,
+        spec.max_continuous_cached_steps,
+        spec.max_cached_steps,
+        _mask_name(spec) if mask is not None else None,
+        static,
+        sum(1 for m in (mask or [])[:steps] if m == 1),
+    )
+
+
+def _mask_name(spec: CacheSpec) -> str:
+    return spec.steps_computation_mask if spec.steps_computation_mask != "none" else "bins"
+
+
+def _dbcache_steps(steps: int, warmup: int, run_cap: int, total_cap: int, mask, static: bool) -> list[int]:
+    """The steps cache-dit caches when every residual check passes: its `can_cache`, in its order."""
+    if mask is not None:  # cache_context.warmup_steps: cut to the mask's leading compute steps
+        lead = next((i for i, m in enumerate(mask) if m != 1), len(mask))
+        warmup = min(warmup, lead)
+    cached, streak, residual = [], 0, False
+    for i in range(steps):
+        if i < warmup or (mask is not None and i < len(mask) and mask[i] == 1):
+            can = False
+        elif mask is not None and static:
+            can = True  # a static mask's cache step: cached before any cap or residual check
+        elif 0 <= total_cap <= len(cached) or 0 <= run_cap <= streak:
+            can = False
+        else:
+            can = residual  # a residual from a computed step to compare with
+        if can:
+            cached.append(i)
+            streak += 1
+        else:
+            streak, residual = 0, True
+    return cached
+
+
+def idle_sentence(room: Headroom | None, diffs: dict, threshold: float | None) -> str:
+    """Why a run whose cache engaged cached nothing, from its own record: no room (the headroom sentence), or every
+    residual difference at or above the threshold (the smallest against it).
+
+    Args:
+        diffs: the run's residual differences as the cache recorded them ({step: diff}).
+        threshold: the threshold the run applied.
+    """
+    if room is not None and room.skippable == 0:
+        return f"cached nothing: {room.sentence()}"
+    t = "" if threshold is None else f" {threshold:g}"
+    if not diffs:
+        return f"cached nothing, and the cache recorded no residual difference to set against the threshold{t}"
+    low = min(diffs.values())
+    if threshold is not None and low < threshold:
+        return (
+            f"cached nothing, although the smallest residual difference seen, {_beside(low, threshold)}, is under "
+            f"the threshold{t}: the cache's counts and its differences disagree"
+        )
+    where = "above" if threshold is None or low > threshold else "at"
+    return (
+        f"cached nothing: the smallest residual difference seen was {_beside(low, threshold)}, {where} the "
+        f"threshold{t} (raise residual_diff_threshold to cache)"
+    )
+
+
+def _beside(x: float, threshold: float | None) -> str:
+    """`x` to two significant digits, or as many more as it takes to fall on its side of `threshold`."""
+    for digits in range(2, 10):
+        s = f"{x:.{digits}g}"
+        v = float(s)
+        if threshold is None or x == threshold or (v != threshold and (v < threshold) == (x < threshold)):
+            return s
+    return repr(x)
+
+
+def run_fields(room: Headroom | None, *, engaged: bool, cached: int, diffs: dict, threshold: float | None) -> dict:
+    """A run's RunMetrics fields: cache_skippable (the bound, wherever a cache was asked for), cache_headroom (the
+    sentence, when tight), cache_idle (why an engaged cache cached nothing)."""
+    return {
+        "cache_skippable": room.skippable if room is not None else None,
+        "cache_headroom": room.sentence() if room is not None and room.tight else None,
+        "cache_idle": idle_sentence(room, diffs, threshold) if engaged and cached == 0 else None,
+    }
