@@ -10,8 +10,8 @@ Method (the engine's own loading, timing and measuring; nothing here times anyth
 - a compiled preset is timed beside its eager twin (the same stack without compile, added when not asked for):
   their PSNR is the noise floor of compile, and the twin's time gives compile's saving per image;
 - with several prompts, each prompt is a rotation of its own; a row's speed-up is the median over prompts (its
-  interval the bootstrap's over every prompt's pairs) and its PSNR the mean and the worst, so one lucky prompt
-  cannot hide a bad stack;
+  interval the bootstrap's over every prompt's pairs) and its PSNR and FLIP the mean and the worst, so one lucky
+  prompt cannot hide a bad stack;
 - --vs-raw: the plain pipeline's runs and the studio's, paired round by round, through the same estimator (each
   known by its wall time: the plain run has no step probe).
 """
@@ -117,6 +117,8 @@ def row(name: str, rots: list[Rotation], base_name: str = BASE, ref: str | None 
         row.speedup, row.speedup_lo, row.speedup_hi = None, None, None
         row.speedup_note = replace(est, helps="more --repeats").why_not()
     row.worst_psnr_db = min(psnrs) if psnrs else None
+    flips = [m.flip for m in ms if m.flip is not None]
+    row.flip, row.worst_flip = (statistics.mean(flips), max(flips)) if flips else (None, None)
     row.mean_psnr_db = row.psnr_db
     row.prompts = len(rots)
     row.cached_by_prompt = [m.cached_steps for m in ms]

@@ -1,4 +1,4 @@
-"""Image quality against the base image (PSNR, SSIM, where the error is) and the quality guard's verdict.
+"""Image quality against the base image (PSNR, SSIM, FLIP, where the error is) and the quality guard's verdict.
 
 Where: a global PSNR averages the damage over the picture; `worst_tile` gives the PSNR of the worst 8x8 tile and
 its place, and `error_map` the per-pixel error as a picture, amplified by a stated scale.
@@ -146,6 +146,11 @@ class Quality:
     verdict: Verdict
     worst_tile_psnr_db: float = math.inf  # the worst TILE x TILE tile's PSNR
     worst_tile_yx: tuple[int, int] = (0, 0)  # its top-left pixel
+    flip: float | None = (
+        None  # FLIP's mean error against base (measure.flip; 0: no visible difference); None: not taken
+    )
+    flip_worst_tile: float | None = None  # the highest mean FLIP of a TILE x TILE tile
+    flip_worst_tile_yx: tuple[int, int] | None = None  # its top-left pixel
 
     @property
     def broken(self) -> bool:
@@ -179,14 +184,22 @@ def judge_batch(strip, base_strip, n: int) -> tuple[Quality, list[Quality]]:
     """A batch of n pictures against the same batch's base pictures: one Quality per picture, and the batch's own
     (PSNR and SSIM over all of it, the worst tile among all, and the worst picture's verdict: one broken picture of
     four makes the batch broken, where over the whole strip its noise would be diluted)."""
+    from studio.measure.flip import Flip, flip_of_batch
+
     each = [judge(a, b) for a, b in zip(split_batch(strip, n), split_batch(base_strip, n), strict=True)]
-    whole = judge(strip, base_strip)
+    whole = judge(strip, base_strip, with_flip=False)
     worst = max(each, key=lambda q: SEVERITY.index(q.verdict))
-    return replace(whole, verdict=worst.verdict), each
+    f = flip_of_batch([Flip(q.flip, q.flip_worst_tile, q.flip_worst_tile_yx) for q in each], strip.shape[0] // n)
+    return replace(
+        whole, verdict=worst.verdict, flip=f.mean, flip_worst_tile=f.worst_tile, flip_worst_tile_yx=f.worst_tile_yx
+    ), each
 
 
-def judge(image, base) -> Quality:
-    """Compare a run's image with the base image of the same request and give a verdict."""
+def judge(image, base, with_flip: bool = True) -> Quality:
+    """Compare a run's image with the base image of the same request and give a verdict (`with_flip`: FLIP's mean
+    and worst tile too, measure.flip; a batch takes its pictures' instead)."""
+    from studio.measure.flip import flip  # (flip.py reads this module's TILE)
+
     p = psnr(image, base)
     s = ssim(image, base)
     tile_db, tile_at = worst_tile(image, base)
@@ -202,4 +215,15 @@ def judge(image, base) -> Quality:
         verdict = Verdict.LOSSY
     else:
         verdict = Verdict.DIFFERENT
-    return Quality(p, s, ratio, verdict, tile_db, tile_at)
+    f = flip(image, base) if with_flip else None
+    return Quality(
+        p,
+        s,
+        ratio,
+        verdict,
+        tile_db,
+        tile_at,
+        f.mean if f else None,
+        f.worst_tile if f else None,
+        f.worst_tile_yx if f else None,
+    )

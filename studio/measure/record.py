@@ -121,6 +121,11 @@ class RunMetrics:
     of_ideal_note: str | None = None  # why there is no `of ideal` (a reading over its ideal: a measurement error)
     worst_tile_psnr_db: float | None = None  # PSNR of the worst 8x8 tile against base (measure.quality.worst_tile)
     worst_tile_yx: list[int] | None = None  # that tile's top-left pixel, [y, x]
+    # FLIP against base (measure.flip): the mean error (0 no visible difference, 1 the most), the highest mean of an
+    # 8x8 tile and its top-left pixel [y, x]. The map as a picture: studio.measure.flip.flip_map(image, base_image).
+    flip: float | None = None
+    flip_worst_tile: float | None = None
+    flip_worst_tile_yx: list[int] | None = None
     # A batch (num_images_per_prompt > 1), per picture in order: its seed and its PSNR, SSIM and verdict against the
     # same batch's base picture (the record's own are the batch's: measure.quality.judge_batch). None: one picture.
     batch: list[dict] | None = None
@@ -163,8 +168,8 @@ class RunMetrics:
         """The record of one measured run compared with its base (None: not compared).
 
         Args:
-            image, base_image: the run's and the base's pictures (PSNR, SSIM, the worst tile and the verdict come
-                from them).
+            image, base_image: the run's and the base's pictures (PSNR, SSIM, FLIP, the worst tiles and the verdict
+                come from them).
             base_denoise_s, base_timed_at: the base's wall time, and when it ended (time.monotonic).
             ended: when this run's timed run ended (time.monotonic).
             counts: the cached/full counts and where they came from.
@@ -208,6 +213,9 @@ class RunMetrics:
             ssim=q.ssim if q else None,
             worst_tile_psnr_db=q.worst_tile_psnr_db if q else None,
             worst_tile_yx=list(q.worst_tile_yx) if q else None,
+            flip=q.flip if q else None,
+            flip_worst_tile=q.flip_worst_tile if q else None,
+            flip_worst_tile_yx=list(q.flip_worst_tile_yx) if q and q.flip_worst_tile_yx else None,
             hf_ratio=q.hf_ratio if q else None,
             quality=q.verdict if q else Verdict.NOT_COMPARED,
             timing=timing.text(age),
@@ -237,6 +245,7 @@ def _judged(image, base_image, request: dict) -> tuple:
             "seed": request["seed"] + i,
             "psnr_db": e.psnr_db if e else None,
             "ssim": e.ssim if e else None,
+            "flip": e.flip if e else None,
             "quality": str(e.verdict if e else Verdict.NOT_COMPARED),
         }
         for i, e in enumerate(each)

@@ -76,6 +76,12 @@ def _room(m) -> str:
     return _lines(lines, "fallback") if lines else ""
 
 
+def _flip(m) -> str:
+    """FLIP's mean error against base and its worst tile (studio.measure.flip)."""
+    tile = fmt.flip_tile(m.flip_worst_tile, m.flip_worst_tile_yx)
+    return f"{fmt.flip(m.flip)} &nbsp; <small>(0: no visible difference; worst {TILE}x{TILE} tile {tile})</small>"
+
+
 def metrics_card(m) -> str:
     """`m` is a RunMetrics."""
     esc = html.escape
@@ -99,6 +105,7 @@ def metrics_card(m) -> str:
         ("vs base", vs),
         ("PSNR / SSIM", f"{fmt.psnr(m.psnr_db)} / {fmt.ssim(m.ssim)}" if m.psnr_db is not None else _uncompared(m)),
         (f"worst {TILE}x{TILE} tile", fmt.tile(m.worst_tile_psnr_db, m.worst_tile_yx)),
+        *([("FLIP", _flip(m))] if m.flip is not None else []),
         ("quality", verdict_flag(m.quality)),
         *([("batch", esc(fmt.batch_line(m.batch)))] if m.batch else []),
         *([("of ideal", esc(fmt.ideal_line(m)))] if m.ideal_speedup else []),

@@ -17,6 +17,18 @@ def ssim(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.4f}"
 
 
+def flip(v: float | None) -> str:
+    """FLIP's mean error (studio.measure.flip): 0 is no visible difference, 1 the most."""
+    return "n/a" if v is None else f"{v:.4f}"
+
+
+def flip_tile(v: float | None, yx) -> str:
+    """The worst FLIP tile and where it is: "0.0850 at (y 8, x 16)"; just "0.0000" for an identical picture."""
+    if v is None or yx is None or v == 0.0:
+        return flip(v)
+    return f"{flip(v)} at (y {yx[0]}, x {yx[1]})"
+
+
 def speedup(v: float | None, digits: int = 2) -> str:
     return "n/a" if v is None else f"{v:.{digits}f}x"
 
@@ -118,6 +130,15 @@ def error_map_note(scale: int, where: str, image: str = "image", base: str = "ba
         f"{where}: the error map |{image} − {base}| per pixel (the largest channel error) ×{scale}, saturating at "
         f"255: black is no change, white an error of {math.ceil(255 / scale)} or more of 255 levels. The red frame "
         f"marks the worst {TILE}x{TILE} tile."
+    )
+
+
+def flip_map_note(where: str, image: str = "image", base: str = "base") -> str:
+    """The caption of a FLIP error map (studio.report.images.flip_picture), as error_map_note's."""
+    return (
+        f"{where}: FLIP's error map of {image} against {base} (NVIDIA FLIP, in its magma colour map): black is no "
+        f"visible difference, through purple and orange to pale yellow at the most. The cyan frame marks the worst "
+        f"{TILE}x{TILE} tile by FLIP."
     )
 
 

@@ -1,4 +1,5 @@
-"""Pictures as shown: small native sizes enlarged, and the error map with its worst tile framed."""
+"""Pictures as shown: small native sizes enlarged, and the error maps (the x8 difference, FLIP's) with their worst
+tile framed."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 from studio.measure.quality import ERROR_SCALE, TILE, error_map
 
 FRAME_RGB = (230, 40, 40)  # the worst tile's frame: red on a grey map
+FLIP_FRAME_RGB = (40, 220, 230)  # cyan on FLIP's magma, which runs through red and orange
 
 
 def enlarge(img: np.ndarray | None, min_side: int = 384) -> np.ndarray | None:
@@ -20,13 +22,9 @@ def enlarge(img: np.ndarray | None, min_side: int = 384) -> np.ndarray | None:
     return img if k == 1 else np.kron(img, np.ones((k, k, 1), dtype=img.dtype))
 
 
-def error_picture(image: np.ndarray, base: np.ndarray | None, worst_yx=None, *, scale: int = ERROR_SCALE):
-    """The error map of `image` against `base` (measure.quality.error_map, x `scale`), enlarged like the pictures,
-    with a red frame on the worst TILE x TILE tile at `worst_yx` (its top-left pixel; None: no frame, as for an
-    identical pair). None without a base."""
-    if base is None:
-        return None
-    small = error_map(image, base, scale)
+def _framed(small: np.ndarray, worst_yx, rgb) -> np.ndarray:
+    """`small` enlarged like the pictures, with a frame of colour `rgb` on the TILE x TILE tile at `worst_yx` (its
+    top-left pixel; None: no frame)."""
     big = enlarge(small)
     if worst_yx is None:
         return big
@@ -35,10 +33,30 @@ def error_picture(image: np.ndarray, base: np.ndarray | None, worst_yx=None, *, 
     y1, x1 = min(y0 + TILE * k, big.shape[0]), min(x0 + TILE * k, big.shape[1])
     t = max(1, k // 3)  # the frame lies inside the tile, so the tile's own pixels around it stay visible
     for sl in ((slice(y0, y0 + t), slice(x0, x1)), (slice(y1 - t, y1), slice(x0, x1))):
-        big[sl] = FRAME_RGB
+        big[sl] = rgb
     for sl in ((slice(y0, y1), slice(x0, x0 + t)), (slice(y0, y1), slice(x1 - t, x1))):
-        big[sl] = FRAME_RGB
+        big[sl] = rgb
     return big
+
+
+def error_picture(image: np.ndarray, base: np.ndarray | None, worst_yx=None, *, scale: int = ERROR_SCALE):
+    """The error map of `image` against `base` (measure.quality.error_map, x `scale`), enlarged like the pictures,
+    with a red frame on the worst TILE x TILE tile at `worst_yx` (its top-left pixel; None: no frame, as for an
+    identical pair). None without a base."""
+    if base is None:
+        return None
+    return _framed(error_map(image, base, scale), worst_yx, FRAME_RGB)
+
+
+def flip_picture(image: np.ndarray, base: np.ndarray | None, worst_yx=None):
+    """FLIP's error map of `image` against `base` in its own colour map (measure.flip.flip_map: black is no visible
+    difference, pale yellow the most), enlarged like the pictures, with a cyan frame on the worst FLIP tile at
+    `worst_yx` (RunMetrics.flip_worst_tile_yx; None: no frame, as for an identical pair). None without a base."""
+    if base is None:
+        return None
+    from studio.measure.flip import flip_map
+
+    return _framed(flip_map(image, base), worst_yx, FLIP_FRAME_RGB)
 
 
 THUMB_SIDE = 128

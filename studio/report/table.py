@@ -28,14 +28,17 @@ COLUMNS = (
 CORE = 7  # the columns before a bench's extras
 # Columns a bench adds where it has them, after "of ideal": (heading, MatrixRow field, format)
 OPTIONAL = (
+    ("FLIP", "flip", fmt.flip),
     ("worst PSNR", "worst_psnr_db", fmt.psnr),
+    ("worst FLIP", "worst_flip", fmt.flip),
     ("studio/raw", "studio_over_raw_ci", lambda v: fmt.ratio_ci(*v, digits=3)),
     ("peak memory", "peak_mem_bytes", fmt.size),
     ("H2D/full step", "h2d_full_bytes", fmt.size),
     ("H2D/cached step", "h2d_cached_bytes", fmt.size),
 )
 # The A/B table's extra column: where the damage is, beside the global PSNR (MatrixRow.worst_tile: (dB, (y, x)))
-AB_OPTIONAL = ((f"worst {TILE}x{TILE} tile", "worst_tile", lambda t: fmt.tile(*t)),)
+AB_OPTIONAL = ((f"worst {TILE}x{TILE} tile", "worst_tile", lambda t: fmt.tile(*t)), ("FLIP", "flip", fmt.flip))
+OVER_PROMPTS = ("worst_psnr_db", "worst_flip")  # shown only over several prompts (one prompt: the row's own)
 AB_AT = 6  # beside PSNR and the counts, before `of ideal`
 AB_COLUMNS = COLUMNS[:AB_AT] + tuple(c[0] for c in AB_OPTIONAL) + COLUMNS[AB_AT:]
 
@@ -68,6 +71,8 @@ class MatrixRow:
     of_ideal_hi: float | None = None
     mean_psnr_db: float | None = None  # over prompts
     worst_psnr_db: float | None = None  # over prompts
+    flip: float | None = None  # FLIP's mean error against base (studio.measure.flip); over prompts, their mean
+    worst_flip: float | None = None  # over prompts: the highest
     prompts: int = 1
     cached_by_prompt: list[int] = field(default_factory=list)
     compile_s: float | None = None  # the cold run that compiled
@@ -145,6 +150,7 @@ class MatrixRow:
             of_ideal_against=m.of_ideal_against,
             worst_tile_psnr_db=m.worst_tile_psnr_db,
             worst_tile_yx=m.worst_tile_yx,
+            flip=m.flip,
             peak_mem_bytes=(m.peak_memory or {}).get("peak_bytes"),
             peak_mem_kind=(m.peak_memory or {}).get("kind"),
             h2d_full_bytes=(m.h2d or {}).get("h2d_bytes_per_full_step"),
@@ -164,11 +170,11 @@ class Matrix:
     repeats: int
 
     def optional(self) -> tuple:
-        """The bench's extra columns that some row has a value for (worst PSNR only over several prompts)."""
+        """The bench's extra columns that some row has a value for (the worst figures only over several prompts)."""
         return tuple(
             c
             for c in OPTIONAL
-            if any(getattr(r, c[1]) is not None for r in self.rows) and (c[1] != "worst_psnr_db" or self.prompts > 1)
+            if any(getattr(r, c[1]) is not None for r in self.rows) and (c[1] not in OVER_PROMPTS or self.prompts > 1)
         )
 
     @property
