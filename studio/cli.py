@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from studio.cli_support import (
+    bench_args,
     common_args,
     device_worker,
     image_args,
@@ -27,6 +28,8 @@ from studio.cli_support import (
     read_prompts,
     read_settings,
     regimes_args,
+    seeds_of,
+    tune_args,
 )
 from studio.spec.request import parse_loras
 
@@ -54,20 +57,7 @@ def parser() -> argparse.ArgumentParser:
         help="on: base timed beside the run and PSNR against it (default, or STUDIO_COMPARE); auto: a kept base "
         "timing of the same shape (a fresh process has none: as on); off: the stack alone",
     )
-    b = sub.add_parser("bench", help="every preset (or --presets a,b) side by side on one request")
-    common_args(b)
-    b.add_argument("--presets", default=None, help="comma-separated preset names (default: all)")
-    b.add_argument("--repeats", type=int, default=3)
-    b.add_argument("--extra-rounds", type=int, default=None, help="rounds beyond --repeats while a row is withheld")
-    b.add_argument("--prompts", default=None, help="a file of prompts, one per line: one rotation per prompt")
-    b.add_argument("--vs-raw", action="store_true", help="time each preset through plain diffusers too")
-    b.add_argument("--json", action="store_true", help="print the rows and the run's settings as JSON")
-    b.add_argument("--csv", action="store_true", help="print the rows as CSV")
-    b.add_argument("--out", default=None, help="write the report: .md, .csv or .json by extension")
-    b.add_argument("--plot", default=None, help="write the speed-up vs PSNR plot (PNG)")
-    b.add_argument(
-        "--in-process", action="store_true", help="run here, not in the device worker (a native crash then ends it)"
-    )
+    bench_args(sub)
     s = sub.add_parser("sweep", help="one cache knob over a prompt set: speed-up and worst PSNR, the cliff marked")
     common_args(s, "sweep")
     s.add_argument("--preset", default="cache")
@@ -84,14 +74,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.add_argument("--out", default=None, help="write the table: .md or .json by extension")
     s.add_argument("--plot", default=None, help="write the curve (PNG)")
-    t = sub.add_parser("tune", help="the fastest stack whose worst PSNR over the prompts stays above a floor")
-    common_args(t, "tune")
-    t.add_argument("--min-psnr", type=float, required=True, help="the floor, dB, for the worst prompt")
-    t.add_argument("--prompts", default=None, help="a file of prompts, one per line (default: the profile's examples)")
-    t.add_argument("--name", default=None, help="the tuned preset's name (default tuned-<floor>db)")
-    t.add_argument("--out", default=None, help="write the preset YAML here (default: into --presets-dir when given)")
-    t.add_argument("--plot", default=None, help="write the search's threshold curve (PNG)")
-    t.add_argument("--json", action="store_true")
+    tune_args(sub)
     ps = sub.add_parser("presets", help="list presets and their stacks; export one for cache-dit")
     ps.add_argument("action", nargs="?", default="list", choices=("list", "export"))
     ps.add_argument("name", nargs="?", default=None)
@@ -191,15 +174,16 @@ def _generate(runner, req, args) -> int:
 
 def _prompt_requests(runner, req, args, examples: bool = True) -> list:
     """The request with each prompt of --prompts FILE; without one, each of the model profile's example prompts
-    (sweep, tune) or the request alone (bench: `examples=False`)."""
+    (sweep, tune) or the request alone (bench: `examples=False`); each at every seed of --seeds (bench)."""
     prompts = read_prompts(args.prompts)
     if not prompts and examples:
         prompts = list(runner.profile(args.model).example_prompts)
-    return [replace(req, prompt=p) for p in prompts] if prompts else [req]
+    seeds = seeds_of(getattr(args, "seeds", None)) or [req.seed]
+    return [replace(req, prompt=p, seed=s) for p in (prompts or [req.prompt]) for s in seeds]
 
 
 def _bench(runner, req, args) -> int:
-    from studio.report.plots import plot_tradeoff
+    from studio.report.plots import plot_paired, plot_tradeoff
     from studio.report.text import bench_header, bench_markdown
     from studio.worker import reruns
     from studio.worker.service import InProcess
@@ -221,6 +205,8 @@ def _bench(runner, req, args) -> int:
             compile_enabled=args.compile,
             vs_raw=args.vs_raw,
             extra_rounds=args.extra_rounds,
+            floor_db=args.min_psnr,
+            max_flip=args.max_flip,
         )
     finally:
         close()
@@ -236,8 +222,8 @@ def _bench(runner, req, args) -> int:
         out = Path(args.out)
         text = {".csv": rep.matrix.csv, ".json": lambda: json.dumps(rep.as_dict(), indent=1)}.get(out.suffix)
         out.write_text(text() if text else bench_header(rep) + "\n\n" + bench_markdown(rep) + "\n")
-    if args.plot:
-        plot_tradeoff(rep.matrix.rows, args.plot)
+    if args.plot:  # over several requests, one point per request (studio.bench.paired); else one per stack
+        plot_paired(rep.paired, args.plot) if rep.paired else plot_tradeoff(rep.matrix.rows, args.plot)
     return 0
 
 
@@ -292,6 +278,7 @@ def _tune(runner, req, args) -> int:
         runner,
         _prompt_requests(runner, req, args),
         args.min_psnr,
+        max_flip=args.max_flip,
         name=args.name,
         model=args.model,
         progress=lambda m: print(m, file=sys.stderr),
@@ -306,7 +293,7 @@ def _tune(runner, req, args) -> int:
         print(json.dumps({**res.as_dict(), "written": out}, indent=1))
     else:
         print(text)
-        print("# " + tune_summary(res, written=out))
+        print("\n".join("# " + line for line in tune_summary(res, written=out).splitlines()))
     if args.plot and res.curve:
         curve = list(zip(*res.curve))  # (thresholds, predicted speed-ups, worst dB)
         plot_sweep("residual_diff_threshold (search, no calibrator)", *curve, None, args.plot, floor_db=res.floor_db)

@@ -209,3 +209,56 @@ def regimes_args(sub) -> None:
     r.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     r.add_argument("--out", default=None, help="the report as JSON, written after every row")
     r.add_argument("--md", default=None, help="the Markdown table, written after every row")
+
+
+def bench_args(sub) -> None:
+    """`python -m studio bench`'s arguments."""
+    from studio.measure.quality import GOOD_DB  # (numpy only)
+
+    b = sub.add_parser("bench", help="every preset (or --presets a,b) side by side on one request")
+    common_args(b)
+    b.add_argument("--presets", default=None, help="comma-separated preset names (default: all)")
+    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--extra-rounds", type=int, default=None, help="rounds beyond --repeats while a row is withheld")
+    b.add_argument("--prompts", default=None, help="a file of prompts, one per line: one rotation per prompt")
+    b.add_argument("--vs-raw", action="store_true", help="time each preset through plain diffusers too")
+    b.add_argument("--json", action="store_true", help="print the rows and the run's settings as JSON")
+    b.add_argument("--csv", action="store_true", help="print the rows as CSV")
+    b.add_argument("--out", default=None, help="write the report: .md, .csv or .json by extension")
+    b.add_argument("--seeds", default=None, help="comma-separated seeds: each prompt at each seed (default: --seed)")
+    b.add_argument("--min-psnr", type=float, default=GOOD_DB, help="the PSNR a paired win needs (dB; default 30)")
+    b.add_argument("--max-flip", type=float, default=None, help="the FLIP a paired win may not pass (default: none)")
+    b.add_argument(
+        "--plot",
+        default=None,
+        help="write the speed-up vs PSNR plot (PNG): one point per stack; over several prompts or seeds, one per "
+        "prompt, one colour per stack",
+    )
+    b.add_argument(
+        "--in-process", action="store_true", help="run here, not in the device worker (a native crash then ends it)"
+    )
+
+
+def tune_args(sub) -> None:
+    """`python -m studio tune`'s arguments."""
+    t = sub.add_parser("tune", help="the fastest stack whose worst PSNR over the prompts stays above a floor")
+    common_args(t, "tune")
+    t.add_argument("--min-psnr", type=float, required=True, help="the floor, dB, for the worst prompt")
+    t.add_argument(
+        "--max-flip", type=float, default=None, help="and a ceiling on FLIP's mean error for the worst prompt (0-1)"
+    )
+    t.add_argument("--prompts", default=None, help="a file of prompts, one per line (default: the profile's examples)")
+    t.add_argument("--name", default=None, help="the tuned preset's name (default tuned-<floor>db)")
+    t.add_argument("--out", default=None, help="write the preset YAML here (default: into --presets-dir when given)")
+    t.add_argument("--plot", default=None, help="write the search's threshold curve (PNG)")
+    t.add_argument("--json", action="store_true")
+
+
+def seeds_of(text: str | None) -> list[int] | None:
+    """--seeds "1,2,3" as ints; None without it."""
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds {text!r}: give whole numbers separated by commas, e.g. --seeds 1,2,3") from None

@@ -116,7 +116,10 @@ def test_cli_bench_over_prompts_json_and_csv(tmp_path):
     assert "sage crashed the device worker (SIGSEGV); the bench runs again without it" in p.stderr
     cache = next(r for r in d["rows"] if r["preset"] == "cache")
     assert cache["prompts"] == 2 and len(cache["cached_by_prompt"]) == 2
-    assert cache["worst_psnr_db"] <= cache["mean_psnr_db"]
+    assert cache["worst_psnr_db"] <= cache["mean_psnr_db"] and cache["worst_flip"] >= cache["flip"] > 0
+    (paired,) = d["paired"]  # cache, request by request against each prompt's own base
+    assert paired["preset"] == "cache" and paired["of"] == 2 and [p["label"] for p in paired["prompts"]] == PROMPTS
+    assert paired["wins"] == sum(p["win"] for p in paired["prompts"]) and paired["worst"] in PROMPTS
     assert csv_path.read_text().startswith("preset,tag,denoise_s,step_ms,speedup")
     assert "Loading pipeline components" not in p.stderr  # the progress bar alone on stderr
 
@@ -142,8 +145,15 @@ def test_tuned_preset_meets_its_floor_and_loads(tiny_runner, tmp_path):
     space = SearchSpace(
         calibrators=("none",), run_caps=(3,), warmups=(4,), masks=(), non_cache=("base",), finalists=1, repeats=1
     )
-    res = tune(tiny_runner, reqs, 35.0, space=space)
+    res = tune(tiny_runner, reqs, 35.0, space=space, max_flip=0.2)
     assert res.worst_db >= 35.0 and res.screened > 0 and res.runs == res.screened + res.timed
+    assert res.worst_flip <= 0.2 and all(c.worst_flip <= 0.2 for c in res.candidates)
+    # chosen on the worst case of its paired figures, printed with it: one line per prompt after the sentence
+    assert res.paired["of"] == 2 and [p["label"] for p in res.paired["prompts"]] == PROMPTS
+    lines = tune_summary(res).splitlines()
+    assert ", worst FLIP " in lines[0] and "(ceiling 0.2)" in lines[0] and len(lines) == 4
+    assert lines[1].startswith("paired over 2 prompts, each against its own base: ")
+    assert "--max-flip 0.2` on 2 prompts" in res.preset.description
     assert res.preset.cache_config.enabled and res.preset.name == "tuned-35db"
     assert res.prompts == PROMPTS and " over 2 prompts (floor 35), " in tune_summary(res)
     path = tmp_path / "tuned-35db.yaml"

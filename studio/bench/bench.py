@@ -12,6 +12,8 @@ Method (the engine's own loading, timing and measuring; nothing here times anyth
 - with several prompts, each prompt is a rotation of its own; a row's speed-up is the median over prompts (its
   interval the bootstrap's over every prompt's pairs) and its PSNR and FLIP the mean and the worst, so one lucky
   prompt cannot hide a bad stack;
+- with several prompts or seeds, each stack is also read request by request against each request's own base
+  (studio.bench.paired): the paired speed-up with its interval, PSNR and FLIP, wins as N of N, the worst by name;
 - --vs-raw: the plain pipeline's runs and the studio's, paired round by round, through the same estimator (each
   known by its wall time: the plain run has no step probe).
 """
@@ -22,12 +24,13 @@ import math
 import statistics
 from dataclasses import dataclass, field, replace
 
+from studio.bench.paired import Paired, paired
 from studio.bench.rotation import EXTRA_ROUNDS, Rotation, rotate, total_graphs
 from studio.bench.twins import cache_twins, with_twins
 from studio.engine import BASE, Runner
 from studio.measure.blocks import CachedStepPrice, IdealCheck
 from studio.measure.estimate import Run, speedup_over
-from studio.measure.quality import psnr
+from studio.measure.quality import GOOD_DB, psnr
 from studio.measure.record import library_versions
 from studio.report.table import AGAIN, Matrix, MatrixRow
 from studio.spec.checks import ConfigError, check_int
@@ -74,9 +77,11 @@ class BenchReport:
     twins: dict[str, str]
     meta: dict
     crashed: dict[str, str] = field(default_factory=dict)  # stack -> how it killed the device worker (left out)
+    paired: list[Paired] = field(default_factory=list)  # over several requests: each stack request by request
 
     def as_dict(self) -> dict:
         return {
+            "paired": [p.as_dict() for p in self.paired],
             **self.meta,
             "rows": [r.as_dict() for r in self.matrix.rows],
             "noise_floor": self.noise.__dict__,
@@ -222,12 +227,14 @@ def run_bench(
     vs_raw: bool = False,
     exclude=(),
     extra_rounds: int | None = None,
+    floor_db: float = GOOD_DB,
+    max_flip: float | None = None,
 ) -> BenchReport:
     """The bench (module doc). `progress(done, total, label)` after each timed run; `vs_raw` runs each preset
     through plain diffusers too (studio.bench.raw) for the studio_over_raw column. `exclude`: stacks left out
     after the twins are added (the stacks that crashed the device worker: studio.worker.reruns). `extra_rounds`: rounds
     beyond `repeats` while a speed-up would be withheld (studio.bench.rotation; None: EXTRA_ROUNDS; 0: exactly
-    `repeats`)."""
+    `repeats`). `floor_db`, `max_flip`: the quality a paired win needs over several requests (studio.bench.paired)."""
     check_int("bench", "repeats", repeats, lo=1)  # none: no timed run, nothing to divide
     extra_rounds = EXTRA_ROUNDS if extra_rounds is None else extra_rounds
     check_int("bench", "extra_rounds", extra_rounds, lo=0)
@@ -277,4 +284,6 @@ def run_bench(
         "cache_twins": refs,
         "vs_raw": vs_raw,
     }
-    return BenchReport(mat, rots, _noise(rots, names, twins), _cost(rots, twins), twins, meta)
+    pairs = paired(rots, names, floor_db, max_flip) if len(rots) > 1 else []
+    noise = _noise(rots, names, twins)
+    return BenchReport(mat, rots, noise, _cost(rots, twins), twins, meta, paired=pairs)

@@ -12,6 +12,7 @@ from studio.spec.preset import CacheSpec, Preset
 class Candidate:
     cache: CacheSpec
     worst_db: float | None = None
+    worst_flip: float | None = None  # the highest FLIP over the prompts screened
     passed: bool = False
     predicted: float = 1.0  # speed-up the counts predict
     cached: list[int] = field(default_factory=list)
@@ -32,6 +33,9 @@ class TuneResult:
     prompts: list[str] = field(default_factory=list)  # the prompts the floor held on
     speedup_lo: float | None = None  # the speed-up's interval (studio.measure.estimate, over the prompts' pairs)
     speedup_hi: float | None = None
+    max_flip: float | None = None  # the FLIP ceiling asked for (None: PSNR alone)
+    worst_flip: float | None = None  # the result's highest FLIP over the prompts, timed
+    paired: dict | None = None  # its figures prompt by prompt (studio.bench.paired.Paired.as_dict); None: one prompt
 
     @property
     def runs(self) -> int:
@@ -48,6 +52,9 @@ class TuneResult:
             "speedup_lo": self.speedup_lo,
             "speedup_hi": self.speedup_hi,
             "vs_cache": self.vs_cache,
+            "max_flip": self.max_flip,
+            "worst_flip": self.worst_flip,
+            "paired": self.paired,
             "non_cache": self.non_cache,
             "screening_runs": self.screened,
             "timed_runs": self.timed,

@@ -1,4 +1,5 @@
-"""`python -m studio tune --min-psnr 35`: the fastest stack whose worst PSNR over the prompts stays above a floor.
+"""`python -m studio tune --min-psnr 35 [--max-flip 0.05]`: the fastest stack whose worst PSNR (and FLIP) over the
+prompts stays above the floor.
 
 1. The device's best non-cache options: the shipped non-cache presets timed by the bench on the first prompt; the
    fastest whose worst PSNR keeps a margin above the floor (on a CPU: often compile alone; INT8 weight-only and Sage
@@ -8,7 +9,12 @@
    worst PSNR over the prompts meets the floor (a prompt that fails ends a candidate early); then the step-mask
    policies. Candidates are ranked by the speed-up their counts predict (cached steps costing Fn+Bn of the blocks).
 3. The best few, stacked on the options of step 1, timed by the bench side by side (with `cache`, the shipped
-   preset, as the bar to beat); the fastest that still meets the floor on every prompt is the result.
+   preset, as the bar to beat); of those that still meet the floor on every prompt, the one whose WORST paired
+   speed-up over the prompts (each prompt against its own base: studio.bench.paired) is highest is the result, and
+   its paired figures are printed with it.
+
+`--max-flip` adds a ceiling on FLIP's mean error (studio.measure.flip) for the worst prompt beside the PSNR floor:
+a candidate must meet both, the non-cache options stay within half the ceiling.
 
 The per-request switches: compile on or off applies to the options of step 1 (true: each option compiled; false:
 none is), so the result runs as the switch says; the result always caches (what is tuned is the step cache), so the
@@ -34,6 +40,7 @@ WARMUPS = (4, 2)
 MASKS = ("medium", "fast")
 NON_CACHE = ("base", "compile", "int8", "sage", "sage-int8")
 MARGIN_DB = 3.0  # a non-cache option must keep this much above the floor, to leave room for the cache
+FLIP_MARGIN = 0.5  # ... and at most this share of the FLIP ceiling (FLIP is concave: half leaves the cache room)
 FINALISTS = 3
 
 
@@ -74,8 +81,10 @@ class Tuner:
         space: SearchSpace | None = None,
         *,
         compile_enabled: bool | None = None,
+        max_flip: float | None = None,
     ):
         self.runner, self.requests, self.floor, self.model = runner, list(requests), floor_db, model
+        self.max_flip = max_flip  # a ceiling on FLIP's mean error for the worst prompt (None: PSNR alone)
         self.compile_enabled = compile_enabled  # the compile switch, on the non-cache options (None: as shipped)
         self.space = space or SearchSpace()
         self.progress = progress or (lambda msg: None)
@@ -93,33 +102,49 @@ class Tuner:
             self.runner, self.requests[:1], list(options.values()), model=self.model, repeats=self.space.repeats
         )
         self.timed += sum(len(r.runs) for r in rep.matrix.rows)
-        ok = [r for r in rep.matrix.rows if r.preset in options and (r.psnr_db or 0) >= self.floor + MARGIN_DB]
+        ok = [
+            r
+            for r in rep.matrix.rows
+            if r.preset in options
+            and (r.psnr_db or 0) >= self.floor + MARGIN_DB
+            and self._flip_ok(r.flip, FLIP_MARGIN)
+        ]
         best = max(ok, key=lambda r: r.speedup or 0, default=None)
         if best is None:  # with compile forced on, base is not among the options
             raise ConfigError(
                 f"no non-cache option ({', '.join(options)}) keeps {self.floor + MARGIN_DB:g} dB (the floor and "
-                f"{MARGIN_DB:g} dB for the cache) on the first prompt: lower --min-psnr, or drop --compile true"
+                f"{MARGIN_DB:g} dB for the cache){self._flip_words(FLIP_MARGIN)} on the first prompt: lower --min-psnr"
+                f"{', raise --max-flip' if self.max_flip is not None else ''}, or drop --compile true"
             )
         return options[best.preset]
 
+    def _flip_ok(self, flip: float | None, share: float = 1.0) -> bool:
+        """Within `share` of the FLIP ceiling (always, without one)."""
+        return self.max_flip is None or (flip is not None and flip <= self.max_flip * share)
+
+    def _flip_words(self, share: float = 1.0) -> str:
+        return "" if self.max_flip is None else f" and FLIP <= {self.max_flip * share:g}"
+
     # 2 -----------------------------------------------------------------------------------------------------------
     def evaluate(self, stack: Preset, cache: CacheSpec) -> Candidate:
-        """Worst PSNR over the prompts (stopping at the first that fails) and the predicted speed-up."""
+        """Worst PSNR and FLIP over the prompts (stopping at the first that fails) and the predicted speed-up."""
         cand = Candidate(cache)
         p = replace(stack, name="tuning", cache_config=cache, compile=replace(stack.compile, enabled=False))
-        worst, preds = None, []
+        worst, worst_flip, preds = None, 0.0, []
         for i in list(self.order):
             m = self.runner.screen(self.requests[i], p, self.model)
             self.screened += 1
             cand.cached.append(m.cached_steps)
             db = m.psnr_db if m.psnr_db is not None else float("inf")
             worst = db if worst is None else min(worst, db)
+            worst_flip = max(worst_flip, m.flip if m.flip is not None else 1.0)
             preds.append(m.ideal_speedup or 1.0)  # the engine's: cached steps costing only their Fn+Bn blocks
-            if db < self.floor:
+            if db < self.floor or not self._flip_ok(m.flip):
                 self.order.remove(i)
                 self.order.insert(0, i)  # this prompt first next time: failures end candidates sooner
                 break
-        cand.worst_db, cand.passed = worst, worst is not None and worst >= self.floor
+        cand.worst_db, cand.worst_flip = worst, worst_flip
+        cand.passed = worst is not None and worst >= self.floor and self._flip_ok(worst_flip)
         cand.predicted = statistics.mean(preds) if cand.passed else 1.0
         return cand
 
@@ -167,6 +192,24 @@ class Tuner:
         return sorted(out, key=lambda c: -c.predicted)
 
     # 3 -----------------------------------------------------------------------------------------------------------
+    def _pick(self, rep, finalists: list[Preset]) -> Preset:
+        """The finalist that keeps every prompt above the floor (and under the FLIP ceiling) once timed with the
+        best worst case of its paired speed-ups over the prompts (studio.bench.paired; its median speed-up breaks a
+        tie, and is all there is with one prompt)."""
+        rows = {r.preset: r for r in rep.matrix.rows}
+        worst = {p.preset: p.worst_speedup for p in rep.paired}
+        ok = [
+            f
+            for f in finalists
+            if (rows[f.name].worst_psnr_db or 0) >= self.floor and self._flip_ok(rows[f.name].worst_flip)
+        ]
+        if not ok:
+            raise ConfigError(
+                f"no finalist kept every prompt above {self.floor:g} dB{self._flip_words()} once timed; lower "
+                f"--min-psnr{' or raise --max-flip' if self.max_flip is not None else ''}"
+            )
+        return max(ok, key=lambda f: (worst.get(f.name) or 0, rows[f.name].speedup or 0))
+
     def run(self, name: str) -> TuneResult:
         stack = self.best_non_cache()
         self.progress(f"non-cache options: {stack.name} ({stack.tag()})")
@@ -176,19 +219,25 @@ class Tuner:
             for i, c in enumerate(cands[: self.space.finalists])
         ]
         if not finalists:
-            raise ConfigError(f"no cache setting keeps every prompt above {self.floor:g} dB; lower --min-psnr")
+            raise ConfigError(
+                f"no cache setting keeps every prompt above {self.floor:g} dB{self._flip_words()}; lower --min-psnr"
+            )
         self.progress(f"timing {len(finalists)} finalists beside base and cache")
         rep = run_bench(
-            self.runner, self.requests, ["cache"] + finalists, model=self.model, repeats=self.space.repeats
+            self.runner,
+            self.requests,
+            ["cache"] + finalists,
+            model=self.model,
+            repeats=self.space.repeats,
+            floor_db=self.floor,
+            max_flip=self.max_flip,
         )
         self.timed += sum(len(r.runs) for r in rep.matrix.rows)
-        rows = {r.preset: r for r in rep.matrix.rows}
-        ok = [f for f in finalists if (rows[f.name].worst_psnr_db or 0) >= self.floor]
-        if not ok:
-            raise ConfigError(f"no finalist kept every prompt above {self.floor:g} dB once timed; lower --min-psnr")
-        win = max(ok, key=lambda f: rows[f.name].speedup or 0)
+        win = self._pick(rep, finalists)
+        rows = {x.preset: x for x in rep.matrix.rows}
         r, cache_row = rows[win.name], rows["cache"]
         vs_cache = r.speedup / cache_row.speedup if r.speedup and cache_row.speedup else None
+        pair = next((p for p in rep.paired if p.preset == win.name), None)
         desc = tuned_description(
             self.floor,
             len(self.requests),
@@ -197,10 +246,12 @@ class Tuner:
             interval=(r.speedup_lo, r.speedup_hi),
             vs_cache=vs_cache,
             on=f"{rep.meta['device']} {rep.meta['dtype']}",
+            max_flip=self.max_flip,
+            worst_flip=r.worst_flip,
+            worst_paired=pair.worst_speedup if pair else None,
         )
-        preset = replace(win, name=name, description=desc)
         return TuneResult(
-            preset,
+            replace(win, name=name, description=desc),
             self.floor,
             r.worst_psnr_db,
             r.speedup,
@@ -213,6 +264,9 @@ class Tuner:
             prompts=[q.prompt for q in self.requests],
             speedup_lo=r.speedup_lo,
             speedup_hi=r.speedup_hi,
+            max_flip=self.max_flip,
+            worst_flip=r.worst_flip,
+            paired=pair.as_dict() if pair else None,
         )
 
 
@@ -227,8 +281,10 @@ def tune(
     space=None,
     cache_enabled: bool | None = None,
     compile_enabled: bool | None = None,
+    max_flip: float | None = None,
 ) -> TuneResult:
-    """See the module doc. `name`: the tuned preset's (default tuned-<floor>db); `space`: what is searched;
+    """See the module doc. `max_flip`: a ceiling on FLIP's mean error for the worst prompt beside the PSNR floor.
+    `name`: the tuned preset's (default tuned-<floor>db); `space`: what is searched;
     `cache_enabled`, `compile_enabled`: the per-request switches (None: the search decides)."""
     if cache_enabled is False:
         fail(
@@ -240,4 +296,7 @@ def tune(
         )
     name = name or f"tuned-{floor_db:g}db".replace(".", "_")
     runner.generate(requests[0], BASE, model=model)  # load and fail early on a model that cannot run
-    return Tuner(runner, requests, floor_db, model, progress, space, compile_enabled=compile_enabled).run(name)
+    tuner = Tuner(
+        runner, requests, floor_db, model, progress, space, compile_enabled=compile_enabled, max_flip=max_flip
+    )
+    return tuner.run(name)

@@ -129,3 +129,48 @@ def plot_sweep(
     fig.tight_layout()
     fig.savefig(path_or_buf, format="png")
     plt.close(fig)
+
+
+def plot_paired(paired: list, path_or_buf, *, title: str = "speed-up vs PSNR per request, against its own base"):
+    """One point per request, one colour per stack (studio.bench.paired.Paired): the paired speed-up (x, with its
+    interval) against PSNR (y); a filled point is a win, a hollow one is not; the floor as a line. A withheld
+    speed-up is left out (it has no x) and counted in the legend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=110)
+    finite = [f.psnr_db for p in paired for f in p.prompts if f.psnr_db is not None and math.isfinite(f.psnr_db)]
+    top = (max(finite) if finite else 40.0) + 6
+    for i, p in enumerate(paired):
+        colour = plt.get_cmap("tab10")(i % 10)
+        shown = [f for f in p.prompts if f.speedup is not None]
+        gone = len(p.prompts) - len(shown)
+        label = f"{p.preset} ({p.wins}/{len(p.prompts)} wins" + (f", {gone} withheld)" if gone else ")")
+        for j, f in enumerate(shown):
+            y = top if f.psnr_db is None or math.isinf(f.psnr_db) else f.psnr_db
+            ax.errorbar(
+                [f.speedup],
+                [y],
+                xerr=[[f.speedup - f.speedup_lo], [f.speedup_hi - f.speedup]],
+                fmt="o",
+                color=colour,
+                mfc=colour if f.win else "none",
+                capsize=2,
+                lw=0.8,
+                label=label if j == 0 else None,
+            )
+        if not shown:
+            ax.plot([], [], "o", color=colour, label=label)
+    if paired:
+        ax.axhline(paired[0].floor_db, color="#2ca02c", lw=0.8, ls="--", label=f"floor {paired[0].floor_db:g} dB")
+    ax.axvline(1.0, color="#888", lw=0.8)
+    ax.set_xlabel("paired speed-up vs the request's own base (filled: a win)")
+    ax.set_ylabel(f"PSNR vs base, dB (identical plotted at {top:.0f})")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path_or_buf, format="png")
+    plt.close(fig)

@@ -88,9 +88,47 @@ def cost_cells(c) -> list[str]:
     return [c.preset, cold, _count(c.graphs), _count(c.recompiles), saving, pay]
 
 
+def _figures(p) -> str:
+    """One stack on one request (a PromptFigures): speed-up with its interval, PSNR, FLIP, and whether it won."""
+    sp = fmt.speedup_ci(p.speedup, p.speedup_lo, p.speedup_hi) if p.speedup is not None else "withheld"
+    return f"{sp}, {fmt.psnr(p.psnr_db)}, FLIP {fmt.flip(p.flip)}" + (" ✓" if p.win else "")
+
+
+def _floor(p) -> str:
+    return f"PSNR >= {p.floor_db:g} dB" + (f" and FLIP <= {p.max_flip:g}" if p.max_flip is not None else "")
+
+
+def paired_markdown(paired: list) -> str:
+    """Each stack request by request against that request's own base (studio.bench.paired.Paired): wins as N of N,
+    the slowest and the worst request by name, then every request's figures ('' without paired rows)."""
+    if not paired:
+        return ""
+    first, n = paired[0], len(paired[0].prompts)
+    head = (
+        f"Paired over {n} requests, each stack against each request's own base (one estimator: "
+        f"studio.measure.estimate). A win (✓): faster, the whole interval above 1.00x, and {_floor(first)}."
+    )
+    cols = ("stack", "wins", "slowest", "worst (lowest PSNR)") + tuple(f"#{i + 1}" for i in range(n))
+    rows = [
+        [
+            p.preset,
+            f"{p.wins}/{len(p.prompts)}",
+            f"{p.slowest.label!r}: {fmt.speedup(p.slowest.speedup) if p.slowest.speedup else 'withheld'}",
+            f"{p.worst.label!r}: {fmt.psnr(p.worst.psnr_db)}, FLIP {fmt.flip(p.worst.flip)}",
+        ]
+        + [_figures(f) for f in p.prompts]
+        for p in paired
+    ]
+    legend = [f"- #{i + 1}: {f.label!r}" for i, f in enumerate(first.prompts)]
+    return "\n".join([head, ""] + _table(cols, rows) + [""] + legend)
+
+
 def bench_markdown(rep) -> str:
-    """A BenchReport: the stack table, its noise floor and, with compiled presets, compile's cost."""
+    """A BenchReport: the stack table, its noise floor, over several requests the paired figures, and with compiled
+    presets compile's cost."""
     parts = [rep.matrix.markdown(), "", "Noise floor:"] + [f"- {x}" for x in noise_lines(rep.noise)]
+    if rep.paired:
+        parts += ["", paired_markdown(rep.paired)]
     if rep.cost:
         parts += ["", "Compile cost:", ""] + _table(COST_COLUMNS, [cost_cells(c) for c in rep.cost])
     if rep.crashed:
@@ -131,29 +169,63 @@ def sweep_markdown(res) -> str:
 
 # tune ----------------------------------------------------------------------------------------------------------------
 def tune_summary(res, *, written: str | None = None, markdown: bool = False) -> str:
-    """One sentence for a tuner's result (a studio.bench.records.TuneResult): the preset, its worst PSNR against the
-    floor, its speed-ups, what the search cost. `written`: where the preset was saved; `markdown`: bold figures and
-    code spans (the Tune tab), plain text otherwise (the CLI prints it as a YAML comment)."""
+    """One sentence for a tuner's result (a studio.bench.records.TuneResult): the preset, its worst PSNR (and FLIP)
+    against the floor, its speed-ups, what the search cost; over several prompts, its paired figures prompt by prompt
+    after it, one line each. `written`: where the preset was saved; `markdown`: bold figures and code spans (the Tune
+    tab), plain text otherwise (the CLI prints it as YAML comments)."""
     b, c = ("**", "`") if markdown else ("", "")
     n = len(res.prompts)
     sp = fmt.speedup_ci(res.speedup, res.speedup_lo, res.speedup_hi)
-    return (
+    flip = ""
+    if getattr(res, "max_flip", None) is not None:
+        flip = f", worst FLIP {b}{fmt.flip(res.worst_flip)}{b} (ceiling {res.max_flip:g})"
+    out = (
         f"{b}{res.preset.name}{b} ({c}{res.preset.tag()}{c}): worst PSNR {b}{fmt.psnr(res.worst_db)}{b} over "
-        f"{n} prompt{'' if n == 1 else 's'} (floor {res.floor_db:g}), {b}{sp}{b} vs base, "
+        f"{n} prompt{'' if n == 1 else 's'} (floor {res.floor_db:g}){flip}, {b}{sp}{b} vs base, "
         f"{fmt.speedup(res.vs_cache)} the {c}cache{c} preset's; {res.runs} runs ({res.screened} screening, "
         f"{res.timed} timed)" + (f"; written to {written}" if written else "")
     )
+    return out + "".join("\n" + line for line in paired_lines(getattr(res, "paired", None)))
+
+
+def paired_lines(d: dict | None) -> list[str]:
+    """A stack's paired figures (studio.bench.paired.Paired.as_dict) as lines: wins, then each prompt's."""
+    if not d:
+        return []
+    worst = min((p["speedup"] for p in d["prompts"] if p["speedup"] is not None), default=None)
+    head = (
+        f"paired over {d['of']} prompts, each against its own base: {d['wins']}/{d['of']} wins, worst case "
+        f"{fmt.speedup(worst)} ({d['slowest']!r}), lowest PSNR on {d['worst']!r}"
+    )
+    rows = []
+    for p in d["prompts"]:
+        sp = fmt.speedup_ci(p["speedup"], p["speedup_lo"], p["speedup_hi"]) if p["speedup"] is not None else "withheld"
+        rows.append(f"  {p['label']!r}: {sp}, {fmt.psnr(p['psnr_db'])}, FLIP {fmt.flip(p['flip'])}")
+    return [head] + rows
 
 
 def tuned_description(
-    floor_db: float, prompts: int, *, worst_db, speedup, vs_cache, on: str, interval=(None, None)
+    floor_db: float,
+    prompts: int,
+    *,
+    worst_db,
+    speedup,
+    vs_cache,
+    on: str,
+    interval=(None, None),
+    max_flip=None,
+    worst_flip=None,
+    worst_paired=None,
 ) -> str:
     """The tuned preset's own description: how it was found and what it measured (`on`: device and dtype;
-    `interval`: the speed-up's)."""
+    `interval`: the speed-up's; `worst_paired`: the worst of its paired speed-ups over the prompts)."""
+    ceiling = f" --max-flip {max_flip:g}" if max_flip is not None else ""
+    flip = f", worst FLIP {fmt.flip(worst_flip)}" if worst_flip is not None else ""
+    worst = f", {fmt.speedup(worst_paired)} on its slowest prompt" if worst_paired is not None else ""
     return (
-        f"Tuned by `python -m studio tune --min-psnr {floor_db:g}` on {prompts} prompts: worst PSNR "
-        f"{fmt.psnr(worst_db)}, {fmt.speedup_ci(speedup, *interval)} vs base ({fmt.speedup(vs_cache)} the cache "
-        f"preset's) on {on}."
+        f"Tuned by `python -m studio tune --min-psnr {floor_db:g}{ceiling}` on {prompts} prompts: worst PSNR "
+        f"{fmt.psnr(worst_db)}{flip}, {fmt.speedup_ci(speedup, *interval)} vs base{worst} ({fmt.speedup(vs_cache)} "
+        f"the cache preset's) on {on}."
     )
 
 

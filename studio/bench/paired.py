@@ -1,0 +1,128 @@
+"""Paired figures over prompts and seeds: each stack against each request's OWN base, request by request.
+
+A bench over several prompts (and seeds) already gives each stack a median speed-up and its mean and worst PSNR.
+Caches are compared by what happens prompt by prompt: a stack may be fast on one prompt and break another. So for
+every request (one rotation of the bench: a prompt at a seed) and every stack:
+
+- the paired speed-up: that request's base runs over the stack's, the same rounds (each round's runs a pair, same
+  moment, same load), by the one estimator (studio.measure.estimate), with its interval;
+- the quality against that request's own base picture: PSNR and FLIP;
+- a WIN: faster (the whole interval above 1.00x) and above the floor (PSNR >= `floor_db`, and FLIP <= `max_flip`
+  where one is given). A stack's line says its wins as N of N, its slowest request and its worst (lowest PSNR,
+  then highest FLIP) by name.
+
+Nothing here times anything: it reads the rotations the bench timed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from studio.bench.rotation import Rotation
+from studio.engine import BASE
+from studio.report.table import AGAIN
+
+
+@dataclass(frozen=True)
+class PromptFigures:
+    """One stack on one request, against that request's own base."""
+
+    label: str  # the prompt; with its seed where several seeds ran
+    speedup: float | None  # None: withheld (its interval is useless; `note` says why)
+    speedup_lo: float | None
+    speedup_hi: float | None
+    psnr_db: float | None
+    flip: float | None
+    cached_steps: int
+    faster: bool  # the interval lies above 1.00x
+    above_floor: bool
+    note: str | None = None
+
+    @property
+    def win(self) -> bool:
+        return self.faster and self.above_floor
+
+
+@dataclass
+class Paired:
+    """A stack's paired figures over the requests (module doc)."""
+
+    preset: str
+    prompts: list[PromptFigures] = field(default_factory=list)
+    floor_db: float = 30.0
+    max_flip: float | None = None
+
+    @property
+    def wins(self) -> int:
+        return sum(p.win for p in self.prompts)
+
+    @property
+    def slowest(self) -> PromptFigures:
+        """The request with the lowest speed-up (a withheld one counts as the lowest: nothing is known of it)."""
+        return min(self.prompts, key=lambda p: -math.inf if p.speedup is None else p.speedup)
+
+    @property
+    def worst(self) -> PromptFigures:
+        """The request with the lowest PSNR against its base, of equal ones the highest FLIP."""
+        return min(self.prompts, key=lambda p: (_db(p.psnr_db), -(p.flip or 0.0)))
+
+    @property
+    def worst_speedup(self) -> float | None:
+        """The worst case of the paired speed-ups (None when one is withheld): what the tuner selects on."""
+        return self.slowest.speedup
+
+    def as_dict(self) -> dict:
+        return {
+            "preset": self.preset,
+            "wins": self.wins,
+            "of": len(self.prompts),
+            "floor_db": self.floor_db,
+            "max_flip": self.max_flip,
+            "slowest": self.slowest.label,
+            "worst": self.worst.label,
+            "prompts": [{**asdict(p), "win": p.win} for p in self.prompts],
+        }
+
+
+def _db(v: float | None) -> float:
+    return -math.inf if v is None else v
+
+
+def labels(rots: list[Rotation]) -> list[str]:
+    """Each request's name: its prompt, with its seed where the requests ran more than one seed."""
+    seeds = {rot.request.seed for rot in rots}
+    return [rot.request.prompt + (f" (seed {rot.request.seed})" if len(seeds) > 1 else "") for rot in rots]
+
+
+def _figures(rot: Rotation, name: str, label: str, floor_db: float, max_flip: float | None) -> PromptFigures:
+    est = rot.ratio(BASE, name)
+    m = rot.last[name].metrics
+    shown = not est.useless
+    above = m.psnr_db is not None and m.psnr_db >= floor_db
+    if max_flip is not None:
+        above = above and m.flip is not None and m.flip <= max_flip
+    return PromptFigures(
+        label,
+        est.point if shown else None,
+        est.lo if shown else None,
+        est.hi if shown else None,
+        m.psnr_db,
+        m.flip,
+        m.cached_steps,
+        faster=shown and est.lo > 1.0,
+        above_floor=above,
+        note=est.why_not(),
+    )
+
+
+def paired(rots: list[Rotation], names: list[str], floor_db: float, max_flip: float | None = None) -> list[Paired]:
+    """Each stack of `names` (base and its second run left out) request by request (module doc)."""
+    tags = labels(rots)
+    out = []
+    for name in names:
+        if name in (BASE, AGAIN):
+            continue
+        figs = [_figures(rot, name, tag, floor_db, max_flip) for rot, tag in zip(rots, tags)]
+        out.append(Paired(name, figs, floor_db, max_flip))
+    return out
