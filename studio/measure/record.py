@@ -13,6 +13,7 @@ import numpy as np
 
 from studio.measure.blocks import IdealCheck
 from studio.measure.estimate import Estimate
+from studio.measure.lpips import lpips_against
 from studio.measure.quality import Verdict, judge, judge_batch
 from studio.measure.timing import StepCounts
 
@@ -126,6 +127,10 @@ class RunMetrics:
     flip: float | None = None
     flip_worst_tile: float | None = None
     flip_worst_tile_yx: list[int] | None = None
+    # LPIPS against base (measure.lpips, AlexNet v0.1) where its weights are present; else None and the sentence
+    # saying how to add them (measure.lpips.NO_WEIGHTS). None and None: not compared.
+    lpips: float | None = None
+    lpips_note: str | None = None
     # A batch (num_images_per_prompt > 1), per picture in order: its seed and its PSNR, SSIM and verdict against the
     # same batch's base picture (the record's own are the batch's: measure.quality.judge_batch). None: one picture.
     batch: list[dict] | None = None
@@ -178,6 +183,7 @@ class RunMetrics:
             fields: the rest of the record's fields, by name.
         """
         q, fields["batch"] = _judged(image, base_image, fields.get("request") or {})
+        lp, lp_note = lpips_against(image, base_image) if base_image is not None else (None, None)
         age = abs(ended - base_timed_at) if base_timed_at is not None else None
         note = ratio.why_not() if ratio is not None else None
         if note is None and ideal is not None and ideal.against == "base":
@@ -216,6 +222,8 @@ class RunMetrics:
             flip=q.flip if q else None,
             flip_worst_tile=q.flip_worst_tile if q else None,
             flip_worst_tile_yx=list(q.flip_worst_tile_yx) if q and q.flip_worst_tile_yx else None,
+            lpips=lp,
+            lpips_note=lp_note,
             hf_ratio=q.hf_ratio if q else None,
             quality=q.verdict if q else Verdict.NOT_COMPARED,
             timing=timing.text(age),

@@ -82,6 +82,13 @@ def _flip(m) -> str:
     return f"{fmt.flip(m.flip)} &nbsp; <small>(0: no visible difference; worst {TILE}x{TILE} tile {tile})</small>"
 
 
+def _lpips(m) -> str:
+    """LPIPS against base (studio.measure.lpips), or why there is none here."""
+    if m.lpips is None:
+        return f"<small>{html.escape(m.lpips_note)}</small>"
+    return f"{fmt.lpips(m.lpips)} &nbsp; <small>(AlexNet v0.1; 0: the same picture)</small>"
+
+
 def metrics_card(m) -> str:
     """`m` is a RunMetrics."""
     esc = html.escape
@@ -106,6 +113,7 @@ def metrics_card(m) -> str:
         ("PSNR / SSIM", f"{fmt.psnr(m.psnr_db)} / {fmt.ssim(m.ssim)}" if m.psnr_db is not None else _uncompared(m)),
         (f"worst {TILE}x{TILE} tile", fmt.tile(m.worst_tile_psnr_db, m.worst_tile_yx)),
         *([("FLIP", _flip(m))] if m.flip is not None else []),
+        *([("LPIPS", _lpips(m))] if m.lpips is not None or m.lpips_note else []),
         ("quality", verdict_flag(m.quality)),
         *([("batch", esc(fmt.batch_line(m.batch)))] if m.batch else []),
         *([("of ideal", esc(fmt.ideal_line(m)))] if m.ideal_speedup else []),

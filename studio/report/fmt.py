@@ -22,6 +22,11 @@ def flip(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.4f}"
 
 
+def lpips(v: float | None) -> str:
+    """LPIPS (studio.measure.lpips): 0 is the same picture."""
+    return "n/a" if v is None else f"{v:.4f}"
+
+
 def flip_tile(v: float | None, yx) -> str:
     """The worst FLIP tile and where it is: "0.0850 at (y 8, x 16)"; just "0.0000" for an identical picture."""
     if v is None or yx is None or v == 0.0:

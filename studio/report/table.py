@@ -31,6 +31,7 @@ OPTIONAL = (
     ("FLIP", "flip", fmt.flip),
     ("worst PSNR", "worst_psnr_db", fmt.psnr),
     ("worst FLIP", "worst_flip", fmt.flip),
+    ("LPIPS", "lpips", fmt.lpips),
     ("studio/raw", "studio_over_raw_ci", lambda v: fmt.ratio_ci(*v, digits=3)),
     ("peak memory", "peak_mem_bytes", fmt.size),
     ("H2D/full step", "h2d_full_bytes", fmt.size),
@@ -73,6 +74,7 @@ class MatrixRow:
     worst_psnr_db: float | None = None  # over prompts
     flip: float | None = None  # FLIP's mean error against base (studio.measure.flip); over prompts, their mean
     worst_flip: float | None = None  # over prompts: the highest
+    lpips: float | None = None  # LPIPS against base where its weights are present (studio.measure.lpips); the mean
     prompts: int = 1
     cached_by_prompt: list[int] = field(default_factory=list)
     compile_s: float | None = None  # the cold run that compiled
@@ -151,6 +153,7 @@ class MatrixRow:
             worst_tile_psnr_db=m.worst_tile_psnr_db,
             worst_tile_yx=m.worst_tile_yx,
             flip=m.flip,
+            lpips=m.lpips,
             peak_mem_bytes=(m.peak_memory or {}).get("peak_bytes"),
             peak_mem_kind=(m.peak_memory or {}).get("kind"),
             h2d_full_bytes=(m.h2d or {}).get("h2d_bytes_per_full_step"),

@@ -1,0 +1,156 @@
+"""LPIPS against the base image, where its weights are present (Zhang et al. 2018, `lpips` 0.1.4's AlexNet v0.1).
+
+LPIPS is a learned distance: a picture and its base go through AlexNet's five convolution stages, each stage's
+features are scaled to unit length per pixel, their squared difference is weighed per channel by a linear head
+trained on human judgements, averaged over the picture and summed over the stages. 0 is the same picture; a cache's
+blur or shifted edge reads about 0.1, a different picture 0.5 or more.
+
+Its weights are not shipped and nothing here downloads them: the backbone is torchvision's ImageNet AlexNet
+(`alexnet-owt-7be5be79.pth`, 233 MB, of which the 2.5 M parameters of its `features` are used), the heads lpips'
+`weights/v0.1/alex.pth` (6 KB). They are looked for in the folders given, then in torch's hub cache (`<hub
+dir>/checkpoints`, where torchvision saves the AlexNet it downloads), then in an installed `lpips` package. Without
+both, a run says NO_WEIGHTS and everything else works. The network is built here from torch modules (torchvision,
+which `lpips` imports, has no build for torch 2.13's CPU wheel): AlexNet's `features` layer for layer (the same
+state-dict keys), lpips' input scaling, unit normalisation (eps 1e-10) and spatial mean, read from lpips 0.1.4.
+
+torch is imported inside the functions: the app's process reads RunMetrics without loading it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+BACKBONE = "alexnet-owt-7be5be79.pth"  # torchvision's file name for its ImageNet AlexNet (its hub cache keeps it so)
+HEADS = "alex.pth"  # lpips' linear heads, v0.1 (lpips/weights/v0.1/alex.pth)
+BACKBONE_URL = "https://download.pytorch.org/models/alexnet-owt-7be5be79.pth"
+HEADS_URL = "https://github.com/richzhang/PerceptualSimilarity/raw/v0.1/lpips/weights/v0.1/alex.pth"
+STAGES = ((0, 2), (2, 5), (5, 8), (8, 10), (10, 12))  # lpips' slices of AlexNet's features: relu1 .. relu5
+CHANNELS = (64, 192, 384, 256, 256)
+SHIFT = (-0.030, -0.088, -0.188)  # lpips' ScalingLayer: inputs in [-1, 1], then (x - shift) / scale
+SCALE = (0.458, 0.448, 0.450)
+NO_WEIGHTS = (
+    f"LPIPS: no weights here (how to add them: put torchvision's AlexNet {BACKBONE} ({BACKBONE_URL}) and lpips' "
+    f"v0.1 heads {HEADS} ({HEADS_URL}) in torch's hub cache, <hub dir>/checkpoints, e.g. ~/.cache/torch/hub/"
+    "checkpoints; or `pip install lpips` for the heads; studio.measure.lpips.fetch_weights() fetches both where "
+    "downloads work)"
+)
+
+
+@dataclass(frozen=True)
+class Weights:
+    backbone: Path
+    heads: Path
+
+
+def _hub_checkpoints() -> Path:
+    import torch
+
+    return Path(torch.hub.get_dir()) / "checkpoints"
+
+
+def _package_heads() -> Path | None:
+    """lpips' own heads file, where the package is installed (found without importing it: it imports torchvision)."""
+    spec = importlib.util.find_spec("lpips")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "weights" / "v0.1" / HEADS
+    return path if path.is_file() else None
+
+
+def find_weights(folders=()) -> Weights | None:
+    """The backbone and heads files (module doc), the first found of each; None when either is missing."""
+    places = [Path(f) for f in folders] + [_hub_checkpoints()]
+    backbone = next((p / BACKBONE for p in places if (p / BACKBONE).is_file()), None)
+    heads = next((p / HEADS for p in places if (p / HEADS).is_file()), None) or _package_heads()
+    return Weights(backbone, heads) if backbone and heads else None
+
+
+def fetch_weights(dest: str | Path | None = None) -> Weights:
+    """Download both files into `dest` (default: torch's hub cache, where find_weights looks) once; on a machine
+    without network this raises the download's own error."""
+    import torch
+
+    folder = Path(dest) if dest else _hub_checkpoints()
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, url in ((BACKBONE, BACKBONE_URL), (HEADS, HEADS_URL)):
+        if not (folder / name).is_file():
+            torch.hub.download_url_to_file(url, str(folder / name), progress=False)
+    return Weights(folder / BACKBONE, folder / HEADS)
+
+
+def alexnet_features():
+    """torchvision's AlexNet `features` (conv/ReLU/max-pool, 13 layers), the same layers and state-dict keys."""
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Conv2d(3, 64, kernel_size=11, stride=4, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(kernel_size=3, stride=2),
+        nn.Conv2d(64, 192, kernel_size=5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(kernel_size=3, stride=2),
+        nn.Conv2d(192, 384, kernel_size=3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(384, 256, kernel_size=3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(256, 256, kernel_size=3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(kernel_size=3, stride=2),
+    )
+
+
+@lru_cache(maxsize=2)
+def _network(backbone: Path, heads: Path):
+    """(features, heads as 1x1 weights per stage), loaded once per process and files."""
+    import torch
+
+    features = alexnet_features()
+    state = torch.load(backbone, map_location="cpu", weights_only=True)
+    own = {k.removeprefix("features."): v for k, v in state.items() if not k.startswith("classifier.")}
+    features.load_state_dict(own)
+    lins = torch.load(heads, map_location="cpu", weights_only=True)
+    w = [lins[f"lin{i}.model.1.weight"].float() for i in range(len(STAGES))]
+    for i, (t, c) in enumerate(zip(w, CHANNELS)):
+        if tuple(t.shape) != (1, c, 1, 1):
+            raise ValueError(
+                f"lpips heads {heads}: lin{i} has shape {tuple(t.shape)}, AlexNet v0.1 wants (1, {c}, 1, 1)"
+            )
+    return features.eval().float(), w
+
+
+def _tensor(img):
+    import torch
+
+    x = torch.from_numpy(np.ascontiguousarray(img)).float().permute(2, 0, 1)[None] / 255.0 * 2 - 1
+    return (x - torch.tensor(SHIFT).view(1, 3, 1, 1)) / torch.tensor(SCALE).view(1, 3, 1, 1)
+
+
+def distance(image: np.ndarray, base: np.ndarray, weights: Weights) -> float:
+    """LPIPS (AlexNet, v0.1) of two HxWx3 uint8 pictures of one size (at least 32 px a side)."""
+    import torch
+
+    if image.shape != base.shape or image.ndim != 3 or min(image.shape[:2]) < 32:
+        raise ValueError(f"lpips: pictures {image.shape} and {base.shape}: give two HxWx3 of one size, 32 px or more")
+    features, lins = _network(weights.backbone, weights.heads)
+    total = 0.0
+    with torch.no_grad():
+        a, b = _tensor(image), _tensor(base)
+        for (lo, hi), w in zip(STAGES, lins):
+            a, b = features[lo:hi](a), features[lo:hi](b)
+            na = a / (a.pow(2).sum(dim=1, keepdim=True).sqrt() + 1e-10)
+            nb = b / (b.pow(2).sum(dim=1, keepdim=True).sqrt() + 1e-10)
+            total += float(torch.nn.functional.conv2d((na - nb) ** 2, w).mean())
+    return total
+
+
+def lpips_against(image: np.ndarray, base: np.ndarray, folders=()) -> tuple[float | None, str | None]:
+    """(LPIPS of `image` against `base`, None) where the weights are found; (None, NO_WEIGHTS) where not."""
+    weights = find_weights(folders)
+    if weights is None:
+        return None, NO_WEIGHTS
+    return distance(image, base, weights), None

@@ -1,0 +1,88 @@
+"""LPIPS where its weights are present (studio.measure.lpips): offline it says how to add them and everything else
+works; its wiring with a backbone and heads the test makes (randomly initialised AlexNet features saved under
+torchvision's file name and keys, non-negative random heads under lpips' keys), put where the studio looks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from studio.measure.lpips import (
+    BACKBONE,
+    CHANNELS,
+    HEADS,
+    NO_WEIGHTS,
+    alexnet_features,
+    distance,
+    find_weights,
+    lpips_against,
+)
+
+
+def _weights(folder, head_scale: float = 1.0, seed: int = 0):
+    """A backbone file as torchvision saves AlexNet ("features.N.weight", and a classifier the studio skips) and a
+    heads file as lpips ships it ("linK.model.1.weight"), made here."""
+    torch.manual_seed(seed)
+    state = {f"features.{k}": v for k, v in alexnet_features().state_dict().items()}
+    state["classifier.1.weight"] = torch.zeros(4, 9216)
+    torch.save(state, folder / BACKBONE)
+    heads = {f"lin{i}.model.1.weight": torch.rand(1, c, 1, 1) * head_scale for i, c in enumerate(CHANNELS)}
+    torch.save(heads, folder / HEADS)
+    return find_weights([folder])
+
+
+def _noise(seed: int, side: int = 64):
+    return np.random.default_rng(seed).integers(0, 256, (side, side, 3)).astype(np.uint8)
+
+
+@pytest.fixture
+def hub_dir(tmp_path):
+    """torch's hub cache pointed at an empty folder for the test (where the studio looks for the weights)."""
+    before = torch.hub.get_dir()
+    torch.hub.set_dir(str(tmp_path / "hub"))
+    yield tmp_path / "hub" / "checkpoints"
+    torch.hub.set_dir(before)
+
+
+@pytest.mark.quick
+def test_without_weights_it_says_how_to_add_them(hub_dir):
+    a = _noise(0)
+    assert find_weights() is None
+    assert lpips_against(a, a) == (None, NO_WEIGHTS)
+    assert NO_WEIGHTS.startswith("LPIPS: no weights here (how to add them: put torchvision's AlexNet ")
+    assert "alexnet-owt-7be5be79.pth" in NO_WEIGHTS and "v0.1 heads alex.pth" in NO_WEIGHTS
+
+
+@pytest.mark.quick
+def test_lpips_with_a_test_made_backbone(tmp_path):
+    w = _weights(tmp_path)
+    a, b = _noise(1), _noise(2)
+    assert distance(a, a, w) == 0.0
+    d = distance(a, b, w)
+    assert d > 0 and distance(b, a, w) == pytest.approx(d, rel=1e-6)  # symmetric
+    # the heads weigh each stage linearly: heads twice as large, twice the distance
+    (tmp_path / "x2").mkdir()
+    w2 = _weights(tmp_path / "x2", head_scale=2.0)
+    assert distance(a, b, w2) == pytest.approx(2 * d, rel=1e-5)
+    # a small change reads less than an unrelated picture
+    near = np.clip(a.astype(int) + 3, 0, 255).astype(np.uint8)
+    assert 0 < distance(near, a, w) < d
+    with pytest.raises(ValueError, match=r"pictures \(16, 16, 3\) and \(16, 16, 3\): give two HxWx3 of one size, 32"):
+        distance(a[:16, :16], a[:16, :16], w)
+
+
+def test_lpips_on_the_embedded_model_where_the_weights_are(tiny_runner, hub_dir):
+    """The run's record and card: the sentence without weights (every other figure there), a number with them."""
+    from studio.report.card import metrics_card
+
+    req = tiny_runner.request("a red circle in the center, blue background", seed=42, steps=12)
+    m = tiny_runner.generate(req, "cache").metrics
+    assert m.lpips is None and m.lpips_note == NO_WEIGHTS and m.psnr_db is not None and m.flip is not None
+    assert "LPIPS: no weights here (how to add them" in metrics_card(m)
+    hub_dir.mkdir(parents=True)
+    w = _weights(hub_dir)
+    res = tiny_runner.generate(req, "cache")
+    m = res.metrics
+    assert m.lpips_note is None and m.lpips == pytest.approx(distance(res.image, res.base_image, w), abs=1e-12)
+    assert m.lpips > 0 and "<td>LPIPS</td><td>" in metrics_card(m) and m.as_dict()["lpips"] == m.lpips
