@@ -143,8 +143,9 @@ def plot_paired(paired: list, path_or_buf, *, title: str = "speed-up vs PSNR per
     fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=110)
     finite = [f.psnr_db for p in paired for f in p.prompts if f.psnr_db is not None and math.isfinite(f.psnr_db)]
     top = (max(finite) if finite else 40.0) + 6
+    cmap = plt.get_cmap("tab10" if len(paired) <= 10 else "tab20")  # one colour per stack, never two alike
     for i, p in enumerate(paired):
-        colour = plt.get_cmap("tab10")(i % 10)
+        colour = cmap(i % cmap.N)
         shown = [f for f in p.prompts if f.speedup is not None]
         gone = len(p.prompts) - len(shown)
         label = f"{p.preset} ({p.wins}/{len(p.prompts)} wins" + (f", {gone} withheld)" if gone else ")")
