@@ -66,6 +66,20 @@ def test_paired_figures_on_a_recorded_set():
 
 
 @pytest.mark.quick
+def test_a_slow_base_slot_makes_no_win():
+    """Base's first slot slow (120 ms steps), its second run and the stack at 100 ms: 1.20x against base, 1.00x
+    against base's second run, so not faster (a stack identical to base read 1.21x on one prompt this way)."""
+    rot = _rot("slow slot", 42, 100.0, math.inf, 0.0)
+    rot.runs["base"] = [Run.of([120.0] * 10) for _ in range(2)]
+    rot.runs["cache"] = [Run.of([100.0] * 10) for _ in range(2)]
+    (p,) = paired([rot], ["cache"], floor_db=30.0)
+    (f,) = p.prompts
+    assert f.speedup == pytest.approx(1.2) and f.vs_again == pytest.approx(1.0) and not f.faster and p.wins == 0
+    # the recorded set's base runs twice alike: its second check agrees
+    assert [f.vs_again for f in paired(RECORDED, ["cache"], floor_db=30.0)[0].prompts] == pytest.approx([1.6, 1.25, 1])
+
+
+@pytest.mark.quick
 def test_paired_text_names_the_worst_prompt_and_counts_wins():
     (p,) = paired(RECORDED, ["cache"], floor_db=30.0)
     text = paired_markdown([p])

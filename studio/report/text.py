@@ -106,7 +106,8 @@ def paired_markdown(paired: list) -> str:
     first, n = paired[0], len(paired[0].prompts)
     head = (
         f"Paired over {n} requests, each stack against each request's own base (one estimator: "
-        f"studio.measure.estimate). A win (✓): faster, the whole interval above 1.00x, and {_floor(first)}."
+        f"studio.measure.estimate). A win (✓): faster, the whole interval above 1.00x against base and against base's "
+        f"second run in the same rounds, and {_floor(first)}."
     )
     cols = ("stack", "wins", "slowest", "worst (lowest PSNR)") + tuple(f"#{i + 1}" for i in range(n))
     rows = [
