@@ -24,6 +24,8 @@ Environment (read once, here, into studio.spec.settings.Settings; a bad value st
     STUDIO_WORKER_MAX_RSS_GB  restart the device worker between requests once its resident memory is over this many
                         GB (default: no limit; off ZeroGPU only), so a long-running Space does not creep into the OOM
                         killer
+    STUDIO_API_KEY      the OpenAI images endpoint (/v1/images/generations, same port) wants this bearer key
+    STUDIO_MCP          1: the endpoints as MCP tools at /gradio_api/mcp/ (default: on, off on a public studio)
     GRADIO_SERVER_NAME / GRADIO_SERVER_PORT   where to listen (gradio's own variables)
 """
 
@@ -93,7 +95,8 @@ if __name__ == "__main__" and SETTINGS.prewarm:
     # the first image came at 12.7-13.5 s from start, against 13.6-14.4 s with the warm-up started after the page).
     threading.Thread(target=prewarm, name="studio-prewarm", daemon=True).start()
 
-from studio.app.ui import CSS, build_app  # noqa: E402
+from studio.app.serve import launch  # noqa: E402
+from studio.app.ui import build_app  # noqa: E402
 
 demo = build_app(
     device,
@@ -109,4 +112,4 @@ if __name__ == "__main__":
     # A Space (or any supervisor) stops the app with SIGTERM: exit through Python, so the exit handlers stop the
     # worker too, instead of dying at once.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    demo.launch(css=CSS, footer_links=["api", "gradio"])
+    launch(demo, footer_links=["api", "gradio"])  # with the OpenAI images API and MCP (app.serve)

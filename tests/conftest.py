@@ -166,5 +166,6 @@ def plain_ui():
         tn=forms.TuneTab,
         pv=forms.PresetsTab,
         hist=forms.HistoryTab,
+        api=forms.ApiOnly,
     )
     return forms.UI(**{n: cls(**{f.name: f"{n}.{f.name}" for f in fields(cls)}) for n, cls in tabs.items()})

@@ -93,15 +93,16 @@ def _args(**kw):
     return a
 
 
-def test_api_has_the_four_named_endpoints_with_their_parameters(client):
+def test_api_has_the_five_named_endpoints_with_their_parameters(client):
     api = client.view_api(print_info=False, return_format="dict")
     endpoints = api["named_endpoints"]
-    assert set(endpoints) == {"/generate", "/compare", "/matrix", "/tune"}  # Enter in the prompt adds no endpoint
+    assert set(endpoints) == {"/generate", "/images", "/compare", "/matrix", "/tune"}  # Enter adds no endpoint
     assert not api["unnamed_endpoints"]
     request = ["prompt", "model", "seed", "steps", "width", "height", "guidance", "negative_prompt", "true_cfg_scale"]
     request += ["num_images_per_prompt", "image", "mask_image", "strength", "loras"]
     expected = {
         "/generate": request + ["preset", "cache", "threshold", "compile", "compare"],
+        "/images": request + ["preset", "cache", "threshold", "compile", "compare"],
         "/compare": request + ["preset_a", "preset_b", "cache", "threshold", "compile"],
         "/matrix": request + ["presets", "repeats", "cache", "threshold", "compile"],
         "/tune": request + ["floor", "prompts_text", "size"],
@@ -374,6 +375,24 @@ def test_browser_generate_and_compare(tmp_path, tiny_lora):
             counts = re.search(r"(\d+) cached / (\d+) full", card.inner_text()).groups()
             assert sum(map(int, counts)) == 17 and "PSNR" in card.inner_text()
             page.screenshot(path=os.path.join(ARTIFACTS, "ui-lora.png"), full_page=True)
+
+            # a reload finds the history it left (kept in this browser), another browser finds none; Clear empties it
+            page.reload(wait_until="domcontentloaded")
+            page.get_by_role("tab", name="History").click()
+            expect(history).to_contain_text("a yellow triangle on the left, purple background", timeout=60_000)
+            expect(history).to_contain_text(f"{dt}+{q8}+DBCache")
+            page.screenshot(path=os.path.join(ARTIFACTS, "ui-history-reloaded.png"), full_page=True)
+            other = browser.new_context().new_page()
+            other.goto(url, wait_until="domcontentloaded")
+            other.get_by_role("tab", name="History").click()
+            other.wait_for_timeout(2000)
+            assert "yellow triangle" not in other.locator("#history-table").inner_text()
+            page.locator("#history-clear").click()
+            expect(history).not_to_contain_text("yellow triangle", timeout=30_000)
+            page.reload(wait_until="domcontentloaded")
+            page.get_by_role("tab", name="History").click()
+            page.wait_for_timeout(2000)
+            assert "yellow triangle" not in page.locator("#history-table").inner_text()
 
             page.get_by_role("tab", name="Presets").click()
             page.get_by_label("New preset name").fill("my-cache")  # the editor starts with cache.yaml's text

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import gradio as gr
 
-from studio.app.errors import shown
+from studio.app.errors import shown, title_of
 from studio.app.forms import CompareForm, GenerateForm, MatrixForm, RequestForm, TuneForm
 from studio.app.values import cfg_scale
 from studio.spec import parse_switch
+from studio.spec.checks import ConfigError
 from studio.spec.request import check_scale, image_inputs, parse_loras
 
 REQUEST = "That request can't run: "  # before a bad request's sentence (app.errors.shown)
@@ -29,7 +30,7 @@ def build_request(device, form: RequestForm):
     with shown(REQUEST):  # refused even where the model takes none, and the value is dropped below
         check_scale("guidance", float(form.guidance) if form.guidance is not None else None)
     if not form.prompt or not str(form.prompt).strip():
-        raise gr.Error("Write a prompt first: the prompt is empty.")
+        raise gr.Error("Write a prompt first: the prompt is empty.", title=title_of(ConfigError()))
     with shown(REQUEST):
         profile = device.profile(form.model)
         takes_guidance = profile.guidance is not None

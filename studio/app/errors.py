@@ -11,9 +11,27 @@ from contextlib import contextmanager
 
 import gradio as gr
 
-from studio.spec.errors import USER_ERRORS
+from studio.app.limits import RateLimited, Refused
+from studio.spec.checks import ConfigError
+from studio.spec.errors import USER_ERRORS, ModelLoadError, OverTime, RunError
 
 SHOWN = (*USER_ERRORS, ValueError, TypeError)
+
+# What a visitor reads above the sentence (the error's title), by the error's kind, the most specific first. The
+# title crosses to API clients (gradio_client's AppError.title): the OpenAI endpoint answers each with its status.
+TITLES = (
+    (RateLimited, "Too many requests"),
+    (Refused, "Over this studio's limits"),
+    (ConfigError, "That request can't run"),
+    (ModelLoadError, "The model could not load"),
+    (OverTime, "Over the time limit"),
+    (RunError, "The run failed"),
+    ((ValueError, TypeError), "That request can't run"),
+)
+
+
+def title_of(e: BaseException) -> str:
+    return next((title for kind, title in TITLES if isinstance(e, kind)), "Error")
 
 
 @contextmanager
@@ -23,4 +41,4 @@ def shown(prefix: str = ""):
     try:
         yield
     except SHOWN as e:
-        raise gr.Error(prefix + str(e)) from None
+        raise gr.Error(prefix + str(e), title=title_of(e)) from None

@@ -206,10 +206,23 @@ class PresetsTab:
 @dataclass
 class HistoryTab:
     rows: gr.State  # the session's runs (app.history.History), added to by every device endpoint
+    saved: gr.BrowserState  # the rows kept in the browser: a reload restores them (app.history.restored)
+    clear: gr.Button
     table: gr.Dataframe
     gallery: gr.Gallery  # the runs' thumbnails, newest first
     export: gr.Button
     file: gr.File
+
+
+@dataclass
+class ApiOnly:
+    """/images: an endpoint for programs (gradio_client, the OpenAI endpoint, MCP), with no place on the page: the
+    Generate form's parameters in, each picture at its own size and its numbers out."""
+
+    button: gr.Button  # never shown: the endpoint's trigger
+    picture: gr.Image  # the run's picture, a batch's stacked top to bottom (what an MCP client receives as an image)
+    pictures: gr.Gallery  # each picture apart
+    numbers: gr.JSON
 
 
 @dataclass
@@ -221,6 +234,7 @@ class UI:
     tn: TuneTab
     pv: PresetsTab
     hist: HistoryTab
+    api: ApiOnly
 
     def preset_lists(self) -> list:
         """Every component that offers the preset names (updated when a preset is saved)."""

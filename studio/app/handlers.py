@@ -22,12 +22,12 @@ from studio.app.admit import Admission, build_request
 from studio.app.errors import shown
 from studio.app.forms import UI, CompareForm, GenerateForm, MatrixForm, RequestForm, TuneForm
 from studio.app.gpu_time import Durations
-from studio.app.history import History, history_csv, record
+from studio.app.history import History, history_csv, record, restored
 from studio.app.limits import PublicGuard, visitor
 from studio.app.preset_handlers import PresetHandlers
 from studio.app.progress import progress_hooks
-from studio.app.values import batch_pictures, json_safe, notes_md, png, threshold_value, tile_at
-from studio.measure.quality import difference
+from studio.app.values import batch_pictures, image_numbers, json_safe, notes_md, png, threshold_value, tile_at
+from studio.measure.quality import difference, split_batch
 from studio.report.card import broken_flag, metrics_card
 from studio.report.images import enlarge, error_picture
 from studio.report.plots import plot_steps, plot_tradeoff
@@ -171,6 +171,48 @@ class Handlers(PresetHandlers):
         values = {**values, "compare": "on", "image": image, "mask_image": mask_image}
         return self.generate(request, progress, history=history, **values)
 
+    def images(
+        self,
+        request: gr.Request = None,
+        progress=gr.Progress(),
+        *,
+        history=None,
+        image=None,
+        mask_image=None,
+        **values,
+    ):
+        """Generate pictures from a prompt with a speed preset on a diffusion transformer, and measure them: each
+        picture comes at its own size with the studio's numbers for it (what ran, denoise time, the speed-up over
+        the `base` preset with its interval, cached and full steps, PSNR/SSIM against base's picture).
+
+        Args:
+            prompt: what the picture shows.
+            model: the model (empty: the studio's first).
+            preset: the speed preset (`base`: no speed-up, the reference; `cache`: step caching; see the Presets tab).
+            seed: the seed (a batch's pictures take seed, seed + 1, ...).
+            steps: denoising steps.
+            width: width in pixels.
+            height: height in pixels.
+            num_images_per_prompt: pictures in one call, 1-4.
+            compare: `on` times base beside the run (speed-up and PSNR), `auto` reuses a kept base timing of the same
+                shape, `off` runs the preset alone (no speed-up, no PSNR).
+
+        Returns:
+            the picture (PNG; a batch's pictures stacked top to bottom), the pictures one by one, and a list of one
+            record of numbers per picture.
+        """
+        form = GenerateForm(image=image, mask_image=mask_image, **values)
+        req = self._request(form)
+        res = self._run(req, form, form.preset, progress, request)
+        numbers = image_numbers(res.metrics.as_dict())
+        pics = split_batch(res.image, len(numbers))
+        api = self.ui.api
+        return {
+            api.picture: res.image,
+            api.pictures: [(p, f"seed {x['seed']}: {x['tag']}") for p, x in zip(pics, numbers, strict=True)],
+            api.numbers: numbers,
+        }
+
     def compare(
         self,
         request: gr.Request = None,
@@ -293,6 +335,20 @@ class Handlers(PresetHandlers):
 
     def export_history(self, hist):
         return {self.ui.hist.file: self.studio.write("history.csv", history_csv(hist))}
+
+    @staticmethod
+    def keep_history(hist):
+        """The session's rows, for the browser's storage (a reload restores them)."""
+        return json_safe(hist.rows) if isinstance(hist, History) else []
+
+    def restore_history(self, saved):
+        """The page opened: the rows this browser kept (app.history.restored)."""
+        hist = restored(saved)
+        return {self.ui.hist.table: hist.rows, self.ui.hist.rows: hist}
+
+    def clear_history(self):
+        h, empty = self.ui.hist, History()
+        return {h.table: [], h.rows: empty, h.gallery: [], h.saved: []}
 
     def on_model(self, model):
         with shown():  # an unknown name only fails when used; a folder's broken profile is said here

@@ -1,9 +1,14 @@
-"""A visitor's session history: a table row and a thumbnail for every run, both bounded.
+"""A visitor's history: a table row and a thumbnail for every run, both bounded.
 
 The history lives in one gr.State per session (a `History`), added to by every device endpoint: the table's rows
 (the Matrix columns after the request's own), and the pictures as small thumbnails with a caption naming the row,
 so a visitor can find a picture again without its full-size copy being kept per session (a 1024x1024 image is
 3 MB; its 128-pixel thumbnail 48 kB).
+
+The rows are kept in the visitor's browser too (gr.BrowserState: its localStorage, encrypted with this process's
+key), so a reload finds them: `restored` reads them back, checked, since a browser's storage is its owner's to edit.
+The thumbnails are not (48 of them would fill a browser's storage quota): they last the visit. A restart of the
+studio starts a new key, and the history afresh.
 """
 
 from __future__ import annotations
@@ -40,6 +45,24 @@ def record(hist: History | None, req, results) -> History:
     rows = history_rows(hist.rows, req, results)
     new = [(thumbnail(res.image), caption(row)) for res, row in zip(results, rows[-len(results) :], strict=True)]
     return History(rows, (new[::-1] + hist.thumbs)[:THUMBS_MAX])
+
+
+def _cell(c) -> bool:
+    return (
+        c is None or (isinstance(c, str) and len(c) <= 400) or (isinstance(c, int | float) and not isinstance(c, bool))
+    )
+
+
+def restored(saved) -> History:
+    """The History a browser kept (its rows; no thumbnails): rows of the table's shape, numbered, of plain cells, at
+    most HISTORY_MAX; anything else in `saved` is left out."""
+    rows = saved if isinstance(saved, list) else []
+    ok = [
+        list(r)
+        for r in rows
+        if isinstance(r, list) and len(r) == len(HISTORY_COLUMNS) and isinstance(r[0], int) and all(map(_cell, r))
+    ]
+    return History(ok[-HISTORY_MAX:], [])
 
 
 def caption(row: list) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from studio.app.forms import CompareTab, GenerateTab, HistoryTab, MatrixTab, PresetsTab, TuneTab
+from studio.app.forms import ApiOnly, CompareTab, GenerateTab, HistoryTab, MatrixTab, PresetsTab, TuneTab
 from studio.app.handlers import CACHE_CHOICES, COMPILE_CHOICES, Studio
 from studio.app.history import HISTORY_COLUMNS
 from studio.measure.quality import ERROR_SCALE
@@ -245,7 +245,7 @@ def presets_tab(studio: Studio, names: list[str], default_preset: str) -> Preset
     )
 
 
-def history_tab(rows: gr.State) -> HistoryTab:
+def history_tab(rows: gr.State, saved: gr.BrowserState) -> HistoryTab:
     with gr.Tab("History"):
         gallery = gr.Gallery(
             label="Pictures this session (newest first; the caption names the table's row)",
@@ -259,6 +259,22 @@ def history_tab(rows: gr.State) -> HistoryTab:
         table = gr.Dataframe(
             headers=HISTORY_COLUMNS, label="Runs this session", interactive=False, elem_id="history-table", wrap=True
         )
-        export = gr.Button("Export CSV")
+        gr.Markdown(
+            "The table is kept in this browser (a reload finds it; no other visitor sees it); the pictures last the "
+            "visit."
+        )
+        with gr.Row():
+            export = gr.Button("Export CSV")
+            clear = gr.Button("Clear history", elem_id="history-clear")
         file = gr.File(label="History (CSV)")
-    return HistoryTab(rows=rows, table=table, gallery=gallery, export=export, file=file)
+    return HistoryTab(rows=rows, saved=saved, clear=clear, table=table, gallery=gallery, export=export, file=file)
+
+
+def api_only() -> ApiOnly:
+    """The /images endpoint's components, never shown (app.forms.ApiOnly)."""
+    with gr.Column(visible=False):
+        button = gr.Button("images")
+        picture = gr.Image(label="picture", format="png")
+        pictures = gr.Gallery(label="pictures", format="png")
+        numbers = gr.JSON(label="numbers")
+    return ApiOnly(button=button, picture=picture, pictures=pictures, numbers=numbers)

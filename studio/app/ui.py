@@ -25,8 +25,10 @@ from studio.app.forms import UI
 from studio.app.handlers import Handlers, Studio
 from studio.app.history import History
 from studio.app.limits import PublicGuard, PublicLimits
+from studio.app.openai_api import ImagesEndpoint
 from studio.app.panel import request_panel
 from studio.report.card import CSS
+from studio.report.tools import tool_descriptions
 from studio.spec.presets import BASE
 from studio.spec.request import compare_mode
 from studio.spec.settings import current
@@ -57,11 +59,12 @@ def _gpu(fn, duration=None, admit=None):
     return event
 
 
-def _wire(ui: UI, h: Handlers, demo) -> None:
+def _wire(ui: UI, h: Handlers, demo, described: dict) -> None:
     r, gen, ab, mx, tn, pv, hist = ui.request, ui.gen, ui.ab, ui.mx, ui.tn, ui.pv, ui.hist
     private = {"api_visibility": "private"}
     device = {"concurrency_id": "device"}
     hist_in, hist_out = {"history": hist.rows}, [hist.table, hist.rows]
+    keep = h.keep_history  # after each device event: its rows into the browser's storage (not an API output)
     more = [hist.gallery]  # outputs added later go here, before the JSON (last): the API's places stay as they were
     r.dice.click(lambda: random.randint(0, 2**31 - 1), None, r.seed, **private)
     r.examples.change(lambda e, p: e or p, [r.examples, r.prompt], r.prompt, **private)
@@ -83,6 +86,16 @@ def _wire(ui: UI, h: Handlers, demo) -> None:
         inputs_kwargs=gen_in,
         outputs=gen_out,
         api_name="generate",
+        api_description=described["generate"],
+        **device,
+    ).then(keep, hist.rows, hist.saved, **private)
+    # for programs: the pictures at their own size and their numbers (the OpenAI endpoint and MCP call it)
+    ui.api.button.click(
+        _gpu(h.images, h.durations.generate, h.admit.generate),
+        inputs_kwargs=gen_in,
+        outputs=[ui.api.picture, ui.api.pictures, ui.api.numbers],
+        api_name="images",
+        api_description=described["images"],
         **device,
     )
     # the same request compared `on` (API callers pass compare="on" to /generate)
@@ -92,14 +105,15 @@ def _wire(ui: UI, h: Handlers, demo) -> None:
         outputs=gen_out,
         **private,
         **device,
-    )
+    ).then(keep, hist.rows, hist.saved, **private)
     ab.button.click(
         _gpu(h.compare, h.durations.compare, h.admit.compare),
         inputs_kwargs=forms.inputs(forms.CompareForm, r, ab) | hist_in,
         outputs=[ab.slider, ab.img_a, ab.img_b, ab.table, ab.flag] + hist_out + [ab.error_map] + more + [ab.json],
         api_name="compare",
+        api_description=described["compare"],
         **device,
-    )
+    ).then(keep, hist.rows, hist.saved, **private)
     mx.button.click(
         _gpu(h.matrix, h.durations.matrix, h.admit.matrix),
         inputs_kwargs=forms.inputs(forms.MatrixForm, r, mx) | hist_in,
@@ -108,14 +122,16 @@ def _wire(ui: UI, h: Handlers, demo) -> None:
         + more
         + [mx.json],
         api_name="matrix",
+        api_description=described["matrix"],
         **device,
-    )
+    ).then(keep, hist.rows, hist.saved, **private)
     mx.pick.change(h.pick_steps, [mx.pick, mx.runs], mx.steps_plot, **private)
     tn.button.click(
         _gpu(h.tune, h.durations.tune, h.admit.tune),
         inputs_kwargs=forms.inputs(forms.TuneForm, r, tn),
         outputs=[tn.result, tn.plot, tn.yaml, tn.name, tn.json],
         api_name="tune",
+        api_description=described["tune"],
         **device,
     )
     preset_out = [pv.desc, pv.yaml, pv.yaml_file]
@@ -126,6 +142,8 @@ def _wire(ui: UI, h: Handlers, demo) -> None:
     pv.save.click(h.save_preset, [pv.new_name, pv.new_yaml], [pv.msg] + ui.preset_lists(), **private)
     tn.save.click(h.save_tuned, [tn.name, tn.yaml], [tn.msg] + ui.preset_lists(), **private)
     hist.export.click(h.export_history, hist.rows, hist.file, **private)
+    demo.load(h.restore_history, hist.saved, [hist.table, hist.rows], **private)
+    hist.clear.click(h.clear_history, None, [hist.table, hist.rows, hist.gallery, hist.saved], **private)
 
 
 def build_app(
@@ -174,18 +192,23 @@ def build_app(
             "cached steps, speed-up) and what it cost (PSNR/SSIM against the `base` image of the same request)."
         )
         history, matrix_runs = gr.State(History()), gr.State({})
+        saved = gr.BrowserState([], storage_key="dit-speed-studio-history")  # the history's rows, in the browser
         request = request_panel(studio)
         with gr.Tabs():
-            ui = UI(
-                request=request,
-                gen=tabs.generate_tab(names, default_preset, compare),
-                ab=tabs.compare_tab(names, compare_presets),
-                mx=tabs.matrix_tab(names, studio.library().one_process_names(), matrix_runs),
-                tn=tabs.tune_tab(studio),
-                pv=tabs.presets_tab(studio, names, default_preset),
-                hist=tabs.history_tab(history),
+            gen = tabs.generate_tab(names, default_preset, compare)
+            ab = tabs.compare_tab(names, compare_presets)
+            mx = tabs.matrix_tab(names, studio.library().one_process_names(), matrix_runs)
+            tn, pv, hist = (
+                tabs.tune_tab(studio),
+                tabs.presets_tab(studio, names, default_preset),
+                tabs.history_tab(history, saved),
             )
-        _wire(ui, Handlers(studio, ui), demo)
+        # (what is not a tab stays outside the tabs: a hidden block or a BrowserState inside them draws a tab)
+        ui = UI(request=request, gen=gen, ab=ab, mx=mx, tn=tn, pv=pv, hist=hist, api=tabs.api_only())
+        offered = [(n, studio.library().get(n).description) for n in names]
+        _wire(ui, Handlers(studio, ui), demo, tool_descriptions(offered, studio.models))
+    # the OpenAI images API beside it (app.serve mounts its routes on the same server)
+    demo.studio_api = ImagesEndpoint(studio, default_preset, compare, current().api_key)
     # One generation at a time on the device; the rest wait with their queue position shown.
     demo.queue(default_concurrency_limit=1, max_size=queue_size)
     return demo

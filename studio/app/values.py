@@ -65,3 +65,39 @@ def threshold_value(value) -> float | None:
     if value in (None, "") or float(value) <= 0:
         return None
     return float(value)
+
+
+# The numbers an API caller gets with each picture (the `/images` endpoint, the OpenAI endpoint's `studio` object):
+# the run's record's keys, by name (measure.record.RunMetrics; docs/api.md lists them).
+RUN_KEYS = (
+    "model",
+    "preset",
+    "tag",
+    "requested_tag",
+    "label_changes",
+    "device",
+    "dtype",
+    "denoise_s",
+    "mean_step_ms",
+    "full_steps",
+    "cached_steps",
+    "speedup",
+    "speedup_lo",
+    "speedup_hi",
+    "timed_pairs",
+    "speedup_note",
+    "timing",
+    "psnr_db",
+    "ssim",
+    "quality",
+    "peak_memory",
+)
+
+
+def image_numbers(metrics: dict) -> list[dict]:
+    """One record per picture of a run (`metrics`: RunMetrics.as_dict()): the run's numbers (`RUN_KEYS`; `tag` is
+    what ran) with the picture's own seed and, in a batch, its own PSNR, SSIM and verdict against its base picture."""
+    run = {k: metrics.get(k) for k in RUN_KEYS}
+    seed = (metrics.get("request") or {}).get("seed")
+    each = metrics.get("batch") or [{"seed": seed}]
+    return [json_safe({**run, "index": i, **pic}) for i, pic in enumerate(each)]

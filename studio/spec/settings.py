@@ -77,6 +77,10 @@ class Settings:
     worker_max_rss_gb: float | None = None  # STUDIO_WORKER_MAX_RSS_GB
     queue_size: int = 32  # STUDIO_QUEUE_SIZE
     prewarm: bool = True  # STUDIO_PREWARM=0: no warm-up at start
+    api_key: str | None = None  # STUDIO_API_KEY: the OpenAI images endpoint wants `Authorization: Bearer <it>`
+    # STUDIO_MCP: the endpoints as MCP tools (gradio's MCP server). Off on a public studio unless the operator says
+    # so: an agent calls in loops, and every tool call is a generation on the host's device
+    mcp: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -108,6 +112,8 @@ class Settings:
             worker_max_rss_gb=_number(env, "STUDIO_WORKER_MAX_RSS_GB", float, 0.1, 10_000),
             queue_size=_number(env, "STUDIO_QUEUE_SIZE", int, 1, 10_000) or cls.queue_size,
             prewarm=_flag(env, "STUDIO_PREWARM", True),
+            api_key=env.get("STUDIO_API_KEY", "").strip() or None,
+            mcp=_flag(env, "STUDIO_MCP", not public),
         )
 
 

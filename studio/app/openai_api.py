@@ -1,0 +1,190 @@
+"""The OpenAI images API on the studio's own server and port: `POST /v1/images/generations` and `GET /v1/models`.
+
+A protocol adapter over the `/images` endpoint, not a second way in: each generation is read and checked
+(spec.images_api), then called through gradio's queue like any gradio_client call (the same admission and public
+limits, the same device worker, the same time limit and sentences), on behalf of the caller: the call carries the
+caller's address signed for this process (app.limits.internal_visitor), so a public visitor's rate is the same
+whichever way they come, and ZeroGPU's `x-ip-token` so a Space bills the caller's quota.
+
+Answers follow OpenAI's shapes: `{"created", "data": [{"b64_json" | "url", "revised_prompt", "studio"}]}` with the
+studio's numbers per picture in `studio` (app.values.image_numbers); errors as `{"error": {"message", "type",
+"param", "code"}}` with the studio's sentence, and the HTTP status OpenAI uses for the kind (400 a bad request, 401
+a wrong key, 404 an unknown model, 429 the rate, 500 a failed run, 503 a full queue). With STUDIO_API_KEY set, both
+routes want `Authorization: Bearer <key>`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import json
+import logging
+import time
+from pathlib import Path
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+from gradio_client.utils import QueueError
+from httpx import HTTPError
+from starlette.concurrency import run_in_threadpool
+
+from studio.app.limits import INTERNAL_TOKEN, LOOPBACK, VISITOR_HEADER
+from studio.spec.checks import ConfigError
+from studio.spec.images_api import ImagesRequest, Served, UnknownModel
+
+log = logging.getLogger("studio")
+
+# The status and OpenAI error type of each kind of error the studio says (app.errors.TITLES' titles).
+STATUS = {
+    "Too many requests": (429, "rate_limit_error"),
+    "Over this studio's limits": (400, "invalid_request_error"),
+    "That request can't run": (400, "invalid_request_error"),
+    "The model could not load": (500, "server_error"),
+    "Over the time limit": (500, "server_error"),
+    "The run failed": (500, "server_error"),
+}
+
+
+class ApiFailure(Exception):
+    """An answer in OpenAI's error shape."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.code = status, message, kind, code
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.kind, "param": None, "code": self.code}}
+        return JSONResponse(body, status_code=self.status)
+
+
+class ImagesEndpoint:
+    """The two routes, bound to the studio's facade (app.handlers.Studio) and its defaults."""
+
+    def __init__(self, studio, default_preset: str, compare: str, api_key: str | None = None):
+        self.studio, self.default_preset, self.compare, self.api_key = studio, default_preset, compare, api_key
+
+    def routes(self) -> list[APIRoute]:
+        """For FastAPI's `routes` (app.serve passes them to gradio's app before its own routes)."""
+        return [
+            APIRoute("/v1/images/generations", self.generations, methods=["POST"], include_in_schema=True),
+            APIRoute("/v1/models", self.models, methods=["GET"]),
+        ]
+
+    # --------------------------------------------------------------------------------------------- the routes
+    async def generations(self, request: Request) -> JSONResponse:
+        try:
+            self._auth(request)
+            try:
+                body = json.loads(await request.body() or b"null")
+            except ValueError as e:
+                raise ApiFailure(400, f"the request body is not JSON ({e}): send a JSON object") from None
+            return JSONResponse(await run_in_threadpool(self._generate, request, body))
+        except ApiFailure as f:
+            return f.response()
+
+    async def models(self, request: Request) -> JSONResponse:
+        try:
+            self._auth(request)
+        except ApiFailure as f:
+            return f.response()
+        served = self.served()
+        data = [
+            {"id": m, "object": "model", "created": 0, "owned_by": "dit-speed-studio", "presets": list(served.presets)}
+            for m in served.models
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    # ------------------------------------------------------------------------------------------------ the work
+    def served(self) -> Served:
+        names = tuple(self.studio.library().names())
+        return Served(tuple(self.studio.models), names, self.default_preset, self.compare)
+
+    def _auth(self, request: Request) -> None:
+        if not self.api_key:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, key = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.api_key.encode()):
+            raise ApiFailure(
+                401,
+                "this studio's images endpoint wants its API key: send `Authorization: Bearer <key>` (the "
+                "operator's STUDIO_API_KEY)",
+                code="invalid_api_key",
+            )
+
+    def _size_rule(self, model: str):
+        p = self.studio.device.profile(model)
+        cap = min(p.max_size, self.studio.device.caps[1] or p.max_size)
+        own = (p.width, p.height)
+        usual = [f"{w}x{h}" for w, h in [own] + [(w, h) for _, w, h in p.aspect_sizes() if (w, h) != own]]
+        return (p.size_multiple, p.min_size, cap), usual
+
+    def _read(self, body) -> ImagesRequest:
+        try:
+            return ImagesRequest.read(body, self.served(), self._size_rule)
+        except UnknownModel as e:
+            raise ApiFailure(404, str(e), code="model_not_found") from None
+        except ConfigError as e:
+            raise ApiFailure(400, str(e)) from None
+
+    def _generate(self, request: Request, body) -> dict:
+        ask = self._read(body)
+        profile = self.studio.device.profile(ask.model)
+        width, height = ask.size or (profile.width, profile.height)
+        params = dict(
+            prompt=ask.prompt,
+            model=ask.model,
+            preset=ask.preset,
+            seed=ask.seed or 0,
+            steps=ask.steps or profile.steps,
+            width=width,
+            height=height,
+            guidance=ask.guidance if ask.guidance is not None else (profile.guidance or 0.0),
+            negative_prompt=ask.negative_prompt,
+            true_cfg_scale=ask.true_cfg_scale or profile.true_cfg_scale or 1.0,
+            num_images_per_prompt=ask.n,
+            compare=ask.compare,
+            loras="",
+            cache="unset",
+            compile="unset",
+            threshold=0,
+        )
+        pictures, numbers = self._call(request, params)
+        data = [self._picture(request, pic, ask.response_format) | {"studio": n} for pic, n in zip(pictures, numbers)]
+        return {"created": int(time.time()), "data": data, "studio": {"ignored": list(ask.ignored)}}
+
+    def _call(self, request: Request, params: dict) -> tuple[list, list]:
+        """/images through gradio's queue, on behalf of the caller."""
+        host, port = request.scope.get("server") or ("127.0.0.1", 7860)
+        host = "127.0.0.1" if host in ("0.0.0.0", "::", "", None) else host  # noqa: S104 (reading, not binding)
+        headers = {VISITOR_HEADER: f"{INTERNAL_TOKEN} {self.studio.visitor(request)}"}
+        if request.headers.get("x-ip-token"):  # ZeroGPU: the caller's quota, as gradio's own calls carry it
+            headers["x-ip-token"] = request.headers["x-ip-token"]
+        if host not in LOOPBACK:
+            log.warning("the images endpoint calls /images at %s, not a loopback address", host)
+        client = None
+        try:
+            client = Client(
+                f"http://{host}:{port}/", headers=headers, verbose=False, download_files=False, analytics_enabled=False
+            )
+            _, pictures, numbers = client.predict(api_name="/images", **params)
+            return pictures, numbers
+        except AppError as e:
+            status, kind = STATUS.get(e.title, (500, "server_error"))
+            raise ApiFailure(status, e.message or "the run failed (the server logged why)", kind) from None
+        except (QueueError, HTTPError) as e:  # the queue full, the server stopping
+            raise ApiFailure(503, f"the studio could not take the request now ({e}): try again", "server_error") from e
+        finally:
+            if client is not None:
+                client.close()  # its heartbeat thread
+
+    @staticmethod
+    def _picture(request: Request, item: dict, fmt: str) -> dict:
+        """One gallery item ({image: FileData, caption}) as OpenAI's image object."""
+        path = item["image"]["path"]
+        if fmt == "url":
+            return {"url": f"{str(request.base_url).rstrip('/')}/gradio_api/file={path}", "revised_prompt": None}
+        return {"b64_json": base64.b64encode(Path(path).read_bytes()).decode(), "revised_prompt": None}

@@ -1,0 +1,22 @@
+"""Serving the studio: gradio's server with the OpenAI images API on the same port, and the MCP server.
+
+gradio builds its FastAPI app inside `launch`; FastAPI's own `routes` argument (through gradio's documented
+`app_kwargs`) puts the OpenAI routes (app.openai_api) on that app before gradio's, so they share the server, the
+port, and the queue they call through.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from studio.report.card import CSS
+from studio.spec.settings import current
+
+
+def launch(demo: gr.Blocks, *, mcp: bool | None = None, **kwargs):
+    """`demo.launch(**kwargs)` with the OpenAI routes (`demo.studio_api`, set by app.ui.build_app) and gradio's MCP
+    server when `mcp` (None: the settings' STUDIO_MCP, off on a public studio unless the operator turns it on)."""
+    mcp = current().mcp if mcp is None else mcp
+    kwargs.setdefault("css", CSS)
+    app_kwargs = {"routes": demo.studio_api.routes(), **kwargs.pop("app_kwargs", {})}
+    return demo.launch(app_kwargs=app_kwargs, mcp_server=mcp, **kwargs)

@@ -1,0 +1,57 @@
+"""What a program reads about the studio's endpoints where it finds them by itself: the description of each endpoint
+offered as an MCP tool (gradio's `api_description`, shown in the API page too), and the OpenAI endpoint's model list.
+
+An agent acts on these alone: each says what the endpoint does, what a preset is and which exist here, and what the
+numbers it returns mean.
+"""
+
+from __future__ import annotations
+
+NUMBERS = (
+    "Numbers: `tag` is what ran (never only what was asked; `label_changes` lists parts that fell back), `denoise_s` "
+    "the denoising loop's time, `speedup` the speed-up over the `base` preset with its 95% interval `speedup_lo`-"
+    "`speedup_hi` from `timed_pairs` timed pairs (null with `speedup_note` saying why when the timing cannot be "
+    "trusted), `cached_steps`/`full_steps` the steps the cache skipped and ran, `psnr_db`/`ssim` the picture against "
+    "base's picture of the same request (30 dB and up: close; under 20 dB: a different or broken picture; `quality` "
+    "says which)."
+)
+
+
+def preset_lines(presets: list[tuple[str, str]]) -> str:
+    """`name`: description, one per preset."""
+    return "; ".join(f"`{n}`: {d.rstrip('.')}" for n, d in presets)
+
+
+def tool_descriptions(presets: list[tuple[str, str]], models: list[str]) -> dict[str, str]:
+    """{api_name: description} for the endpoints offered as tools. `presets`: (name, description) of each preset a
+    caller may name; `models`: the models served."""
+    what = (
+        "DiT Speed Studio runs a text-to-image diffusion transformer with a speed preset: a stack of step caching, "
+        f"8-bit quantization, attention kernels and compilation. Models: {', '.join(models)}. Presets: "
+        f"{preset_lines(presets)}."
+    )
+    return {
+        "images": (
+            f"Generate pictures from a prompt with a speed preset and get each picture at its own size with its "
+            f"numbers. {what} {NUMBERS}"
+        ),
+        "generate": (
+            "The Generate tab as an endpoint: one run of a preset with the page's outputs (the picture enlarged for "
+            "display, the metrics card as HTML, base's picture, an error map, a per-step chart) and `metrics`, the "
+            f"run's full record. Programs that want the pictures and numbers only call `images`. {what} {NUMBERS}"
+        ),
+        "compare": (
+            "Run one request with two presets (`preset_a`, `preset_b`) and compare them: both pictures, a table of "
+            f"their numbers and B's difference from A (`b_vs_a`: PSNR and the worst 8x8 tile). {what}"
+        ),
+        "matrix": (
+            "Time several presets (`presets`, a list) on one request, each against base in the same round-robin, "
+            "with `repeats` rounds: a row per preset (speed-up with its interval, cached steps, PSNR, what ran) and "
+            f"a last row `base (again)`, the noise floor. {what}"
+        ),
+        "tune": (
+            "Search a step cache's threshold for the fastest preset whose pictures stay above a PSNR floor (`floor`, "
+            "in dB) against base on the given prompts (`prompts_text`, one a line); returns the tuned preset as YAML "
+            f"and its numbers. {what}"
+        ),
+    }

@@ -1,0 +1,265 @@
+"""The ways programs call the studio, through their own clients against the running app: the `openai` SDK on
+`/v1/images/generations` and `/v1/models`, the `mcp` package's client on gradio's MCP server, and the checks under
+them (the request's reading, the history a browser keeps).
+
+The app runs as app.py runs it: the embedded model in the supervised device worker, served by app.serve.launch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import socket
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from studio.engine.baseline import Pairing
+from studio.spec import PresetLibrary
+from studio.spec.checks import ConfigError
+from studio.spec.images_api import ImagesRequest, Served, UnknownModel, parse_size
+from studio.spec.settings import Settings
+
+PROMPT = "a red circle in the center, blue background"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(device, **kw):
+    from studio.app.serve import launch
+    from studio.app.ui import build_app
+
+    demo = build_app(device, **kw)
+    port = _free_port()
+    launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, mcp=True)
+    return demo, f"http://127.0.0.1:{port}/"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from studio.worker import WorkerClient, WorkerConfig
+
+    lib = PresetLibrary(user_dir=tmp_path_factory.mktemp("presets"))
+    one_pair = Pairing(cheap_pairs=1, max_extra_pairs=0)  # these tests check pictures and shapes, not timing
+    device = WorkerClient(WorkerConfig(model="tiny", device="cpu", presets=lib, pairing=one_pair))
+    demo, url = _serve(device, default_preset="cache", compare="on")
+    yield demo, url
+    demo.close()
+    device.close()
+
+
+@pytest.fixture(scope="module")
+def oai(served):
+    from openai import OpenAI
+
+    return OpenAI(base_url=served[1] + "v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def _picture(item) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(item.b64_json))).convert("RGB"))
+
+
+def test_the_openai_sdk_generates_pictures_of_the_asked_size_with_the_studios_numbers(oai):
+    assert [m.id for m in oai.models.list()] == ["tiny"]
+    r = oai.images.generate(model="tiny:cache", prompt=PROMPT, size="80x48", extra_body={"seed": 3})
+    assert len(r.data) == 1 and _picture(r.data[0]).shape == (48, 80, 3)
+    n = r.data[0].model_extra["studio"]
+    assert n["preset"] == "cache" and n["seed"] == 3 and n["model"] == "tiny"
+    assert "DBCache" in n["tag"] and n["cached_steps"] > 0 and n["full_steps"] + n["cached_steps"] == 28
+    assert n["speedup"] is None or n["speedup_lo"] <= n["speedup"] <= n["speedup_hi"]
+    assert n["timed_pairs"] >= 1 and n["psnr_db"] is not None  # compare `on` (this app's default): base beside it
+    two = oai.images.generate(
+        model="tiny", prompt=PROMPT, n=2, size="64x64", extra_body={"preset": "base", "seed": 5, "compare": "off"}
+    )
+    pics = [_picture(d) for d in two.data]
+    assert [p.shape for p in pics] == [(64, 64, 3)] * 2 and not np.array_equal(pics[0], pics[1])
+    assert [d.model_extra["studio"]["seed"] for d in two.data] == [5, 6]
+    assert all("DBCache" not in d.model_extra["studio"]["tag"] for d in two.data)  # base: no cache ran
+
+
+def test_openai_errors_come_in_openais_shape_and_leave_the_studio_serving_the_same_pixels(served, oai):
+    import openai
+
+    ask = dict(model="tiny", prompt=PROMPT, size="64x64", extra_body={"preset": "base", "seed": 11, "compare": "off"})
+    before = _picture(oai.images.generate(**ask).data[0])
+    cases = [
+        (dict(ask, size="100x100"), openai.BadRequestError, "size '100x100' is not a size this model takes"),
+        (dict(ask, prompt="   "), openai.BadRequestError, "prompt is empty"),
+        (
+            dict(ask, model="dall-e-3"),
+            openai.NotFoundError,
+            "model 'dall-e-3' is not served here: the models are tiny",
+        ),
+        (dict(ask, extra_body={"stepz": 4}), openai.BadRequestError, "field 'stepz' is not one this endpoint reads"),
+        (dict(ask, n=9), openai.BadRequestError, "n=9 is not valid: use a whole number from 1 to 4"),
+    ]
+    for kwargs, kind, sentence in cases:
+        with pytest.raises(kind) as e:
+            oai.images.generate(**kwargs)
+        assert set(e.value.body) == {"message", "type", "param", "code"} and sentence in e.value.body["message"]
+    served[0].studio_api.api_key = "s3cret"  # as STUDIO_API_KEY=s3cret
+    try:
+        with pytest.raises(openai.AuthenticationError, match="wants its API key"):
+            oai.images.generate(**ask)
+        keyed = oai.with_options(api_key="s3cret")
+        after = _picture(keyed.images.generate(**ask).data[0])
+    finally:
+        served[0].studio_api.api_key = None
+    assert np.array_equal(before, after)
+    # a URL in place of the picture, served by the same server
+    url = oai.images.generate(**dict(ask, response_format="url")).data[0].url
+    fetched = np.asarray(Image.open(io.BytesIO(httpx.get(url, timeout=30).content)).convert("RGB"))
+    assert url.startswith(served[1]) and np.array_equal(fetched, before)
+
+
+def test_mcp_clients_list_the_studios_tools_and_generate_on_the_embedded_model(served):
+    """An MCP client (the `mcp` package's, over gradio's streamable HTTP transport) finds the endpoints as tools with
+    descriptions naming the presets and the numbers, and `images` returns the picture as an image with its numbers,
+    with progress streamed while it runs. (A client that asks for no progress gets the outputs as one text in
+    gradio 6.31: docs/library-behaviour.md G-MCP1.)"""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamablehttp_client
+
+    steps = []
+
+    async def progress(done, total, message):
+        steps.append((done, total, message))
+
+    async def go():
+        async with streamablehttp_client(served[1] + "gradio_api/mcp/") as (read, write, _):
+            async with ClientSession(read, write) as s:
+                await s.initialize()
+                tools = {t.name: t for t in (await s.list_tools()).tools}
+                args = dict(prompt=PROMPT, preset="cache", seed=2, steps=28, width=64, height=64, compare="on")
+                return tools, await s.call_tool("images", args, progress_callback=progress)
+
+    tools, res = asyncio.run(go())
+    assert set(tools) == {"images", "generate", "compare", "matrix", "tune"}  # the UI's plumbing is not offered
+    for name in ("base", "cache", "cache-int8-sage"):
+        assert f"`{name}`:" in tools["images"].description
+    assert "speedup_lo" in tools["images"].description and "what ran" in tools["images"].description
+    assert not res.isError, res.content
+    pics = [c for c in res.content if c.type == "image"]
+    assert len(pics) >= 1, [str(c)[:300] for c in res.content]
+    assert Image.open(io.BytesIO(base64.b64decode(pics[0].data))).size == (64, 64)
+    text = " ".join(c.text for c in res.content if c.type == "text")
+    assert "DBCache" in text and "cached_steps" in text
+    assert steps, "no progress reached the client"
+
+
+def test_a_public_visitor_is_the_same_visitor_through_the_openai_endpoint(tmp_path, random_model_dir):
+    """The rate counts a visitor's calls whichever way they come (the OpenAI endpoint, gradio_client); a header a
+    client writes to pass for another visitor is not believed. A refusal is 429 in OpenAI's shape."""
+    import openai
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    from studio.app.limits import PublicLimits
+    from studio.engine import ModelManager, Runner
+
+    runner = Runner(ModelManager("cpu"), PresetLibrary(user_dir=tmp_path), model=random_model_dir)
+    demo, url = _serve(runner, public=True, limits=PublicLimits(requests_per_minute=1), models=[random_model_dir])
+    try:
+        oai = openai.OpenAI(base_url=url + "v1", api_key="unused", max_retries=0, timeout=300)
+        ok = oai.images.generate(
+            model=random_model_dir, prompt=PROMPT, extra_body={"preset": "base", "compare": "off"}
+        )
+        assert _picture(ok.data[0]).shape[2] == 3
+        with pytest.raises(openai.RateLimitError) as e:
+            oai.images.generate(model=random_model_dir, prompt=PROMPT, extra_body={"preset": "base"})
+        assert "at most 1 requests a minute per visitor" in e.value.body["message"]
+        assert e.value.body["type"] == "rate_limit_error"
+        forged = Client(url, verbose=False, headers={"x-studio-visitor": "guess 198.51.100.9"})
+        with pytest.raises(AppError, match="at most 1 requests a minute per visitor"):
+            forged.predict(prompt=PROMPT, model=random_model_dir, preset="base", api_name="/generate")
+    finally:
+        demo.close()
+        runner.manager.unload()
+
+
+# ------------------------------------------------------------------------------------------------- no server
+@pytest.mark.quick
+def test_a_body_is_read_in_the_studios_terms_and_refused_by_field():
+    s = Served(("tiny", "org/flux"), ("base", "cache"), "cache", "auto")
+    rule = lambda model: ((8, 32, 128), ["64x64", "72x56"])  # noqa: E731
+    r = ImagesRequest.read({"prompt": "p", "model": "tiny:base", "size": "72x56", "n": 2, "quality": "hd"}, s, rule)
+    assert (r.model, r.preset, r.size, r.n, r.compare, r.ignored) == (
+        "tiny",
+        "base",
+        (72, 56),
+        2,
+        "auto",
+        ("quality",),
+    )
+    r = ImagesRequest.read({"prompt": "p", "model": "tiny:base", "preset": "cache", "size": "auto"}, s, rule)
+    assert (r.preset, r.size, r.response_format) == ("cache", None, "b64_json")  # the field wins over the suffix
+    assert ImagesRequest.read({"prompt": "p"}, s, rule).model == "tiny"
+    with pytest.raises(UnknownModel, match=r"model 'org/flux:fast' is not served here"):
+        ImagesRequest.read({"prompt": "p", "model": "org/flux:fast"}, s, rule)
+    with pytest.raises(ConfigError, match=r"preset 'turbo' is not one of this studio's presets: use one of"):
+        ImagesRequest.read({"prompt": "p", "preset": "turbo"}, s, rule)
+    for body, sentence in [
+        ({"prompt": "p", "n": 0}, "n=0 is not valid"),
+        ({"prompt": "p", "n": 1.5}, "n=1.5 is not valid"),
+        ({"prompt": "p", "n": True}, "n=True is not valid"),
+        ({"prompt": "p", "response_format": "png"}, "response_format='png' is not valid: use b64_json or url"),
+        ({"prompt": "p", "compare": "yes"}, "compare='yes' is not valid"),
+        ({"prompt": "p", "guidance_scale": -1}, "guidance_scale=-1 is not valid"),
+        ({"prompt": ""}, "prompt is empty"),
+        (["p"], "must be a JSON object"),
+    ]:
+        with pytest.raises(ConfigError, match=sentence.replace("(", r"\(").replace(".", r"\.")):
+            ImagesRequest.read(body, s, rule)
+    assert parse_size(" 64 x 32 ", (8, 32, 128), []) == (64, 32)
+    for bad in ("64", "64x33", "16x64", "256x64", "ax b"):
+        with pytest.raises(ConfigError, match="each side a multiple of 8 from 32 to 128, e.g. 64x64"):
+            parse_size(bad, (8, 32, 128), ["64x64"])
+
+
+@pytest.mark.quick
+def test_every_error_title_the_studio_raises_has_an_openai_status():
+    from studio.app.errors import TITLES, title_of
+    from studio.app.limits import RateLimited, Refused
+    from studio.app.openai_api import STATUS
+    from studio.spec.errors import OverTime
+
+    assert {t for _, t in TITLES} == set(STATUS)
+    assert STATUS[title_of(RateLimited("x"))] == (429, "rate_limit_error")
+    assert STATUS[title_of(Refused("x"))][0] == STATUS[title_of(ConfigError("x"))][0] == 400
+    assert STATUS[title_of(OverTime("x"))][0] == 500
+
+
+@pytest.mark.quick
+def test_the_internal_visitor_header_is_believed_only_from_this_process():
+    from studio.app.limits import INTERNAL_TOKEN, visitor
+
+    signed = {"x-studio-visitor": f"{INTERNAL_TOKEN} address 203.0.113.5"}
+    assert visitor("127.0.0.1", signed, "s", False) == "address 203.0.113.5"
+    assert visitor("198.51.100.1", signed, "s", False) == "address 198.51.100.1"  # not from this machine
+    assert visitor("127.0.0.1", {"x-studio-visitor": "guess address 1.2.3.4"}, "s", False) == "address 127.0.0.1"
+
+
+@pytest.mark.quick
+def test_mcp_is_off_on_a_public_studio_unless_the_operator_turns_it_on():
+    assert Settings.from_env({}).mcp is True and Settings.from_env({"SPACE_ID": "a/b"}).mcp is False
+    assert Settings.from_env({"SPACE_ID": "a/b", "STUDIO_MCP": "1"}).mcp is True
+    assert Settings.from_env({"STUDIO_API_KEY": " k "}).api_key == "k" and Settings.from_env({}).api_key is None
+
+
+@pytest.mark.quick
+def test_a_history_kept_in_a_browser_is_read_back_checked():
+    from studio.app.history import HISTORY_COLUMNS, HISTORY_MAX, restored
+
+    row = [1, "a prompt", 7, 28, "64x64"] + ["x"] * (len(HISTORY_COLUMNS) - 5)
+    kept = [row, [2] + row[1:], "junk", [3, "short"], [True] + row[1:], [4] + row[1:-1] + [{"a": 1}]]
+    assert restored(kept).rows == [row, [2] + row[1:]] and restored(kept).thumbs == []
+    assert restored({"rows": []}).rows == [] and restored(None).rows == []
+    many = [[i] + row[1:] for i in range(1, HISTORY_MAX + 20)]
+    assert [r[0] for r in restored(many).rows][:1] == [20] and len(restored(many).rows) == HISTORY_MAX
