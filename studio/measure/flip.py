@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from studio.measure.quality import TILE  # the same tiles as the worst PSNR tile's
+from studio.measure.quality import TILE, highest_tile  # the same tiles as the worst PSNR tile's
 
 RANGE = "LDR"  # 8-bit sRGB pictures
 
@@ -53,20 +53,9 @@ def flip_error(image, base) -> np.ndarray:
 
 
 def worst_flip_tile(err: np.ndarray, tile: int = TILE) -> tuple[float, tuple[int, int]]:
-    """The highest mean FLIP error of a `tile` x `tile` tile of the error map, and its top-left pixel (y, x).
-
-    Tiles start at (0, 0) and step by `tile` (edge tiles smaller), as measure.quality.worst_tile's; of equal ones the
-    first in reading order: an identical pair gives (0.0, (0, 0))."""
-    h, w = err.shape
-    pad = ((0, -h % tile), (0, -w % tile))
-    rows, cols = (h + pad[0][1]) // tile, (w + pad[1][1]) // tile
-
-    def per_tile(v):
-        return np.pad(v, pad).reshape(rows, tile, cols, tile).sum(axis=(1, 3))
-
-    mean = per_tile(err) / per_tile(np.ones_like(err))
-    i = int(np.argmax(mean))
-    return float(mean.flat[i]), ((i // cols) * tile, (i % cols) * tile)
+    """The highest mean FLIP error of a `tile` x `tile` tile of the error map, and its top-left pixel (y, x): the
+    same tiles as measure.quality.worst_tile's (`highest_tile`); an identical pair gives (0.0, (0, 0))."""
+    return highest_tile(err, tile)
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,23 @@ def error_map(a, b, scale: int = ERROR_SCALE) -> np.ndarray:
     return np.repeat(grey[..., None], 3, axis=2)
 
 
+def highest_tile(values: np.ndarray, tile: int = TILE) -> tuple[float, tuple[int, int]]:
+    """The highest mean of an HxW map over a `tile` x `tile` tile, and that tile's top-left pixel (y, x).
+
+    Tiles start at (0, 0) and step by `tile`; edge tiles of a size that is not a multiple are smaller (their mean is
+    over the pixels they have). Of equal ones, the first in reading order: an all-zero map gives (0.0, (0, 0))."""
+    h, w = values.shape
+    pad = ((0, -h % tile), (0, -w % tile))
+    rows, cols = (h + pad[0][1]) // tile, (w + pad[1][1]) // tile
+
+    def per_tile(v):
+        return np.pad(v, pad).reshape(rows, tile, cols, tile).sum(axis=(1, 3))
+
+    mean = per_tile(values) / per_tile(np.ones_like(values))
+    i = int(np.argmax(mean))
+    return float(mean.flat[i]), ((i // cols) * tile, (i % cols) * tile)
+
+
 def worst_tile(a, b, tile: int = TILE) -> tuple[float, tuple[int, int]]:
     """The PSNR (dB) of the worst `tile` x `tile` tile and its top-left pixel (y, x).
 
@@ -85,16 +102,7 @@ def worst_tile(a, b, tile: int = TILE) -> tuple[float, tuple[int, int]]:
     sq = (x - y) ** 2
     if sq.ndim == 3:
         sq = sq.mean(axis=2)
-    h, w = sq.shape
-    pad = ((0, -h % tile), (0, -w % tile))
-    rows, cols = (h + pad[0][1]) // tile, (w + pad[1][1]) // tile
-
-    def per_tile(v):
-        return np.pad(v, pad).reshape(rows, tile, cols, tile).sum(axis=(1, 3))
-
-    mse = per_tile(sq) / per_tile(np.ones_like(sq))
-    i = int(np.argmax(mse))  # the first of equal ones in reading order
-    worst, at = float(mse.flat[i]), ((i // cols) * tile, (i % cols) * tile)
+    worst, at = highest_tile(sq, tile)
     return (math.inf if worst == 0.0 else 10.0 * math.log10(255.0**2 / worst)), at
 
 

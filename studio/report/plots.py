@@ -36,6 +36,13 @@ def plot_tradeoff(rows: list[MatrixRow], path_or_buf, title: str = "speed-up vs 
     ax.axhline(20, color="#ff7f0e", lw=0.8, ls="--", label="20 dB (lossy)")
     ax.axvline(1.0, color="#888", lw=0.8)
     ax.set_xlabel("speed-up vs base (denoise time)")
+    _finish_psnr_plot(fig, ax, top, title, path_or_buf)
+
+
+def _finish_psnr_plot(fig, ax, top: float, title: str, path_or_buf) -> None:
+    """A speed-up against PSNR plot's y label, title, grid and legend; written as PNG and closed."""
+    import matplotlib.pyplot as plt
+
     ax.set_ylabel(f"PSNR vs base, dB (identical plotted at {top:.0f})")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
@@ -168,10 +175,4 @@ def plot_paired(paired: list, path_or_buf, *, title: str = "speed-up vs PSNR per
         ax.axhline(paired[0].floor_db, color="#2ca02c", lw=0.8, ls="--", label=f"floor {paired[0].floor_db:g} dB")
     ax.axvline(1.0, color="#888", lw=0.8)
     ax.set_xlabel("paired speed-up vs the request's own base (filled: a win)")
-    ax.set_ylabel(f"PSNR vs base, dB (identical plotted at {top:.0f})")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower left")
-    fig.tight_layout()
-    fig.savefig(path_or_buf, format="png")
-    plt.close(fig)
+    _finish_psnr_plot(fig, ax, top, title, path_or_buf)
