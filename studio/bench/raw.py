@@ -31,6 +31,8 @@ def build_pipeline(recipe: dict):
     import torch
     from diffusers import DiffusionPipeline
 
+    if recipe.get("threads"):  # the studio's process's count (studio.bench.vsraw.recipe): the same work split alike
+        torch.set_num_threads(recipe["threads"])
     dtype = getattr(torch, recipe["dtype"])
     pipe = DiffusionPipeline.from_pretrained(recipe["model"], torch_dtype=dtype).to(recipe["device"])
     pipe.set_progress_bar_config(disable=True)
