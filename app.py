@@ -26,6 +26,8 @@ Environment (read once, here, into studio.spec.settings.Settings; a bad value st
                         killer
     STUDIO_API_KEY      the OpenAI images endpoint (/v1/images/generations, same port) wants this bearer key
     STUDIO_MCP          1: the endpoints as MCP tools at /gradio_api/mcp/ (default: on, off on a public studio)
+    STUDIO_LPIPS_FETCH  1: fetch LPIPS' weights (AlexNet, 233 MB, and lpips' heads) once at start into torch's hub
+                        cache, so the card shows LPIPS (default: on on a Space, off elsewhere)
     GRADIO_SERVER_NAME / GRADIO_SERVER_PORT   where to listen (gradio's own variables)
 """
 
@@ -89,6 +91,22 @@ def prewarm() -> None:
     except USER_ERRORS as e:  # the first click will load and warm up instead (a bug there is logged by the worker)
         logging.getLogger("studio").warning("pre-warm failed: %s", e)
 
+
+def fetch_lpips() -> None:
+    """LPIPS' weights into torch's hub cache, once (studio.measure.lpips): until they are there, and wherever they
+    cannot be fetched, the card says LPIPS has no weights here and everything else works."""
+    from studio.measure.lpips import fetch_weights
+
+    try:
+        w = fetch_weights()
+    except (OSError, ValueError) as e:  # no network, a bad file: LPIPS stays off, with the card's sentence
+        logging.getLogger("studio").warning("LPIPS weights not fetched (LPIPS stays off): %s", e)
+    else:
+        logging.getLogger("studio").info("LPIPS weights at %s", w.backbone.parent)
+
+
+if __name__ == "__main__" and SETTINGS.lpips_fetch:
+    threading.Thread(target=fetch_lpips, name="studio-lpips-fetch", daemon=True).start()
 
 if __name__ == "__main__" and SETTINGS.prewarm:
     # At once: the worker loads and warms up while this process imports gradio and builds the page (on 2 quiet cores

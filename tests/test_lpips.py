@@ -14,7 +14,9 @@ from studio.measure.lpips import (
     HEADS,
     NO_WEIGHTS,
     alexnet_features,
+    default_checkpoints,
     distance,
+    fetch_weights,
     find_weights,
     lpips_against,
 )
@@ -70,6 +72,43 @@ def test_lpips_with_a_test_made_backbone(tmp_path):
     assert 0 < distance(near, a, w) < d
     with pytest.raises(ValueError, match=r"pictures \(16, 16, 3\) and \(16, 16, 3\): give two HxWx3 of one size, 32"):
         distance(a[:16, :16], a[:16, :16], w)
+
+
+@pytest.mark.quick
+def test_fetched_once_whole_and_checked(tmp_path, monkeypatch):
+    """fetch_weights (what a Space runs once at start) from file:// URLs standing in for the download sites: both
+    files land where find_weights looks, a file already there is not fetched again, a backbone whose hash is not the
+    one its name carries is not kept, and an unreachable site raises urllib's error (app.fetch_lpips logs it)."""
+    import hashlib
+    import urllib.error
+
+    src = tmp_path / "site"
+    src.mkdir()
+    _weights(src)
+    urls = {name: (src / name).as_uri() for name in (BACKBONE, HEADS)}
+    sha = hashlib.sha256((src / BACKBONE).read_bytes()).hexdigest()[:8]
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    dest = default_checkpoints()
+    assert dest == tmp_path / "torch" / "hub" / "checkpoints"
+    w = fetch_weights(urls=urls, backbone_sha256=sha)
+    assert w == find_weights([dest]) and w.backbone.read_bytes() == (src / BACKBONE).read_bytes()
+    assert sorted(p.name for p in dest.iterdir()) == sorted([BACKBONE, HEADS])  # no .part left
+    a, b = _noise(1), _noise(2)
+    assert distance(a, b, w) == distance(a, b, find_weights([src]))  # the same network
+    (src / BACKBONE).unlink()  # the site is gone: what is there already is not fetched again
+    assert fetch_weights(urls=urls, backbone_sha256=sha) == w
+    _weights(src)  # the site has it again; but a hash that is not the one asked for
+    with pytest.raises(ValueError, match=r"not 00000000\.\.\. as alexnet-owt-7be5be79\.pth says; not kept"):
+        fetch_weights(tmp_path / "other", urls=urls, backbone_sha256="00000000")
+    assert not (tmp_path / "other" / BACKBONE).exists() and not (tmp_path / "other" / (BACKBONE + ".part")).exists()
+    with pytest.raises(urllib.error.URLError):
+        fetch_weights(tmp_path / "third", urls={BACKBONE: (tmp_path / "nowhere").as_uri()})
+    # who fetches: a Space (downloads work there), or an operator who says so; never an offline machine by default
+    from studio.spec.settings import Settings
+
+    assert Settings.from_env({"SPACE_ID": "a/b"}).lpips_fetch and not Settings.from_env({}).lpips_fetch
+    assert not Settings.from_env({"SPACE_ID": "a/b", "STUDIO_LPIPS_FETCH": "0"}).lpips_fetch
+    assert Settings.from_env({"STUDIO_LPIPS_FETCH": "1"}).lpips_fetch
 
 
 def test_lpips_on_the_embedded_model_where_the_weights_are(tiny_runner, hub_dir):

@@ -105,7 +105,7 @@ def test_api_has_the_five_named_endpoints_with_their_parameters(client):
         "/images": request + ["preset", "cache", "threshold", "compile", "compare"],
         "/compare": request + ["preset_a", "preset_b", "cache", "threshold", "compile"],
         "/matrix": request + ["presets", "repeats", "cache", "threshold", "compile"],
-        "/tune": request + ["floor", "prompts_text", "size"],
+        "/tune": request + ["floor", "prompts_text", "size", "max_flip"],
     }
     for name, params in expected.items():
         # "request", "progress" and "history" are filled in by gradio (or the session), not API parameters
@@ -234,6 +234,8 @@ def test_matrix_endpoint(client, app):
     assert [r[-2] for r in table["data"]] == presets + ["base (again)"]
     again = table["data"][-1]  # base timed again last in the round: the same stack gives the same picture
     assert again[4] == "inf" and again[5] == f"0/{_args()['steps']}"
+    flip_at = table["headers"].index("FLIP")  # the optional columns travel with the table (report.table.OPTIONAL)
+    assert again[flip_at] == "0.0000" and float(table["data"][2][flip_at]) > 0  # int8 moves pixels; base twice not
     assert f"it reads {again[3]} against base" in noise
     assert os.path.exists(plot)
     assert (
@@ -246,9 +248,11 @@ def test_tune_endpoint_returns_a_preset_that_meets_its_target(client, app):
     from studio.spec.presets import preset_from_text
 
     runner, _ = app
-    out = client.predict(**_args(model=runner.model), floor=30, prompts_text=PROMPT, size="quick", api_name="/tune")
+    args = dict(floor=30, prompts_text=PROMPT, size="quick", max_flip=0.2)  # the Tune tab's FLIP ceiling too
+    out = client.predict(**_args(model=runner.model), **args, api_name="/tune")
     text, plot, yaml_text, name, data = out
     assert data["worst_psnr_db"] == "inf" or data["worst_psnr_db"] >= 30
+    assert data["max_flip"] == 0.2 and data["worst_flip"] <= 0.2 and "(ceiling 0.2)" in text
     assert data["runs"] == data["screening_runs"] + data["timed_runs"] > 0
     assert name == "tuned-30db" and "worst PSNR" in text
     p = preset_from_text(yaml_text, name)  # the YAML the tab shows loads like any preset
@@ -322,6 +326,14 @@ def test_browser_generate_and_compare(tmp_path, tiny_lora):
             img = page.locator("img[src*='file=']").first
             expect(img).to_be_visible()
             page.screenshot(path=os.path.join(ARTIFACTS, "ui-generate.png"), full_page=True)
+            # the error map as the person picks it: FLIP's, drawn from the kept pair without running anything again
+            diff_src = page.locator("#gen-error-map img").get_attribute("src")
+            page.locator("#gen-map-kind").get_by_label("FLIP", exact=True).check()
+            expect(page.locator("#gen-map-note")).to_contain_text("FLIP's error map of image against base")
+            expect(page.locator("#gen-error-map img")).not_to_have_attribute("src", diff_src, timeout=30_000)
+            page.screenshot(path=os.path.join(ARTIFACTS, "ui-generate-flip.png"), full_page=True)
+            page.locator("#gen-map-kind").get_by_label("×8 difference", exact=True).check()
+            expect(page.locator("#gen-map-note")).to_contain_text("×8")
 
             # (the compiled stack's counts and its compile warm-up through the same endpoint: test_generate_endpoint_
             # with_compile_switch, by API; not again here, where a compile costs half a minute of the suite)

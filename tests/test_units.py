@@ -287,7 +287,21 @@ def test_generate_handler_passes_switches_and_returns_components():
     h.generate(**NO_PROGRESS, history=None, **REQUEST, preset="cache")
     assert runner.calls[-1][2]["time_limit_s"] == 300
     expected = {"gen.image", "gen.card", "gen.base_image", "gen.steps_plot", "hist.table", "hist.rows", "gen.json"}
-    assert set(out) == expected | {"gen.error_map", "gen.json_file", "hist.gallery", "gen.batch", "gen.last"}
+    assert set(out) == expected | {
+        "gen.error_map",
+        "gen.json_file",
+        "hist.gallery",
+        "gen.batch",
+        "gen.last",
+        "gen.compared",
+    }
+    from studio.app.maps import FLIP, show_map
+
+    kept = out["gen.compared"]  # the pair at its own size, for the map the person picks after the run (app.maps)
+    assert kept.image.shape == kept.base.shape == (64, 64, 3) and kept.where == "Above"
+    flip_pic, note = show_map(FLIP, kept, "Above")
+    assert flip_pic.shape == (384, 384, 3) and note.startswith("Above: FLIP's error map of image against base")
+    assert (flip_pic == (0, 0, 4)).all()  # the fake's picture is its base: no visible difference, no tile framed
     from studio.report.images import FRAME_RGB
 
     pic = out["gen.error_map"].reshape(-1, 3)  # the fake's image is its base: black, but for the metrics' tile frame
@@ -308,7 +322,7 @@ def test_handlers_take_the_forms_fields_by_name():
     assert forms.names(forms.GenerateForm) == forms.REQUEST_FIELDS + generate
     matrix = ("presets", "repeats", "cache", "threshold", "compile")
     assert forms.names(forms.MatrixForm)[len(forms.REQUEST_FIELDS) :] == matrix
-    assert forms.names(forms.TuneForm)[len(forms.REQUEST_FIELDS) :] == ("floor", "prompts_text", "size")
+    assert forms.names(forms.TuneForm)[len(forms.REQUEST_FIELDS) :] == ("floor", "prompts_text", "size", "max_flip")
     h, _ = _handlers()
     with pytest.raises(TypeError, match="threshhold"):  # a misspelt name fails at once, not as a silent default
         h.generate(**NO_PROGRESS, **REQUEST, preset="cache", threshhold=0.3)

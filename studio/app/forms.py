@@ -74,6 +74,7 @@ class TuneForm(RequestForm):
     floor: float
     prompts_text: str | None = None
     size: str = "quick"
+    max_flip: float | None = None  # FLIP's ceiling for the worst prompt (0 or empty: PSNR alone)
 
 
 REQUEST_FIELDS = tuple(f.name for f in fields(RequestForm))
@@ -133,7 +134,10 @@ class GenerateTab:
     batch: gr.Gallery  # a batch's pictures, each captioned with its seed and its PSNR against its base picture
     last: gr.State  # the last picture at its own size (for "use as input")
     base_image: gr.Image
-    error_map: gr.Image  # |image - base|, amplified (measure.quality.ERROR_SCALE)
+    error_map: gr.Image  # |image - base|, amplified (measure.quality.ERROR_SCALE), or FLIP's map (map_kind)
+    map_kind: gr.Radio  # which map (app.maps.MAP_KINDS)
+    map_note: gr.Markdown  # the map's caption
+    compared: gr.State  # app.maps.Compared: the pair at its own size, for a map picked after the run
     steps_plot: gr.Image
 
 
@@ -147,7 +151,10 @@ class CompareTab:
     button: gr.Button
     flag: gr.HTML
     slider: gr.ImageSlider
-    error_map: gr.Image  # |B - A|, amplified
+    error_map: gr.Image  # |B - A|, amplified, or FLIP's map of B against A (map_kind)
+    map_kind: gr.Radio
+    map_note: gr.Markdown
+    compared: gr.State  # app.maps.Compared of B against A
     img_a: gr.Image
     img_b: gr.Image
     table: gr.Dataframe
@@ -176,6 +183,7 @@ class MatrixTab:
 @dataclass
 class TuneTab:
     floor: gr.Number
+    max_flip: gr.Number  # FLIP's ceiling (TuneForm.max_flip)
     size: gr.Radio
     button: gr.Button
     prompts_text: gr.Textbox

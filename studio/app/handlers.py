@@ -24,10 +24,21 @@ from studio.app.forms import UI, CompareForm, GenerateForm, MatrixForm, RequestF
 from studio.app.gpu_time import Durations
 from studio.app.history import History, history_csv, record, restored
 from studio.app.limits import PublicGuard, visitor
+from studio.app.maps import AB_MAP_WHERE, GEN_MAP_WHERE, compared
 from studio.app.preset_handlers import PresetHandlers
 from studio.app.progress import progress_hooks
-from studio.app.values import batch_pictures, image_numbers, json_safe, notes_md, png, threshold_value, tile_at
+from studio.app.values import (
+    batch_pictures,
+    image_numbers,
+    json_safe,
+    notes_md,
+    png,
+    table_frame,
+    threshold_value,
+    tile_at,
+)
 from studio.measure.quality import difference, split_batch
+from studio.report import fmt
 from studio.report.card import broken_flag, metrics_card
 from studio.report.images import enlarge, error_picture
 from studio.report.plots import plot_steps, plot_tradeoff
@@ -141,13 +152,13 @@ class Handlers(PresetHandlers):
         req = self._request(form)
         res = self._run(req, form, form.preset, progress, request)
         gen, metrics = self.ui.gen, json_safe(res.metrics.as_dict())
+        tile_yx = tile_at(res.metrics.worst_tile_psnr_db, res.metrics.worst_tile_yx)
         return {
             gen.image: enlarge(res.image),
             gen.card: metrics_card(res.metrics),
             gen.base_image: enlarge(res.base_image),
-            gen.error_map: error_picture(
-                res.image, res.base_image, tile_at(res.metrics.worst_tile_psnr_db, res.metrics.worst_tile_yx)
-            ),
+            gen.error_map: error_picture(res.image, res.base_image, tile_yx),
+            gen.compared: compared(res.image, res.base_image, tile_yx, res.metrics.flip_worst_tile_yx, GEN_MAP_WHERE),
             gen.steps_plot: png(lambda buf: plot_steps(res.metrics, buf)),
             gen.json: metrics,
             gen.json_file: self.studio.write("metrics.json", json.dumps(metrics, indent=1)),
@@ -231,12 +242,12 @@ class Handlers(PresetHandlers):
         flag = broken_flag(rows)  # only a broken stack is flagged above the pictures; the table shows every verdict
         a, b = enlarge(ra.image), enlarge(rb.image)
         b_vs_a = difference(rb.image, ra.image)  # the numbers of the map beside the slider
+        tile_yx = tile_at(b_vs_a["worst_tile_psnr_db"], b_vs_a["worst_tile_yx"])
         ab = self.ui.ab
         return {
             ab.slider: (a, b),
-            ab.error_map: error_picture(
-                rb.image, ra.image, tile_at(b_vs_a["worst_tile_psnr_db"], b_vs_a["worst_tile_yx"])
-            ),
+            ab.error_map: error_picture(rb.image, ra.image, tile_yx),
+            ab.compared: compared(rb.image, ra.image, tile_yx, None, AB_MAP_WHERE, ("B", "A"), fmt.AB_TILE_NOTE),
             ab.img_a: a,
             ab.img_b: b,
             ab.table: [r.ab_cells() for r in rows],
@@ -276,7 +287,7 @@ class Handlers(PresetHandlers):
         first = mat.chart_preset()  # the first cached stack, not whatever comes after base
         mx = self.ui.mx
         return {
-            mx.table: [r.cells() for r in mat.rows],
+            mx.table: table_frame(mat),  # with the optional columns some row has (FLIP; the worst over prompts)
             mx.plot: png(lambda buf: plot_tradeoff(mat.rows, buf)),
             mx.pick: gr.update(choices=list(runs), value=first),
             mx.steps_plot: png(lambda buf: plot_steps(runs[first], buf)),
@@ -305,6 +316,7 @@ class Handlers(PresetHandlers):
             prompts, size = prompts[:MAX_PUBLIC_TUNE_PROMPTS], "quick"
         with shown():
             floor = float(form.floor)
+            max_flip = float(form.max_flip) if form.max_flip else None  # 0 or empty: PSNR alone
             res = self.studio.device.tune(
                 [_replace(req, prompt=p) for p in prompts],
                 floor,
@@ -312,6 +324,7 @@ class Handlers(PresetHandlers):
                 progress=lambda m: progress(0, desc=m),
                 quick=size != "full",
                 time_limit_s=self.studio.time_limit_s,
+                max_flip=max_flip,
             )
         xs, ys, dbs = ([c[i] for c in res.curve] for i in range(3))
         label = "residual_diff_threshold (no calibrator)"

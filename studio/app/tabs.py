@@ -8,7 +8,7 @@ import gradio as gr
 from studio.app.forms import ApiOnly, CompareTab, GenerateTab, HistoryTab, MatrixTab, PresetsTab, TuneTab
 from studio.app.handlers import CACHE_CHOICES, COMPILE_CHOICES, Studio
 from studio.app.history import HISTORY_COLUMNS
-from studio.measure.quality import ERROR_SCALE
+from studio.app.maps import AB_MAP_WHERE, DIFFERENCE, GEN_MAP_WHERE, MAP_INFO, MAP_KINDS, show_map
 from studio.report import fmt
 from studio.report.table import AB_COLUMNS, COLUMNS
 from studio.spec.request import COMPARE_MODES, MAX_BATCH
@@ -53,9 +53,18 @@ def generate_tab(names: list[str], default_preset: str, compare: str) -> Generat
             with gr.Column(scale=2):
                 base_image = gr.Image(label="base image (same request)", type="numpy", format="png", interactive=False)
                 error_map = gr.Image(
-                    label="error map", show_label=False, type="numpy", format="png", interactive=False
+                    label="error map",
+                    show_label=False,
+                    type="numpy",
+                    format="png",
+                    interactive=False,
+                    elem_id="gen-error-map",
                 )
-                gr.Markdown(fmt.error_map_note(ERROR_SCALE, "Above"))
+                map_kind = gr.Radio(
+                    label="Error map", choices=list(MAP_KINDS), value=DIFFERENCE, info=MAP_INFO, elem_id="gen-map-kind"
+                )
+                map_note = gr.Markdown(show_map(DIFFERENCE, None, GEN_MAP_WHERE)[1], elem_id="gen-map-note")
+                compared = gr.State(None)  # the pair at its own size, for the map picked after the run
                 steps_plot = gr.Image(label="Per-step time and residual diff", type="numpy", interactive=False)
     return GenerateTab(
         preset=preset,
@@ -73,6 +82,9 @@ def generate_tab(names: list[str], default_preset: str, compare: str) -> Generat
         last=last,
         base_image=base_image,
         error_map=error_map,
+        map_kind=map_kind,
+        map_note=map_note,
+        compared=compared,
         steps_plot=steps_plot,
     )
 
@@ -90,7 +102,10 @@ def compare_tab(names: list[str], pair: tuple[str, str]) -> CompareTab:
             error_map = gr.Image(label="error map", show_label=False, type="numpy", format="png", interactive=False)
             img_a = gr.Image(label="A", type="numpy", format="png", interactive=False)
             img_b = gr.Image(label="B", type="numpy", format="png", interactive=False)
-        gr.Markdown(fmt.error_map_note(ERROR_SCALE, "Beside the slider", "B", "A") + " " + fmt.AB_TILE_NOTE)
+        with gr.Row():
+            map_kind = gr.Radio(label="Error map", choices=list(MAP_KINDS), value=DIFFERENCE, info=MAP_INFO)
+            map_note = gr.Markdown(show_map(DIFFERENCE, None, AB_MAP_WHERE, fmt.AB_TILE_NOTE)[1])
+        compared = gr.State(None)
         table = gr.Dataframe(headers=list(AB_COLUMNS), label="A/B", interactive=False, wrap=True, elem_id="ab-table")
         with gr.Accordion("A and B metrics as JSON (what the API returns)", open=False):
             json = gr.JSON(label="metrics")
@@ -104,6 +119,9 @@ def compare_tab(names: list[str], pair: tuple[str, str]) -> CompareTab:
         flag=flag,
         slider=slider,
         error_map=error_map,
+        map_kind=map_kind,
+        map_note=map_note,
+        compared=compared,
         img_a=img_a,
         img_b=img_b,
         table=table,
@@ -177,6 +195,14 @@ def tune_tab(studio: Studio) -> TuneTab:
         with gr.Row():
             with gr.Column(scale=1):
                 floor = gr.Number(label="Fastest stack at >= N dB (worst prompt)", value=35, minimum=10)
+                max_flip = gr.Number(
+                    label="... and FLIP at most (worst prompt; 0: PSNR alone)",
+                    value=0,
+                    minimum=0,
+                    maximum=1,
+                    step=0.01,
+                    info="FLIP's mean error against base: 0 is no visible difference, black against white 0.97",
+                )
                 size = gr.Radio(label="Search", choices=["quick", "full"], value="quick")
                 button = gr.Button("Find the fastest stack", variant="primary")
             with gr.Column(scale=2):
@@ -195,6 +221,7 @@ def tune_tab(studio: Studio) -> TuneTab:
             json = gr.JSON(label="tuned")
     return TuneTab(
         floor=floor,
+        max_flip=max_flip,
         size=size,
         button=button,
         prompts_text=prompts_text,

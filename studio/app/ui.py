@@ -25,8 +25,10 @@ from studio.app.forms import UI
 from studio.app.handlers import Handlers, Studio
 from studio.app.history import History
 from studio.app.limits import PublicGuard, PublicLimits
+from studio.app.maps import AB_MAP_WHERE, GEN_MAP_WHERE, show_map
 from studio.app.openai_api import ImagesEndpoint
 from studio.app.panel import request_panel
+from studio.report import fmt
 from studio.report.card import CSS
 from studio.report.tools import tool_descriptions
 from studio.spec.presets import BASE
@@ -77,10 +79,10 @@ def _wire(ui: UI, h: Handlers, demo, described: dict) -> None:
     # A new output goes just before the metrics (always last), so the outputs' places in the API stay as they were.
     # One event for the button and Enter in the prompt box: one endpoint, /generate.
     gen_out = [gen.image, gen.card, gen.base_image, gen.steps_plot] + hist_out + [gen.error_map, gen.json_file]
-    gen_out += more + [gen.batch, gen.last, gen.json]
+    gen_out += more + [gen.batch, gen.last, gen.compared, gen.json]
     r.use_last.click(lambda last: last, gen.last, r.image, **private)
     gen_in = forms.inputs(forms.GenerateForm, r, gen) | hist_in
-    gr.on(
+    generated = gr.on(
         [gen.button.click, r.prompt.submit],
         _gpu(h.generate, h.durations.generate, h.admit.generate),
         inputs_kwargs=gen_in,
@@ -99,17 +101,21 @@ def _wire(ui: UI, h: Handlers, demo, described: dict) -> None:
         **device,
     )
     # the same request compared `on` (API callers pass compare="on" to /generate)
-    gen.compare_button.click(
+    compared = gen.compare_button.click(
         _gpu(h.generate_compared, h.durations.generate, h.admit.generate),
         inputs_kwargs=gen_in,
         outputs=gen_out,
         **private,
         **device,
     ).then(keep, hist.rows, hist.saved, **private)
-    ab.button.click(
+    ab_done = ab.button.click(
         _gpu(h.compare, h.durations.compare, h.admit.compare),
         inputs_kwargs=forms.inputs(forms.CompareForm, r, ab) | hist_in,
-        outputs=[ab.slider, ab.img_a, ab.img_b, ab.table, ab.flag] + hist_out + [ab.error_map] + more + [ab.json],
+        outputs=[ab.slider, ab.img_a, ab.img_b, ab.table, ab.flag]
+        + hist_out
+        + [ab.error_map]
+        + more
+        + [ab.compared, ab.json],
         api_name="compare",
         api_description=described["compare"],
         **device,
@@ -144,6 +150,21 @@ def _wire(ui: UI, h: Handlers, demo, described: dict) -> None:
     hist.export.click(h.export_history, hist.rows, hist.file, **private)
     demo.load(h.restore_history, hist.saved, [hist.table, hist.rows], **private)
     hist.clear.click(h.clear_history, None, [hist.table, hist.rows, hist.gallery, hist.saved], **private)
+    _wire_maps(ui, [generated, compared], [ab_done])
+
+
+def _wire_maps(ui: UI, gen_events: list, ab_events: list) -> None:
+    """The error map the person picked (app.maps), drawn again after each run and when the pick changes: in this
+    process, after the device event (FLIP's map costs ~2 s a megapixel: never inside a GPU call)."""
+    for tab, events, where, also in (
+        (ui.gen, gen_events, GEN_MAP_WHERE, ""),
+        (ui.ab, ab_events, AB_MAP_WHERE, fmt.AB_TILE_NOTE),
+    ):
+        draw = functools.partial(show_map, where=where, also=also)
+        args = ([tab.map_kind, tab.compared], [tab.error_map, tab.map_note])
+        tab.map_kind.change(draw, *args, api_visibility="private")
+        for event in events:
+            event.then(draw, *args, api_visibility="private")
 
 
 def build_app(

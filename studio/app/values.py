@@ -101,3 +101,12 @@ def image_numbers(metrics: dict) -> list[dict]:
     seed = (metrics.get("request") or {}).get("seed")
     each = metrics.get("batch") or [{"seed": seed}]
     return [json_safe({**run, "index": i, **pic}) for i, pic in enumerate(each)]
+
+
+def table_frame(mat):
+    """A matrix (report.table.Matrix) as the Matrix tab's table: its rows under its own columns, the optional ones
+    (FLIP; the worst over prompts) where some row has a value (a frame, so that the headers travel with the data)."""
+    import pandas as pd
+
+    opt = mat.optional()
+    return pd.DataFrame([r.cells(opt) for r in mat.rows], columns=list(mat.columns()))

@@ -39,7 +39,7 @@ def recipe(runner, preset: Preset, request, model=None) -> dict:
     out = {"name": preset.name, "model": resolve_model(model or runner.model), "dtype": dtype.name}
     out["device"] = str(device)
     # the studio's own thread count: a CPU's reductions split by thread, so the plain run on another count draws
-    # other pixels (89 dB, measured: a one-thread test process beside a worker on both cores) and is timed on more cores
+    # other pixels (89 dB, measured: a one-thread test process beside a worker on both cores), timed on more cores
     out["threads"] = torch.get_num_threads()
     form = exported_quant(preset, torch.device(device)) or "none"  # the form the studio runs here (auto resolved)
     if q.enabled:

@@ -5,7 +5,8 @@ features are scaled to unit length per pixel, their squared difference is weighe
 trained on human judgements, averaged over the picture and summed over the stages. 0 is the same picture; a cache's
 blur or shifted edge reads about 0.1, a different picture 0.5 or more.
 
-Its weights are not shipped and nothing here downloads them: the backbone is torchvision's ImageNet AlexNet
+Its weights are not shipped, and only fetch_weights downloads them (the studio calls it once at start on a Space,
+where downloads work, or with STUDIO_LPIPS_FETCH=1): the backbone is torchvision's ImageNet AlexNet
 (`alexnet-owt-7be5be79.pth`, 233 MB, of which the 2.5 M parameters of its `features` are used), the heads lpips'
 `weights/v0.1/alex.pth` (6 KB). They are looked for in the folders given, then in torch's hub cache (`<hub
 dir>/checkpoints`, where torchvision saves the AlexNet it downloads), then in an installed `lpips` package. Without
@@ -18,7 +19,10 @@ torch is imported inside the functions: the app's process reads RunMetrics witho
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import os
+import urllib.request
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -27,6 +31,7 @@ import numpy as np
 
 BACKBONE = "alexnet-owt-7be5be79.pth"  # torchvision's file name for its ImageNet AlexNet (its hub cache keeps it so)
 HEADS = "alex.pth"  # lpips' linear heads, v0.1 (lpips/weights/v0.1/alex.pth)
+BACKBONE_SHA256_PREFIX = BACKBONE.split("-")[-1].split(".")[0]  # "7be5be79": torchvision names files by their hash
 BACKBONE_URL = "https://download.pytorch.org/models/alexnet-owt-7be5be79.pth"
 HEADS_URL = "https://github.com/richzhang/PerceptualSimilarity/raw/v0.1/lpips/weights/v0.1/alex.pth"
 STAGES = ((0, 2), (2, 5), (5, 8), (8, 10), (10, 12))  # lpips' slices of AlexNet's features: relu1 .. relu5
@@ -36,8 +41,8 @@ SCALE = (0.458, 0.448, 0.450)
 NO_WEIGHTS = (
     f"LPIPS: no weights here (how to add them: put torchvision's AlexNet {BACKBONE} ({BACKBONE_URL}) and lpips' "
     f"v0.1 heads {HEADS} ({HEADS_URL}) in torch's hub cache, <hub dir>/checkpoints, e.g. ~/.cache/torch/hub/"
-    "checkpoints; or `pip install lpips` for the heads; studio.measure.lpips.fetch_weights() fetches both where "
-    "downloads work)"
+    "checkpoints; or `pip install lpips` for the heads; on a Space the studio fetches both once at start, elsewhere "
+    "STUDIO_LPIPS_FETCH=1 does)"
 )
 
 
@@ -70,17 +75,47 @@ def find_weights(folders=()) -> Weights | None:
     return Weights(backbone, heads) if backbone and heads else None
 
 
-def fetch_weights(dest: str | Path | None = None) -> Weights:
-    """Download both files into `dest` (default: torch's hub cache, where find_weights looks) once; on a machine
-    without network this raises the download's own error."""
-    import torch
+def default_checkpoints() -> Path:
+    """Where torch's hub cache keeps checkpoints, found as torch.hub.get_dir finds it by default ($TORCH_HOME/hub,
+    else $XDG_CACHE_HOME/torch/hub, else ~/.cache/torch/hub) without importing torch: the app's process fetches."""
+    cache = os.environ.get("XDG_CACHE_HOME", "~/.cache")
+    return Path(os.environ.get("TORCH_HOME", os.path.join(cache, "torch"))).expanduser() / "hub" / "checkpoints"
 
-    folder = Path(dest) if dest else _hub_checkpoints()
+
+def fetch_weights(
+    dest: str | Path | None = None, urls: dict | None = None, backbone_sha256: str = BACKBONE_SHA256_PREFIX
+) -> Weights:
+    """Download both files into `dest` (default: torch's hub cache, where find_weights looks), each only if it is not
+    there yet; a file appears only whole (written beside, then renamed), the backbone only if its SHA-256 starts
+    with the prefix its name carries (torchvision's convention). Without network this raises urllib's own error.
+
+    Args:
+        urls: {file name: url} in place of BACKBONE_URL and HEADS_URL (tests: file:// URLs).
+        backbone_sha256: the prefix the backbone's SHA-256 must start with (tests: their own file's).
+    """
+    urls = {BACKBONE: BACKBONE_URL, HEADS: HEADS_URL} | (urls or {})
+    folder = Path(dest) if dest else default_checkpoints()
     folder.mkdir(parents=True, exist_ok=True)
-    for name, url in ((BACKBONE, BACKBONE_URL), (HEADS, HEADS_URL)):
+    for name in (BACKBONE, HEADS):
         if not (folder / name).is_file():
-            torch.hub.download_url_to_file(url, str(folder / name), progress=False)
+            _download(urls[name], folder / name, backbone_sha256 if name == BACKBONE else None)
     return Weights(folder / BACKBONE, folder / HEADS)
+
+
+def _download(url: str, path: Path, sha256_prefix: str | None) -> None:
+    part = path.with_name(path.name + ".part")
+    digest = hashlib.sha256()
+    with urllib.request.urlopen(url, timeout=60) as src, open(part, "wb") as out:
+        while chunk := src.read(1 << 20):
+            digest.update(chunk)
+            out.write(chunk)
+    if sha256_prefix and not digest.hexdigest().startswith(sha256_prefix):
+        part.unlink()
+        raise ValueError(
+            f"LPIPS weights: {url} gave a file whose SHA-256 is {digest.hexdigest()[:12]}..., not {sha256_prefix}... "
+            f"as {path.name} says; not kept"
+        )
+    part.replace(path)
 
 
 def alexnet_features():

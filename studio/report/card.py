@@ -11,6 +11,7 @@ CSS = """
 .metrics-card table {border-collapse: collapse; width: 100%; font-size: 0.92em}
 .metrics-card td {padding: 3px 8px; border-bottom: 1px solid var(--border-color-primary)}
 .metrics-card td:first-child {color: var(--body-text-color-subdued); white-space: nowrap}
+.metrics-card td:last-child {overflow-wrap: anywhere}  /* a long link (LPIPS' how-to) wraps inside the card */
 .flag-broken {color: #fff; background: #c62828; padding: 2px 8px; border-radius: 4px; font-weight: 600}
 .flag-ok {color: #1b5e20; font-weight: 600}
 .flag-warn {color: #a15c00}

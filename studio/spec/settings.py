@@ -81,6 +81,9 @@ class Settings:
     # STUDIO_MCP: the endpoints as MCP tools (gradio's MCP server). Off on a public studio unless the operator says
     # so: an agent calls in loops, and every tool call is a generation on the host's device
     mcp: bool = True
+    # STUDIO_LPIPS_FETCH: fetch LPIPS' weights once at start (studio.measure.lpips.fetch_weights). On by default on a
+    # Space, where downloads work and the card otherwise says "no weights here"; off elsewhere (offline machines)
+    lpips_fetch: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -114,6 +117,7 @@ class Settings:
             prewarm=_flag(env, "STUDIO_PREWARM", True),
             api_key=env.get("STUDIO_API_KEY", "").strip() or None,
             mcp=_flag(env, "STUDIO_MCP", not public),
+            lpips_fetch=_flag(env, "STUDIO_LPIPS_FETCH", bool(env.get("SPACE_ID"))),
         )
 
 

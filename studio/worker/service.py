@@ -71,11 +71,15 @@ class DeviceService:
         progress=None,
         quick=True,
         time_limit_s=None,
+        max_flip=None,
     ) -> TuneResult:
-        """studio.bench.tune on this runner; quick: the UI's small search space."""
+        """studio.bench.tune on this runner; quick: the UI's small search space; max_flip: FLIP's ceiling beside the
+        PSNR floor (None: PSNR alone)."""
         space = QUICK if quick else None
         with self.runner.time_limit(time_limit_s):
-            return tune(self.runner, requests, floor_db, model=model, progress=progress, space=space)
+            return tune(
+                self.runner, requests, floor_db, model=model, progress=progress, space=space, max_flip=max_flip
+            )
 
     def bench(self, requests: list[GenerationRequest], presets: list | None = None, **kwargs) -> BenchReport:
         """studio.bench.run_bench on this runner (the CLI's bench: its keywords, `exclude` the stacks that crashed a
