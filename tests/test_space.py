@@ -40,6 +40,15 @@ def test_a_zerogpu_call_reserves_what_its_request_needs():
     m1 = d.matrix(**{**one, "presets": presets, "repeats": 1})
     m3 = d.matrix(**{**one, "presets": presets, "repeats": 3})
     assert auto < m1 < m3 <= MAX_S  # (a Generate with compare on may pair base 7 times: 14 runs)
+    small = {**one, "width": 256, "height": 256, "presets": ["base", "cache"], "repeats": 1}
+    assert d.matrix(**small) < d.matrix(**small, prompts_text="a\nb\n\na") < MAX_S  # each more prompt, its runs
+    from studio.app.limits import PublicGuard, PublicLimits, Refused
+
+    guard = PublicGuard(PublicLimits(max_matrix_runs=8))
+    guard.matrix(3, 2)  # (3 + base again) x 2: 8 timed runs
+    over = r"a matrix of 3 presets x 2 repeats x 2 prompts is 16 timed runs: .* at most 8 \(fewer presets, repeats or"
+    with pytest.raises(Refused, match=over):
+        guard.matrix(3, 2, 2)
     # a compile is reserved for: a compiled preset, or compile=true on any; not on ZeroGPU, where it is refused
     assert d.generate(**{**one, "preset": "cache-compile"}, compare="off") > off
     assert d.generate(**one, compare="off", compile="true") > off

@@ -104,7 +104,7 @@ def test_api_has_the_five_named_endpoints_with_their_parameters(client):
         "/generate": request + ["preset", "cache", "threshold", "compile", "compare"],
         "/images": request + ["preset", "cache", "threshold", "compile", "compare"],
         "/compare": request + ["preset_a", "preset_b", "cache", "threshold", "compile"],
-        "/matrix": request + ["presets", "repeats", "cache", "threshold", "compile"],
+        "/matrix": request + ["presets", "repeats", "cache", "threshold", "compile", "prompts_text"],
         "/tune": request + ["floor", "prompts_text", "size", "max_flip"],
     }
     for name, params in expected.items():
@@ -224,6 +224,24 @@ def test_compare_endpoint(client, app):
     error_map, data = out[6], out[-1]  # the map beside the slider: |B - A|, with its numbers in the data
     assert np.asarray(Image.open(error_map)).shape == np.asarray(Image.open(b)).shape
     assert data["b_vs_a"]["psnr_db"] == data["b"]["psnr_db"] and data["b_vs_a"]["map_scale"] == 8  # A is base
+
+
+def test_matrix_over_more_prompts_pairs_each_stack_prompt_by_prompt(client, app):
+    """More prompts in the Matrix tab: every preset over each (the same request, another prompt), the worst figures
+    over the prompts as columns, and the plot one point per prompt (report.plots.plot_paired)."""
+    runner, _ = app
+    more = (
+        "an orange triangle on the left, black background\n\n" + PROMPT
+    )  # a blank line and the request's own: dropped
+    out = client.predict(
+        **_args(model=runner.model), presets=["base", "cache"], repeats=1, prompts_text=more, api_name="/matrix"
+    )
+    table, plot, data = out[0], out[1], out[-1]
+    assert [r[-2] for r in table["data"]] == ["base", "cache", "base (again)"]
+    assert "worst PSNR" in table["headers"] and "worst FLIP" in table["headers"]
+    assert [r["prompts"] for r in data] == [2, 2, 2] and os.path.exists(plot)
+    worst = table["headers"].index("worst PSNR")
+    assert table["data"][0][worst] == "inf" and table["data"][2][worst] == "inf"  # base against itself, each prompt
 
 
 def test_matrix_endpoint(client, app):

@@ -320,7 +320,7 @@ def test_handlers_take_the_forms_fields_by_name():
     # the forms are the endpoints' API parameters, in the API's order (gradio_client users call them by name)
     generate = ("preset", "cache", "threshold", "compile", "compare")
     assert forms.names(forms.GenerateForm) == forms.REQUEST_FIELDS + generate
-    matrix = ("presets", "repeats", "cache", "threshold", "compile")
+    matrix = ("presets", "repeats", "cache", "threshold", "compile", "prompts_text")
     assert forms.names(forms.MatrixForm)[len(forms.REQUEST_FIELDS) :] == matrix
     assert forms.names(forms.TuneForm)[len(forms.REQUEST_FIELDS) :] == ("floor", "prompts_text", "size", "max_flip")
     h, _ = _handlers()

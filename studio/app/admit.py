@@ -16,7 +16,7 @@ import gradio as gr
 
 from studio.app.errors import shown, title_of
 from studio.app.forms import CompareForm, GenerateForm, MatrixForm, RequestForm, TuneForm
-from studio.app.values import cfg_scale
+from studio.app.values import MAX_PUBLIC_PROMPTS, cfg_scale, more_prompts
 from studio.spec import parse_switch
 from studio.spec.checks import ConfigError
 from studio.spec.request import check_scale, image_inputs, parse_loras
@@ -89,7 +89,8 @@ class Admission:
             raise gr.Error("Choose at least one preset for the matrix.")
         if self.studio.guard is not None:
             with shown():
-                self.studio.guard.matrix(len(form.presets), int(form.repeats or 1))
+                prompts = 1 + len(more_prompts(form.prompts_text, form.prompt, MAX_PUBLIC_PROMPTS))
+                self.studio.guard.matrix(len(form.presets), int(form.repeats or 1), prompts)
         self._check(request, form, list(form.presets))
 
     def tune(self, request=None, progress=None, *, image=None, mask_image=None, **values) -> None:

@@ -65,6 +65,7 @@ class MatrixForm(RequestForm):
     cache: str = "unset"
     threshold: float | None = None
     compile: str = "unset"
+    prompts_text: str | None = None  # more prompts, one per line: every preset over each, paired per prompt
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,6 +169,7 @@ class MatrixTab:
     cache: gr.Radio
     threshold: gr.Number
     compile: gr.Radio
+    prompts_text: gr.Textbox
     button: gr.Button
     table: gr.Dataframe
     noise: gr.Markdown

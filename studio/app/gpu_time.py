@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+from studio.app.values import MAX_PUBLIC_PROMPTS, more_prompts
 from studio.spec.checks import ConfigError
 from studio.spec.profiles import ModelProfile
 from studio.spec.settings import current
@@ -45,9 +46,10 @@ def generate_s(run_s: float, compare: str, compiles: int) -> int:
     return reserve(run_s, PAIRS[compare], warmups=2, compiles=compiles)
 
 
-def matrix_s(run_s: float, presets: int, repeats: int, compiles: int) -> int:
-    """(presets + 1) x repeats timed runs (base again in each round), a warm-up of each stack and the settle run."""
-    return reserve(run_s, (presets + 1) * repeats, warmups=presets + 1, compiles=compiles)
+def matrix_s(run_s: float, presets: int, repeats: int, compiles: int, prompts: int = 1) -> int:
+    """(presets + 1) x repeats timed runs (base again in each round) per prompt, a warm-up of each stack and the
+    settle run."""
+    return reserve(run_s, (presets + 1) * repeats * prompts, warmups=presets + 1, compiles=compiles)
 
 
 def tune_s(run_s: float, prompts: int) -> int:
@@ -95,8 +97,10 @@ class Durations:
 
     def matrix(self, *args, **v) -> int:
         names = list(v.get("presets") or [])
+        cap = MAX_PUBLIC_PROMPTS if self.studio.public else None
+        prompts = 1 + len(more_prompts(v.get("prompts_text"), str(v.get("prompt") or ""), cap))
         return self._safe(
-            lambda: matrix_s(self._run_s(v), len(names), int(v.get("repeats") or 1), self._compiles(v, names))
+            lambda: matrix_s(self._run_s(v), len(names), int(v.get("repeats") or 1), self._compiles(v, names), prompts)
         )
 
     def tune(self, *args, **v) -> int:

@@ -28,9 +28,11 @@ from studio.app.maps import AB_MAP_WHERE, GEN_MAP_WHERE, compared
 from studio.app.preset_handlers import PresetHandlers
 from studio.app.progress import progress_hooks
 from studio.app.values import (
+    MAX_PUBLIC_PROMPTS,
     batch_pictures,
     image_numbers,
     json_safe,
+    more_prompts,
     notes_md,
     png,
     table_frame,
@@ -41,7 +43,7 @@ from studio.measure.quality import difference, split_batch
 from studio.report import fmt
 from studio.report.card import broken_flag, metrics_card
 from studio.report.images import enlarge, error_picture
-from studio.report.plots import plot_steps, plot_tradeoff
+from studio.report.plots import plot_paired, plot_steps, plot_tradeoff
 from studio.report.table import MatrixRow
 from studio.spec import PresetLibrary, parse_switch
 from studio.spec.lora import shipped_loras
@@ -50,7 +52,7 @@ from studio.worker.protocol import Device
 
 CACHE_CHOICES = [("follow preset", "unset"), ("on", "true"), ("off", "false")]
 COMPILE_CHOICES = CACHE_CHOICES
-MAX_PUBLIC_TUNE_PROMPTS = 3
+MAX_PUBLIC_TUNE_PROMPTS = MAX_PUBLIC_PROMPTS
 PREDICTED = "speed-up the counts predict (screening, not timed)"
 
 
@@ -270,6 +272,7 @@ class Handlers(PresetHandlers):
         req = self._request(form)
         if not form.presets:
             raise gr.Error("Choose at least one preset for the matrix.")
+        more = more_prompts(form.prompts_text, req.prompt, MAX_PUBLIC_PROMPTS if self.studio.public else None)
         with shown():
             mat = self.studio.device.matrix(
                 req,
@@ -282,13 +285,14 @@ class Handlers(PresetHandlers):
                 compile_enabled=parse_switch(form.compile, "compile switch"),
                 presets_library=self.studio.library(request),
                 time_limit_s=self.studio.time_limit_s,
+                prompts=more,
             )
         runs = {name: r.metrics.as_dict() for name, r in mat.results.items()}
         first = mat.chart_preset()  # the first cached stack, not whatever comes after base
         mx = self.ui.mx
         return {
             mx.table: table_frame(mat),  # with the optional columns some row has (FLIP; the worst over prompts)
-            mx.plot: png(lambda buf: plot_tradeoff(mat.rows, buf)),
+            mx.plot: png(lambda buf: plot_paired(mat.paired, buf) if mat.paired else plot_tradeoff(mat.rows, buf)),
             mx.pick: gr.update(choices=list(runs), value=first),
             mx.steps_plot: png(lambda buf: plot_steps(runs[first], buf)),
             mx.csv: self.studio.write("matrix.csv", mat.csv()),

@@ -196,13 +196,14 @@ class PublicGuard:
                 )
             self._shapes.add(key)
 
-    def matrix(self, presets: int, repeats: int) -> None:
+    def matrix(self, presets: int, repeats: int, prompts: int = 1) -> None:
         lim = self.limits
         if repeats > lim.max_repeats:
             raise Refused(f"repeats {repeats} is over this public studio's limit of {lim.max_repeats}")
-        runs = (presets + 1) * repeats
+        runs = (presets + 1) * repeats * prompts
         if runs > lim.max_matrix_runs:
+            over = f" x {prompts} prompts" if prompts > 1 else ""
             raise Refused(
-                f"a matrix of {presets} presets x {repeats} repeats is {runs} timed runs: this public studio runs "
-                f"at most {lim.max_matrix_runs} (fewer presets or repeats)"
+                f"a matrix of {presets} presets x {repeats} repeats{over} is {runs} timed runs: this public studio "
+                f"runs at most {lim.max_matrix_runs} (fewer presets, repeats{' or prompts' if prompts > 1 else ''})"
             )

@@ -147,6 +147,11 @@ def matrix_tab(names: list[str], default: list[str], runs: gr.State) -> MatrixTa
                 )
                 compile_ = gr.Radio(label="Compile (all but base)", choices=COMPILE_CHOICES, value="unset")
             button = gr.Button("Run matrix", variant="primary")
+        prompts_text = gr.Textbox(
+            label="More prompts (one per line; optional): every preset over each, the plot one point per prompt",
+            lines=2,
+            value="",
+        )
         table = gr.Dataframe(
             headers=list(COLUMNS),
             label="All presets, one request",
@@ -171,6 +176,7 @@ def matrix_tab(names: list[str], default: list[str], runs: gr.State) -> MatrixTa
         cache=cache,
         threshold=threshold,
         compile=compile_,
+        prompts_text=prompts_text,
         button=button,
         table=table,
         noise=noise,

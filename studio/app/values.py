@@ -110,3 +110,14 @@ def table_frame(mat):
 
     opt = mat.optional()
     return pd.DataFrame([r.cells(opt) for r in mat.rows], columns=list(mat.columns()))
+
+
+MAX_PUBLIC_PROMPTS = 3  # prompts one Tune or Matrix request may take on a public studio (each multiplies its runs)
+
+
+def more_prompts(text: str | None, first: str, cap: int | None = None) -> list[str]:
+    """The prompts of a box (one per line; blank lines and repeats dropped) other than `first`, at most `cap - 1` of
+    them (`cap`: prompts in all, a public studio's; None: no cap)."""
+    lines = [x.strip() for x in (text or "").splitlines()]
+    more = [x for x in dict.fromkeys(lines) if x and x != first]
+    return more if cap is None else more[: max(0, cap - 1)]

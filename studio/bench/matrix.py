@@ -10,6 +10,8 @@ in the round moves it by several percent; this row shows by how much on this run
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from studio.bench.bench import resolve_presets, row, run_bench
 from studio.bench.twins import cache_twins, with_twins
 from studio.engine import Runner
@@ -44,6 +46,7 @@ def run_matrix(
     cache_threshold: float | None = None,
     compile_enabled: bool | None = None,
     presets_library=None,
+    prompts: tuple | list = (),
 ) -> Matrix:
     """Run every preset (base always included, first) on one request through the bench, base again last in each
     round (the last row, `base (again)`), for the UI's Matrix tab and its API.
@@ -53,13 +56,16 @@ def run_matrix(
         cache_enabled, cache_threshold, compile_enabled: the per-request switches, applied to every preset but base
             (the threshold to those whose cache runs).
         presets_library: where preset names are looked up (a visitor's own library); the runner's by default.
+        prompts: more prompts, each the request with that prompt: every stack over every prompt, paired per prompt
+            (`Matrix.paired`: each stack's speed-up and PSNR/FLIP against each prompt's own base).
     """
     lib = presets_library or runner.presets
     base, *rest = resolve_presets(runner, presets, lib)
     asked = [base] + [switched(p, cache_enabled, cache_threshold, compile_enabled) for p in rest]
+    more = [p for p in dict.fromkeys(prompts) if p and p != request.prompt]
     rep = run_bench(
         runner,
-        [request],
+        [request] + [replace(request, prompt=p) for p in more],
         asked,
         model=model,
         repeats=repeats,
@@ -68,4 +74,4 @@ def run_matrix(
         exclude=_twins_added(asked),
     )
     rows = rep.matrix.rows + [row(AGAIN, rep.rotations)]
-    return Matrix(request, model or runner.model, rows, rep.rotations[0].last, repeats)
+    return Matrix(request, model or runner.model, rows, rep.rotations[0].last, repeats, rep.paired)

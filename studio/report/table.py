@@ -171,6 +171,7 @@ class Matrix:
     rows: list[MatrixRow]
     results: dict  # preset name -> its last RunResult (images for the UI)
     repeats: int
+    paired: list = field(default_factory=list)  # over several prompts: each stack prompt by prompt (bench.paired)
 
     def optional(self) -> tuple:
         """The bench's extra columns that some row has a value for (the worst figures only over several prompts)."""
