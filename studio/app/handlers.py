@@ -52,7 +52,6 @@ from studio.worker.protocol import Device
 
 CACHE_CHOICES = [("follow preset", "unset"), ("on", "true"), ("off", "false")]
 COMPILE_CHOICES = CACHE_CHOICES
-MAX_PUBLIC_TUNE_PROMPTS = MAX_PUBLIC_PROMPTS
 PREDICTED = "speed-up the counts predict (screening, not timed)"
 
 
@@ -305,7 +304,7 @@ class Handlers(PresetHandlers):
 
     def tune(self, request: gr.Request = None, progress=gr.Progress(), *, image=None, mask_image=None, **values):
         """The tuner (studio.bench.tune) on the form's request with each prompt; a public studio runs the quick
-        search on at most MAX_PUBLIC_TUNE_PROMPTS prompts (one tuner holds the device for minutes)."""
+        search on at most MAX_PUBLIC_PROMPTS prompts (one tuner holds the device for minutes)."""
         from dataclasses import replace as _replace
 
         from studio.report.plots import plot_sweep
@@ -317,7 +316,7 @@ class Handlers(PresetHandlers):
         prompts = [x.strip() for x in (form.prompts_text or "").splitlines() if x.strip()] or [req.prompt]
         size = form.size
         if self.studio.public:
-            prompts, size = prompts[:MAX_PUBLIC_TUNE_PROMPTS], "quick"
+            prompts, size = prompts[:MAX_PUBLIC_PROMPTS], "quick"
         with shown():
             floor = float(form.floor)
             max_flip = float(form.max_flip) if form.max_flip else None  # 0 or empty: PSNR alone
