@@ -68,13 +68,13 @@ def test_spaces_off_zerogpu_and_compile_on_zerogpu(monkeypatch, random_model_dir
     import spaces
     import torch
 
-    from studio.app.ui import _gpu
+    from studio.app.zerogpu import device_event
     from studio.engine.compile import ZEROGPU_COMPILE
     from studio.report.card import metrics_card
 
     d = _durations()
     handler = d.generate  # any callable: off ZeroGPU spaces.GPU returns it unwrapped, duration unread
-    assert _gpu(handler, d.generate) is handler and spaces.GPU(handler, duration=d.generate) is handler
+    assert device_event(handler, d.generate) is handler and spaces.GPU(handler, duration=d.generate) is handler
     for name in ("aoti_capture", "aoti_compile", "aoti_apply"):
         helper = getattr(spaces, name)
         if torch.version.cuda is None:  # this CPU build: the helpers' module patches CUDA at import

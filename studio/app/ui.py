@@ -13,7 +13,6 @@ cache and compile: "true", "false", or "unset" to follow the preset; threshold: 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import random
 import tempfile
 from pathlib import Path
@@ -28,6 +27,7 @@ from studio.app.limits import PublicGuard, PublicLimits
 from studio.app.maps import AB_MAP_WHERE, GEN_MAP_WHERE, show_map
 from studio.app.openai_api import ImagesEndpoint
 from studio.app.panel import request_panel
+from studio.app.zerogpu import device_event
 from studio.report import fmt
 from studio.report.card import CSS
 from studio.report.tools import tool_descriptions
@@ -39,30 +39,9 @@ from studio.worker.protocol import Device
 __all__ = ["CSS", "build_app"]
 
 
-def _gpu(fn, duration=None, admit=None):
-    """A device event's handler, admitted first (`admit`, app.admit: the public limits, in this process) and then,
-    on ZeroGPU Spaces (the `spaces` package present), run under @spaces.GPU, which runs it in a process `spaces`
-    forks with the GPU attached, for `duration` (a callable of the event's arguments: app.gpu_time) seconds: a
-    refused request reserves no GPU. (Where torch runs, all of it runs on that process's one device thread: the
-    device does that, studio.worker.) Off ZeroGPU `spaces.GPU` returns the handler as it is."""
-    run = fn
-    if importlib.util.find_spec("spaces") is not None:
-        import spaces  # noqa: PLC0415
-
-        run = spaces.GPU(fn, duration=duration)
-    if admit is None:
-        return run
-
-    @functools.wraps(fn)  # gradio reads the handler's signature (its gr.Request, gr.Progress, names) through it
-    def event(*args, **kwargs):
-        admit(*args, **kwargs)
-        return run(*args, **kwargs)
-
-    return event
-
-
 def _wire(ui: UI, h: Handlers, demo, described: dict) -> None:
-    r, gen, ab, mx, tn, pv, hist = ui.request, ui.gen, ui.ab, ui.mx, ui.tn, ui.pv, ui.hist
+    r, gen, ab, mx, tn, hist = ui.request, ui.gen, ui.ab, ui.mx, ui.tn, ui.hist
+    _gpu = functools.partial(device_event, device=h.studio.device, ui=ui)  # admitted, then on the device (app.zerogpu)
     private = {"api_visibility": "private"}
     device = {"concurrency_id": "device"}
     hist_in, hist_out = {"history": hist.rows}, [hist.table, hist.rows]
@@ -140,17 +119,24 @@ def _wire(ui: UI, h: Handlers, demo, described: dict) -> None:
         api_description=described["tune"],
         **device,
     )
+    _wire_keeping(ui, h, demo)
+    _wire_maps(ui, [generated, compared], [ab_done])
+
+
+def _wire_keeping(ui: UI, h: Handlers, demo) -> None:
+    """The events that keep things: presets shown, exported, uploaded and saved; the history exported and cleared."""
+    r, tn, pv, hist = ui.request, ui.tn, ui.pv, ui.hist
+    private = {"api_visibility": "private"}
     preset_out = [pv.desc, pv.yaml, pv.yaml_file]
     pv.name.change(h.show_preset, pv.name, preset_out, **private)
     demo.load(h.show_preset, pv.name, preset_out, **private)
-    pv.export.click(h.export_preset, [pv.name, r.steps], pv.export_file, **private, **device)
+    pv.export.click(h.export_preset, [pv.name, r.steps], pv.export_file, **private, concurrency_id="device")
     pv.upload.upload(h.load_upload, pv.upload, [pv.new_yaml, pv.new_name], **private)
     pv.save.click(h.save_preset, [pv.new_name, pv.new_yaml], [pv.msg] + ui.preset_lists(), **private)
     tn.save.click(h.save_tuned, [tn.name, tn.yaml], [tn.msg] + ui.preset_lists(), **private)
     hist.export.click(h.export_history, hist.rows, hist.file, **private)
     demo.load(h.restore_history, hist.saved, [hist.table, hist.rows], **private)
     hist.clear.click(h.clear_history, None, [hist.table, hist.rows, hist.gallery, hist.saved], **private)
-    _wire_maps(ui, [generated, compared], [ab_done])
 
 
 def _wire_maps(ui: UI, gen_events: list, ab_events: list) -> None:

@@ -111,6 +111,19 @@ class BaseStore:
         return len(self._entries)
 
 
+@dataclass
+class Kept:
+    """What a Runner keeps between requests, as plain data that pickles: the kept base pictures and timings by
+    request, the base timings by shape (compare `auto`) and the stack's runs beside each. On ZeroGPU each device call
+    runs in a process `spaces` may fork afresh, so this crosses the call (app.zerogpu): in as an argument, out with
+    the result. Warm-ups do not cross: a warm-up is a fact about one process (its kernels, its graphs), and a fresh
+    process warms again."""
+
+    bases: BaseStore
+    shapes: BaseStore
+    stack_prices: BaseStore
+
+
 @dataclass(frozen=True)
 class Pairing:
     """When base is timed beside a stack (module doc)."""

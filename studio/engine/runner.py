@@ -15,6 +15,7 @@ from studio.engine.baseline import (
     CALLER_TIMES_BASE,
     BaseEntry,
     BaseStore,
+    Kept,
     Paired,
     Pairing,
     base_itself,
@@ -75,6 +76,14 @@ class Runner:
         self.pairing = Pairing(base_retime_under_s, base_max_age_s, cheap_pairs, shape_max_age_s=shape_max_age_s)
         self.max_steps, self.max_side = max_steps, max_side
         self.deadline: Deadline | None = None  # the running request's time limit (time_limit)
+
+    def kept(self) -> Kept:
+        """What this runner keeps between requests (engine.baseline.Kept): what must outlive a ZeroGPU call."""
+        return Kept(self.bases, self.shapes, self.stack_prices)
+
+    def keep(self, kept: Kept) -> None:
+        """Take `kept` (from kept(), maybe of another process) as what this runner keeps."""
+        self.bases, self.shapes, self.stack_prices = kept.bases, kept.shapes, kept.stack_prices
 
     # requests --------------------------------------------------------------------------------------------
     def resolve_preset(self, preset: str | Preset, library: PresetLibrary | None = None) -> Preset:

@@ -173,6 +173,14 @@ class Device:
         """The operator's caps (max steps, max side) the device refuses a request over; none unless a subclass has."""
         return (None, None)
 
+    def kept(self):
+        """What the engine keeps between requests (engine.baseline.Kept), for a caller that carries it across processes
+        (app.zerogpu); None where the device's own process keeps it (the worker outlives every call)."""
+        return None
+
+    def keep(self, kept) -> None:
+        """Take `kept` (from kept()) as what the engine keeps; nothing to do where kept() is None."""
+
     def check_caps(self, request: GenerationRequest) -> None:
         """ConfigError with the sentence the device would end the request with, without a device call (app.admit)."""
         check_caps(request, *self.caps)

@@ -154,6 +154,13 @@ class InProcess(Device):
     def caps(self) -> tuple[int | None, int | None]:
         return (self.runner.max_steps, self.runner.max_side)
 
+    def kept(self):
+        """What the engine keeps between requests (engine.baseline.Kept); it crosses ZeroGPU calls (app.zerogpu)."""
+        return DEVICE_THREAD.call(self.runner.kept)
+
+    def keep(self, kept) -> None:
+        DEVICE_THREAD.call(self.runner.keep, kept)
+
     generate = _on_device_thread("generate")
     matrix = _on_device_thread("matrix")
     tune = _on_device_thread("tune")
