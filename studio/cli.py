@@ -165,6 +165,8 @@ def _generate(runner, req, args) -> int:
         print("  " + line)
     print(f"  steps counted by {m.count_source}" + (f"; {m.count_check}" if m.count_check else ""))
     print(f"  timing: {m.timing}")
+    if m.timed_pairs and m.base_denoise_s is not None:  # the speed-up's pairs, as the card's vs base row says them
+        print(f"  pairs: {fmt.pairs(m.timed_pairs, m.pairs_stop, m.stalled_runs)}")
     if args.ideal:
         from studio.report.text import ideal_worked
 

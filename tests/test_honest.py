@@ -181,6 +181,7 @@ def _metrics(**kw):
 def test_the_card_shows_the_interval_or_says_why_there_is_no_number():
     from studio.report.card import metrics_card
     from studio.report.fmt import speedup_ci, summary_line
+    from studio.report.table import MatrixRow
 
     assert speedup_ci(1.74, 1.68, 1.80) == "1.74x (1.68-1.80)" and speedup_ci(None, None, None) == "n/a"
     assert speedup_ci(1.0, None, None) == "1.00x"  # base against itself: exact
@@ -189,6 +190,15 @@ def test_the_card_shows_the_interval_or_says_why_there_is_no_number():
     card = metrics_card(ok)
     assert "1.74x (1.68-1.80) (base 0.900 s, 3 timed pairs, stopped: the interval is within ±5% of its point" in card
     assert "stalled: 1 run ran slow in places" in card
+    # a stalled median run beside a floor-priced speed-up (an A/B seen under load: 2.530 s against base's 1.927 s, and
+    # 1.65x): the price the speed-up divides is shown beside a wall time a stall lifted, on the card and in the table
+    lifted = _metrics(
+        denoise_s=2.53, denoise_priced_s=1.17, base_denoise_s=1.927, base_priced_s=1.93, speedup=1.65, timed_pairs=3
+    )
+    card = metrics_card(lifted)
+    assert "2.530 s (1.170 s without stalls)" in card and "(base 1.927 s, " in card  # base's within 10% of its price
+    assert MatrixRow.from_metrics(lifted).ab_cells()[1] == "2.530 s (1.170 s without stalls)"
+    assert "without stalls" not in metrics_card(_metrics(denoise_s=1.0, denoise_priced_s=0.95))
     note = "timing too noisy to show: the interval 1.20-2.30x over 4 pairs ...; speed-up not shown (...)"
     busy = _metrics(speedup=None, speedup_note=note, timed_pairs=7)
     assert note in metrics_card(busy) and "n/a" not in summary_line(busy).split("vs base")[0]
@@ -256,6 +266,7 @@ def _generate_cache(runner, r):
 def test_a_stall_injected_into_one_base_run_gives_the_quiet_ratio_or_the_unreliable_flag(runner, quiet):
     from dataclasses import replace
 
+    from studio.report.card import metrics_card
     from studio.spec import GenerationRequest
 
     r = GenerationRequest(prompt="a red circle", seed=3, steps=12, width=64, height=64, max_sequence_length=32)
@@ -285,7 +296,7 @@ def test_a_stall_injected_into_one_base_run_gives_the_quiet_ratio_or_the_unrelia
     finally:
         handle.remove()
     assert judged(few) in ("within bound", "flagged")
-    assert few.stalled_runs >= 1 and "stalled: " in few.timing
+    assert few.stalled_runs >= 1 and "stalled: " in metrics_card(few)
     # every step of one base run 5x slower: the bootstrap's draws of that pair widen the interval, so more pairs are
     # timed (the floor itself is the clean runs'), or the number is withheld
     handle = _stall_base_run(runner, which=2, seconds=4 * step)
@@ -295,4 +306,4 @@ def test_a_stall_injected_into_one_base_run_gives_the_quiet_ratio_or_the_unrelia
         handle.remove()
     verdict = judged(whole)
     if verdict == "within bound":
-        assert whole.timed_pairs >= 2 and "stopped at" in whole.timing
+        assert whole.timed_pairs >= 2 and f"{whole.timed_pairs} timed pairs, stopped: " in metrics_card(whole)

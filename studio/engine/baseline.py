@@ -177,6 +177,15 @@ class Paired:
     by_shape: bool = False  # the base timing is a kept one of the same shape, maybe of another prompt (compare auto)
     stack_runs: tuple[Run, ...] = ()  # the stack's timed runs beside this base (kept for compare auto's drift)
 
+    def priced_s(self) -> dict:
+        """What the speed-up divides, in seconds: the stack's and the base's floor prices (each kind of step at its
+        fastest over the timed runs, studio.measure.estimate.price_ms), as RunMetrics fields; None where not timed."""
+        base_runs = self.base.runs if self.base is not None else ()
+        return {
+            "denoise_priced_s": price_ms(self.stack_runs) / 1e3 if self.stack_runs else None,
+            "base_priced_s": price_ms(base_runs) / 1e3 if base_runs else None,
+        }
+
 
 def median_run(runs: list):
     """The median run by denoise time, the faster of the middle two for an even count (a real run, whose step times

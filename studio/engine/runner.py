@@ -302,8 +302,6 @@ class Runner:
             base_now=None if base is None or is_base else paired.base_now,
             in_workers=info is not None,
             screening=screening,
-            stalled=paired.ratio.stalled if paired.ratio and not is_base else 0,
-            stop=paired.ratio.stop if paired.ratio and not is_base else "",
             by_shape=paired.by_shape,
         )
         cache_on = run.stack.is_engaged("cache")
@@ -342,6 +340,7 @@ class Runner:
             peak_memory=run.memory.as_dict() if run.memory is not None else None,
             h2d=run.h2d,
             placement=self.manager.placement(),
+            **paired.priced_s(),
             **self._room(ctx, p, run),
         )
 

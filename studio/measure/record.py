@@ -40,8 +40,6 @@ class Timing:
     base_now: bool | None = None  # the base timing was taken in this call (True), kept from before (False); None: none
     in_workers: bool = False  # timed inside parallel worker rank 0
     screening: bool = False  # not a measurement: no warm-up, time not reported (the tuner's screening runs)
-    stalled: int = 0  # timed runs a stall or a slow spell hit (the estimate holds: each kind priced by its fastest)
-    stop: str = ""  # why the pairing stopped after `runs` pairs
     by_shape: bool = False  # the base timing is a kept one of the same shape (compare auto), maybe another prompt's
 
     def text(self, base_age_s: float | None) -> str:
@@ -51,13 +49,6 @@ class Timing:
         out += {1: "1 timed run", 2: "the faster of 2 timed runs"}.get(self.runs, f"median of {self.runs} timed runs")
         out += " interleaved with base" if self.runs > 1 and self.interleaved else ""
         out += " (timed inside parallel worker rank 0)" if self.in_workers else ""
-        if self.stop:
-            out += f"; stopped at {self.runs} pair{'s' if self.runs != 1 else ''}: {self.stop}"
-        if self.stalled:
-            out += (
-                f"; stalled: {self.stalled} timed run{'s' if self.stalled != 1 else ''} ran slow in places, which the "
-                "estimate (each kind of step at its fastest) leaves out"
-            )
         if self.by_shape:
             out += f"; base timed on a request of the same shape (prompt and seed aside), {base_age_s:.0f} s ago"
         elif self.base_now is True:
@@ -112,6 +103,10 @@ class RunMetrics:
     timed_pairs: int = 0  # base/stack pairs the speed-up came from
     pairs_stop: str | None = None  # why the pairing stopped where it did
     stalled_runs: int = 0  # timed runs a stall or a slow spell hit (the estimate holds)
+    # what the speed-up divides: each side's floor price, each kind of step at its fastest over its timed runs, times
+    # its count (studio.measure.estimate.price_ms), in seconds; beside the wall times a stall can lift
+    denoise_priced_s: float | None = None
+    base_priced_s: float | None = None
     cached_share: float | None = None  # a cached step's ideal price as a share of a full step, measured
     ideal_source: str | None = None  # where the block times behind `cached_share` came from
     of_ideal: float | None = None  # measured speed-up over its non-cache reference, over the ideal

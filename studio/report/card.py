@@ -104,10 +104,10 @@ def metrics_card(m) -> str:
     vs = esc(m.speedup_note) if m.speedup_note else fmt.speedup_ci(m.speedup, m.speedup_lo, m.speedup_hi)
     if m.base_denoise_s is not None:
         pairs = f", {esc(fmt.pairs(m.timed_pairs, m.pairs_stop, m.stalled_runs))}" if m.timed_pairs else ""
-        vs += f" (base {fmt.seconds(m.base_denoise_s)}{pairs})"
+        vs += f" (base {fmt.denoise(m.base_denoise_s, m.base_priced_s)}{pairs})"
     rows = [
         ("stack", _stack(m)),
-        ("denoise", f"{fmt.seconds(m.denoise_s)} &nbsp; ({m.mean_step_ms:.1f} ms/step)"),
+        ("denoise", f"{fmt.denoise(m.denoise_s, m.denoise_priced_s)} &nbsp; ({m.mean_step_ms:.1f} ms/step)"),
         ("steps", steps),
         *([("cache room", room)] if room else []),
         ("vs base", vs),

@@ -60,6 +60,7 @@ class MatrixRow:
     label_changes: list[str] = field(default_factory=list)  # parts of the stack that did not run as asked
     requested_tag: str = ""  # the label of what the preset asked for
     runs: list[float] = field(default_factory=list)  # every timed denoise, seconds
+    priced_s: float | None = None  # its floor price, what the speed-up divides (RunMetrics.denoise_priced_s)
     # a bench's extras (None where it did not measure them)
     speedup_lo: float | None = None  # the speed-up's interval (studio.measure.estimate)
     speedup_hi: float | None = None
@@ -111,7 +112,7 @@ class MatrixRow:
     def _cells(self) -> list[str]:
         return [
             fmt.stack(self.tag, self.label_changes),
-            fmt.seconds(self.denoise_s),
+            fmt.denoise(self.denoise_s, self.priced_s),
             fmt.ms(self.step_ms),
             fmt.speedup_ci(self.speedup, self.speedup_lo, self.speedup_hi),
             fmt.psnr(self.psnr_db),
@@ -130,6 +131,7 @@ class MatrixRow:
             preset=m.preset,
             tag=m.tag,
             denoise_s=m.denoise_s,
+            priced_s=m.denoise_priced_s,
             step_ms=m.mean_step_ms,
             speedup=m.speedup,
             psnr_db=m.psnr_db,
