@@ -80,6 +80,15 @@ def test_vs_raw_gives_the_plain_diffusers_picture(tiny_runner):
         assert math.isinf(r.raw_psnr_db), r.preset
         assert r.studio_over_raw_lo <= r.studio_over_raw <= r.studio_over_raw_hi and r.raw_denoise_s > 0
     assert "studio/raw" in rep.matrix.markdown()
+    # the plain runs are read step by step, as the studio's are: every step clocked by the pipeline's callback, and
+    # the cached steps cache-dit's own list, the same as the studio's count of the same request
+    rot = rep.rotations[0]
+    for name in ("base", "cache"):
+        plain, studio = rot.raw_runs[name], rot.runs[name]
+        assert len(plain) == len(studio) == rot.rounds and all(len(r.step_ms) == 14 for r in plain)
+        assert [r.cached for r in plain] == [r.cached for r in studio]
+        assert sum(plain[0].step_ms) / 1e3 == pytest.approx(rot.raw_times[name][0], rel=1e-9)
+    assert rot.raw_runs["cache"][0].cached  # the cache served steps, so the kinds were told apart
 
 
 def test_cli_bench_over_prompts_json_and_csv(tmp_path):

@@ -14,8 +14,9 @@ Method (the engine's own loading, timing and measuring; nothing here times anyth
   prompt cannot hide a bad stack;
 - with several prompts or seeds, each stack is also read request by request against each request's own base
   (studio.bench.paired): the paired speed-up with its interval, PSNR and FLIP, wins as N of N, the worst by name;
-- --vs-raw: the plain pipeline's runs and the studio's, paired round by round, through the same estimator (each
-  known by its wall time: the plain run has no step probe).
+- --vs-raw: the plain pipeline's runs and the studio's, paired round by round, through the same estimator, step by
+  step (the plain worker clocks each step with the pipeline's own step callback; its cached steps are cache-dit's
+  own list), so a stall in one run of either side does not move the figure.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from studio.bench.rotation import EXTRA_ROUNDS, Rotation, rotate, total_graphs
 from studio.bench.twins import cache_twins, with_twins
 from studio.engine import BASE, Runner
 from studio.measure.blocks import CachedStepPrice, IdealCheck
-from studio.measure.estimate import Run, speedup_over
+from studio.measure.estimate import speedup_over
 from studio.measure.quality import GOOD_DB, psnr
 from studio.measure.record import library_versions
 from studio.report.table import AGAIN, Matrix, MatrixRow
@@ -136,7 +137,7 @@ def row(name: str, rots: list[Rotation], base_name: str = BASE, ref: str | None 
     if all(name in rot.raw_times for rot in rots):
         row.raw_denoise_s = statistics.median(statistics.median(rot.raw_times[name]) for rot in rots)
         # the plain runs over the studio's, paired round by round: raw's speed-up over the studio is studio/raw
-        plain = [([Run.whole(t) for t in r.raw_times[name]], [Run.whole(t) for t in r.times[name]]) for r in rots]
+        plain = [(r.raw_runs[name], r.runs[name]) for r in rots]  # step by step, each side's steps at their fastest
         over = speedup_over(plain)
         row.studio_over_raw, row.studio_over_raw_lo, row.studio_over_raw_hi = 1 / over.point, 1 / over.hi, 1 / over.lo
         row.raw_psnr_db = min(psnr(rot.last[name].image, rot.raw_images[name]) for rot in rots)

@@ -116,9 +116,22 @@ def _call(pipe, recipe: dict, req: dict, timed: bool):
     if cuda:
         torch.cuda.synchronize(device)
     call_s = time.perf_counter() - t0
-    denoise = marks[0].elapsed_time(marks[-1]) / 1e3 if cuda else marks[-1] - marks[0]
+    if cuda:
+        step_ms = [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
+    else:
+        step_ms = [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]
     image = (np.clip(image, 0, 1) * 255).round().astype(np.uint8)
-    return denoise, call_s, image
+    return sum(step_ms) / 1e3, step_ms, _cached_steps(pipe, recipe), call_s, image
+
+
+def _cached_steps(pipe, recipe: dict) -> list[int] | None:
+    """The steps cache-dit served from its cache in the last call, as its own summary says (None: no DBCache)."""
+    if recipe.get("dbcache") is None:
+        return None
+    import cache_dit
+
+    stats = cache_dit.summary(pipe, logging=False)
+    return sorted(int(i) for i in (stats[-1].cached_steps or [])) if stats else None
 
 
 def worker_main() -> int:
@@ -143,16 +156,18 @@ def worker_main() -> int:
             _call(pipe, recipe, req, timed=False)
             warm.add(shape)
             warmup_s = time.perf_counter() - t0
-        denoise, call_s, image = _call(pipe, recipe, req, timed=True)
+        denoise, step_ms, cached, call_s, image = _call(pipe, recipe, req, timed=True)
         np.save(msg["out"], image)
-        out.write(json.dumps({"denoise_s": denoise, "call_s": call_s, "warmup_s": warmup_s}) + "\n")
+        answer = {"denoise_s": denoise, "step_ms": step_ms, "cached": cached, "call_s": call_s, "warmup_s": warmup_s}
+        out.write(json.dumps(answer) + "\n")
         out.flush()
     return 0
 
 
 # ---- the studio side ----------------------------------------------------------------------------------------------
 class RawWorker:
-    """One plain pipeline in a worker process; `run(request_kwargs, seed)` -> (denoise_s, call_s, image)."""
+    """One plain pipeline in a worker process; `run(request_kwargs, seed)` -> (the answer: denoise_s, step_ms, cached
+    (cache-dit's cached steps, None without DBCache), call_s, warmup_s; the image)."""
 
     def __init__(self, recipe: dict):
         self.recipe = recipe
@@ -185,8 +200,7 @@ class RawWorker:
 
         path = os.path.join(self._dir.name, "image.npy")
         self._send({"cmd": "run", "request": {"kwargs": kwargs, "seed": seed}, "out": path})
-        ans = self._read()
-        return ans["denoise_s"], ans["call_s"], np.load(path)
+        return self._read(), np.load(path)
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -49,6 +49,7 @@ class Rotation:
     cold_graphs: dict[str, int | None] = field(default_factory=dict)
     recompiles: dict[str, int | None] = field(default_factory=dict)
     raw_times: dict[str, list[float]] = field(default_factory=dict)  # --vs-raw: the plain pipeline's
+    raw_runs: dict[str, list[Run]] = field(default_factory=dict)  # its timed runs, step by step
     raw_images: dict[str, object] = field(default_factory=dict)
     raw_errors: dict[str, str] = field(default_factory=dict)
     rounds: int = 0  # rounds timed: the repeats asked for and any extra ones (module doc)
@@ -82,11 +83,17 @@ def _studio(rot: Rotation, runner: Runner, request, name: str, p: Preset, model,
 
 def _plain(rot: Rotation, raw, name: str, p: Preset, request, tick) -> None:
     try:
-        denoise, _, image = raw.run(p, request)
+        ans, image = raw.run(p, request)
     except RuntimeError as e:  # a plain recipe that cannot run here: the row says so, the bench goes on
         rot.raw_errors[name] = str(e)
         return
-    rot.raw_times.setdefault(name, []).append(denoise)
+    rot.raw_times.setdefault(name, []).append(ans["denoise_s"])
+    # its steps as the estimator reads the studio's: cache-dit's own list of cached steps; where the plain recipe's
+    # cache keeps none (diffusers' First-Block-Cache), the studio's count of the same request (the same hook runs)
+    cached = ans["cached"]
+    if cached is None:
+        cached = rot.last[name].metrics.cached_step_indices if name in rot.last else []
+    rot.raw_runs.setdefault(name, []).append(Run.of(ans["step_ms"], cached))
     rot.raw_images[name] = image
     if tick:
         tick(name + " (plain)")

@@ -54,11 +54,6 @@ class Run:
     def of(cls, step_ms: Sequence[float], cached: Sequence[int] = ()) -> Run:
         return cls(tuple(float(t) for t in step_ms), frozenset(int(i) for i in cached))
 
-    @classmethod
-    def whole(cls, seconds: float) -> Run:
-        """A run known only by its wall time (the plain pipeline of bench --vs-raw): one 'step'."""
-        return cls((seconds * 1e3,))
-
     @property
     def wall_ms(self) -> float:
         return float(sum(self.step_ms))
