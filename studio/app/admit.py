@@ -2,8 +2,9 @@
 process, before the event's handler takes the device.
 
 On ZeroGPU the handler runs under `@spaces.GPU`, in a process `spaces` forks with a GPU reserved and billed to the
-visitor for the event's duration; whatever the handler changes there is lost when the next call gets a fresh fork.
-So the limits run here, outside it (app.ui wraps each device event as admit, then the GPU call): a refused request
+visitor for the event's duration; whatever the handler changes there is lost when the next call gets a fresh fork
+(what the engine keeps crosses the call: app.zerogpu). So the limits run here, outside it (app.zerogpu wraps each
+device event as admit, then the GPU call): a refused request
 reserves no GPU, and the limits' counters (the visitors' recent events, the compiled shapes met) live in the one
 process that sees every event. Off ZeroGPU the order is the same, in one process.
 

@@ -16,16 +16,16 @@ from studio.spec.hosting import on_zerogpu
 from studio.spec.preset import CompileSpec
 
 _UNSET = object()  # "forward" was not an instance attribute before compile
-# Why a compiled preset runs eagerly on ZeroGPU (tests/test_space.py): the AoT path is a decision, not a failure.
-# Measured on the CPU with torch's own AOTInductor (each repeated block exported from its captured call and
-# compiled ahead of time, as `spaces.aoti_capture/aoti_compile` do) it composes with cache-dit: the picture within
-# 3e-7 of the eager cached run's, so the same steps were cached. What does not fit is `spaces.aoti_apply`, which
-# drains a block's weights into the compiled package.
+# Why a compiled preset runs eagerly on ZeroGPU (tests/test_space.py). Run-time graphs die with each call's forked
+# process. The ahead-of-time path can serve it with ONE copy of the weights (measured on the CPU, library-behaviour
+# S5: AOTInductor packages compiled without their weights and given each block's own parameters as user-managed
+# constants gave the eager pictures, cached and uncached, within 5e-7, reading the eager storage in place; spaces'
+# own `aoti_apply` instead drains the weights, and base runs eagerly beside every stack here). That path is not
+# wired into the studio yet, so compile is refused there, and the card says why.
 ZEROGPU_COMPILE = (
-    "compile: skipped on ZeroGPU: torch.compile at run time does not survive ZeroGPU's per-call processes, and "
-    "its ahead-of-time path (spaces.aoti_apply) moves the blocks' weights into the compiled package, while every "
-    "request here runs base eagerly on the same weights beside the stack (its speed-up and PSNR): it would take a "
-    "second copy of the transformer on the GPU; running eager"
+    "compile: skipped on ZeroGPU: torch.compile at run time does not survive ZeroGPU's per-call processes, and the "
+    "studio's ahead-of-time path (AOTInductor packages reading the eager weights in place, so base beside the stack "
+    "needs no second copy) is not built yet; running eager"
 )
 
 
