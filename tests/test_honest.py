@@ -196,9 +196,9 @@ def test_the_card_shows_the_interval_or_says_why_there_is_no_number():
         denoise_s=2.53, denoise_priced_s=1.17, base_denoise_s=1.927, base_priced_s=1.93, speedup=1.65, timed_pairs=3
     )
     card = metrics_card(lifted)
-    assert "2.530 s (1.170 s without stalls)" in card and "(base 1.927 s, " in card  # base's within 10% of its price
-    assert MatrixRow.from_metrics(lifted).ab_cells()[1] == "2.530 s (1.170 s without stalls)"
-    assert "without stalls" not in metrics_card(_metrics(denoise_s=1.0, denoise_priced_s=0.95))
+    assert "2.530 s (floor 1.170 s)" in card and "(base 1.927 s, " in card  # base's within 10% of its price
+    assert MatrixRow.from_metrics(lifted).ab_cells()[1] == "2.530 s (floor 1.170 s)"
+    assert "(floor " not in metrics_card(_metrics(denoise_s=1.0, denoise_priced_s=0.95))
     note = "timing too noisy to show: the interval 1.20-2.30x over 4 pairs ...; speed-up not shown (...)"
     busy = _metrics(speedup=None, speedup_note=note, timed_pairs=7)
     assert note in metrics_card(busy) and "n/a" not in summary_line(busy).split("vs base")[0]

@@ -79,15 +79,15 @@ def seconds(v: float | None, digits: int = 3) -> str:
     return "n/a" if v is None else f"{v:.{digits}f} s"
 
 
-STALL_SHOWN = 1.10  # a wall time this far over its floor price is shown with it (a stall lifted it)
+FLOOR_SHOWN = 1.10  # a wall time this far over its floor price is shown with it (stalls, load, step noise)
 
 
 def denoise(wall: float | None, priced: float | None, digits: int = 3) -> str:
-    """A denoise wall time, with its floor price beside it where a stall lifted the wall time: the price is what a
+    """A denoise wall time, with its floor price beside it where the wall time is well over it: the floor is what a
     speed-up divides (RunMetrics.denoise_priced_s), so a row's time and its speed-up do not seem to disagree."""
     out = seconds(wall, digits)
-    if wall is not None and priced is not None and wall > STALL_SHOWN * priced:
-        out += f" ({seconds(priced, digits)} without stalls)"
+    if wall is not None and priced is not None and wall > FLOOR_SHOWN * priced:
+        out += f" (floor {seconds(priced, digits)})"
     return out
 
 
