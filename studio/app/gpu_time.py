@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from studio.app.values import MAX_PUBLIC_PROMPTS, more_prompts
+from studio.app.values import MAX_PUBLIC_PROMPTS, more_prompts, prompt_lines
 from studio.spec.checks import ConfigError
 from studio.spec.profiles import ModelProfile
 from studio.spec.settings import current
@@ -104,5 +104,5 @@ class Durations:
         )
 
     def tune(self, *args, **v) -> int:
-        prompts = [x for x in str(v.get("prompts_text") or "").splitlines() if x.strip()] or [""]
+        prompts = prompt_lines(v.get("prompts_text")) or [""]
         return self._safe(lambda: tune_s(self._run_s(v), len(prompts)))

@@ -35,6 +35,7 @@ from studio.app.values import (
     more_prompts,
     notes_md,
     png,
+    prompt_lines,
     table_frame,
     threshold_value,
     tile_at,
@@ -313,7 +314,7 @@ class Handlers(PresetHandlers):
 
         form = TuneForm(image=image, mask_image=mask_image, **values)
         req = self._request(form)
-        prompts = [x.strip() for x in (form.prompts_text or "").splitlines() if x.strip()] or [req.prompt]
+        prompts = prompt_lines(form.prompts_text) or [req.prompt]
         size = form.size
         if self.studio.public:
             prompts, size = prompts[:MAX_PUBLIC_PROMPTS], "quick"

@@ -27,7 +27,7 @@ from studio.app.limits import PublicGuard, PublicLimits
 from studio.app.maps import AB_MAP_WHERE, GEN_MAP_WHERE, show_map
 from studio.app.openai_api import ImagesEndpoint
 from studio.app.panel import request_panel
-from studio.app.zerogpu import device_event
+from studio.app.zerogpu import components, device_event
 from studio.report import fmt
 from studio.report.card import CSS
 from studio.report.tools import tool_descriptions
@@ -41,7 +41,7 @@ __all__ = ["CSS", "build_app"]
 
 def _wire(ui: UI, h: Handlers, demo, described: dict) -> None:
     r, gen, ab, mx, tn, hist = ui.request, ui.gen, ui.ab, ui.mx, ui.tn, ui.hist
-    _gpu = functools.partial(device_event, device=h.studio.device, ui=ui)  # admitted, then on the device (app.zerogpu)
+    _gpu = functools.partial(device_event, device=h.studio.device, by_id=components(ui))  # admit, device: app.zerogpu
     private = {"api_visibility": "private"}
     device = {"concurrency_id": "device"}
     hist_in, hist_out = {"history": hist.rows}, [hist.table, hist.rows]

@@ -115,6 +115,11 @@ def table_frame(mat):
 MAX_PUBLIC_PROMPTS = 3  # prompts one Tune or Matrix request may take on a public studio (each multiplies its runs)
 
 
+def prompt_lines(text: str | None) -> list[str]:
+    """The prompts of a box, one per line, stripped; blank lines dropped (the Tune tab's box)."""
+    return [x.strip() for x in str(text or "").splitlines() if x.strip()]
+
+
 def more_prompts(text: str | None, first: str, cap: int | None = None) -> list[str]:
     """The prompts of a box (one per line; blank lines and repeats dropped) other than `first`, at most `cap - 1` of
     them (`cap`: prompts in all, a public studio's; None: no cap)."""

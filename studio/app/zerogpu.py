@@ -52,14 +52,14 @@ def _blocks(plain: dict, by_id: dict[int, Block]):
     return {by_id[i]: v for i, v in plain["by_id"].items()}
 
 
-def device_event(fn, duration=None, admit=None, *, device=None, ui=None):
+def device_event(fn, duration=None, admit=None, *, device=None, by_id=None):
     """`fn` (a device event's handler) as the event runs it: `admit` (the public limits, in this process) first,
     then `fn` under @spaces.GPU for `duration` (a callable of the event's arguments, app.gpu_time) where `spaces`
     wraps it, its result and the engine's kept state crossing the call (module doc).
 
     Args:
         device: the studio's device (studio.worker.Device): its kept() state crosses each GPU call.
-        ui: the laid-out components (app.forms.UI), to turn a crossed result back into components.
+        by_id: the laid-out components by id (components(ui)), to turn a crossed result back into components.
     """
     run = fn
     if importlib.util.find_spec("spaces") is not None:
@@ -68,7 +68,7 @@ def device_event(fn, duration=None, admit=None, *, device=None, ui=None):
         on_gpu = _in_gpu_process(fn, device)
         wrapped = spaces.GPU(on_gpu, duration=_without_kept(duration))
         if wrapped is not on_gpu:  # a GPU call in another process: the result and the kept state cross it
-            run = _crossing(fn, wrapped, device, components(ui) if ui is not None else {})
+            run = _crossing(fn, wrapped, device, by_id or {})
     if admit is None:
         return run
 
