@@ -197,6 +197,11 @@ def test_api_defaults_and_numbers_as_data(client, app, tmp_path):
     base = base_out[-1]
     assert base["psnr_db"] == "inf" and base["speedup"] == 1.0  # JSON has no Infinity
     assert base["worst_tile_psnr_db"] == "inf" and not np.asarray(Image.open(base_out[5])).any()  # all zero
+    # every picture left its event as a file named by its content (app.pictures: gradio rewrites a numpy picture's
+    # cache file in place, and a download of the same picture made meanwhile ends short): the same picture, one name
+    served = [out[0], out[2], out[5], newest["image"], batch[8][0]["image"], base_out[0]]
+    assert all(re.fullmatch(r"[0-9a-f]{24}\.png", Path(p).name) for p in served), served
+    assert Path(base_out[0]).name == Path(out[2]).name  # base's picture of this request, shown twice
 
 
 def test_compare_endpoint(client, app):

@@ -27,6 +27,7 @@ from studio.app.limits import PublicGuard, PublicLimits
 from studio.app.maps import AB_MAP_WHERE, GEN_MAP_WHERE, show_map
 from studio.app.openai_api import ImagesEndpoint
 from studio.app.panel import request_panel
+from studio.app.pictures import PictureFiles
 from studio.app.zerogpu import components, device_event
 from studio.report import fmt
 from studio.report.card import CSS
@@ -41,7 +42,8 @@ __all__ = ["CSS", "build_app"]
 
 def _wire(ui: UI, h: Handlers, demo, described: dict) -> None:
     r, gen, ab, mx, tn, hist = ui.request, ui.gen, ui.ab, ui.mx, ui.tn, ui.hist
-    _gpu = functools.partial(device_event, device=h.studio.device, by_id=components(ui))  # admit, device: app.zerogpu
+    pics = PictureFiles(h.studio.tmpdir / "pictures")  # every picture leaves an event as a file (app.pictures)
+    _gpu = functools.partial(device_event, device=h.studio.device, by_id=components(ui), pictures=pics)
     private = {"api_visibility": "private"}
     device = {"concurrency_id": "device"}
     hist_in, hist_out = {"history": hist.rows}, [hist.table, hist.rows]
@@ -110,7 +112,7 @@ def _wire(ui: UI, h: Handlers, demo, described: dict) -> None:
         api_description=described["matrix"],
         **device,
     ).then(keep, hist.rows, hist.saved, **private)
-    mx.pick.change(h.pick_steps, [mx.pick, mx.runs], mx.steps_plot, **private)
+    mx.pick.change(pics.served(h.pick_steps), [mx.pick, mx.runs], mx.steps_plot, **private)
     tn.button.click(
         _gpu(h.tune, h.durations.tune, h.admit.tune),
         inputs_kwargs=forms.inputs(forms.TuneForm, r, tn),
@@ -120,7 +122,7 @@ def _wire(ui: UI, h: Handlers, demo, described: dict) -> None:
         **device,
     )
     _wire_keeping(ui, h, demo)
-    _wire_maps(ui, [generated, compared], [ab_done])
+    _wire_maps(ui, pics, [generated, compared], [ab_done])
 
 
 def _wire_keeping(ui: UI, h: Handlers, demo) -> None:
@@ -139,15 +141,16 @@ def _wire_keeping(ui: UI, h: Handlers, demo) -> None:
     hist.clear.click(h.clear_history, None, [hist.table, hist.rows, hist.gallery, hist.saved], **private)
 
 
-def _wire_maps(ui: UI, gen_events: list, ab_events: list) -> None:
+def _wire_maps(ui: UI, pics, gen_events: list, ab_events: list) -> None:
     """The error map the person picked (app.maps), drawn again after each run and when the pick changes: in this
     process, after the device event (FLIP's map costs ~2 s a megapixel: never inside a GPU call)."""
     for tab, events, where, also in (
         (ui.gen, gen_events, GEN_MAP_WHERE, ""),
         (ui.ab, ab_events, AB_MAP_WHERE, fmt.AB_TILE_NOTE),
     ):
-        draw = functools.partial(show_map, where=where, also=also)
-        args = ([tab.map_kind, tab.compared], [tab.error_map, tab.map_note])
+        outputs = [tab.error_map, tab.map_note]
+        draw = pics.served(functools.partial(show_map, where=where, also=also), outputs)
+        args = ([tab.map_kind, tab.compared], outputs)
         tab.map_kind.change(draw, *args, api_visibility="private")
         for event in events:
             event.then(draw, *args, api_visibility="private")

@@ -52,10 +52,11 @@ def _blocks(plain: dict, by_id: dict[int, Block]):
     return {by_id[i]: v for i, v in plain["by_id"].items()}
 
 
-def device_event(fn, duration=None, admit=None, *, device=None, by_id=None):
+def device_event(fn, duration=None, admit=None, *, device=None, by_id=None, pictures=None):
     """`fn` (a device event's handler) as the event runs it: `admit` (the public limits, in this process) first,
     then `fn` under @spaces.GPU for `duration` (a callable of the event's arguments, app.gpu_time) where `spaces`
-    wraps it, its result and the engine's kept state crossing the call (module doc).
+    wraps it, its result and the engine's kept state crossing the call (module doc), then its pictures written as
+    files here (`pictures`, app.pictures.PictureFiles).
 
     Args:
         device: the studio's device (studio.worker.Device): its kept() state crosses each GPU call.
@@ -69,13 +70,15 @@ def device_event(fn, duration=None, admit=None, *, device=None, by_id=None):
         wrapped = spaces.GPU(on_gpu, duration=_without_kept(duration))
         if wrapped is not on_gpu:  # a GPU call in another process: the result and the kept state cross it
             run = _crossing(fn, wrapped, device, by_id or {})
-    if admit is None:
+    if admit is None and pictures is None:
         return run
 
     @functools.wraps(fn)  # gradio reads the handler's signature (its gr.Request, gr.Progress, names) through it
     def event(*args, **kwargs):
-        admit(*args, **kwargs)
-        return run(*args, **kwargs)
+        if admit is not None:
+            admit(*args, **kwargs)
+        result = run(*args, **kwargs)
+        return pictures.result(result) if pictures is not None else result
 
     return event
 
