@@ -76,5 +76,54 @@ def main() -> None:
         print(f"| {name} | {row} |")
 
 
+def interval_shapes(point: float, draws: np.ndarray) -> dict[str, tuple[float, float]]:
+    """Three ways to read the bootstrap's draws of the floor ratio as a 95% interval."""
+    qlo, qmed, qhi = np.percentile(draws, [2.5, 50, 97.5])
+    return {
+        "percentile, widened to hold the point (the studio's)": (min(qlo, point), max(qhi, point)),
+        "basic (2 x point - the draws' quantiles)": (2 * point - qhi, 2 * point - qlo),
+        "percentile moved so its median is the point": (qlo * point / qmed, qhi * point / qmed),
+    }
+
+
+def intervals() -> None:
+    """How often each interval shape holds the 10-pair quiet point, over every window of k consecutive pairs."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from studio.measure import estimate as E
+
+    def as_runs(cond, stack):
+        return [E.Run.of(r["step_ms"], r["cached"]) for r in DATA["conditions"][cond][stack]]
+
+    cases = (("quiet", 2), ("quiet", 3), ("quiet", 5), ("busy", 3), ("busy", 5))
+    print("| interval | " + " | ".join(f"{c}, {k} pairs" for c, k in cases) + " | median half-width (quiet, 3) |")
+    print("|---|" + "---|" * (len(cases) + 1))
+    rows: dict[str, list[str]] = {}
+    widths: dict[str, list[float]] = {}
+    for stack in ("cache", "cache-int8-sage"):
+        truth = E.speedup(as_runs("quiet", "base"), as_runs("quiet", stack)).point
+        for cond, k in cases:
+            b, s = as_runs(cond, "base"), as_runs(cond, stack)
+            held: dict[str, int] = {}
+            windows = [list(range(i, i + k)) for i in range(len(b) - k + 1)]
+            for w in windows:
+                point, draws = E._group(
+                    [b[i] for i in w], [s[i] for i in w], None, None, np.random.default_rng(0), 400
+                )
+                for name, (lo, hi) in interval_shapes(point, draws).items():
+                    held[name] = held.get(name, 0) + (lo <= truth <= hi)
+                    if (cond, k) == ("quiet", 3):
+                        widths.setdefault(name, []).append((hi - lo) / 2 / point * 100)
+            for name, n in held.items():
+                rows.setdefault(name, []).append(f"{n}/{len(windows)}")
+    for name, cells in rows.items():
+        half = len(cells) // 2  # the first half is cache's, the second cache-int8-sage's
+        joined = " | ".join(f"{a} / {b}" for a, b in zip(cells[:half], cells[half:], strict=True))
+        print(f"| {name} | {joined} | ±{np.median(widths[name]):.1f}% |")
+
+
 if __name__ == "__main__":
     main()
+    print()
+    intervals()
