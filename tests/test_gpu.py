@@ -7,6 +7,8 @@ weights really move between host and device. Random tiny FLUX (conftest), float3
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -58,6 +60,23 @@ def test_offload_regimes_give_the_resident_pixels_while_weights_move(gpu_runner,
     assert not res.metrics.label_changes, res.metrics.fallbacks
     # real copies between host and device: diffusers' own offload tests allow 1e-4 on latents; pixels: one level
     assert np.abs(res.image.astype(int) - base.astype(int)).max() <= 1
+
+
+def test_compile_ahead_of_time_on_cuda_as_zerogpu_runs_it(gpu_runner, tmp_path):
+    """engine.aot on CUDA (tests/test_aot.py runs it on the CPU): the packages compiled for CUDA read the eager
+    weights in place; the same cached steps as the eager cache, pixels within Inductor's rounding."""
+    from studio.spec.settings import using
+
+    for name in ("cache", "cache-compile"):
+        text = (Path(__file__).resolve().parents[1] / "presets" / f"{name}.yaml").read_text()
+        text = text.replace("dtype: auto", "dtype: float32").replace("threshold: 0.24", "threshold: 0.5")
+        gpu_runner.presets.add(f"{name}32", text)
+    with using(zerogpu=True, aot_dir=str(tmp_path / "aot")):
+        eager = gpu_runner.generate(REQ, "cache32", compare=False)
+        aot = gpu_runner.generate(REQ, "cache-compile32", compare=False)
+    assert aot.metrics.tag == eager.metrics.tag + "+aot", aot.metrics.fallbacks
+    assert aot.metrics.cached_step_indices == eager.metrics.cached_step_indices
+    assert psnr(aot.image, eager.image) > 40
 
 
 @pytest.mark.budget24

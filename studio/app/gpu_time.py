@@ -4,8 +4,8 @@ ZeroGPU reserves a GPU for `duration` seconds per call (60 s unless said) and cu
 quota is charged for the reservation. So the duration is what this request needs, not a constant: the denoising
 work (steps x transformer calls x an estimated time per call at this size, from the model profile's `gpu_step_s`
 scaled by pixels), times the runs the event makes (the compare mode's pairs, a Matrix's presets and repeats, the
-tuner's search), plus a warm-up for each stack and a compile where one is asked for (none on ZeroGPU itself, where
-compile is refused), with a margin. A small
+tuner's search), plus a warm-up for each stack and a compile where one is asked for (on ZeroGPU only an ahead-of-time
+build, engine.aot, at a shape not built yet), with a margin. A small
 Generate reserves little; a Matrix of every preset reserves what it needs, up to `MAX_S`.
 
 Not gradio and not torch: the handlers' forms in, seconds out (the callable ZeroGPU calls with the event's own
@@ -18,6 +18,7 @@ import math
 
 from studio.app.values import MAX_PUBLIC_PROMPTS, more_prompts, prompt_lines
 from studio.spec.checks import ConfigError
+from studio.spec.hosting import aot_built
 from studio.spec.profiles import ModelProfile
 from studio.spec.settings import current
 
@@ -73,13 +74,26 @@ class Durations:
         return run_seconds(prof, *size, cfg_calls=cfg * int(v.get("num_images_per_prompt") or 1))
 
     def _compiles(self, v: dict, names: list[str]) -> int:
-        """Compile warm-ups the event makes: none on ZeroGPU, where compile is refused (engine.compile says why)."""
-        if current().zerogpu:
-            return 0
-        if str(v.get("compile", "unset")).lower() == "true":
-            return len(names)
+        """Compile warm-ups the event makes. On ZeroGPU only the stacks that compile ahead of time (engine.aot: not
+        quantized, not offloaded, no LoRA) and only at a shape whose packages are not built yet."""
         lib = self.studio.presets
-        return sum(1 for n in names if n in lib.names() and lib.get(n).compile.enabled)
+        forced = str(v.get("compile", "unset")).lower() == "true"
+        compiled = [lib.get(n) for n in names if n in lib.names() and (forced or lib.get(n).compile.enabled)]
+        if not current().zerogpu:
+            return len(names) if forced else len(compiled)
+        if v.get("loras"):
+            return 0
+        model = v.get("model") or self.studio.models[0]
+        image = v.get("image")
+        shape = (int(v.get("width") or 0), int(v.get("height") or 0), int(v.get("num_images_per_prompt") or 1))
+        shape += (tuple(image.shape[:2]) if getattr(image, "shape", None) is not None else None,)
+        return sum(
+            1
+            for p in compiled
+            if not p.quantize_config.enabled
+            and p.offload_config.policy in ("none", "auto")  # auto may choose none: reserve
+            and not aot_built(model, ("aot", p.compile.mode), p.dtype, shape)
+        )
 
     def _safe(self, estimate) -> int:
         try:

@@ -16,16 +16,12 @@ from studio.spec.hosting import on_zerogpu
 from studio.spec.preset import CompileSpec
 
 _UNSET = object()  # "forward" was not an instance attribute before compile
-# Why a compiled preset runs eagerly on ZeroGPU (tests/test_space.py). Run-time graphs die with each call's forked
-# process. The ahead-of-time path can serve it with ONE copy of the weights (measured on the CPU, library-behaviour
-# S5: AOTInductor packages compiled without their weights and given each block's own parameters as user-managed
-# constants gave the eager pictures, cached and uncached, within 5e-7, reading the eager storage in place; spaces'
-# own `aoti_apply` instead drains the weights, and base runs eagerly beside every stack here). That path is not
-# wired into the studio yet, so compile is refused there, and the card says why.
+# Why a compiled preset runs eagerly on ZeroGPU when its ahead-of-time form cannot serve it (tests/test_space.py):
+# run-time graphs die with each call's forked process; the ahead-of-time path (engine.aot: AOTInductor packages
+# reading the eager weights in place) is refused for the reason that follows.
 ZEROGPU_COMPILE = (
-    "compile: skipped on ZeroGPU: torch.compile at run time does not survive ZeroGPU's per-call processes, and the "
-    "studio's ahead-of-time path (AOTInductor packages reading the eager weights in place, so base beside the stack "
-    "needs no second copy) is not built yet; running eager"
+    "compile: skipped on ZeroGPU: torch.compile at run time does not survive ZeroGPU's per-call processes, and "
+    "ahead-of-time compile is {why}; running eager"
 )
 
 
@@ -159,9 +155,33 @@ def _activate(tr, spec: CompileSpec, fullgraph: bool, guard: bool) -> CompiledVa
     return variant
 
 
+def _ahead_of_time(tr, spec: CompileSpec) -> Engaged:
+    """The stack's compile where run-time graphs do not survive (ZeroGPU): its ahead-of-time form (engine.aot)."""
+    from studio.engine.aot import aot_variant, engaged, refusal
+
+    why = refusal(tr, spec)
+    if why is not None:
+        return Engaged("compile", "on", False, ZEROGPU_COMPILE.format(why=why))
+    failed = stack_state(tr).compile_failed.get(("aot", spec.mode))
+    if failed:
+        return failed_to_compile(failed)
+    variant = aot_variant(tr, spec)
+    _switch_on(tr, variant)
+    return engaged(variant)
+
+
+def finish_first_run(tr) -> None:
+    """After a stack's warm-up run: what its compiled form builds from that run (engine.aot's packages), now, so
+    that a failure is caught by first_run_or_eager as the first run's."""
+    state = stack_state(tr)
+    if state.compiled is not None:
+        state.compiled.finish()
+
+
 def _switch_on(tr, variant: CompiledVariant) -> None:
     for module, attr, compiled, _ in variant.impls:
         _set(module, attr, compiled)
+    variant.switched_on()
     state = stack_state(tr)
     state.counter.see_blocks(False)
     state.compiled = variant  # counts now come from the cache backend's own record
@@ -169,8 +189,9 @@ def _switch_on(tr, variant: CompiledVariant) -> None:
 
 def compiles(spec: CompileSpec, offload=None) -> bool:
     """Whether a quantized stack with this compile spec (and memory regime, an OffloadSpec) is compiled here: the
-    quantized form follows it (engine.quantize). Not on ZeroGPU (ZEROGPU_COMPILE), nor under group offload, where
-    torchao's weights fail to compile (engine.offload.QUANT_UNDER_GROUP)."""
+    quantized form follows it (engine.quantize). Not on ZeroGPU (whose ahead-of-time path refuses quantized weights:
+    engine.aot), nor under group offload, where torchao's weights fail to compile
+    (engine.offload.QUANT_UNDER_GROUP)."""
     return spec.enabled and not on_zerogpu() and getattr(offload, "policy", "none") != "group_offload"
 
 
@@ -181,7 +202,7 @@ def apply_compile(pipe, spec: CompileSpec, *, cache_engaged: bool) -> Engaged:
     if not spec.enabled:
         return Engaged("compile", "off", False, "compile: off (eager)")
     if on_zerogpu():
-        return Engaged("compile", "on", False, ZEROGPU_COMPILE)
+        return _ahead_of_time(tr, spec)
     whole = not (spec.regional and getattr(tr, "_repeated_blocks", None))
     if whole and cache_engaged:
         # Measured on the embedded model: cache-dit under a whole-transformer graph cached 0 of 28 steps (the

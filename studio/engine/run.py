@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from studio.engine.aot import AotVariant
 from studio.engine.cache import CacheReport, prepare_run, read_report
 from studio.engine.call import call_pipe, dropped_tokens, pipe_kwargs, strip, true_cfg
-from studio.engine.compile import first_run_or_eager
+from studio.engine.compile import finish_first_run, first_run_or_eager
 from studio.engine.device import DtypeChoice
 from studio.engine.loader import ModelManager
 from studio.engine.lora import apply_loras, check_loras
@@ -29,6 +30,7 @@ from studio.measure.estimate import Run, full_steps
 from studio.measure.memory import MemoryProbe, PeakMemory
 from studio.measure.timing import StepCounts, StepProbe, block_count, count_steps
 from studio.spec.errors import OverTime
+from studio.spec.hosting import mark_aot_built
 from studio.spec.preset import Preset
 from studio.spec.profiles import resolve_model
 from studio.spec.request import GenerationRequest
@@ -194,7 +196,8 @@ def _prepare(pipe, preset: Preset, request: GenerationRequest) -> None:
 def warm(ctx: RunContext, pipe, stack: AppliedStack, preset: Preset) -> float | None:
     """The untimed warm-up run of this stack at this shape, once per process; its seconds, or None if warm."""
     state = stack_state(pipe.transformer)
-    if (stack.signature, ctx.request.size, state.lora_modules) in state.warm:
+    key = (stack.signature, ctx.request.graph_shape, state.lora_modules)  # new LoRA layers: warm again
+    if key in state.warm and not (state.compiled is not None and state.compiled.pending()):
         return None
     ctx.check(f"before the warm-up of {preset.name}")
     ctx.status("compiling (warm-up run)" if state.compiled else "warm-up run (not timed)")
@@ -203,10 +206,13 @@ def warm(ctx: RunContext, pipe, stack: AppliedStack, preset: Preset) -> float | 
     def timed() -> float:
         t0 = time.perf_counter()
         call_pipe(pipe, ctx.request, ctx.untimed(preset))
+        finish_first_run(pipe.transformer)  # ahead-of-time packages are built from this run's calls
         return time.perf_counter() - t0
 
     seconds = first_run_or_eager(pipe.transformer, stack, timed)  # compile's failure policy is compile's own
-    state.warm.add((stack.signature, ctx.request.size, state.lora_modules))  # new LoRA layers: warm again
+    state.warm.add(key)
+    if isinstance(state.compiled, AotVariant):  # its packages are on disk for later calls (and ZeroGPU's reservations)
+        mark_aot_built(ctx.model, state.compiled.key, preset.dtype, ctx.request.graph_shape)
     return seconds
 
 

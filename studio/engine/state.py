@@ -44,6 +44,17 @@ class CompiledVariant:
     impls: list = field(default_factory=list)  # [(module, attribute, compiled value, eager value)]
     compile_s: float | None = None  # the warm-up run that compiled it, once measured
 
+    def finish(self) -> int:
+        """After the warm-up run (which compiles a run-time graph by itself): what is left to build; 0 here."""
+        return 0
+
+    def switched_on(self) -> None:
+        """Switched on again: nothing to redo for run-time graphs (engine.aot re-points its packages)."""
+
+    def pending(self) -> bool:
+        """Whether calls ran without their compiled form since the last warm-up (engine.aot: shapes not built)."""
+        return False
+
 
 @dataclass(frozen=True)
 class ParallelState:
@@ -80,7 +91,7 @@ class StackState:
     compiled: CompiledVariant | None = None  # the variant that runs now, None when eager
     variants: dict = field(default_factory=dict)  # key -> CompiledVariant, every variant compiled so far
     counter: StepCounter = field(default_factory=StepCounter)
-    warm: set = field(default_factory=set)  # (stack signature, width, height) already run once in this process
+    warm: set = field(default_factory=set)  # (stack signature, graph shape, LoRA layers) run once in this process
     compile_failed: dict = field(default_factory=dict)  # variant key -> why its first run failed (never retried)
     parallel: ParallelState | None = None  # the running parallel workers (engine.parallel), None: one process
     parallel_starts: int = 0  # worker sets started so far (a rebuilt set warms up again)

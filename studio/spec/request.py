@@ -104,6 +104,13 @@ class GenerationRequest(Record):
         return "inpaint" if self.mask_image is not None else "img2img" if self.image is not None else "text2img"
 
     @property
+    def graph_shape(self) -> tuple:
+        """What a compiled stack's graphs (or packages) are built for: the size, the batch and an input picture's
+        size (a reference picture joins the transformer's sequence). A warm-up is per graph shape."""
+        picture = tuple(self.image.shape[:2]) if self.image is not None else None
+        return (self.width, self.height, self.num_images_per_prompt, picture)
+
+    @property
     def executed_steps(self) -> int:
         """The denoising steps that really run: all of them for text2img; under img2img/inpaint the last
         `strength` of the schedule (diffusers' get_timesteps: steps - int(steps - min(steps * strength, steps)))."""

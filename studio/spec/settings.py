@@ -59,6 +59,7 @@ class Settings:
     # model within it, on a CPU as on CUDA (engine.placement). None: the device's free memory (unbounded on a CPU)
     device_memory_gb: float | None = None
     presets_dir: str | None = None  # STUDIO_PRESETS_DIR: the user preset folder
+    aot_dir: str | None = None  # STUDIO_AOT_DIR: ahead-of-time packages (engine.aot; None: <tmp>/studio-aot)
     hub_offline: bool = False  # HF_HUB_OFFLINE: the Hub is not reached (a load error says so)
     zerogpu: bool = False  # a ZeroGPU Space: `spaces` installed and SPACES_ZERO_GPU set
     # the app's
@@ -100,6 +101,7 @@ class Settings:
             transformer_slots=_number(env, "STUDIO_TRANSFORMER_SLOTS", int, 1, 64),
             device_memory_gb=_number(env, "STUDIO_DEVICE_MEMORY_GB", float, 0.001, 100_000),
             presets_dir=env.get("STUDIO_PRESETS_DIR", "").strip() or None,
+            aot_dir=env.get("STUDIO_AOT_DIR", "").strip() or None,
             hub_offline=_flag(env, "HF_HUB_OFFLINE", False),
             zerogpu=importlib.util.find_spec("spaces") is not None and _flag(env, "SPACES_ZERO_GPU", False),
             model=model,

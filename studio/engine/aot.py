@@ -1,0 +1,218 @@
+"""Ahead-of-time compile where run-time graphs do not survive (ZeroGPU): each repeated block served by an
+AOTInductor package that reads the eager block's own weights in place.
+
+On ZeroGPU every GPU call runs in a process `spaces` forks for it, so torch.compile's graphs die with the call. A
+package compiled once and kept on disk does not. Built WITHOUT its weights (`aot_inductor.package_constants_in_so:
+False`) and handed each block's parameters as user-managed constants, it runs on the eager storage: no second copy
+of the transformer, and base beside the stack runs the same weights eagerly (measured on the CPU:
+docs/library-behaviour.md S5). What that asks of us, and what this module does:
+
+- a package is static in shape and in the structure of its inputs: one per block class and per the call's tensor
+  shapes, dtypes and device (`Store.key`); a call with no package yet runs the eager block and is remembered; after
+  the stack's warm-up run those are exported and compiled (`AotVariant.build`) and the timed runs use them;
+- the constants are raw pointers: given again whenever the variant is switched on (weights moved, a new process);
+  the call before them would segfault, so a package is never called before its block's constants are loaded;
+- cache-dit calls blocks positionally: the call is bound to the block's own signature and passed by name, the
+  package's input spec;
+- not under 8-bit quantization (torchao's weights are tensor subclasses, not plain constants), a LoRA (peft adds
+  modules and per-call scales), a memory regime that moves weights between calls, or a model without repeated
+  blocks: refused with the reason (`refusal`), the stack runs eagerly.
+
+The packages live in spec.hosting.aot_dir() (STUDIO_AOT_DIR; <tmp>/studio-aot), written atomically; they outlive the
+process, and a marker per (model, variant, dtype, graph shape) says a shape is built (app.gpu_time reads it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from studio.engine.state import CompiledVariant, Engaged, stack_state
+from studio.spec.hosting import aot_dir
+
+CONFIGS = {"aot_inductor.package_constants_in_so": False}  # the package carries no weights: they are the block's
+
+
+def refusal(tr, spec) -> str | None:
+    """Why this transformer's stack cannot run ahead-of-time compiled, or None when it can."""
+    state = stack_state(tr)
+    blocks = getattr(tr, "_repeated_blocks", None)
+    if not blocks:
+        return f"{type(tr).__name__} has no _repeated_blocks (the packages are per block)"
+    if not spec.regional:
+        return "ahead-of-time packages are per block: set compile.regional: true"
+    if state.quant != "none":
+        return f"not under 8-bit quantization ({state.quant}: torchao's weights are not plain constants)"
+    if state.loras or state.fused:
+        return "not with a LoRA (peft's layers and scales are not in the package)"
+    if state.offload != "none":
+        return f"not under {state.offload} (the weights move between calls; a package reads them in place)"
+    return None
+
+
+def _leaves(value, prefix: str) -> list[tuple]:
+    """(path, shape, dtype) of every tensor in `value` and (path, repr) of the rest: what a package is static in."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [(prefix, tuple(value.shape), str(value.dtype), value.device.type)]
+    if isinstance(value, (tuple, list)):
+        inner = [x for i, v in enumerate(value) for x in _leaves(v, f"{prefix}[{i}]")]
+        return inner + [(prefix, type(value).__name__)]
+    if isinstance(value, dict):
+        return [x for k in sorted(value) for x in _leaves(value[k], f"{prefix}.{k}")] + [(prefix, "dict")]
+    return [(prefix, repr(value))]
+
+
+@dataclass
+class Store:
+    """The packages on disk, by what they are static in."""
+
+    folder: Path = field(default_factory=aot_dir)
+    mode: str = "default"
+
+    def key(self, block, weights: tuple, named: dict) -> str:
+        """The package's name: the block's class and `weights` (its constants' names, shapes and dtypes), torch,
+        the compile mode and the call's inputs (`named`)."""
+        import torch
+
+        what = (type(block).__qualname__, torch.__version__, self.mode, weights, _leaves(named, "kw"))
+        return f"{type(block).__name__}-{hashlib.sha256(repr(what).encode()).hexdigest()[:20]}"
+
+    def path(self, key: str) -> Path:
+        return self.folder / f"{key}.pt2"
+
+    def build(self, block, named: dict, key: str) -> Path:
+        """Export `block` called with `named` and compile it into a package without its weights."""
+        import torch
+
+        path = self.path(key)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with torch.no_grad():
+            exported = torch.export.export(block, (), named)
+        configs = dict(CONFIGS)
+        if self.mode == "max-autotune":
+            configs["max_autotune"] = True
+        fd, staging = tempfile.mkstemp(dir=self.folder, prefix=f".{key}-", suffix=".pt2")
+        os.close(fd)
+        torch._inductor.aoti_compile_and_package(exported, package_path=staging, inductor_configs=configs)
+        os.replace(staging, path)  # another process sees the whole package or none
+        return path
+
+
+def _constants(block) -> dict:
+    """The block's parameters and buffers by name: aliases of the eager storage (no copy)."""
+    out = {n: p.detach() for n, p in block.named_parameters()}
+    out.update({n: b.detach() for n, b in block.named_buffers()})
+    return out
+
+
+def _weights(block) -> tuple:
+    return tuple((n, tuple(t.shape), str(t.dtype), t.device.type) for n, t in _constants(block).items())
+
+
+class AotBlock:
+    """What a repeated block's call runs (set as its `_compiled_call_impl`): its package for this call's shapes,
+    else the eager block, the call remembered for the next build."""
+
+    def __init__(self, block, store: Store):
+        self.block, self.store = block, store
+        self.signature = inspect.signature(block.forward)
+        self.weights = _weights(block)
+        self.loaded: dict[str, object] = {}  # key -> the package, its constants this block's
+        self.misses: dict[str, dict] = {}  # key -> the call's inputs by name, until built
+        self.calls = self.eager_calls = 0
+
+    def _named(self, args, kwargs) -> dict:
+        bound = self.signature.bind(*args, **kwargs)
+        return {k: v for k, v in bound.arguments.items() if v is not None}
+
+    def __call__(self, *args, **kwargs):
+        named = self._named(args, kwargs)
+        key = self.store.key(self.block, self.weights, named)
+        package = self.loaded.get(key)
+        if package is None:
+            package = self._load(key)
+        if package is None:
+            self.misses.setdefault(key, named)
+            self.eager_calls += 1
+            return self.block._call_impl(*args, **kwargs)
+        self.calls += 1
+        return package(**named)
+
+    def _load(self, key: str):
+        path = self.store.path(key)
+        if not path.exists():
+            return None
+        import torch
+
+        package = torch._inductor.aoti_load_package(str(path))
+        self._point(package)  # before its first call: a package called without its constants segfaults
+        self.loaded[key] = package
+        return package
+
+    def _point(self, package) -> None:
+        mine = _constants(self.block)
+        wanted = {n: mine[n] for n in package.get_constant_fqns()}
+        package.load_constants(wanted, check_full_update=True, user_managed=True)
+
+    def point(self) -> None:
+        """Give every loaded package this block's weights as they are now (they may have moved)."""
+        self.weights = _weights(self.block)
+        for package in self.loaded.values():
+            self._point(package)
+
+    def build(self) -> int:
+        """Build and load a package for each call that had none; how many were built."""
+        built = 0
+        for key, named in list(self.misses.items()):
+            if not self.store.path(key).exists():  # another block of its class may have built it
+                self.store.build(self.block, named, key)
+                built += 1
+            self._load(key)
+            del self.misses[key]
+        return built
+
+
+@dataclass
+class AotVariant(CompiledVariant):
+    """The ahead-of-time form of a regional compile: an AotBlock per repeated block."""
+
+    blocks: list = field(default_factory=list)
+
+    def finish(self) -> int:
+        """After the warm-up run: the packages its calls had none of, built and loaded."""
+        return sum(b.build() for b in self.blocks)
+
+    def switched_on(self) -> None:
+        for b in self.blocks:
+            b.point()
+
+    def pending(self) -> bool:
+        return any(b.misses for b in self.blocks)
+
+    def eager_calls(self) -> int:
+        return sum(b.eager_calls for b in self.blocks)
+
+
+def aot_variant(tr, spec) -> AotVariant:
+    """The transformer's ahead-of-time variant for `spec` (a CompileSpec), made once per process."""
+    state = stack_state(tr)
+    key = ("aot", spec.mode)
+    variant = state.variants.get(key)
+    if variant is None:
+        store = Store(mode=spec.mode)
+        blocks = [AotBlock(m, store) for m in tr.modules() if type(m).__name__ in tr._repeated_blocks]
+        impls = [(b.block, "_compiled_call_impl", b, None) for b in blocks]
+        how = f"ahead-of-time (AOTInductor packages reading the eager weights; {', '.join(tr._repeated_blocks)})"
+        variant = AotVariant(key, False, False, how, impls, blocks=blocks)
+        state.variants[key] = variant
+    return variant
+
+
+def engaged(variant: AotVariant, note: str = "") -> Engaged:
+    return Engaged("compile", "on", True, f"compile: {variant.how}{note}", "aot")
