@@ -149,6 +149,16 @@ def test_each_gpu_call_in_a_fresh_process_loses_nothing_the_studio_keeps(
         picture = np.asarray(Image.open(again[0]))
         assert np.array_equal(picture, np.asarray(Image.open(on[0])))
         assert len({w.process.pid for w in workers}) == len(workers) == len(reserved)  # a fork a call
+        # a compiled preset compiles ahead of time (engine.aot): the first call's process builds the packages, the
+        # next call's process finds them on disk, and only the first reserved a compile (app.gpu_time)
+        aot = tmp_path / "aot"
+        with using(zerogpu=True, trust_forwarded=True, aot_dir=str(aot)):  # what the forks inherit
+            first = c.predict(prompt=PROMPT, **{**common, "preset": "cache-compile", "compare": "off"})
+            built = {p.name: p.stat().st_mtime_ns for p in aot.glob("*.pt2")}
+            second = c.predict(prompt=OTHER, **{**common, "preset": "cache-compile", "compare": "off"})
+        assert first[-1]["tag"].endswith("+aot") and second[-1]["tag"].endswith("+aot")
+        assert len(built) == 2 and {p.name: p.stat().st_mtime_ns for p in aot.glob("*.pt2")} == built
+        assert reserved[-2] > reserved[-1]  # the build was reserved for once
         # the public limits refuse in the app's process, before a GPU is reserved
         n = len(reserved)
         with pytest.raises(AppError, match="compile is this public studio's operator's choice"):
