@@ -338,4 +338,7 @@ def clicks_text(rep, where: str) -> str:
         f"{verdict}: an on click of a new prompt is {rep.on_over_off:.2f}x the stack's own run "
         f"(target <= {rep.on_bound}x)"
     )
+    counts = ", ".join(f"{m} {sum(rep.shown[m])} of {len(rep.shown[m])}" for m in ("auto", "on"))
+    verdict = "PASS" if rep.shown_passed else "FAIL"
+    lines.append(f"{verdict}: clicks of new prompts that showed a speed-up: {counts} (target: 5 of 6 or more)")
     return "\n".join(lines)
