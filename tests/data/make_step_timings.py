@@ -1,6 +1,8 @@
 """Record real per-step timings of the embedded model into tests/data/step_timings.json: the estimator's test data.
 
     python tests/data/make_step_timings.py [--rounds 10] [--out tests/data/step_timings.json]
+    python tests/data/make_step_timings.py --stacks base,cache-compile,cache-int8-sage,cache --quiet-only --out F
+        (one process's quiet runs: tests/data/compare_processes.py compares several such files)
 
 Through the studio's own engine (warm stacks, the step probe, the cache's counts), each round runs base, cache and
 cache-int8-sage one after the other on the same request (compare off: the caller times base itself), first on a quiet
@@ -33,11 +35,11 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-def record(runner, request, rounds: int) -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = {s: [] for s in STACKS}
-    runner.settle(request, STACKS[0])
+def record(runner, request, rounds: int, stacks=STACKS) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {s: [] for s in stacks}
+    runner.settle(request, stacks[0])
     for _ in range(rounds):
-        for s in STACKS:
+        for s in stacks:
             m = runner.generate(request, s, compare="off").metrics
             out[s].append(
                 {"step_ms": [round(t, 3) for t in m.step_ms], "cached": m.cached_step_indices, "wall_s": m.denoise_s}
@@ -49,7 +51,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--out", default=str(ROOT / "tests" / "data" / "step_timings.json"))
+    ap.add_argument("--stacks", default=",".join(STACKS), help="comma-separated presets, base first")
+    ap.add_argument("--quiet-only", action="store_true", help="no rounds beside the CPU-bound load")
     args = ap.parse_args()
+    stacks = tuple(args.stacks.split(","))
     from studio.bench.busy import start_load, stop_load
     from studio.engine import ModelManager, Runner
     from studio.spec.hosting import edge_environ
@@ -59,24 +64,26 @@ def main() -> None:
     install(Settings.from_env(os.environ))
     runner = Runner(ModelManager("cpu"), model="tiny")
     request = runner.request(PROMPT, model="tiny", seed=7)
-    for s in STACKS:  # every stack warm (and compiled) before the first timed round
+    for s in stacks:  # every stack warm (and compiled) before the first timed round
         runner.generate(request, s, compare="off")
-    quiet = record(runner, request, args.rounds)
-    load = start_load()
-    try:
-        time.sleep(2.0)
-        busy = record(runner, request, args.rounds)
-    finally:
-        stop_load(load)
+    quiet = record(runner, request, args.rounds, stacks)
+    conditions = {"quiet": quiet}
+    if not args.quiet_only:
+        load = start_load()
+        try:
+            time.sleep(2.0)
+            conditions["busy"] = record(runner, request, args.rounds, stacks)
+        finally:
+            stop_load(load)
     data = {
         "recorded": time.strftime("%Y-%m-%d"),
-        "command": f"python tests/data/make_step_timings.py --rounds {args.rounds}",
+        "command": " ".join(["python tests/data/make_step_timings.py"] + sys.argv[1:]),
         "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "dtype": runner.generate(request, "base", compare="off").metrics.dtype,
         "request": {"prompt": PROMPT, "seed": 7, "steps": request.steps, "size": [request.width, request.height]},
-        "stacks": list(STACKS),
-        "conditions": {"quiet": quiet, "busy": busy},
+        "stacks": list(stacks),
+        "conditions": conditions,
     }
     Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {args.out}")
