@@ -78,6 +78,21 @@ def test_zerogpu_compiles_ahead_of_time_on_the_eager_weights(random_model_dir, s
             weight.copy_(saved)
     assert _pixels_apart(changed.image, res.image) > 8, _pixels_apart(changed.image, res.image)
     assert _pixels_apart(changed.image, changed_eager.image) <= 1
+    # weights moved to new storage (as ZeroGPU's move onto the GPU in each forked process does) and the packages
+    # pointed in another process: the first call in this one points them again before running
+    runner.generate(req, "cache-compile32", compare="off")  # the same stack next: it stays on, nothing re-points it
+    moved = tr.transformer_blocks[0]
+    moved.to(torch.float64).to(torch.float32)  # a new storage for every weight of the block
+    with torch.no_grad():
+        moved.ff.net[2].weight.mul_(4)
+    for b in variant.blocks:
+        b.pid = -1  # as if pointed before a fork
+    try:
+        after_move = runner.generate(req, "cache-compile32", compare="off")
+    finally:
+        with torch.no_grad():
+            moved.ff.net[2].weight.div_(4)
+    assert _pixels_apart(after_move.image, changed_eager.image) <= 1  # the new storage, scaled, was read
     # a new process (here: a new model manager, new modules) finds the packages on disk and builds none
     stamps = {p.name: p.stat().st_mtime_ns for p in built}
     fresh = Runner(ModelManager("cpu"), lib, model=random_model_dir)

@@ -561,3 +561,20 @@ def test_aspect_sizes_are_sizes_the_model_takes_and_the_picker_sets_them():
     h.studio.device.profile = lambda model: prof
     assert h.on_aspect("3:2 (1248x832)", "m") == {"request.width": 1248, "request.height": 832}
     assert h.on_aspect(None, "m") == {}
+
+
+def test_zerogpu_settings_read_at_the_edge(tmp_path):
+    """On ZeroGPU (spaces installed, SPACES_ZERO_GPU set) no warm-up runs at start: the app's process has no GPU
+    outside a call, and each call's forked process warms its stack again; the ahead-of-time packages' folder is read
+    too."""
+    from studio.spec.hosting import aot_dir
+    from studio.spec.settings import Settings, using
+
+    zero = Settings.from_env({"SPACES_ZERO_GPU": "true", "STUDIO_AOT_DIR": str(tmp_path)})
+    assert zero.zerogpu and not zero.prewarm and zero.aot_dir == str(tmp_path)
+    assert Settings.from_env({"SPACES_ZERO_GPU": "true", "STUDIO_PREWARM": "1"}).prewarm  # the operator's choice
+    assert Settings.from_env({}).prewarm and not Settings.from_env({}).zerogpu
+    with using(aot_dir=str(tmp_path)):
+        assert aot_dir() == tmp_path
+    with using(aot_dir=None):
+        assert aot_dir().name == "studio-aot"

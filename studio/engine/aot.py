@@ -126,12 +126,15 @@ class AotBlock:
         self.loaded: dict[str, object] = {}  # key -> the package, its constants this block's
         self.misses: dict[str, dict] = {}  # key -> the call's inputs by name, until built
         self.calls = self.eager_calls = 0
+        self.pid = os.getpid()  # the process whose weights the loaded packages point at
 
     def _named(self, args, kwargs) -> dict:
         bound = self.signature.bind(*args, **kwargs)
         return {k: v for k, v in bound.arguments.items() if v is not None}
 
     def __call__(self, *args, **kwargs):
+        if self.pid != os.getpid():  # a forked process (ZeroGPU moves the weights in each): point again first
+            self.point()
         named = self._named(args, kwargs)
         key = self.store.key(self.block, self.weights, named)
         package = self.loaded.get(key)
@@ -162,7 +165,7 @@ class AotBlock:
 
     def point(self) -> None:
         """Give every loaded package this block's weights as they are now (they may have moved)."""
-        self.weights = _weights(self.block)
+        self.weights, self.pid = _weights(self.block), os.getpid()
         for package in self.loaded.values():
             self._point(package)
 

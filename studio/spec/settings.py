@@ -77,7 +77,7 @@ class Settings:
     max_request_s: float | None = None  # STUDIO_MAX_REQUEST_S
     worker_max_rss_gb: float | None = None  # STUDIO_WORKER_MAX_RSS_GB
     queue_size: int = 32  # STUDIO_QUEUE_SIZE
-    prewarm: bool = True  # STUDIO_PREWARM=0: no warm-up at start
+    prewarm: bool = True  # STUDIO_PREWARM=0: no warm-up at start (off by default on ZeroGPU)
     api_key: str | None = None  # STUDIO_API_KEY: the OpenAI images endpoint wants `Authorization: Bearer <it>`
     # STUDIO_MCP: the endpoints as MCP tools (gradio's MCP server). Off on a public studio unless the operator says
     # so: an agent calls in loops, and every tool call is a generation on the host's device
@@ -90,6 +90,7 @@ class Settings:
     def from_env(cls, env: Mapping[str, str]) -> Settings:
         """The record from an environment (os.environ at an edge); a bad value raises ConfigError naming it."""
         public = bool(env.get("SPACE_ID")) or _flag(env, "STUDIO_PUBLIC", False)
+        zerogpu = importlib.util.find_spec("spaces") is not None and _flag(env, "SPACES_ZERO_GPU", False)
         model = env.get("STUDIO_MODEL", "").strip() or "tiny"
         more = tuple(m.strip() for m in env.get("STUDIO_MODELS", "").split(",") if m.strip() and m.strip() != model)
         return cls(
@@ -103,7 +104,7 @@ class Settings:
             presets_dir=env.get("STUDIO_PRESETS_DIR", "").strip() or None,
             aot_dir=env.get("STUDIO_AOT_DIR", "").strip() or None,
             hub_offline=_flag(env, "HF_HUB_OFFLINE", False),
-            zerogpu=importlib.util.find_spec("spaces") is not None and _flag(env, "SPACES_ZERO_GPU", False),
+            zerogpu=zerogpu,
             model=model,
             models=(model,) + more,
             preset=env.get("STUDIO_PRESET", "").strip() or cls.preset,
@@ -116,7 +117,9 @@ class Settings:
             max_request_s=_number(env, "STUDIO_MAX_REQUEST_S", float, 1, 86_400),
             worker_max_rss_gb=_number(env, "STUDIO_WORKER_MAX_RSS_GB", float, 0.1, 10_000),
             queue_size=_number(env, "STUDIO_QUEUE_SIZE", int, 1, 10_000) or cls.queue_size,
-            prewarm=_flag(env, "STUDIO_PREWARM", True),
+            # not on ZeroGPU: the app's process has no GPU outside a GPU call, and a warm-up is a fact about the
+            # process that ran it (each call's forked process warms its stack again)
+            prewarm=_flag(env, "STUDIO_PREWARM", not zerogpu),
             api_key=env.get("STUDIO_API_KEY", "").strip() or None,
             mcp=_flag(env, "STUDIO_MCP", not public),
             lpips_fetch=_flag(env, "STUDIO_LPIPS_FETCH", bool(env.get("SPACE_ID"))),
