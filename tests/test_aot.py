@@ -53,8 +53,8 @@ def test_zerogpu_compiles_ahead_of_time_on_the_eager_weights(random_model_dir, s
     # one package per block class on disk, and the shape marked built (app.gpu_time reserves no compile for it)
     built = sorted(aot.glob("*.pt2"))
     assert sorted(p.name.split("-")[0] for p in built) == ["FluxSingleTransformerBlock", "FluxTransformerBlock"]
-    assert aot_built(random_model_dir, ("aot", "default"), "float32", (64, 64, 1, None))
-    assert not aot_built(random_model_dir, ("aot", "default"), "float32", (64, 64, 2, None))  # another batch
+    assert aot_built(random_model_dir, ("aot", "default", "sdpa"), "float32", (64, 64, 1, None))
+    assert not aot_built(random_model_dir, ("aot", "default", "sdpa"), "float32", (64, 64, 2, None))  # another batch
     tr = runner.manager.current.pipe.transformer
     variant = stack_state(tr).compiled
     assert isinstance(variant, AotVariant) and not variant.pending()
@@ -64,6 +64,18 @@ def test_zerogpu_compiles_ahead_of_time_on_the_eager_weights(random_model_dir, s
     again = runner.generate(req, "cache-compile32", compare="off")
     assert sum(b.calls for b in variant.blocks) > 0 and variant.eager_calls() == 0
     assert np.array_equal(again.image, res.image)
+    # a block call with no package in a timed run (a shape its warm-up did not see) runs eagerly, and the card says so
+    lone = variant.blocks[0]
+    (key,) = lone.loaded
+    lone.loaded.clear()
+    hidden = lone.store.path(key).rename(aot / "hidden")
+    try:
+        missed = runner.generate(req, "cache-compile32", compare="off").metrics.as_dict()
+    finally:
+        hidden.rename(lone.store.path(key))
+    assert any("block calls of this run had no ahead-of-time package" in f for f in missed["fallbacks"])
+    assert variant.pending()  # the next request warms up again and loads it first
+    assert not runner.generate(req, "cache-compile32", compare="off").metrics.as_dict()["fallbacks"]
     # the packages read the eager weights in place (no copy): a weight scaled in place changes the compiled picture
     # exactly as it changes the eager one
     weight = tr.transformer_blocks[0].ff.net[2].weight  # the first block: run at every step, cached or not
@@ -107,5 +119,24 @@ def test_zerogpu_compiles_ahead_of_time_on_the_eager_weights(random_model_dir, s
     again_variant = stack_state(fresh.manager.current.pipe.transformer).compiled
     assert not again_variant.pending() and two.metrics.as_dict()["tag"].endswith("+aot")
     assert len(list(aot.glob("*.pt2"))) == 4 and aot_built(
-        random_model_dir, ("aot", "default"), "float32", (64, 64, 2, None)
+        random_model_dir, ("aot", "default", "sdpa"), "float32", (64, 64, 2, None)
     )
+
+
+def test_a_lora_request_runs_the_compiled_stack_eagerly_and_says_why(settings, tmp_path, tiny_lora):
+    """A request's LoRA is loaded after the stack is applied (engine.lora, last): in a fresh process the ahead-of-time
+    variant was already switched on, so it is switched off again, the card says why, and nothing is built."""
+    from studio.engine.aot import NO_LORA
+    from studio.spec.lora import LoraSpec
+
+    aot = tmp_path / "aot"
+    settings(zerogpu=True, aot_dir=str(aot))
+    runner = Runner(ModelManager("cpu"), _library(tmp_path), model="tiny")
+    req = runner.request("a red circle", steps=10, loras=(LoraSpec(tiny_lora, 1.0),))
+    res = runner.generate(req, "cache-compile32", compare="off")
+    m = res.metrics.as_dict()
+    assert not m["tag"].endswith("+aot") and "compile->eager" in m["label_changes"]
+    assert any(NO_LORA in f for f in m["fallbacks"]), m["fallbacks"]
+    assert not list(aot.glob("*.pt2"))  # nothing exported with peft's layers in it
+    eager = runner.generate(req, "cache32", compare="off")
+    assert _pixels_apart(res.image, eager.image) == 0  # the same eager stack, the same LoRA

@@ -56,7 +56,7 @@ def test_a_zerogpu_call_reserves_what_its_request_needs(tmp_path):
     with using(zerogpu=True, aot_dir=str(tmp_path)):
         # on ZeroGPU: an ahead-of-time build (engine.aot) for a stack that has one, at a shape not built yet
         assert d.generate(**{**one, "preset": "cache-compile"}, compare="off") > off
-        mark_aot_built(FLUX, ("aot", "default"), "auto", (1024, 1024, 1, None))  # what a warm-up leaves
+        mark_aot_built(FLUX, ("aot", "default", "sdpa"), "auto", (1024, 1024, 1, None))  # what a warm-up leaves
         assert d.generate(**{**one, "preset": "cache-compile"}, compare="off") == off  # built: no compile
         assert d.generate(**{**one, "width": 512, "preset": "cache-compile"}, compare="off") > d.generate(
             **{**one, "width": 512}, compare="off"

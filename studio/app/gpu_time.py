@@ -18,7 +18,7 @@ import math
 
 from studio.app.values import MAX_PUBLIC_PROMPTS, more_prompts, prompt_lines
 from studio.spec.checks import ConfigError
-from studio.spec.hosting import aot_built
+from studio.spec.hosting import aot_built, aot_marker_key
 from studio.spec.profiles import ModelProfile
 from studio.spec.settings import current
 
@@ -92,7 +92,7 @@ class Durations:
             for p in compiled
             if not p.quantize_config.enabled
             and p.offload_config.policy in ("none", "auto")  # auto may choose none: reserve
-            and not aot_built(model, ("aot", p.compile.mode), p.dtype, shape)
+            and not aot_built(model, aot_marker_key(p), p.dtype, shape)
         )
 
     def _safe(self, estimate) -> int:

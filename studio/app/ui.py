@@ -61,7 +61,7 @@ def _wire(ui: UI, h: Handlers, demo, described: dict) -> None:
     # One event for the button and Enter in the prompt box: one endpoint, /generate.
     gen_out = [gen.image, gen.card, gen.base_image, gen.steps_plot] + hist_out + [gen.error_map, gen.json_file]
     gen_out += more + [gen.batch, gen.last, gen.compared, gen.json]
-    r.use_last.click(lambda last: last, gen.last, r.image, **private)
+    r.use_last.click(pics.served(lambda last: last, [r.image]), gen.last, r.image, **private)
     gen_in = forms.inputs(forms.GenerateForm, r, gen) | hist_in
     generated = gr.on(
         [gen.button.click, r.prompt.submit],

@@ -35,23 +35,32 @@ from studio.engine.state import CompiledVariant, Engaged, stack_state
 from studio.spec.hosting import aot_dir
 
 CONFIGS = {"aot_inductor.package_constants_in_so": False}  # the package carries no weights: they are the block's
+NO_LORA = "not with a LoRA (peft's layers and scales are not in the package)"
 
 
 def refusal(tr, spec) -> str | None:
-    """Why this transformer's stack cannot run ahead-of-time compiled, or None when it can."""
+    """Why this transformer's stack cannot run ahead-of-time compiled (words that follow "ahead-of-time compile is"),
+    or None when it can."""
     state = stack_state(tr)
-    blocks = getattr(tr, "_repeated_blocks", None)
-    if not blocks:
-        return f"{type(tr).__name__} has no _repeated_blocks (the packages are per block)"
+    if not getattr(tr, "_repeated_blocks", None):
+        return f"per block, and {type(tr).__name__} has no _repeated_blocks"
     if not spec.regional:
-        return "ahead-of-time packages are per block: set compile.regional: true"
+        return "per block: set compile.regional: true"
     if state.quant != "none":
         return f"not under 8-bit quantization ({state.quant}: torchao's weights are not plain constants)"
     if state.loras or state.fused:
-        return "not with a LoRA (peft's layers and scales are not in the package)"
+        return NO_LORA
     if state.offload != "none":
         return f"not under {state.offload} (the weights move between calls; a package reads them in place)"
+    if state.cache == "fbcache":
+        return "not under First-Block-Cache (its hook replaces the blocks' forward, which a package would skip)"
     return None
+
+
+def attention_of(tr) -> str:
+    """The attention backend diffusers set on the transformer's processors (a package bakes in what it traced)."""
+    seen = {str(getattr(m.processor, "_attention_backend", None)) for m in tr.modules() if hasattr(m, "processor")}
+    return ",".join(sorted(seen))
 
 
 def _leaves(value, prefix: str) -> list[tuple]:
@@ -74,13 +83,14 @@ class Store:
 
     folder: Path = field(default_factory=aot_dir)
     mode: str = "default"
+    attention: str = ""  # attention_of(the transformer): part of every key
 
     def key(self, block, weights: tuple, named: dict) -> str:
         """The package's name: the block's class and `weights` (its constants' names, shapes and dtypes), torch,
         the compile mode and the call's inputs (`named`)."""
         import torch
 
-        what = (type(block).__qualname__, torch.__version__, self.mode, weights, _leaves(named, "kw"))
+        what = (type(block).__qualname__, torch.__version__, self.mode, self.attention, weights, _leaves(named, "kw"))
         return f"{type(block).__name__}-{hashlib.sha256(repr(what).encode()).hexdigest()[:20]}"
 
     def path(self, key: str) -> Path:
@@ -92,15 +102,23 @@ class Store:
 
         path = self.path(key)
         self.folder.mkdir(parents=True, exist_ok=True)
-        with torch.no_grad():
-            exported = torch.export.export(block, (), named)
+        served = block.__dict__.get("_compiled_call_impl")
+        block._compiled_call_impl = None  # traced as the eager block, not through its AotBlock
+        try:
+            with torch.no_grad():
+                exported = torch.export.export(block, (), named)
+        finally:
+            block._compiled_call_impl = served
         configs = dict(CONFIGS)
         if self.mode == "max-autotune":
             configs["max_autotune"] = True
         fd, staging = tempfile.mkstemp(dir=self.folder, prefix=f".{key}-", suffix=".pt2")
         os.close(fd)
-        torch._inductor.aoti_compile_and_package(exported, package_path=staging, inductor_configs=configs)
-        os.replace(staging, path)  # another process sees the whole package or none
+        try:
+            torch._inductor.aoti_compile_and_package(exported, package_path=staging, inductor_configs=configs)
+            os.replace(staging, path)  # another process sees the whole package or none
+        finally:
+            Path(staging).unlink(missing_ok=True)  # a failed build leaves nothing half-written behind
         return path
 
 
@@ -129,8 +147,8 @@ class AotBlock:
         self.pid = os.getpid()  # the process whose weights the loaded packages point at
 
     def _named(self, args, kwargs) -> dict:
-        bound = self.signature.bind(*args, **kwargs)
-        return {k: v for k, v in bound.arguments.items() if v is not None}
+        """The call by name (None kept: a block may require an argument the pipeline passes as None)."""
+        return dict(self.signature.bind(*args, **kwargs).arguments)
 
     def __call__(self, *args, **kwargs):
         if self.pid != os.getpid():  # a forked process (ZeroGPU moves the weights in each): point again first
@@ -205,10 +223,11 @@ class AotVariant(CompiledVariant):
 def aot_variant(tr, spec) -> AotVariant:
     """The transformer's ahead-of-time variant for `spec` (a CompileSpec), made once per process."""
     state = stack_state(tr)
-    key = ("aot", spec.mode)
+    attention = attention_of(tr)
+    key = ("aot", spec.mode, attention)  # another attention backend: other packages
     variant = state.variants.get(key)
     if variant is None:
-        store = Store(mode=spec.mode)
+        store = Store(mode=spec.mode, attention=attention)
         blocks = [AotBlock(m, store) for m in tr.modules() if type(m).__name__ in tr._repeated_blocks]
         impls = [(b.block, "_compiled_call_impl", b, None) for b in blocks]
         how = f"ahead-of-time (AOTInductor packages reading the eager weights; {', '.join(tr._repeated_blocks)})"

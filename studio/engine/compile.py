@@ -157,17 +157,28 @@ def _activate(tr, spec: CompileSpec, fullgraph: bool, guard: bool) -> CompiledVa
 
 def _ahead_of_time(tr, spec: CompileSpec) -> Engaged:
     """The stack's compile where run-time graphs do not survive (ZeroGPU): its ahead-of-time form (engine.aot)."""
-    from studio.engine.aot import aot_variant, engaged, refusal
+    from studio.engine.aot import aot_variant, attention_of, engaged, refusal
 
     why = refusal(tr, spec)
     if why is not None:
         return Engaged("compile", "on", False, ZEROGPU_COMPILE.format(why=why))
-    failed = stack_state(tr).compile_failed.get(("aot", spec.mode))
+    failed = stack_state(tr).compile_failed.get(("aot", spec.mode, attention_of(tr)))
     if failed:
         return failed_to_compile(failed)
     variant = aot_variant(tr, spec)
     _switch_on(tr, variant)
     return engaged(variant)
+
+
+def after_loras(tr, stack) -> None:
+    """A request's LoRAs are loaded after the stack is applied (engine.lora, last): an ahead-of-time variant cannot
+    serve them (engine.aot.refusal), so the stack runs eagerly, and says why."""
+    from studio.engine.aot import NO_LORA, AotVariant
+
+    state = stack_state(tr)
+    if isinstance(state.compiled, AotVariant) and (state.loras or state.fused):
+        uncompile(tr)
+        stack.ran_eagerly(Engaged("compile", "on", False, ZEROGPU_COMPILE.format(why=NO_LORA)))
 
 
 def finish_first_run(tr) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 from studio.engine.aot import AotVariant
 from studio.engine.cache import CacheReport, prepare_run, read_report
 from studio.engine.call import call_pipe, dropped_tokens, pipe_kwargs, strip, true_cfg
-from studio.engine.compile import finish_first_run, first_run_or_eager
+from studio.engine.compile import after_loras, finish_first_run, first_run_or_eager
 from studio.engine.device import DtypeChoice
 from studio.engine.loader import ModelManager
 from studio.engine.lora import apply_loras, check_loras
@@ -30,7 +30,7 @@ from studio.measure.estimate import Run, full_steps
 from studio.measure.memory import MemoryProbe, PeakMemory
 from studio.measure.timing import StepCounts, StepProbe, block_count, count_steps
 from studio.spec.errors import OverTime
-from studio.spec.hosting import mark_aot_built
+from studio.spec.hosting import aot_marker_key, mark_aot_built
 from studio.spec.preset import Preset
 from studio.spec.profiles import resolve_model
 from studio.spec.request import GenerationRequest
@@ -183,6 +183,7 @@ def pipeline_for(ctx: RunContext, preset: Preset):
         ctx.status("running on the parallel workers")
         return stack.workers.proxy, stack, reloaded
     apply_loras(pipe, ctx.request)  # last, on the weights of this run: loaded once, switched by set_adapters
+    after_loras(pipe.transformer, stack)  # an ahead-of-time compiled stack runs eagerly under a LoRA
     return pipe, stack, reloaded
 
 
@@ -212,7 +213,7 @@ def warm(ctx: RunContext, pipe, stack: AppliedStack, preset: Preset) -> float | 
     seconds = first_run_or_eager(pipe.transformer, stack, timed)  # compile's failure policy is compile's own
     state.warm.add(key)
     if isinstance(state.compiled, AotVariant):  # its packages are on disk for later calls (and ZeroGPU's reservations)
-        mark_aot_built(ctx.model, state.compiled.key, preset.dtype, ctx.request.graph_shape)
+        mark_aot_built(ctx.model, aot_marker_key(preset), preset.dtype, ctx.request.graph_shape)
     return seconds
 
 
@@ -255,6 +256,8 @@ def measure(ctx: RunContext, preset: Preset, *, warm_up: bool = True, show_steps
     clock = BlockClock(ctx.manager.device).install(pipe.transformer) if state.counter.hooks_see_blocks else None
     memory = MemoryProbe(ctx.manager.device)
     stream_begin(pipe.transformer)  # bytes copied onto the device, per call, under a block-streaming regime
+    aot = state.compiled if isinstance(state.compiled, AotVariant) else None
+    eager_before = aot.eager_calls() if aot is not None else 0
     try:
         with memory, probe:
             image = call_pipe(pipe, ctx.request, probe)
@@ -284,6 +287,19 @@ def measure(ctx: RunContext, preset: Preset, *, warm_up: bool = True, show_steps
         memory=memory.result,
         quant=state.quant,
         h2d=stream_report(pipe.transformer, max(1, calls // max(1, len(probe.steps))), counts.cached_indices),
+        lost=_aot_misses(aot, eager_before),
+    )
+
+
+def _aot_misses(aot, before: int) -> tuple[str, ...]:
+    """Block calls of the timed run that found no ahead-of-time package (a shape the warm-up did not see, e.g. a
+    new text length where the model does not pad its prompt): they ran eagerly, and the card says so."""
+    missed = aot.eager_calls() - before if aot is not None else 0
+    if not missed:
+        return ()
+    return (
+        f"compile: {missed} block calls of this run had no ahead-of-time package for their shapes and ran eagerly "
+        "(built at the next warm-up); its time is not the compiled stack's",
     )
 
 

@@ -36,6 +36,11 @@ def aot_dir() -> Path:
     return Path(current().aot_dir or Path(tempfile.gettempdir()) / "studio-aot")
 
 
+def aot_marker_key(preset) -> tuple:
+    """What a built marker names of a preset (a spec.preset.Preset): its compile mode and attention backend."""
+    return ("aot", preset.compile.mode, preset.attention_backend)
+
+
 def _built_marker(model: str, variant: tuple, dtype: str, shape: tuple) -> Path:
     what = repr((model, tuple(variant), dtype, tuple(shape))).encode()
     return aot_dir() / f"built-{hashlib.sha256(what).hexdigest()[:20]}"
