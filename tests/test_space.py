@@ -61,12 +61,18 @@ def test_a_zerogpu_call_reserves_what_its_request_needs(tmp_path):
         assert d.generate(**{**one, "width": 512, "preset": "cache-compile"}, compare="off") > d.generate(
             **{**one, "width": 512}, compare="off"
         )  # another shape: another build
+        # the tuner's compiled option builds too, once per shape (its compiled cache stacks run the same blocks)
+        small = {**one, "width": 512}
+        unbuilt = d.tune(**small)
+        mark_aot_built(FLUX, ("aot", "default", "sdpa"), "auto", (512, 1024, 1, None))
+        assert d.tune(**small) < unbuilt
         # none for a quantized stack, which runs eagerly there (engine.aot.refusal): the default A/B pair
         assert d.compare(**one, preset_a="base", preset_b="cache-int8-sage") == 2 * on
     # a quarter of the pixels, fewer seconds; a form that cannot be read reserves the least (the handler refuses it)
     assert d.generate(**{**one, "width": 512, "height": 512}, compare="on") < on
     assert d.generate(**{**one, "steps": "many"}, compare="on") == MIN_S
-    assert d.tune(**one, prompts_text="a\nb\nc") > d.tune(**one, prompts_text="a")
+    quarter = {**one, "width": 512, "height": 512}  # (at 1024x1024 three prompts and a compile reach MAX_S)
+    assert d.tune(**quarter, prompts_text="a\nb\nc") > d.tune(**quarter, prompts_text="a")
 
 
 def test_spaces_off_zerogpu_and_compile_on_zerogpu(monkeypatch, random_model_dir, settings):

@@ -53,8 +53,9 @@ def matrix_s(run_s: float, presets: int, repeats: int, compiles: int, prompts: i
     return reserve(run_s, (presets + 1) * repeats * prompts, warmups=presets + 1, compiles=compiles)
 
 
-def tune_s(run_s: float, prompts: int) -> int:
-    return reserve(run_s, TUNE_RUNS * prompts, warmups=4, compiles=0)
+def tune_s(run_s: float, prompts: int, compiles: int = 0) -> int:
+    """The search's runs; `compiles`: its compiled option's build (its compiled cache stacks run the same blocks)."""
+    return reserve(run_s, TUNE_RUNS * prompts, warmups=4, compiles=compiles)
 
 
 class Durations:
@@ -119,4 +120,4 @@ class Durations:
 
     def tune(self, *args, **v) -> int:
         prompts = prompt_lines(v.get("prompts_text")) or [""]
-        return self._safe(lambda: tune_s(self._run_s(v), len(prompts)))
+        return self._safe(lambda: tune_s(self._run_s(v), len(prompts), self._compiles(v, ["compile"])))
