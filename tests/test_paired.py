@@ -138,7 +138,10 @@ def test_bench_over_two_prompts_on_the_embedded_model(tiny_runner):
     for f, rot in zip(p.prompts, rep.rotations):
         m = rot.last["cache"].metrics
         assert (f.psnr_db, f.flip, f.cached_steps) == (m.psnr_db, m.flip, m.cached_steps)
-        assert f.win == (f.speedup is not None and f.speedup_lo > 1.0 and f.psnr_db >= 30.0)
+        # a win: its interval above 1.00x and the PSNR floor met, and (paired.py: `faster`) base's second run in the
+        # same rounds beaten too, which a noisy rotation can deny while the first holds
+        shown_above = f.speedup is not None and f.speedup_lo > 1.0 and f.psnr_db >= 30.0
+        assert f.win == (shown_above and f.faster) and (f.speedup_lo is not None or not f.faster)
     row = next(r for r in rep.matrix.rows if r.preset == "cache")
     assert row.worst_flip == max(f.flip for f in p.prompts) and row.prompts == 2
     assert rep.as_dict()["paired"][0]["of"] == 2
