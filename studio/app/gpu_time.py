@@ -20,6 +20,7 @@ from studio.app.values import MAX_PUBLIC_PROMPTS, more_prompts, prompt_lines
 from studio.spec.checks import ConfigError
 from studio.spec.hosting import aot_built, aot_marker_key
 from studio.spec.profiles import ModelProfile
+from studio.spec.request import graph_shape_of
 from studio.spec.settings import current
 
 MIN_S = 15  # a call that needs less still gets this (the fork and the move to the GPU)
@@ -86,8 +87,10 @@ class Durations:
             return 0
         model = v.get("model") or self.studio.models[0]
         image = v.get("image")
-        shape = (int(v.get("width") or 0), int(v.get("height") or 0), int(v.get("num_images_per_prompt") or 1))
-        shape += (tuple(image.shape[:2]) if getattr(image, "shape", None) is not None else None,)
+        sizes = (int(v.get(k) or 0) for k in ("width", "height"))
+        shape = graph_shape_of(
+            *sizes, int(v.get("num_images_per_prompt") or 1), image if hasattr(image, "shape") else None
+        )
         return sum(
             1
             for p in compiled

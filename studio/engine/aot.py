@@ -220,14 +220,19 @@ class AotVariant(CompiledVariant):
         return sum(b.eager_calls for b in self.blocks)
 
 
+def variant_key(tr, spec) -> tuple:
+    """The ahead-of-time variant's key: its compile mode and the attention backend it traces (another: other
+    packages)."""
+    return ("aot", spec.mode, attention_of(tr))
+
+
 def aot_variant(tr, spec) -> AotVariant:
     """The transformer's ahead-of-time variant for `spec` (a CompileSpec), made once per process."""
     state = stack_state(tr)
-    attention = attention_of(tr)
-    key = ("aot", spec.mode, attention)  # another attention backend: other packages
+    key = variant_key(tr, spec)
     variant = state.variants.get(key)
     if variant is None:
-        store = Store(mode=spec.mode, attention=attention)
+        store = Store(mode=spec.mode, attention=key[2])
         blocks = [AotBlock(m, store) for m in tr.modules() if type(m).__name__ in tr._repeated_blocks]
         impls = [(b.block, "_compiled_call_impl", b, None) for b in blocks]
         how = f"ahead-of-time (AOTInductor packages reading the eager weights; {', '.join(tr._repeated_blocks)})"

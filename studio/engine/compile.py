@@ -157,12 +157,12 @@ def _activate(tr, spec: CompileSpec, fullgraph: bool, guard: bool) -> CompiledVa
 
 def _ahead_of_time(tr, spec: CompileSpec) -> Engaged:
     """The stack's compile where run-time graphs do not survive (ZeroGPU): its ahead-of-time form (engine.aot)."""
-    from studio.engine.aot import aot_variant, attention_of, engaged, refusal
+    from studio.engine.aot import aot_variant, engaged, refusal, variant_key
 
     why = refusal(tr, spec)
     if why is not None:
         return Engaged("compile", "on", False, ZEROGPU_COMPILE.format(why=why))
-    failed = stack_state(tr).compile_failed.get(("aot", spec.mode, attention_of(tr)))
+    failed = stack_state(tr).compile_failed.get(variant_key(tr, spec))
     if failed:
         return failed_to_compile(failed)
     variant = aot_variant(tr, spec)

@@ -105,10 +105,9 @@ class GenerationRequest(Record):
 
     @property
     def graph_shape(self) -> tuple:
-        """What a compiled stack's graphs (or packages) are built for: the size, the batch and an input picture's
-        size (a reference picture joins the transformer's sequence). A warm-up is per graph shape."""
-        picture = tuple(self.image.shape[:2]) if self.image is not None else None
-        return (self.width, self.height, self.num_images_per_prompt, picture)
+        """What a compiled stack's graphs (or packages) are built for (graph_shape_of). A warm-up is per graph
+        shape."""
+        return graph_shape_of(self.width, self.height, self.num_images_per_prompt, self.image)
 
     @property
     def executed_steps(self) -> int:
@@ -133,6 +132,12 @@ class GenerationRequest(Record):
     def size(self) -> tuple[int, int]:
         """(width, height)."""
         return (self.width, self.height)
+
+
+def graph_shape_of(width: int, height: int, batch: int, image) -> tuple:
+    """The size, the batch and an input picture's size (a reference picture joins the transformer's sequence): what
+    a compiled stack's graphs or ahead-of-time packages are built for."""
+    return (width, height, batch, tuple(image.shape[:2]) if image is not None else None)
 
 
 def digest(picture: np.ndarray | None) -> str | None:
