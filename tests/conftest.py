@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import replace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "error")
+# the bench's record of this machine's pace (studio.measure.pace): the tests' own, not the user's ~/.cache
+os.environ.setdefault("STUDIO_PACE_FILE", os.path.join(tempfile.mkdtemp(prefix="studio-pace-"), "p.json"))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -16,6 +16,7 @@ import pytest
 from studio.bench.bench import AGAIN, run_bench
 from studio.bench.sweep import cliff, run_sweep
 from studio.bench.tune import SearchSpace, tune
+from studio.measure.estimate import price_ms
 from studio.report.text import bench_markdown, sweep_markdown, tune_summary
 from studio.spec.export import cache_dit_dict, cache_dit_yaml
 from studio.spec.presets import load_preset, preset_to_yaml
@@ -67,8 +68,14 @@ def test_bench_rows_noise_floor_and_compile_cost(tiny_runner, quiet):
     assert ROW_KEYS <= set(d["rows"][0]) and d["device"] == "cpu" and d["dtype"] in ("bfloat16", "float32")
     assert d["presets"]["cache"]["cache_config"]["residual_diff_threshold"] == 0.24
     assert {"torch", "diffusers", "cache-dit", "torchao"} <= set(d["versions"])
+    # was the machine quiet: base's floor per step (its runs and its second run's) against this machine's record
+    (pace,) = rep.pace
+    base_runs = rot.runs["base"] + rot.runs[AGAIN]
+    assert pace.floor_ms == pytest.approx(price_ms(base_runs) / req.steps)
+    assert pace.floor_ms == pytest.approx(min(t for r in base_runs for t in r.step_ms))  # base: every step full
+    assert f"|{req.steps} steps|1 calls a step|0 LoRAs" in pace.key and d["pace"][0]["floor_ms"] == pace.floor_ms
     md = bench_markdown(rep)
-    assert "Noise floor" in md and "pays off after" in md
+    assert "Noise floor" in md and "pays off after" in md and f"- pace: base's floor {pace.floor_ms:.2f} ms" in md
     assert f"| compile | {cost.compile_s:.1f} s | {cost.graphs} | {cost.recompiles} |" in md
 
 
@@ -130,6 +137,8 @@ def test_cli_bench_over_prompts_json_and_csv(tmp_path):
     assert paired["preset"] == "cache" and paired["of"] == 2 and [p["label"] for p in paired["prompts"]] == PROMPTS
     assert paired["wins"] == sum(p["win"] for p in paired["prompts"]) and paired["worst"] in PROMPTS
     assert csv_path.read_text().startswith("preset,tag,denoise_s,step_ms,speedup")
+    (pace,) = d["pace"]  # both prompts are one request shape: one record of this machine's pace
+    assert pace["floor_ms"] > 0 and "|12 steps|" in pace["key"] and pace["where"] == os.environ["STUDIO_PACE_FILE"]
     assert "Loading pipeline components" not in p.stderr  # the progress bar alone on stderr
 
 

@@ -29,14 +29,17 @@ from studio.bench.paired import Paired, paired
 from studio.bench.rotation import EXTRA_ROUNDS, Rotation, rotate, total_graphs
 from studio.bench.twins import cache_twins, with_twins
 from studio.engine import BASE, Runner
+from studio.engine.call import true_cfg
+from studio.measure import pace as machine_pace
 from studio.measure.blocks import CachedStepPrice, IdealCheck
-from studio.measure.estimate import speedup_over
+from studio.measure.estimate import price_ms, speedup_over
 from studio.measure.quality import GOOD_DB, psnr
 from studio.measure.record import library_versions
 from studio.report.table import AGAIN, Matrix, MatrixRow
 from studio.spec.checks import ConfigError, check_int
 from studio.spec.preset import Preset
 from studio.spec.request import GenerationRequest
+from studio.spec.settings import current as settings
 
 
 def resolve_presets(runner: Runner, presets, lib, cache_enabled=None, compile_enabled=None) -> list[Preset]:
@@ -78,6 +81,8 @@ class BenchReport:
     twins: dict[str, str]
     meta: dict
     crashed: dict[str, str] = field(default_factory=dict)  # stack -> how it killed the device worker (left out)
+    # per request shape, base's floor against the fastest this machine has run it (was the machine quiet?)
+    pace: list[machine_pace.Pace] = field(default_factory=list)
     paired: list[Paired] = field(default_factory=list)  # over several requests: each stack request by request
 
     def as_dict(self) -> dict:
@@ -88,6 +93,7 @@ class BenchReport:
             "noise_floor": self.noise.__dict__,
             "compile_cost": [c.__dict__ for c in self.cost],
             "crashed": dict(self.crashed),
+            "pace": [p.as_dict() for p in self.pace],
         }
 
 
@@ -193,6 +199,30 @@ def _noise(rots: list[Rotation], names: list[str], twins: dict[str, str]) -> Noi
     return NoiseFloor(aa.point, aa.lo, aa.hi, spread, cve)
 
 
+def _pace(runner: Runner, rots: list[Rotation], model: str) -> list[machine_pace.Pace]:
+    """Base's floor per step in this bench, per request shape, against this machine's record (studio.measure.pace);
+    the record then keeps the faster."""
+    import torch
+
+    by_work: dict[str, list[Rotation]] = {}
+    for rot in rots:
+        q = rot.request
+        calls = 2 if true_cfg(runner.manager.current.pipe, q) else 1
+        work = f"shape {q.graph_shape}|{q.executed_steps} steps|{calls} calls a step|{len(q.loras)} LoRAs"
+        by_work.setdefault(work, []).append(rot)
+    m = runner.manager
+    out = []
+    for work, group in by_work.items():
+        runs = [r for rot in group for r in rot.runs[BASE] + rot.runs.get(AGAIN, [])]
+        per_step = price_ms(runs) / max(1, len(runs[0].step_ms))
+        dtype = group[0].last[BASE].metrics.dtype
+        key = machine_pace.pace_key(
+            device=str(m.device), threads=torch.get_num_threads(), model=model, dtype=dtype, work=work
+        )
+        out.append(machine_pace.record(settings().pace_file, key, per_step))
+    return out
+
+
 def _cost(rots: list[Rotation], twins: dict[str, str]) -> list[CostRow]:
     out = []
     for c, t in twins.items():
@@ -289,4 +319,6 @@ def run_bench(
     }
     pairs = paired(rots, names, floor_db, max_flip) if len(rots) > 1 else []
     noise = _noise(rots, names, twins)
-    return BenchReport(mat, rots, noise, _cost(rots, twins), twins, meta, paired=pairs)
+    rep = BenchReport(mat, rots, noise, _cost(rots, twins), twins, meta, paired=pairs)
+    rep.pace = _pace(runner, rots, model or runner.model)
+    return rep

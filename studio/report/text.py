@@ -77,6 +77,25 @@ def noise_lines(noise) -> list[str]:
     return out
 
 
+def pace_line(p) -> str:
+    """A bench's base floor against the fastest this machine has run it (studio.measure.pace), in words."""
+    head = f"pace: base's floor {p.floor_ms:.2f} ms a step"
+    if p.best_ms is None:
+        out = f"{head}; the first bench of this request on this machine, nothing to compare it with"
+    else:
+        runs = f"{p.best_ms:.2f} ms, over {p.seen} earlier bench{'es' if p.seen != 1 else ''}"
+        out = f"{head}, {p.over * 100:+.0f}% against the fastest this machine has run it ({runs}): "
+        if p.quiet:
+            out += "a quiet machine"
+        else:
+            out += (
+                "the machine was BUSY; speed-ups here may read low (a busy host slows a cache's small steps more "
+                "than full ones) and differ from a quiet run's: run again when it is quiet"
+            )
+    out += f" (record: {p.where})"
+    return out + (f"; {p.note}" if p.note else "")
+
+
 def cost_cells(c) -> list[str]:
     """A CostRow's cells; a graph count the run could not read is n/a, never 0."""
     if c.payoff_images is None:  # no cold run of its own was timed: its compile was paid before (shared blocks)
@@ -127,7 +146,8 @@ def paired_markdown(paired: list) -> str:
 def bench_markdown(rep) -> str:
     """A BenchReport: the stack table, its noise floor, over several requests the paired figures, and with compiled
     presets compile's cost."""
-    parts = [rep.matrix.markdown(), "", "Noise floor:"] + [f"- {x}" for x in noise_lines(rep.noise)]
+    noise = [pace_line(p) for p in rep.pace] + noise_lines(rep.noise)
+    parts = [rep.matrix.markdown(), "", "Noise floor:"] + [f"- {x}" for x in noise]
     if rep.paired:
         parts += ["", paired_markdown(rep.paired)]
     if rep.cost:

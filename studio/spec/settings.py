@@ -60,6 +60,8 @@ class Settings:
     device_memory_gb: float | None = None
     presets_dir: str | None = None  # STUDIO_PRESETS_DIR: the user preset folder
     aot_dir: str | None = None  # STUDIO_AOT_DIR: ahead-of-time packages (engine.aot; None: <tmp>/studio-aot)
+    # STUDIO_PACE_FILE: the bench's record of this machine's fastest base (measure.pace; None: ~/.cache/...)
+    pace_file: str | None = None
     hub_offline: bool = False  # HF_HUB_OFFLINE: the Hub is not reached (a load error says so)
     zerogpu: bool = False  # a ZeroGPU Space: `spaces` installed and SPACES_ZERO_GPU set
     # the app's
@@ -103,6 +105,7 @@ class Settings:
             device_memory_gb=_number(env, "STUDIO_DEVICE_MEMORY_GB", float, 0.001, 100_000),
             presets_dir=env.get("STUDIO_PRESETS_DIR", "").strip() or None,
             aot_dir=env.get("STUDIO_AOT_DIR", "").strip() or None,
+            pace_file=env.get("STUDIO_PACE_FILE", "").strip() or None,
             hub_offline=_flag(env, "HF_HUB_OFFLINE", False),
             zerogpu=zerogpu,
             model=model,

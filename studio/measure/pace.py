@@ -1,0 +1,105 @@
+"""Was the machine quiet? A bench's own check, against the fastest this machine has run the same base.
+
+A speed-up is a ratio taken in one moment, and paired rounds cancel what a moment does to both sides alike. What they
+cannot cancel is a busy HOST (a shared VM's neighbours, a throttled or stolen vCPU): measured on a 2-core VM, a bench
+whose every base run was 20-26% slower than on a quiet stretch read `cache` at 1.63x (1.54-1.76) and `cache-compile`
+at 2.05x (1.91-2.22) against 1.84x and 2.49x quiet, intervals tight and both off (docs/measuring.md). A busy host slows
+the overhead-bound work of a cached step (many small operators, each a parallel region that waits for the slowest
+thread) more than a full step's matrix products: the speed-up itself is lower in that moment, so no estimator of one
+process's runs removes it, and the runs show no stall to see.
+
+So the bench remembers, per machine and request shape, base's floor price per step (studio.measure.estimate's floor,
+over base's runs in that bench) in a small JSON file, and says how far the bench's own base floor is from the
+fastest seen there: within QUIET_SLACK it was quiet; beyond it the machine was busy, and the report says that its
+speed-ups may read low. The first bench on a machine has nothing to compare with and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+QUIET_SLACK = 0.08  # base's floor within 8% of the fastest seen: a quiet machine (module doc; docs/measuring.md)
+DEFAULT_FILE = Path.home() / ".cache" / "dit-speed-studio" / "pace.json"
+
+
+@dataclass(frozen=True)
+class Pace:
+    """A bench's base floor against the fastest this machine has run the same (`key`) before."""
+
+    key: str
+    floor_ms: float  # this bench's base floor, per step
+    best_ms: float | None  # the fastest floor seen here before this bench (None: none recorded)
+    seen: int  # benches recorded for this key before this one
+    where: str = ""  # the record file
+    note: str = ""  # what was lost, where the record could not be read or written
+
+    @property
+    def over(self) -> float | None:
+        """How much slower this bench's base ran than the fastest seen (0.19 = 19%); None with nothing to compare."""
+        return None if self.best_ms is None else self.floor_ms / self.best_ms - 1.0
+
+    @property
+    def quiet(self) -> bool | None:
+        return None if self.over is None else self.over <= QUIET_SLACK
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "over": self.over, "quiet": self.quiet}
+
+
+def cpu_name(path: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name (a pace is a property of the machine; '' where /proc/cpuinfo says none)."""
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:  # not Linux: the key goes without it, and the device name still tells machines apart
+        return ""
+    return ""
+
+
+def pace_key(*, device: str, threads: int, model: str, dtype: str, work: str) -> str:
+    """What must match for two benches' base floors to be compared: the machine (CPU, device, threads), the model
+    and dtype, and `work`, what one step of the request does (its shape, steps, calls per step)."""
+    return f"{cpu_name()}|{device}|{threads} threads|{model}|{dtype}|{work}"
+
+
+def _load(path: Path) -> tuple[dict, str]:
+    """The record, and what was lost reading it ('' when nothing)."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}, ""
+    except (OSError, ValueError) as e:  # unreadable: this bench starts a new record, and its report says so
+        return {}, f"the pace record {path} could not be read ({type(e).__name__}: {e}); a new one was started"
+    if not isinstance(data, dict):
+        return {}, f"the pace record {path} held no record (a {type(data).__name__}); a new one was started"
+    return data, ""
+
+
+def _write(path: Path, data: dict) -> str:
+    """Write the record atomically (two benches at once leave one whole file); what was lost, '' when nothing."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".pace-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as e:  # a read-only home: the bench is still compared, this floor is not kept for the next
+        return f"this bench's floor was not kept ({type(e).__name__}: {e}); set STUDIO_PACE_FILE to a writable path"
+    return ""
+
+
+def record(path: str | Path | None, key: str, floor_ms: float) -> Pace:
+    """This bench's `floor_ms` against the record at `path` (None: DEFAULT_FILE), which then keeps the faster."""
+    p = Path(path) if path else DEFAULT_FILE
+    data, lost = _load(p)
+    entry = data.get(key) if isinstance(data.get(key), dict) else {}
+    best, seen = entry.get("best_ms"), int(entry.get("benches", 0))
+    best = float(best) if isinstance(best, (int, float)) and best > 0 else None
+    data[key] = {"best_ms": floor_ms if best is None else min(best, floor_ms), "benches": seen + 1}
+    lost = "; ".join(x for x in (lost, _write(p, data)) if x)
+    return Pace(key, floor_ms, best, seen, str(p), lost)
