@@ -113,9 +113,11 @@ SECTIONS = [
         "The studio against plain diffusers (`--vs-raw`)",
         "Each preset run again through plain diffusers (and plain cache-dit / torchao calls), in a worker process, "
         "timed the same way (first transformer call to the last step's end), each pair's order alternating. "
-        "`studio/raw` is the studio's median over the plain one's; the plain run's picture is compared with the "
-        "studio's (inf: the same pixels). On a shared machine this ratio moves from one run of the command to the "
-        "next (each run's spread is printed under its table): read one run's value against that, not alone.",
+        "`studio/raw` is the studio's runs over the plain ones beside them, step by step, by the one estimator "
+        "(each kind of step's fastest, times its count; a bootstrap over the pairs for the interval), so a stall "
+        "in one run of either side does not move it; the plain run's picture is compared with the studio's (inf: "
+        "the same pixels). The `pace` line under the table says whether the machine was quiet: on a busy host the "
+        "two processes' readings drift apart by a few percent, which no estimator of their runs removes.",
         "-m studio bench --presets base,cache,int8 --repeats 9 --vs-raw --out docs/bench/vs-raw.json",
     ),
     Section(

@@ -248,3 +248,24 @@ def test_extra_rounds_run_only_while_a_speed_up_would_be_withheld():
     assert (
         why_stop(fast, repeats=1, extra=4) == "every speed-up's interval is usable after 3 rounds (2 more than asked)"
     )
+
+
+@pytest.mark.quick
+def test_extra_rounds_run_while_base_disagrees_with_its_second_run():
+    """Noisy rounds: every speed-up usable, but base's second slot reads like its first in one round and 15% slower
+    in the other (a slow moment): base against itself is 0.87-1.00x, the bench times more rounds, up to the cap,
+    and says why it stopped."""
+    from studio.bench.rotation import base_disagrees, why_stop
+    from studio.measure.estimate import Run
+    from studio.measure.pace import AGREE
+
+    rot = _rotation_with([10.0] * 10, rounds=2)
+    assert base_disagrees(rot) is None  # identical slots: quiet rounds
+    rot.runs[AGAIN][1] = Run.of([115.0 + i * 0.2 for i in range(10)], [])
+    shaky = base_disagrees(rot)
+    assert shaky == pytest.approx((1 - 100 / 115) / 2, rel=0.05) and shaky > AGREE
+    assert why_stop(rot, repeats=2, extra=4) is None
+    rot.rounds = 6
+    assert (
+        why_stop(rot, repeats=2, extra=4) == f"at most 4 extra rounds; still base against itself ±{shaky * 100:.1f}%"
+    )

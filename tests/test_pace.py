@@ -58,7 +58,8 @@ def test_the_key_names_the_machine_and_the_work_of_a_step():
 
 def test_the_report_says_quiet_busy_or_first():
     first = pace_line(Pace(KEY, 14.0, None, 0, "/p.json"))
-    assert "base's floor 14.00 ms a step; the first bench of this request on this machine" in first
+    assert "base's floor 14.00 ms a step; the first bench of this request on this machine, no record" in first
+    assert "quiet" not in first and "BUSY" not in first
     quiet = pace_line(Pace(KEY, 14.28, 14.0, 3, "/p.json"))
     assert "+2% against the fastest this machine has run it (14.00 ms, over 3 earlier benches): a quiet machine" in (
         quiet
@@ -67,3 +68,15 @@ def test_the_report_says_quiet_busy_or_first():
     said = "+25% against the fastest this machine has run it (14.00 ms, over 1 earlier bench): the machine was BUSY"
     assert said in busy
     assert "run again when it is quiet" in busy and busy.endswith("(record: /p.json); n")
+    assert "(base ran 25% over the fastest this machine has run it)" in busy
+    # base against its own second run: wider than +-3% is a noisy bench, with a record or without one
+    shaky = Pace(KEY, 14.0, 14.0, 2, "/p.json", agree=0.051)
+    assert shaky.quiet is False and shaky.why_busy() == ["base against its own second run ±5.1% (quiet: within ±3%)"]
+    assert "+0% against the fastest" in pace_line(shaky) and "the machine was BUSY (base against its own" in (
+        pace_line(shaky)
+    )
+    assert Pace(KEY, 14.0, None, 0, "/p.json", agree=0.08).quiet is False
+    assert Pace(KEY, 14.0, None, 0, "/p.json", agree=0.01).quiet is None  # agreed, but no record to compare with
+    both = Pace(KEY, 16.0, 14.0, 2, "/p.json", agree=0.04)
+    assert len(both.why_busy()) == 2 and both.as_dict()["why_busy"] == both.why_busy()
+    assert Pace(KEY, 14.5, 14.0, 2, "/p.json", agree=0.02).quiet is True

@@ -200,8 +200,8 @@ def _noise(rots: list[Rotation], names: list[str], twins: dict[str, str]) -> Noi
 
 
 def _pace(runner: Runner, rots: list[Rotation], model: str) -> list[machine_pace.Pace]:
-    """Base's floor per step in this bench, per request shape, against this machine's record (studio.measure.pace);
-    the record then keeps the faster."""
+    """Base's floor per step in this bench, per request shape, against this machine's record, and base against its
+    own second run (studio.measure.pace: was the machine quiet?); the record then keeps the faster floor."""
     import torch
 
     by_work: dict[str, list[Rotation]] = {}
@@ -219,7 +219,8 @@ def _pace(runner: Runner, rots: list[Rotation], model: str) -> list[machine_pace
         key = machine_pace.pace_key(
             device=str(m.device), threads=torch.get_num_threads(), model=model, dtype=dtype, work=work
         )
-        out.append(machine_pace.record(settings().pace_file, key, per_step))
+        agree = speedup_over([rot.pair(BASE, AGAIN) for rot in group]).half_width
+        out.append(machine_pace.record(settings().pace_file, key, per_step, agree))
     return out
 
 

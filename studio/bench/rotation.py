@@ -1,9 +1,11 @@
 """One prompt's round-robin for the bench (studio.bench.bench): every preset timed in turn, base twice per round.
 
 Rounds: the `repeats` asked for, then, while some preset's speed-up over base would be withheld (its interval is
-useless: studio.measure.estimate), up to `extra` more rounds, so a `--repeats 1` bench on a quiet machine measures a
-small speed-up rather than saying "more --repeats would help" (the card's adaptive pairing, engine.baseline, does the
-same for one click). Each round's runs are a pair for the estimator: same moment, same load.
+useless: studio.measure.estimate) or base disagrees with its own second run by more than studio.measure.pace.AGREE
+(the rounds were noisy: a floor over more of them finds the quiet moments), up to `extra` more rounds, so a
+`--repeats 1` bench on a quiet machine measures a small speed-up rather than saying "more --repeats would help" (the
+card's adaptive pairing, engine.baseline, does the same for one click). Each round's runs are a pair for the
+estimator: same moment, same load.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 
 from studio.engine import BASE, CALLER_TIMES_BASE, Pairing, Runner, RunResult
 from studio.measure.estimate import Estimate, Run, speedup
+from studio.measure.pace import AGREE
 from studio.report.table import AGAIN
 from studio.spec.preset import Preset
 from studio.spec.request import GenerationRequest
@@ -118,18 +121,28 @@ def withheld(rot: Rotation) -> list[str]:
     return [n for n in names if rot.ratio(BASE, n).useless]
 
 
+def base_disagrees(rot: Rotation) -> float | None:
+    """The half-width of base against its own second run in these rounds, where wider than AGREE; None otherwise."""
+    if rot.rounds == 0 or AGAIN not in rot.runs:
+        return None
+    hw = rot.ratio(BASE, AGAIN).half_width
+    return hw if hw > AGREE else None
+
+
 def why_stop(rot: Rotation, repeats: int, extra: int) -> str | None:
     """Why the rotation stops after its rounds so far (None: time another round)."""
     if rot.rounds < repeats:
         return None
-    wanting = withheld(rot)
-    if not wanting:
+    wanting, shaky = withheld(rot), base_disagrees(rot)
+    if not wanting and shaky is None:
         asked = f"the {repeats} asked for" if rot.rounds == repeats else f"{rot.rounds - repeats} more than asked"
         return (
             f"every speed-up's interval is usable after {rot.rounds} round{'s' if rot.rounds != 1 else ''} ({asked})"
         )
     if rot.rounds >= repeats + extra:
-        return f"at most {extra} extra round{'s' if extra != 1 else ''}; still withheld: {', '.join(wanting)}"
+        still = [f"withheld: {', '.join(wanting)}"] if wanting else []
+        still += [f"base against itself ±{shaky * 100:.1f}%"] if shaky is not None else []
+        return f"at most {extra} extra round{'s' if extra != 1 else ''}; still {'; '.join(still)}"
     return None
 
 

@@ -9,9 +9,13 @@ thread) more than a full step's matrix products: the speed-up itself is lower in
 process's runs removes it, and the runs show no stall to see.
 
 So the bench remembers, per machine and request shape, base's floor price per step (studio.measure.estimate's floor,
-over base's runs in that bench) in a small JSON file, and says how far the bench's own base floor is from the
-fastest seen there: within QUIET_SLACK it was quiet; beyond it the machine was busy, and the report says that its
-speed-ups may read low. The first bench on a machine has nothing to compare with and says so.
+over base's runs in that bench) in a small JSON file, and calls a bench QUIET when both
+- its own base floor is within QUIET_SLACK of the fastest seen there (the host was at its usual pace), and
+- base agreed with its own second run in the same rounds within AGREE (the interval's half-width: the moments of
+  the rounds were alike; the bench times extra rounds while they do not, studio.bench.rotation).
+Measured on the 2-core VM (docs/measuring.md, "Was the machine quiet?"): benches that pass both agreed within 8% on
+every row with each other; those that did not read 6-14% off. A bench that is not quiet says why, and that its
+speed-ups may read low. The first bench on a machine has no record to compare with and says so.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-QUIET_SLACK = 0.08  # base's floor within 8% of the fastest seen: a quiet machine (module doc; docs/measuring.md)
+QUIET_SLACK = 0.08  # base's floor within 8% of the fastest seen here (module doc; docs/measuring.md)
+AGREE = 0.03  # base against its own second run within +-3% (the interval's half-width)
 DEFAULT_FILE = Path.home() / ".cache" / "dit-speed-studio" / "pace.json"
 
 
@@ -36,6 +41,7 @@ class Pace:
     seen: int  # benches recorded for this key before this one
     where: str = ""  # the record file
     note: str = ""  # what was lost, where the record could not be read or written
+    agree: float | None = None  # base against its own second run: the interval's half-width (None: not timed)
 
     @property
     def over(self) -> float | None:
@@ -44,10 +50,23 @@ class Pace:
 
     @property
     def quiet(self) -> bool | None:
+        """Both checks passed (module doc); False when either failed; None when the pace has no record to compare
+        with and base agreed with itself."""
+        if self.agree is not None and self.agree > AGREE:
+            return False
         return None if self.over is None else self.over <= QUIET_SLACK
 
+    def why_busy(self) -> list[str]:
+        """What made the bench not quiet, in words ([] when it was, or when that cannot be told)."""
+        out = []
+        if self.over is not None and self.over > QUIET_SLACK:
+            out.append(f"base ran {self.over * 100:.0f}% over the fastest this machine has run it")
+        if self.agree is not None and self.agree > AGREE:
+            out.append(f"base against its own second run ±{self.agree * 100:.1f}% (quiet: within ±{AGREE * 100:.0f}%)")
+        return out
+
     def as_dict(self) -> dict:
-        return {**asdict(self), "over": self.over, "quiet": self.quiet}
+        return {**asdict(self), "over": self.over, "quiet": self.quiet, "why_busy": self.why_busy()}
 
 
 def cpu_name(path: str = "/proc/cpuinfo") -> str:
@@ -93,8 +112,9 @@ def _write(path: Path, data: dict) -> str:
     return ""
 
 
-def record(path: str | Path | None, key: str, floor_ms: float) -> Pace:
-    """This bench's `floor_ms` against the record at `path` (None: DEFAULT_FILE), which then keeps the faster."""
+def record(path: str | Path | None, key: str, floor_ms: float, agree: float | None = None) -> Pace:
+    """This bench's `floor_ms` against the record at `path` (None: DEFAULT_FILE), which then keeps the faster;
+    `agree`: base against its own second run, the interval's half-width."""
     p = Path(path) if path else DEFAULT_FILE
     data, lost = _load(p)
     entry = data.get(key) if isinstance(data.get(key), dict) else {}
@@ -102,4 +122,4 @@ def record(path: str | Path | None, key: str, floor_ms: float) -> Pace:
     best = float(best) if isinstance(best, (int, float)) and best > 0 else None
     data[key] = {"best_ms": floor_ms if best is None else min(best, floor_ms), "benches": seen + 1}
     lost = "; ".join(x for x in (lost, _write(p, data)) if x)
-    return Pace(key, floor_ms, best, seen, str(p), lost)
+    return Pace(key, floor_ms, best, seen, str(p), lost, agree)

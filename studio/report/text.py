@@ -79,19 +79,19 @@ def noise_lines(noise) -> list[str]:
 
 def pace_line(p) -> str:
     """A bench's base floor against the fastest this machine has run it (studio.measure.pace), in words."""
-    head = f"pace: base's floor {p.floor_ms:.2f} ms a step"
+    out = f"pace: base's floor {p.floor_ms:.2f} ms a step"
     if p.best_ms is None:
-        out = f"{head}; the first bench of this request on this machine, nothing to compare it with"
+        out += "; the first bench of this request on this machine, no record to compare it with"
     else:
         runs = f"{p.best_ms:.2f} ms, over {p.seen} earlier bench{'es' if p.seen != 1 else ''}"
-        out = f"{head}, {p.over * 100:+.0f}% against the fastest this machine has run it ({runs}): "
-        if p.quiet:
-            out += "a quiet machine"
-        else:
-            out += (
-                "the machine was BUSY; speed-ups here may read low (a busy host slows a cache's small steps more "
-                "than full ones) and differ from a quiet run's: run again when it is quiet"
-            )
+        out += f", {p.over * 100:+.0f}% against the fastest this machine has run it ({runs})"
+    if p.quiet is False:
+        out += (
+            f": the machine was BUSY ({'; '.join(p.why_busy())}); speed-ups here may read low (a busy host slows a "
+            "cache's small steps more than full ones) and differ from a quiet run's: run again when it is quiet"
+        )
+    elif p.quiet:
+        out += ": a quiet machine"
     out += f" (record: {p.where})"
     return out + (f"; {p.note}" if p.note else "")
 
