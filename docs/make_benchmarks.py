@@ -202,6 +202,10 @@ How to read it:
 - **Noise floor**: `base` timed a second time in every rotation: base against itself tells how far from 1.00x a
   speed-up must be to mean anything on the machine that ran it. Compile vs eager PSNR is the picture's noise floor
   under torch.compile (rounding in fused kernels; never bitwise).
+- **pace** (first line under a table measured since it was added): base's floor per step against the fastest this
+  machine has run the same request, and base against itself; **a quiet machine** when the floor is within 8% and
+  base agrees with itself within ±3%, else **BUSY** and why: a busy host lowers speed-ups (docs/measuring.md, "Was
+  the machine quiet?"), so read a BUSY table's rows as low by up to ~15%.
 - **of ideal**: measured speed-up / the speed-up the cached/full counts would give if a cached step cost only its
   computed blocks. Below 1.0 is what a cached step still costs besides those blocks: the embedders, the final
   norm and projection, the scheduler step, cache-dit's residual comparison, and Python overhead, which on a small
@@ -212,8 +216,8 @@ How to read it:
   stack timed after another shows 0 graphs and a short "cold" run: its compile was paid by the first.
 - **timing too noisy to show** (in a row's notes): the interval is useless (it holds 1.00 while the point says
   otherwise, or is wider than ±25%); the bench withholds the number and says what would help.
-- **studio/raw** (`--vs-raw`): the studio's runs over the plain-diffusers runs beside them, by the same estimator
-  over whole runs, with its interval.
+- **studio/raw** (`--vs-raw`): the studio's runs over the plain-diffusers runs beside them, by the same estimator,
+  step by step, with its interval.
 
 What the CPU choices rest on:
 

@@ -68,10 +68,10 @@ def test_the_report_says_quiet_busy_or_first():
     said = "+25% against the fastest this machine has run it (14.00 ms, over 1 earlier bench): the machine was BUSY"
     assert said in busy
     assert "run again when it is quiet" in busy and busy.endswith("(record: /p.json); n")
-    assert "(base ran 25% over the fastest this machine has run it)" in busy
+    assert "the machine was BUSY (base 25% over its fastest here, quiet within 8%)" in busy
     # base against its own second run: wider than +-3% is a noisy bench, with a record or without one
     shaky = Pace(KEY, 14.0, 14.0, 2, "/p.json", agree=0.051)
-    assert shaky.quiet is False and shaky.why_busy() == ["base against its own second run ±5.1% (quiet: within ±3%)"]
+    assert shaky.quiet is False and shaky.why_busy() == ["base against its own second run ±5.1%, quiet within ±3%"]
     assert "+0% against the fastest" in pace_line(shaky) and "the machine was BUSY (base against its own" in (
         pace_line(shaky)
     )

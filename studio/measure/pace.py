@@ -60,9 +60,9 @@ class Pace:
         """What made the bench not quiet, in words ([] when it was, or when that cannot be told)."""
         out = []
         if self.over is not None and self.over > QUIET_SLACK:
-            out.append(f"base ran {self.over * 100:.0f}% over the fastest this machine has run it")
+            out.append(f"base {self.over * 100:.0f}% over its fastest here, quiet within {QUIET_SLACK * 100:.0f}%")
         if self.agree is not None and self.agree > AGREE:
-            out.append(f"base against its own second run ±{self.agree * 100:.1f}% (quiet: within ±{AGREE * 100:.0f}%)")
+            out.append(f"base against its own second run ±{self.agree * 100:.1f}%, quiet within ±{AGREE * 100:.0f}%")
         return out
 
     def as_dict(self) -> dict:
