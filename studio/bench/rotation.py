@@ -1,8 +1,8 @@
 """One prompt's round-robin for the bench (studio.bench.bench): every preset timed in turn, base twice per round.
 
-Rounds: the `repeats` asked for, then, while some preset's speed-up over base would be withheld (its interval is
-useless: studio.measure.estimate) or base disagrees with its own second run by more than studio.measure.pace.AGREE
-(the rounds were noisy: a floor over more of them finds the quiet moments), up to `extra` more rounds, so a
+Rounds: the `repeats` asked for, then up to `extra` more while some preset's speed-up over base would be withheld
+(its interval is useless: studio.measure.estimate) or is wider than +-LOOSE, or base disagrees with its own second
+run by more than studio.measure.pace.AGREE (noisy rounds: a floor over more of them finds the quiet moments). So a
 `--repeats 1` bench on a quiet machine measures a small speed-up rather than saying "more --repeats would help" (the
 card's adaptive pairing, engine.baseline, does the same for one click). Each round's runs are a pair for the
 estimator: same moment, same load.
@@ -21,6 +21,7 @@ from studio.spec.preset import Preset
 from studio.spec.request import GenerationRequest
 
 EXTRA_ROUNDS = Pairing().max_extra_pairs  # the card's cap on pairs beyond the first ones, the bench's on rounds
+LOOSE = 0.10  # a row's interval wider than +-10% of its point: another round, within the cap
 
 
 def _graphs_compiled() -> int | None:
@@ -121,6 +122,17 @@ def withheld(rot: Rotation) -> list[str]:
     return [n for n in names if rot.ratio(BASE, n).useless]
 
 
+def loose(rot: Rotation) -> list[str]:
+    """The presets whose speed-up is shown but with an interval wider than +-LOOSE of its point."""
+    names = [n for n in rot.runs if n not in (BASE, AGAIN)]
+    out = []
+    for n in names:
+        e = rot.ratio(BASE, n)
+        if not e.useless and e.half_width > LOOSE:
+            out.append(n)
+    return out
+
+
 def base_disagrees(rot: Rotation) -> float | None:
     """The half-width of base against its own second run in these rounds, where wider than AGREE; None otherwise."""
     if rot.rounds == 0 or AGAIN not in rot.runs:
@@ -133,14 +145,16 @@ def why_stop(rot: Rotation, repeats: int, extra: int) -> str | None:
     """Why the rotation stops after its rounds so far (None: time another round)."""
     if rot.rounds < repeats:
         return None
-    wanting, shaky = withheld(rot), base_disagrees(rot)
-    if not wanting and shaky is None:
+    wanting, wide, shaky = withheld(rot), loose(rot), base_disagrees(rot)
+    if not wanting and not wide and shaky is None:
         asked = f"the {repeats} asked for" if rot.rounds == repeats else f"{rot.rounds - repeats} more than asked"
         return (
-            f"every speed-up's interval is usable after {rot.rounds} round{'s' if rot.rounds != 1 else ''} ({asked})"
+            f"every speed-up's interval is within ±{LOOSE * 100:.0f}% and base agrees with itself after {rot.rounds} "
+            f"round{'s' if rot.rounds != 1 else ''} ({asked})"
         )
     if rot.rounds >= repeats + extra:
         still = [f"withheld: {', '.join(wanting)}"] if wanting else []
+        still += [f"wider than ±{LOOSE * 100:.0f}%: {', '.join(wide)}"] if wide else []
         still += [f"base against itself ±{shaky * 100:.1f}%"] if shaky is not None else []
         return f"at most {extra} extra round{'s' if extra != 1 else ''}; still {'; '.join(still)}"
     return None
