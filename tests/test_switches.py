@@ -121,6 +121,18 @@ def _matrix(tiny_runner, **switches) -> dict:
     return {r["preset"]: r for r in out["mx.json"]} | {"runs": out["mx.runs"]}
 
 
+def test_matrix_on_zerogpu_times_only_the_rounds_its_gpu_time_was_reserved_for(tiny_runner):
+    from studio.spec.settings import using
+
+    with using(zerogpu=True):  # app.gpu_time.matrix_s reserves (presets + 1) x repeats runs: no extra rounds
+        rows = _matrix(tiny_runner, cache="unset", threshold=None, compile="false")
+    assert {n: r["timed_pairs"] for n, r in rows.items() if n not in ("runs", "base")} == {
+        "cache": 1,
+        "sage": 1,
+        "base (again)": 1,
+    }
+
+
 def test_matrix_threshold_reaches_cache_dit_and_cache_off_caches_nothing(tiny_runner):
     on = _matrix(tiny_runner, cache="unset", threshold=0.5, compile="false")
     assert on["runs"]["cache.override"]["cache_threshold"] == 0.5  # what cache-dit read back, not what was asked

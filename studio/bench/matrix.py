@@ -5,7 +5,9 @@ B, ..., base', base, A, B, ..., base'), after the engine's untimed warm-up of ea
 preset alike; speed-ups are ratios of those medians. Only the presets asked are timed (the bench's twins are left
 out: a Matrix is as many runs as the public limits and the reserved GPU time count). base' (the row `base (again)`)
 is base timed again last in each round: its speed-up against base is the noise floor (on a busy machine a run's slot
-in the round moves it by several percent; this row shows by how much on this run).
+in the round moves it by several percent; this row shows by how much on this run). On ZeroGPU it times exactly the
+rounds asked for: the call's GPU time is reserved for them (app.gpu_time.matrix_s) and a visitor's quota is charged
+for the reservation, so the bench's extra rounds (studio.bench.rotation) would be cut off or charged unasked.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from studio.engine import Runner
 from studio.report.table import AGAIN, Matrix
 from studio.spec.preset import Preset
 from studio.spec.request import GenerationRequest
+from studio.spec.settings import current as settings
 
 
 def switched(p: Preset, cache: bool | None, threshold: float | None, compile_: bool | None) -> Preset:
@@ -72,6 +75,7 @@ def run_matrix(
         progress=progress,
         presets_library=lib,
         exclude=_twins_added(asked),
+        extra_rounds=0 if settings().zerogpu else None,
     )
     rows = rep.matrix.rows + [row(AGAIN, rep.rotations)]
     return Matrix(request, model or runner.model, rows, rep.rotations[0].last, repeats, rep.paired)
