@@ -171,7 +171,10 @@ def test_tuned_preset_meets_its_floor_and_loads(tiny_runner, tmp_path):
     # chosen on the worst case of its paired figures, printed with it: one line per prompt after the sentence
     assert res.paired["of"] == 2 and [p["label"] for p in res.paired["prompts"]] == PROMPTS
     lines = tune_summary(res).splitlines()
-    assert ", worst FLIP " in lines[0] and "(ceiling 0.2)" in lines[0] and len(lines) == 4
+    (pace,) = res.pace  # the finalists' bench: was the machine quiet? A BUSY one is said after the paired lines
+    assert pace.floor_ms > 0 and res.as_dict()["pace"][0]["floor_ms"] == pace.floor_ms
+    assert len(lines) == 4 + (pace.quiet is False) and ("the machine was BUSY" in lines[-1]) == (pace.quiet is False)
+    assert ", worst FLIP " in lines[0] and "(ceiling 0.2)" in lines[0]
     assert lines[1].startswith("paired over 2 prompts, each against its own base: ")
     assert "--max-flip 0.2` on 2 prompts" in res.preset.description
     assert res.preset.cache_config.enabled and res.preset.name == "tuned-35db"

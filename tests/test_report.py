@@ -14,6 +14,7 @@ from studio.bench import doctor, rotation
 from studio.bench.bench import CostRow, NoiseFloor
 from studio.bench.sweep import SweepResult
 from studio.bench.tune import TuneResult
+from studio.measure.pace import Pace
 from studio.measure.quality import Verdict
 from studio.report import fmt, text
 from studio.report.table import MatrixRow
@@ -116,6 +117,11 @@ def test_tune_summary_for_the_cli_and_the_tune_tab():
     assert "n/a the `cache` preset's" in md  # a cache row without a speed-up: said, not divided by
     d = res.as_dict()
     assert (d["runs"], d["screening_runs"], d["timed_runs"], d["prompts"]) == (95, 56, 39, ["a", "b"])
+    # timed on a busy machine: the sentence is followed by the bench's BUSY line; a quiet one adds nothing
+    busy = replace(res, pace=[Pace("k", 17.5, 14.0, 3, "/p.json")])
+    assert text.tune_summary(busy).splitlines()[1].startswith("pace: base's floor 17.50 ms a step, +25% against")
+    assert "the machine was BUSY" in text.tune_summary(busy)
+    assert text.tune_summary(replace(res, pace=[Pace("k", 14.0, 14.0, 3, "/p.json")])) == text.tune_summary(res)
 
 
 def test_tuned_description():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from studio.measure.pace import Pace
 from studio.spec.preset import CacheSpec, Preset
 
 
@@ -36,6 +37,7 @@ class TuneResult:
     max_flip: float | None = None  # the FLIP ceiling asked for (None: PSNR alone)
     worst_flip: float | None = None  # the result's highest FLIP over the prompts, timed
     paired: dict | None = None  # its figures prompt by prompt (studio.bench.paired.Paired.as_dict); None: one prompt
+    pace: list[Pace] = field(default_factory=list)  # was the machine quiet while the finalists were timed?
 
     @property
     def runs(self) -> int:
@@ -58,6 +60,7 @@ class TuneResult:
             "non_cache": self.non_cache,
             "screening_runs": self.screened,
             "timed_runs": self.timed,
+            "pace": [p.as_dict() for p in self.pace],
             "runs": self.runs,
             "prompts": self.prompts,
             "knobs": self.preset.as_dict(),

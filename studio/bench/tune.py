@@ -267,6 +267,7 @@ class Tuner:
             max_flip=self.max_flip,
             worst_flip=r.worst_flip,
             paired=pair.as_dict() if pair else None,
+            pace=list(rep.pace),
         )
 
 

@@ -206,7 +206,8 @@ def tune_summary(res, *, written: str | None = None, markdown: bool = False) -> 
         f"{fmt.speedup(res.vs_cache)} the {c}cache{c} preset's; {res.runs} runs ({res.screened} screening, "
         f"{res.timed} timed)" + (f"; written to {written}" if written else "")
     )
-    return out + "".join("\n" + line for line in paired_lines(getattr(res, "paired", None)))
+    busy = [pace_line(p) for p in getattr(res, "pace", []) if p.quiet is False]  # its figures may read low: said
+    return out + "".join("\n" + line for line in paired_lines(getattr(res, "paired", None)) + busy)
 
 
 def paired_lines(d: dict | None) -> list[str]:
