@@ -269,6 +269,10 @@ def test_extra_rounds_run_while_base_disagrees_with_its_second_run():
     shaky = base_disagrees(rot)
     assert shaky == pytest.approx((1 - 100 / 115) / 2, rel=0.05) and shaky > AGREE
     assert why_stop(rot, repeats=2, extra=4) is None
+    # the Matrix tab does not tighten: a usable interval ends its rounds (each one is a visitor's wait)
+    assert why_stop(rot, repeats=2, extra=4, tighten=False) == (
+        "every speed-up's interval is usable after 2 rounds (the 2 asked for)"
+    )
     rot.rounds = 6
     assert (
         why_stop(rot, repeats=2, extra=4) == f"at most 4 extra rounds; still base against itself ±{shaky * 100:.1f}%"
@@ -292,5 +296,6 @@ def test_extra_rounds_run_while_a_shown_speed_up_is_wider_than_ten_percent():
     assert e.point == pytest.approx(1000 / 550, rel=1e-3) and e.lo == pytest.approx(1000 / 700, rel=1e-3)
     assert withheld(rot) == [] and e.half_width > LOOSE and loose(rot) == ["cache"]
     assert why_stop(rot, repeats=2, extra=4) is None
+    assert why_stop(rot, repeats=2, extra=4, tighten=False).startswith("every speed-up's interval is usable after 2")
     rot.rounds = 6
     assert why_stop(rot, repeats=2, extra=4) == "at most 4 extra rounds; still wider than ±10%: cache"

@@ -263,12 +263,15 @@ def run_bench(
     extra_rounds: int | None = None,
     floor_db: float = GOOD_DB,
     max_flip: float | None = None,
+    tighten: bool = True,
 ) -> BenchReport:
     """The bench (module doc). `progress(done, total, label)` after each timed run; `vs_raw` runs each preset
     through plain diffusers too (studio.bench.raw) for the studio_over_raw column. `exclude`: stacks left out
     after the twins are added (the stacks that crashed the device worker: studio.worker.reruns). `extra_rounds`: rounds
     beyond `repeats` while a speed-up would be withheld (studio.bench.rotation; None: EXTRA_ROUNDS; 0: exactly
-    `repeats`). `floor_db`, `max_flip`: the quality a paired win needs over several requests (studio.bench.paired)."""
+    `repeats`). `floor_db`, `max_flip`: the quality a paired win needs over several requests (studio.bench.paired).
+    `tighten`: extra rounds also while a row is wider than ±10% or base disagrees with itself (studio.bench.rotation;
+    the Matrix tab does not)."""
     check_int("bench", "repeats", repeats, lo=1)  # none: no timed run, nothing to divide
     extra_rounds = EXTRA_ROUNDS if extra_rounds is None else extra_rounds
     check_int("bench", "extra_rounds", extra_rounds, lo=0)
@@ -294,7 +297,18 @@ def run_bench(
         raw = RawPool(runner, model)
     try:
         rots = [
-            rotate(runner, req, resolved, repeats, model, tick, raw=raw, extra=extra_rounds, on_extra=on_extra)
+            rotate(
+                runner,
+                req,
+                resolved,
+                repeats,
+                model,
+                tick,
+                raw=raw,
+                extra=extra_rounds,
+                on_extra=on_extra,
+                tighten=tighten,
+            )
             for req in requests
         ]
     finally:

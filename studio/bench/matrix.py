@@ -76,6 +76,7 @@ def run_matrix(
         presets_library=lib,
         exclude=_twins_added(asked),
         extra_rounds=0 if settings().zerogpu else None,
+        tighten=False,  # extra rounds only for a withheld row: each round is the visitor's wait
     )
     rows = rep.matrix.rows + [row(AGAIN, rep.rotations)]
     return Matrix(request, model or runner.model, rows, rep.rotations[0].last, repeats, rep.paired)

@@ -1,8 +1,10 @@
 """One prompt's round-robin for the bench (studio.bench.bench): every preset timed in turn, base twice per round.
 
 Rounds: the `repeats` asked for, then up to `extra` more while some preset's speed-up over base would be withheld
-(its interval is useless: studio.measure.estimate) or is wider than +-LOOSE, or base disagrees with its own second
-run by more than studio.measure.pace.AGREE (noisy rounds: a floor over more of them finds the quiet moments). So a
+(its interval is useless: studio.measure.estimate), and for a bench that asks to `tighten` (the CLI's bench and the
+tuner's finalists, not the Matrix tab, where each round is a visitor's wait) while one is wider than +-LOOSE or base
+disagrees with its own second run by more than studio.measure.pace.AGREE (noisy rounds: a floor over more of them
+finds the quiet moments). So a
 `--repeats 1` bench on a quiet machine measures a small speed-up rather than saying "more --repeats would help" (the
 card's adaptive pairing, engine.baseline, does the same for one click). Each round's runs are a pair for the
 estimator: same moment, same load.
@@ -141,16 +143,17 @@ def base_disagrees(rot: Rotation) -> float | None:
     return hw if hw > AGREE else None
 
 
-def why_stop(rot: Rotation, repeats: int, extra: int) -> str | None:
-    """Why the rotation stops after its rounds so far (None: time another round)."""
+def why_stop(rot: Rotation, repeats: int, extra: int, tighten: bool = True) -> str | None:
+    """Why the rotation stops after its rounds so far (None: time another round). `tighten`: module doc."""
     if rot.rounds < repeats:
         return None
-    wanting, wide, shaky = withheld(rot), loose(rot), base_disagrees(rot)
+    wanting = withheld(rot)
+    wide, shaky = (loose(rot), base_disagrees(rot)) if tighten else ([], None)
     if not wanting and not wide and shaky is None:
         asked = f"the {repeats} asked for" if rot.rounds == repeats else f"{rot.rounds - repeats} more than asked"
+        usable = f"within ±{LOOSE * 100:.0f}% and base agrees with itself" if tighten else "usable"
         return (
-            f"every speed-up's interval is within ±{LOOSE * 100:.0f}% and base agrees with itself after {rot.rounds} "
-            f"round{'s' if rot.rounds != 1 else ''} ({asked})"
+            f"every speed-up's interval is {usable} after {rot.rounds} round{'s' if rot.rounds != 1 else ''} ({asked})"
         )
     if rot.rounds >= repeats + extra:
         still = [f"withheld: {', '.join(wanting)}"] if wanting else []
@@ -171,6 +174,7 @@ def rotate(
     raw=None,
     extra: int = EXTRA_ROUNDS,
     on_extra=None,
+    tighten: bool = True,
 ) -> Rotation:
     """Round-robin timing of `presets` (base first, then base a second time last: AGAIN) on one request, for
     `repeats` rounds and up to `extra` more while a speed-up would be withheld (module doc); with `raw` (a RawPool),
@@ -178,7 +182,7 @@ def rotate(
     rot = Rotation(request)
     order = [(p.name, p) for p in presets] + [(AGAIN, presets[0])]
     runner.settle(request, presets[0], model)  # untimed: the first slot then runs right after a run, as all others do
-    while (stop := why_stop(rot, repeats, extra)) is None:
+    while (stop := why_stop(rot, repeats, extra, tighten)) is None:
         if rot.rounds >= repeats and on_extra:
             on_extra()
         _round(rot, runner, order, model, tick, raw)
