@@ -4,10 +4,9 @@ Rounds: the `repeats` asked for, then up to `extra` more while some preset's spe
 (its interval is useless: studio.measure.estimate), and for a bench that asks to `tighten` (the CLI's bench and the
 tuner's finalists, not the Matrix tab, where each round is a visitor's wait) while one is wider than +-LOOSE or base
 disagrees with its own second run by more than studio.measure.pace.AGREE (noisy rounds: a floor over more of them
-finds the quiet moments). So a
-`--repeats 1` bench on a quiet machine measures a small speed-up rather than saying "more --repeats would help" (the
-card's adaptive pairing, engine.baseline, does the same for one click). Each round's runs are a pair for the
-estimator: same moment, same load.
+finds the quiet moments). So a `--repeats 1` bench on a quiet machine measures a small speed-up rather than saying
+"more --repeats would help" (the card's adaptive pairing, engine.baseline, does the same for one click). Each round's
+runs are a pair for the estimator: same moment, same load.
 """
 
 from __future__ import annotations
@@ -118,21 +117,19 @@ def _round(rot: Rotation, runner: Runner, order, model, tick, raw) -> None:
             _plain(rot, raw, name, p, request, tick)
 
 
-def withheld(rot: Rotation) -> list[str]:
+def _speedups(rot: Rotation) -> dict[str, Estimate]:
+    """Each preset's speed-up over base in these rounds (base and its second run left out)."""
+    return {n: rot.ratio(BASE, n) for n in rot.runs if n not in (BASE, AGAIN)}
+
+
+def withheld(rot: Rotation, speedups: dict[str, Estimate] | None = None) -> list[str]:
     """The presets whose speed-up over base these rounds would withhold (its interval is useless)."""
-    names = [n for n in rot.runs if n not in (BASE, AGAIN)]
-    return [n for n in names if rot.ratio(BASE, n).useless]
+    return [n for n, e in (speedups or _speedups(rot)).items() if e.useless]
 
 
-def loose(rot: Rotation) -> list[str]:
+def loose(rot: Rotation, speedups: dict[str, Estimate] | None = None) -> list[str]:
     """The presets whose speed-up is shown but with an interval wider than +-LOOSE of its point."""
-    names = [n for n in rot.runs if n not in (BASE, AGAIN)]
-    out = []
-    for n in names:
-        e = rot.ratio(BASE, n)
-        if not e.useless and e.half_width > LOOSE:
-            out.append(n)
-    return out
+    return [n for n, e in (speedups or _speedups(rot)).items() if not e.useless and e.half_width > LOOSE]
 
 
 def base_disagrees(rot: Rotation) -> float | None:
@@ -147,8 +144,9 @@ def why_stop(rot: Rotation, repeats: int, extra: int, tighten: bool = True) -> s
     """Why the rotation stops after its rounds so far (None: time another round). `tighten`: module doc."""
     if rot.rounds < repeats:
         return None
-    wanting = withheld(rot)
-    wide, shaky = (loose(rot), base_disagrees(rot)) if tighten else ([], None)
+    speedups = _speedups(rot)  # each a bootstrap: drawn once per round, read by both checks
+    wanting = withheld(rot, speedups)
+    wide, shaky = (loose(rot, speedups), base_disagrees(rot)) if tighten else ([], None)
     if not wanting and not wide and shaky is None:
         asked = f"the {repeats} asked for" if rot.rounds == repeats else f"{rot.rounds - repeats} more than asked"
         usable = f"within ±{LOOSE * 100:.0f}% and base agrees with itself" if tighten else "usable"
