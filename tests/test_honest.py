@@ -307,3 +307,34 @@ def test_a_stall_injected_into_one_base_run_gives_the_quiet_ratio_or_the_unrelia
     verdict = judged(whole)
     if verdict == "within bound":
         assert whole.timed_pairs >= 2 and f"{whole.timed_pairs} timed pairs, stopped: " in metrics_card(whole)
+
+
+def test_a_card_keeps_its_base_floor_in_the_machines_record_and_reads_its_pace_against_it(runner, settings, tmp_path):
+    import json
+    from dataclasses import replace
+
+    from studio.engine.baseline import Pairing
+    from studio.report.card import metrics_card
+    from studio.spec import GenerationRequest
+
+    path = tmp_path / "pace.json"
+    settings(pace_file=str(path))
+    runner.pairing = Pairing()  # the app's pairing: base timed 3 times beside the stack, the cores watched
+    r = GenerationRequest(prompt="a green ring", seed=1, steps=20, width=64, height=64, max_sequence_length=32)
+    first = runner.generate(r, "cache", cache_threshold=0.5).metrics
+    if first.cores_taken is None or first.cores_taken >= 0.15:
+        pytest.skip(f"the cores were not read quiet (taken {first.cores_taken}): nothing recorded")
+    ((key, entry),) = json.loads(path.read_text()).items()
+    assert first.base_pace_over is None and entry["benches"] == 1  # the first: nothing to compare with
+    assert entry["best_ms"] == pytest.approx(first.base_priced_s * 1e3 / 20)  # base's floor, per step
+    assert "|shape " in key and "|20 steps|1 calls a step|0 LoRAs" in key
+    # a record twice as fast as this machine runs: the next card of the shape (another prompt) reads its host slow
+    path.write_text(json.dumps({key: {"best_ms": entry["best_ms"] / 2, "benches": 1}}))
+    m = runner.generate(replace(r, prompt="a green ring, again", seed=2), "cache", cache_threshold=0.5).metrics
+    if m.cores_taken is None or m.cores_taken >= 0.15:
+        pytest.skip(f"the cores were not read quiet the second time (taken {m.cores_taken})")
+    assert m.base_pace_over == pytest.approx(m.base_priced_s * 1e3 / 20 / (entry["best_ms"] / 2) - 1)
+    assert m.base_pace_over > 0.5
+    if m.speedup is not None:  # said beside a number; a withheld one says why already
+        assert "host slow: base ran " in metrics_card(m)
+    assert json.loads(path.read_text())[key]["best_ms"] == entry["best_ms"] / 2  # the record keeps the faster

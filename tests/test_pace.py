@@ -80,3 +80,12 @@ def test_the_report_says_quiet_busy_or_first():
     both = Pace(KEY, 16.0, 14.0, 2, "/p.json", agree=0.04)
     assert len(both.why_busy()) == 2 and both.as_dict()["why_busy"] == both.why_busy()
     assert Pace(KEY, 14.5, 14.0, 2, "/p.json", agree=0.02).quiet is True
+
+
+def test_the_card_says_a_slow_host_in_words_past_the_slack_only():
+    from studio.report.fmt import host_slow
+
+    assert host_slow(None) == "" and host_slow(0.08) == ""
+    said = host_slow(0.27)
+    assert said.startswith("host slow: base ran 27% over its fastest here (quiet within 8%); ")
+    assert said.endswith("a step cache's speed-up reads low while it is")

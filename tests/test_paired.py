@@ -145,3 +145,12 @@ def test_bench_over_two_prompts_on_the_embedded_model(tiny_runner):
     row = next(r for r in rep.matrix.rows if r.preset == "cache")
     assert row.worst_flip == max(f.flip for f in p.prompts) and row.prompts == 2
     assert rep.as_dict()["paired"][0]["of"] == 2
+
+
+@pytest.mark.quick
+def test_rounds_that_other_programs_crowded_withhold_every_prompts_speed_up_and_say_what_took_the_cores():
+    said = "other programs took 36% of the cores its 2 threads needed over 31.0 s"
+    (p,) = paired(RECORDED, ["cache"], floor_db=30.0, crowded=said)
+    assert [f.speedup for f in p.prompts] == [None, None, None] and p.wins == 0
+    assert all(f.note.startswith(f"timing too noisy to show: the machine was busy ({said})") for f in p.prompts)
+    assert p.worst_speedup is None  # nothing known of the slowest: the tuner cannot select on it

@@ -30,8 +30,10 @@ from studio.bench.rotation import EXTRA_ROUNDS, Rotation, rotate, total_graphs
 from studio.bench.twins import cache_twins, with_twins
 from studio.engine import BASE, Runner
 from studio.engine.call import true_cfg
+from studio.engine.device import cpu_threads
 from studio.measure import pace as machine_pace
 from studio.measure.blocks import CachedStepPrice, IdealCheck
+from studio.measure.crowding import CoreWatch
 from studio.measure.estimate import price_ms, speedup_over
 from studio.measure.quality import GOOD_DB, psnr
 from studio.measure.record import library_versions
@@ -97,12 +99,15 @@ class BenchReport:
         }
 
 
-def row(name: str, rots: list[Rotation], base_name: str = BASE, ref: str | None = None) -> MatrixRow:
+def row(
+    name: str, rots: list[Rotation], base_name: str = BASE, ref: str | None = None, crowded: str = ""
+) -> MatrixRow:
     """One preset's row over every prompt's rotation. `ref`: its non-cache twin in the rotation (the reference its
-    `of ideal` is measured against); None: the engine's own reading (against base, or the run's own full steps)."""
+    `of ideal` is measured against); None: the engine's own reading (against base, or the run's own full steps).
+    `crowded`: what other programs took of the cores over the rounds, when enough to withhold (measure.crowding)."""
     ms = [rot.last[name].metrics for rot in rots]
     meds = [rot.median(name) for rot in rots]
-    est = speedup_over([rot.pair(base_name, name) for rot in rots])
+    est = replace(speedup_over([rot.pair(base_name, name) for rot in rots]), crowded=crowded)
     psnrs = [m.psnr_db for m in ms if m.psnr_db is not None]
     m0 = ms[0]
     denoise = statistics.median(meds)
@@ -199,16 +204,17 @@ def _noise(rots: list[Rotation], names: list[str], twins: dict[str, str]) -> Noi
     return NoiseFloor(aa.point, aa.lo, aa.hi, spread, cve)
 
 
-def _pace(runner: Runner, rots: list[Rotation], model: str) -> list[machine_pace.Pace]:
-    """Base's floor per step in this bench, per request shape, against this machine's record, and base against its
-    own second run (studio.measure.pace: was the machine quiet?); the record then keeps the faster floor."""
+def _pace(runner: Runner, rots: list[Rotation], model: str, crowding=None) -> list[machine_pace.Pace]:
+    """Base's floor per step in this bench, per request shape, against this machine's record, base against its own
+    second run, and what other programs took of the cores (`crowding`, measure.crowding) (studio.measure.pace: was
+    the machine quiet?); the record then keeps the faster floor, of a bench that others did not crowd."""
     import torch
 
     by_work: dict[str, list[Rotation]] = {}
     for rot in rots:
         q = rot.request
         calls = 2 if true_cfg(runner.manager.current.pipe, q) else 1
-        work = f"shape {q.graph_shape}|{q.executed_steps} steps|{calls} calls a step|{len(q.loras)} LoRAs"
+        work = machine_pace.work_of(q, calls)
         by_work.setdefault(work, []).append(rot)
     m = runner.manager
     out = []
@@ -220,7 +226,8 @@ def _pace(runner: Runner, rots: list[Rotation], model: str) -> list[machine_pace
             device=str(m.device), threads=torch.get_num_threads(), model=model, dtype=dtype, work=work
         )
         agree = speedup_over([rot.pair(BASE, AGAIN) for rot in group]).half_width
-        out.append(machine_pace.record(settings().pace_file, key, per_step, agree))
+        taken = crowding.taken if crowding is not None else None
+        out.append(machine_pace.record(settings().pace_file, key, per_step, agree, taken))
     return out
 
 
@@ -245,6 +252,25 @@ def _without(resolved: list[Preset], twins: dict, refs: dict, gone: set) -> tupl
     keep = [p for p in resolved if p.name not in gone]
     pairs = [{a: b for a, b in d.items() if a not in gone and b not in gone} for d in (twins, refs)]
     return keep, pairs[0], pairs[1]
+
+
+def _rounds(runner: Runner, requests, resolved, repeats, model, tick, *, vs_raw, extra, on_extra, tighten):
+    """Every prompt's rotation (studio.bench.rotation), the cores watched on the CPU (measure.crowding): (rotations,
+    what other programs took of the cores; None off the CPU)."""
+    raw = None
+    if vs_raw:
+        from studio.bench.vsraw import RawPool
+
+        raw = RawPool(runner, model)
+    threads = cpu_threads(runner.manager.device)
+    kw = dict(raw=raw, extra=extra, on_extra=on_extra, tighten=tighten)
+    try:
+        with CoreWatch(threads or 1, helpers=raw.pids if raw is not None else None) as watch:
+            rots = [rotate(runner, req, resolved, repeats, model, tick, **kw) for req in requests]
+    finally:
+        if raw is not None:
+            raw.close()
+    return rots, (watch.result if threads is not None else None)
 
 
 def run_bench(
@@ -290,32 +316,21 @@ def run_bench(
     def on_extra():  # an extra round: the progress bar's end moves with it
         total[0] += per_round
 
-    raw = None
-    if vs_raw:
-        from studio.bench.vsraw import RawPool
-
-        raw = RawPool(runner, model)
-    try:
-        rots = [
-            rotate(
-                runner,
-                req,
-                resolved,
-                repeats,
-                model,
-                tick,
-                raw=raw,
-                extra=extra_rounds,
-                on_extra=on_extra,
-                tighten=tighten,
-            )
-            for req in requests
-        ]
-    finally:
-        if raw is not None:
-            raw.close()
+    rots, crowding = _rounds(
+        runner,
+        requests,
+        resolved,
+        repeats,
+        model,
+        tick,
+        vs_raw=vs_raw,
+        extra=extra_rounds,
+        on_extra=on_extra,
+        tighten=tighten,
+    )
+    crowded = crowding.words() if crowding is not None and crowding.crowded else ""
     names = [p.name for p in resolved]
-    rows = [row(n, rots, ref=refs.get(n)) for n in names]
+    rows = [row(n, rots, ref=refs.get(n), crowded=crowded) for n in names]
     mat = Matrix(requests[0], model or runner.model, rows, rots[0].last, repeats)
     meta = {
         "model": model or runner.model,
@@ -332,8 +347,8 @@ def run_bench(
         "cache_twins": refs,
         "vs_raw": vs_raw,
     }
-    pairs = paired(rots, names, floor_db, max_flip) if len(rots) > 1 else []
+    pairs = paired(rots, names, floor_db, max_flip, crowded) if len(rots) > 1 else []
     noise = _noise(rots, names, twins)
     rep = BenchReport(mat, rots, noise, _cost(rots, twins), twins, meta, paired=pairs)
-    rep.pace = _pace(runner, rots, model or runner.model)
+    rep.pace = _pace(runner, rots, model or runner.model, crowding)
     return rep

@@ -18,7 +18,7 @@ Nothing here times anything: it reads the rotations the bench timed.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from studio.bench.rotation import Rotation
 from studio.engine import BASE
@@ -97,9 +97,11 @@ def labels(rots: list[Rotation]) -> list[str]:
     return [rot.request.prompt + (f" (seed {rot.request.seed})" if len(seeds) > 1 else "") for rot in rots]
 
 
-def _figures(rot: Rotation, name: str, label: str, floor_db: float, max_flip: float | None) -> PromptFigures:
-    est = rot.ratio(BASE, name)
-    again = rot.ratio(AGAIN, name) if AGAIN in rot.runs else None
+def _figures(
+    rot: Rotation, name: str, label: str, floor_db: float, max_flip: float | None, crowded: str = ""
+) -> PromptFigures:
+    est = replace(rot.ratio(BASE, name), crowded=crowded)  # programs on the cores: withheld (measure.crowding)
+    again = replace(rot.ratio(AGAIN, name), crowded=crowded) if AGAIN in rot.runs else None
     m = rot.last[name].metrics
     shown = not est.useless
     above = m.psnr_db is not None and m.psnr_db >= floor_db
@@ -120,13 +122,16 @@ def _figures(rot: Rotation, name: str, label: str, floor_db: float, max_flip: fl
     )
 
 
-def paired(rots: list[Rotation], names: list[str], floor_db: float, max_flip: float | None = None) -> list[Paired]:
-    """Each stack of `names` (base and its second run left out) request by request (module doc)."""
+def paired(
+    rots: list[Rotation], names: list[str], floor_db: float, max_flip: float | None = None, crowded: str = ""
+) -> list[Paired]:
+    """Each stack of `names` (base and its second run left out) request by request (module doc); `crowded`: what
+    other programs took of the cores over the rounds, when enough to withhold every speed-up (measure.crowding)."""
     tags = labels(rots)
     out = []
     for name in names:
         if name in (BASE, AGAIN):
             continue
-        figs = [_figures(rot, name, tag, floor_db, max_flip) for rot, tag in zip(rots, tags)]
+        figs = [_figures(rot, name, tag, floor_db, max_flip, crowded) for rot, tag in zip(rots, tags)]
         out.append(Paired(name, figs, floor_db, max_flip))
     return out

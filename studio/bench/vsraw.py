@@ -91,6 +91,10 @@ class RawPool:
                 w.close()
             raise
 
+    def pids(self) -> list[int]:
+        """The live workers' process ids (their CPU time is the bench's own: studio.measure.crowding)."""
+        return [w.proc.pid for w in self.workers.values()]
+
     def close(self) -> None:
         for w in self.workers.values():
             w.close()

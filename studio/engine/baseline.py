@@ -31,7 +31,9 @@ The method (the numbers are the product):
   kept; otherwise PSNR is not computed (the caller asks for it);
 - SAME REGIME: a stack with a memory regime (`offload_config`) is compared with `base` under that regime
   (`same_regime`), kept under its own key (`regime_key`): its speed-up and PSNR are those of its other features at the
-  same weight traffic; a resident base would fold the offload's cost into the speed-up.
+  same weight traffic; a resident base would fold the offload's cost into the speed-up;
+- WATCHED (`watched`): on the CPU, the pairing's cores are watched; a program that held them through it moves the
+  speed-up itself (no floor escapes it), so the number is withheld and the card says what took the cores.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from studio.measure.crowding import CoreWatch, Crowding
 from studio.measure.estimate import TIGHT, Estimate, Run, exact_one, price_ms, speedup, stalled
 from studio.measure.estimate import by_shape as estimate_by_shape
 from studio.spec.preset import Preset
@@ -176,14 +179,17 @@ class Paired:
     ratio: Estimate | None = None  # base over the stack (studio.measure.estimate); None: not compared
     by_shape: bool = False  # the base timing is a kept one of the same shape, maybe of another prompt (compare auto)
     stack_runs: tuple[Run, ...] = ()  # the stack's timed runs beside this base (kept for compare auto's drift)
+    crowding: Crowding | None = None  # what other programs took of the cores while it was timed (None: not watched)
 
     def priced_s(self) -> dict:
         """What the speed-up divides, in seconds: the stack's and the base's floor prices (each kind of step at its
-        fastest over the timed runs, studio.measure.estimate.price_ms), as RunMetrics fields; None where not timed."""
+        fastest over the timed runs, studio.measure.estimate.price_ms), and what other programs took of the cores
+        meanwhile, as RunMetrics fields; None where not timed (not watched)."""
         base_runs = self.base.runs if self.base is not None else ()
         return {
             "denoise_priced_s": price_ms(self.stack_runs) / 1e3 if self.stack_runs else None,
             "base_priced_s": price_ms(base_runs) / 1e3 if base_runs else None,
+            "cores_taken": self.crowding.taken if self.crowding is not None else None,
         }
 
 
@@ -231,6 +237,19 @@ def side_by_side(pairing: Pairing, store: BaseStore, key: tuple, time_base, time
     stack = tuple(x.timed for x in runs)
     r = replace(speedup(base.runs, stack), stop=why)
     return Paired(base, median_run(runs), len(runs), base_now=True, ratio=r, stack_runs=stack)
+
+
+def watched(time_it, threads: int | None) -> Paired:
+    """`time_it()`'s pairing, the cores watched while it runs when `threads` is given (a CPU timing on this process's
+    threads, studio.measure.crowding): other programs that held them withhold the speed-up, whatever its interval."""
+    if threads is None:
+        return time_it()
+    with CoreWatch(threads) as watch:
+        paired = time_it()
+    c = watch.result
+    if c.crowded and paired.ratio is not None and not paired.ratio.exact:
+        return replace(paired, ratio=replace(paired.ratio, crowded=c.words()), crowding=c)
+    return replace(paired, crowding=c)
 
 
 def shape_timing(pairing: Pairing, shapes: BaseStore, shape: tuple, now: float | None = None) -> BaseEntry | None:

@@ -25,6 +25,12 @@ def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
+def cpu_threads(device) -> int | None:
+    """The threads this process computes on when `device` is the CPU (what studio.measure.crowding watches); None off
+    the CPU, where a timing is the accelerator's."""
+    return torch.get_num_threads() if torch.device(device).type == "cpu" else None
+
+
 @lru_cache(maxsize=1)
 def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
     """The CPU's feature flags (empty where /proc/cpuinfo is not there)."""

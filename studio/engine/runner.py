@@ -24,24 +24,29 @@ from studio.engine.baseline import (
     same_regime,
     shape_timing,
     side_by_side,
+    watched,
 )
+from studio.engine.call import true_cfg
 from studio.engine.describe import engaged_lines, fallback_lines, labels
+from studio.engine.device import cpu_threads
+from studio.engine.ideal import ideal_check
 from studio.engine.loader import ModelManager
 from studio.engine.lora import check_loras
 from studio.engine.parallel import remove_parallel, workers
 from studio.engine.run import Deadline, Measured, RunContext, measure, pipeline_for, settle, warm
-from studio.measure.blocks import IdealCheck, computed_blocks, price_cached_step
-from studio.measure.estimate import full_steps, speedup
+from studio.measure.estimate import price_ms
+from studio.measure.pace import Pace, pace_key, record, work_of
 from studio.measure.record import RunMetrics, RunResult, Timing
 from studio.spec.cachedit import step_mask
 from studio.spec.checks import ConfigError
 from studio.spec.errors import USER_ERRORS, RunError
 from studio.spec.headroom import headroom, run_fields
 from studio.spec.lora import merge_loras
-from studio.spec.preset import CacheSpec, Preset
+from studio.spec.preset import Preset
 from studio.spec.presets import BASE, PresetLibrary
 from studio.spec.profiles import ModelProfile, profile_for, resolve_model
 from studio.spec.request import GenerationRequest, check_caps, compare_mode
+from studio.spec.settings import current as settings
 
 
 class Runner:
@@ -254,6 +259,7 @@ class Runner:
             how = pairing if compare == "on" or (compare == "auto" and not known) else CALLER_TIMES_BASE
             paired = base_itself(how, self.bases, key, lambda: measure(ctx, p))  # one run when not compared
         elif compare != "off":
+            cpu = cpu_threads(self.manager.device) if not p.wants_workers else None  # watched cores (baseline)
             # the stack's warm-up (a compile can take a minute) before the pairing decides whether a kept base is
             # recent enough: a base kept 50 s ago must not divide a run that ends 50 s of compiling later
             pipe, stack, reloaded = pipeline_for(ctx, p)
@@ -261,15 +267,18 @@ class Runner:
             shaped = shape_timing(pairing, self.shapes, shape) if compare == "auto" else None
             then = self.stack_prices.get((shape, p.stack)) if shaped is not None else None
             if then is not None and then[0] == shaped.timed_at:  # this stack was timed beside that very base timing
-                paired = by_shape(shaped, then[1], self.bases.get(key), lambda: measure(ctx, p))
+                paired = watched(lambda: by_shape(shaped, then[1], self.bases.get(key), lambda: measure(ctx, p)), cpu)
             else:
-                paired = side_by_side(
-                    pairing,
-                    self.bases,
-                    key,
-                    time_base=lambda: measure(ctx, base_p, show_steps=False),
-                    time_stack=lambda: measure(ctx, p),
-                    on_status=ctx.on_status,
+                paired = watched(
+                    lambda: side_by_side(
+                        pairing,
+                        self.bases,
+                        key,
+                        time_base=lambda: measure(ctx, base_p, show_steps=False),
+                        time_stack=lambda: measure(ctx, p),
+                        on_status=ctx.on_status,
+                    ),
+                    cpu,
                 )
             first = paired.run
             paired = replace(paired, run=replace(first, warmup_s=warmup_s, reloaded=reloaded or first.reloaded))
@@ -279,7 +288,9 @@ class Runner:
             self.shapes.put(shape, paired.base)  # a timing that agreed: it may divide this shape's next runs
             if not is_base:
                 self.stack_prices.put((shape, p.stack), (paired.base.timed_at, paired.stack_runs))
-        metrics = self._metrics(ctx, p, paired, time.perf_counter() - t0, is_base=is_base)
+        metrics = self._metrics(
+            ctx, p, paired, time.perf_counter() - t0, is_base=is_base, pace=self._pace(ctx, paired)
+        )
         return RunResult(paired.run.image, paired.base.image if paired.base else None, metrics)
 
     def _metrics(
@@ -291,6 +302,7 @@ class Runner:
         *,
         is_base: bool = False,
         screening: bool = False,
+        pace: Pace | None = None,
     ) -> RunMetrics:
         run: Measured = paired.run
         base = paired.base
@@ -305,7 +317,7 @@ class Runner:
             by_shape=paired.by_shape,
         )
         cache_on = run.stack.is_engaged("cache")
-        ideal = self._ideal(p, paired)
+        ideal = ideal_check(p, paired, self.presets.get(BASE))
         return RunMetrics.of(
             image=run.image,
             base_image=base.image if base else None,
@@ -341,6 +353,7 @@ class Runner:
             h2d=run.h2d,
             placement=self.manager.placement(),
             **paired.priced_s(),
+            base_pace_over=pace.over if pace is not None else None,
             **self._room(ctx, p, run),
         )
 
@@ -354,39 +367,18 @@ class Runner:
             room, engaged=r.backend != "none", cached=run.counts.cached, diffs=r.residual_diffs, threshold=r.threshold
         )
 
-    def _ideal(self, p: Preset, paired: Paired) -> IdealCheck | None:
-        """The cached run against its ideal (studio.measure.blocks), or None when nothing is cached or the blocks'
-        times are unknown (compiled blocks and no eager base beside them)."""
-        run, base = paired.run, paired.base
-        in_workers = run.stack.workers is not None and p.cache_config.backend == "cache-dit"
-        if not (run.stack.is_engaged("cache") or in_workers) or not run.counts.full:
+    def _pace(self, ctx: RunContext, paired: Paired) -> Pace | None:
+        """A base timed in this call on the CPU, no other program on the cores: its floor per step against the fastest
+        this machine has run the same (studio.measure.pace, the bench's record too), which then keeps the faster."""
+        base, c = paired.base, paired.crowding
+        if not paired.base_now or base is None or not base.runs or c is None or c.taken is None or c.crowded:
             return None
-        c = p.cache_config
-        first, last = (1, 0) if c.backend == "fbcache" else (c.Fn_compute_blocks, c.Bn_compute_blocks)
-        own = run.block_ms is not None and run.full_ms is not None
-        if own:
-            blocks, full_ms, source = run.block_ms, run.full_ms, "from this run's block times"
-        elif base is not None and base.block_ms is not None:
-            blocks, full_ms, source = base.block_ms, base.full_ms, "from the eager base's block times"
-        else:
-            return None
-        price = price_cached_step(
-            list(blocks), full_ms, run.calls_per_step, computed_blocks(len(blocks), first, last), source
+        calls = 2 if true_cfg(self.manager.current.pipe, ctx.request) else 1
+        key = pace_key(
+            device=str(self.manager.device),
+            threads=c.threads,
+            model=ctx.model,
+            dtype=ctx.dtype.name,
+            work=work_of(ctx.request, calls),
         )
-        if price is None:
-            return None
-        ideal = price.ideal_speedup(run.counts.full, run.counts.cached)
-        if self._twin_is_base(p):
-            shown = paired.ratio is not None and not paired.ratio.useless  # a busy machine: no reading at all
-            return IdealCheck(ideal, paired.ratio if shown else None, "base", price)
-        # compiled / quantized / other attention: its non-cache twin is not base; its own full steps stand in (the
-        # same estimator: every step priced as its fastest full step, over the run's floor)
-        stack = paired.stack_runs or (run.timed,)
-        fulls = tuple(full_steps(t) for t in stack)
-        steps = (len(run.step_ms), 0)  # every step at the price of a full one: the run without its cache
-        return IdealCheck(ideal, speedup(fulls, stack, base_counts=steps), "its own full steps", price)
-
-    def _twin_is_base(self, p: Preset) -> bool:
-        """Whether `p` without its step cache is `base` (then base, timed beside it, is its non-cache reference)."""
-        plain = replace(p, cache_config=CacheSpec())
-        return plain.stack[1:] == same_regime(self.presets.get(BASE), p).stack[1:]
+        return record(settings().pace_file, key, price_ms(base.runs) / max(1, len(base.runs[0].step_ms)))

@@ -20,6 +20,8 @@ CPU hog beside it: tests/data/step_timings.json, docs/measuring.md):
   docs/measuring.md), which is why the pairing times a cheap base 3 times;
 - a number is WITHHELD only when its interval is useless (`Estimate.useless`): it holds 1.00 while the point is
   more than NEAR_ONE away from it, or it is wider than +-USELESS of the point; the note says what would help;
+- a number is also withheld when other programs held the cores while it was timed (`Estimate.crowded`, read by
+  studio.measure.crowding): the floor cannot escape a program that holds a core through every step;
 - a run whose wall time is over STALL_BOUND times its own median steps' was hit by a stall (a few steps waited);
   counted, and said, while the estimate holds.
 
@@ -72,6 +74,9 @@ class Estimate:
     exact: bool = False  # 1.00 by construction (base against itself): no interval
     # what would help a useless interval, in words, set by the caller that can act on it ("compare on", "more repeats")
     helps: str = ""
+    # other programs held the cores while it was timed (studio.measure.crowding), in words: withheld whatever the
+    # interval says ("" when they did not, or it was not read)
+    crowded: str = ""
 
     @property
     def half_width(self) -> float:
@@ -86,6 +91,8 @@ class Estimate:
     def useless(self) -> bool:
         if self.exact:
             return False
+        if self.crowded:
+            return True
         holds_one = self.lo <= 1.0 <= self.hi and abs(self.point - 1.0) > NEAR_ONE
         return holds_one or self.half_width > USELESS
 
@@ -93,6 +100,11 @@ class Estimate:
         """Why the number is withheld, and what would help; None when it is shown."""
         if not self.useless:
             return None
+        if self.crowded:
+            return (
+                f"timing too noisy to show: the machine was busy ({self.crowded}), and a speed-up read while "
+                f"programs share the cores moves with them; speed-up not shown (a quieter machine would help)"
+            )
         why = (
             f"holds 1.00x while its point says {self.point:.2f}x"
             if self.lo <= 1.0 <= self.hi

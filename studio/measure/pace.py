@@ -12,7 +12,8 @@ So the bench remembers, per machine and request shape, base's floor price per st
 over base's runs in that bench) in a small JSON file, and calls a bench QUIET when both
 - its own base floor is within QUIET_SLACK of the fastest seen there (the host was at its usual pace), and
 - base agreed with its own second run in the same rounds within AGREE (the interval's half-width: the moments of
-  the rounds were alike; the bench times extra rounds while they do not, studio.bench.rotation).
+  the rounds were alike; the bench times extra rounds while they do not, studio.bench.rotation), and
+- other programs took under CROWDED of the cores it needed (studio.measure.crowding; then its rows are withheld too).
 Measured on the 2-core VM (docs/measuring.md, "Was the machine quiet?"): benches that pass both agreed within 8% on
 every row with each other; those that did not read 6-14% off. A bench that is not quiet says why, and that its
 speed-ups may read low. The first bench on a machine has no record to compare with and says so. A floor over more
@@ -27,6 +28,8 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from studio.measure.crowding import CROWDED
 
 QUIET_SLACK = 0.08  # base's floor within 8% of the fastest seen here (module doc; docs/measuring.md)
 AGREE = 0.03  # base against its own second run within +-3% (the interval's half-width)
@@ -44,6 +47,7 @@ class Pace:
     where: str = ""  # the record file
     note: str = ""  # what was lost, where the record could not be read or written
     agree: float | None = None  # base against its own second run: the interval's half-width (None: not timed)
+    taken: float | None = None  # what other programs took of the cores it needed (measure.crowding; None: not read)
 
     @property
     def over(self) -> float | None:
@@ -54,7 +58,7 @@ class Pace:
     def quiet(self) -> bool | None:
         """Both checks passed (module doc); False when either failed; None when the pace has no record to compare
         with and base agreed with itself."""
-        if self.agree is not None and self.agree > AGREE:
+        if self.agree is not None and self.agree > AGREE or self.taken is not None and self.taken >= CROWDED:
             return False
         return None if self.over is None else self.over <= QUIET_SLACK
 
@@ -65,6 +69,8 @@ class Pace:
             out.append(f"base {self.over * 100:.0f}% over its fastest here, quiet within {QUIET_SLACK * 100:.0f}%")
         if self.agree is not None and self.agree > AGREE:
             out.append(f"base against its own second run ±{self.agree * 100:.1f}%, quiet within ±{AGREE * 100:.0f}%")
+        if self.taken is not None and self.taken >= CROWDED:
+            out.append(f"other programs took {self.taken * 100:.0f}% of the cores, quiet under {CROWDED * 100:.0f}%")
         return out
 
     def as_dict(self) -> dict:
@@ -86,6 +92,13 @@ def pace_key(*, device: str, threads: int, model: str, dtype: str, work: str) ->
     """What must match for two benches' base floors to be compared: the machine (CPU, device, threads), the model
     and dtype, and `work`, what one step of the request does (its shape, steps, calls per step)."""
     return f"{cpu_name()}|{device}|{threads} threads|{model}|{dtype}|{work}"
+
+
+def work_of(request, calls: int) -> str:
+    """What one step of `request` (a spec GenerationRequest) does, as the pace key's `work`: its shape, the steps it
+    runs, transformer calls a step (2 under true CFG), its LoRAs."""
+    q = request
+    return f"shape {q.graph_shape}|{q.executed_steps} steps|{calls} calls a step|{len(q.loras)} LoRAs"
 
 
 def _load(path: Path) -> tuple[dict, str]:
@@ -114,9 +127,12 @@ def _write(path: Path, data: dict) -> str:
     return ""
 
 
-def record(path: str | Path | None, key: str, floor_ms: float, agree: float | None = None) -> Pace:
+def record(
+    path: str | Path | None, key: str, floor_ms: float, agree: float | None = None, taken: float | None = None
+) -> Pace:
     """This bench's `floor_ms` against the record at `path` (None: DEFAULT_FILE), which then keeps the faster;
-    `agree`: base against its own second run, the interval's half-width."""
+    `agree`: base against its own second run, the interval's half-width; `taken`: what other programs took of the
+    cores (studio.measure.crowding)."""
     p = Path(path) if path else DEFAULT_FILE
     data, lost = _load(p)
     entry = data.get(key) if isinstance(data.get(key), dict) else {}
@@ -124,4 +140,4 @@ def record(path: str | Path | None, key: str, floor_ms: float, agree: float | No
     best = float(best) if isinstance(best, (int, float)) and best > 0 else None
     data[key] = {"best_ms": floor_ms if best is None else min(best, floor_ms), "benches": seen + 1}
     lost = "; ".join(x for x in (lost, _write(p, data)) if x)
-    return Pace(key, floor_ms, best, seen, str(p), lost, agree)
+    return Pace(key, floor_ms, best, seen, str(p), lost, agree, taken)

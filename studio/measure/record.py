@@ -107,6 +107,13 @@ class RunMetrics:
     # its count (studio.measure.estimate.price_ms), in seconds; beside the wall times a stall can lift
     denoise_priced_s: float | None = None
     base_priced_s: float | None = None
+    # the share of the cores this process's threads needed that other programs took while the pairing ran
+    # (studio.measure.crowding; None: not read, off the CPU or on parallel workers): CROWDED or more withholds
+    cores_taken: float | None = None
+    # base's floor per step over the fastest this machine has run the same request shape (studio.measure.pace; 0.27 =
+    # 27% slower; None: no record, or base not timed in this call): over QUIET_SLACK the host was slow, and a step
+    # cache's speed-up reads low then (said on the card, not withheld: docs/measuring.md)
+    base_pace_over: float | None = None
     cached_share: float | None = None  # a cached step's ideal price as a share of a full step, measured
     ideal_source: str | None = None  # where the block times behind `cached_share` came from
     of_ideal: float | None = None  # measured speed-up over its non-cache reference, over the ideal

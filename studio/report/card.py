@@ -105,6 +105,8 @@ def metrics_card(m) -> str:
     if m.base_denoise_s is not None:
         pairs = f", {esc(fmt.pairs(m.timed_pairs, m.pairs_stop, m.stalled_runs))}" if m.timed_pairs else ""
         vs += f" (base {fmt.denoise(m.base_denoise_s, m.base_priced_s)}{pairs})"
+    if fmt.host_slow(m.base_pace_over) and m.speedup is not None:
+        vs += f"<br><small>{esc(fmt.host_slow(m.base_pace_over))}</small>"
     rows = [
         ("stack", _stack(m)),
         ("denoise", f"{fmt.denoise(m.denoise_s, m.denoise_priced_s)} &nbsp; ({m.mean_step_ms:.1f} ms/step)"),

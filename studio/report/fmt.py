@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from studio.measure.pace import QUIET_SLACK
 from studio.measure.quality import TILE, Verdict
 
 
@@ -57,6 +58,17 @@ def pairs(n: int, stop: str | None = None, stalled: int = 0) -> str:
     out = f"{n} timed pair{'s' if n != 1 else ''}"
     out += f", stopped: {stop}" if stop else ""
     return out + (f"; stalled: {stalled} run{'s' if stalled != 1 else ''} ran slow in places" if stalled else "")
+
+
+def host_slow(over: float | None) -> str:
+    """A base that ran slower than this machine's fastest for the same request shape (studio.measure.pace), in words;
+    '' when within the slack, or with nothing to compare."""
+    if over is None or over <= QUIET_SLACK:
+        return ""
+    return (
+        f"host slow: base ran {over * 100:.0f}% over its fastest here (quiet within {QUIET_SLACK * 100:.0f}%); "
+        "a step cache's speed-up reads low while it is"
+    )
 
 
 def of_ideal(v: float | None, lo: float | None = None, hi: float | None = None) -> str:

@@ -1,0 +1,132 @@
+"""Other programs on the cores (studio.measure.crowding): the kernel's accounting read over a span, what they took of
+the cores this process's threads needed, and the card that withholds its number then."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from studio.measure.crowding import CROWDED, CoreWatch, Crowding
+from studio.measure.estimate import Estimate
+
+HOG = "while True: pass"
+
+
+def _watch_read(threads, cores, busy_s, cap_s, mine_s, wall_s):
+    """A watch over made-up readings: the kernel counted `busy_s` busy core-seconds of `cap_s`, this process used
+    `mine_s` of them, over `wall_s`."""
+    w = CoreWatch(threads, cores=cores, path="/nonexistent")
+    w._stat, w._mine, w._t0 = (100.0, 1000.0), 50.0, 0.0
+    return w.read((100.0 + busy_s, 1000.0 + cap_s), 50.0 + mine_s, wall_s)
+
+
+@pytest.mark.quick
+def test_what_others_took_is_the_kernels_busy_time_less_this_processs_own():
+    # 2 cores, 10 s: 20 core-seconds; this process's 2 threads used 13 of them, the kernel counted 20 busy: others 7
+    c = _watch_read(threads=2, cores=2, busy_s=20.0, cap_s=20.0, mine_s=13.0, wall_s=10.0)
+    assert c.others == pytest.approx(7 / 20) and c.taken == pytest.approx(0.35) and c.crowded
+    assert c.words() == "other programs took 35% of the cores its 2 threads needed over 10.0 s"
+    # quiet: others used 0.4 core-seconds of 20 (2%)
+    q = _watch_read(threads=2, cores=2, busy_s=19.9, cap_s=20.0, mine_s=19.5, wall_s=10.0)
+    assert q.taken == pytest.approx(0.02) and not q.crowded
+
+
+@pytest.mark.quick
+def test_a_program_on_a_core_this_process_does_not_need_takes_nothing_from_it():
+    # one thread on 2 cores (a pytest-xdist worker): another worker on the other core is half of all, none of ours
+    c = _watch_read(threads=1, cores=2, busy_s=20.0, cap_s=20.0, mine_s=10.0, wall_s=10.0)
+    assert c.others == pytest.approx(0.5) and c.taken == pytest.approx(0.0) and not c.crowded
+    # a third program beside the two: 1.3 cores of others, 0.3 of them the core this thread needed
+    c = _watch_read(threads=1, cores=2, busy_s=20.0, cap_s=20.0, mine_s=7.0, wall_s=10.0)
+    assert c.taken == pytest.approx(0.3) and c.crowded
+
+
+@pytest.mark.quick
+def test_nothing_is_read_where_the_kernel_says_nothing_or_the_span_is_a_few_ticks():
+    w = CoreWatch(2, cores=2, path="/nonexistent")
+    with w:
+        pass
+    assert w.result.taken is None and "could not be read" in w.result.note and not w.result.crowded
+    short = _watch_read(threads=2, cores=2, busy_s=0.4, cap_s=0.4, mine_s=0.1, wall_s=0.2)
+    assert short.taken is None and "too short" in short.note
+
+
+@pytest.mark.quick
+def test_a_crowded_estimate_is_withheld_whatever_its_interval_and_says_what_took_the_cores():
+    tight = Estimate(1.9, 1.85, 1.95, 3)
+    assert not tight.useless and tight.why_not() is None
+    words = Crowding(0.36, 0.36, 31.0, 2, 2).words()
+    crowded = Estimate(1.9, 1.85, 1.95, 3, crowded=words)
+    assert crowded.useless
+    assert crowded.why_not().startswith("timing too noisy to show: the machine was busy (other programs took 36%")
+    assert "a quieter machine would help" in crowded.why_not()
+    assert not Estimate(1.0, 1.0, 1.0, 3, exact=True, crowded=words).useless  # base against itself: no reading
+
+
+def _hogs(n: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(n)]
+
+
+def _stop(hogs) -> None:
+    for h in hogs:
+        h.kill()
+        h.wait(timeout=30)
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+@pytest.mark.timing
+def test_the_kernel_sees_programs_that_hold_the_cores_and_this_process_alone_is_quiet(quiet):
+    import os
+
+    cores = os.cpu_count() or 1
+    hogs = _hogs(cores)  # one per core: every core is shared with this process's one spinning thread
+    try:
+        time.sleep(0.3)
+        with CoreWatch(1) as w:
+            _spin(2.0)
+    finally:
+        _stop(hogs)
+    assert w.result.taken is not None and w.result.taken >= CROWDED, w.result
+    hogs = _hogs(cores)  # the same programs working for the timing (a bench's plain workers): its own time
+    try:
+        with CoreWatch(1, helpers=lambda: [h.pid for h in hogs]) as helped:
+            _spin(2.0)
+    finally:
+        _stop(hogs)
+    assert helped.result.taken is not None and helped.result.taken < CROWDED, helped.result
+    if not quiet:
+        pytest.skip("the machine is busy: the quiet half needs a quiet machine")
+    with CoreWatch(1) as alone:
+        _spin(2.0)
+    assert alone.result.taken < CROWDED, alone.result
+
+
+@pytest.mark.timing
+def test_the_card_withholds_its_number_while_programs_hold_the_cores(runner):
+    import os
+    from dataclasses import replace
+
+    from studio.engine.baseline import Pairing
+    from studio.report.card import metrics_card
+    from studio.spec import GenerationRequest
+
+    runner.pairing = Pairing()  # the app's: 3 pairs while base is cheap (the watch reads spans over MIN_SPAN_S)
+    r = GenerationRequest(prompt="a blue square", seed=5, steps=20, width=64, height=64, max_sequence_length=32)
+    runner.generate(r, "cache", cache_threshold=0.5)  # warm: loads and first runs, unwatched
+    hogs = _hogs(os.cpu_count() or 1)
+    try:
+        m = runner.generate(replace(r, seed=6), "cache", cache_threshold=0.5).metrics
+    finally:
+        _stop(hogs)
+    assert m.cores_taken is not None and m.cores_taken >= CROWDED, m.cores_taken
+    assert m.speedup is None and m.speedup_lo is None
+    assert m.speedup_note.startswith("timing too noisy to show: the machine was busy (other programs took ")
+    assert "the machine was busy" in metrics_card(m)
