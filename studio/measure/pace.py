@@ -32,6 +32,7 @@ from pathlib import Path
 from studio.measure.crowding import CROWDED
 
 QUIET_SLACK = 0.08  # base's floor within 8% of the fastest seen here (module doc; docs/measuring.md)
+CARD_SLACK = 0.20  # a card's base floor (3 runs) over 20% of the fastest here: its host was slow (docs/measuring.md)
 AGREE = 0.03  # base against its own second run within +-3% (the interval's half-width)
 DEFAULT_FILE = Path.home() / ".cache" / "dit-speed-studio" / "pace.json"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from studio.measure.pace import QUIET_SLACK
+from studio.measure.pace import CARD_SLACK
 from studio.measure.quality import TILE, Verdict
 
 
@@ -63,10 +63,10 @@ def pairs(n: int, stop: str | None = None, stalled: int = 0) -> str:
 def host_slow(over: float | None) -> str:
     """A base that ran slower than this machine's fastest for the same request shape (studio.measure.pace), in words;
     '' when within the slack, or with nothing to compare."""
-    if over is None or over <= QUIET_SLACK:
+    if over is None or over <= CARD_SLACK:
         return ""
     return (
-        f"host slow: base ran {over * 100:.0f}% over its fastest here (quiet within {QUIET_SLACK * 100:.0f}%); "
+        f"host slow: base ran {over * 100:.0f}% over its fastest here (quiet within {CARD_SLACK * 100:.0f}%); "
         "a step cache's speed-up reads low while it is"
     )
 
