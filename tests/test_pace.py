@@ -88,4 +88,4 @@ def test_the_card_says_a_slow_host_in_words_past_the_slack_only():
     assert host_slow(None) == "" and host_slow(0.20) == ""
     said = host_slow(0.27)
     assert said.startswith("host slow: base ran 27% over its fastest here (quiet within 20%); ")
-    assert said.endswith("a step cache's speed-up reads low while it is")
+    assert said.endswith("a speed-up may read off while it is")

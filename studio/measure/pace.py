@@ -16,9 +16,9 @@ over base's runs in that bench) in a small JSON file, and calls a bench QUIET wh
 - other programs took under CROWDED of the cores it needed (studio.measure.crowding; then its rows are withheld too).
 Measured on the 2-core VM (docs/measuring.md, "Was the machine quiet?"): benches that pass both agreed within 8% on
 every row with each other; those that did not read 6-14% off. A bench that is not quiet says why, and that its
-speed-ups may read low. The first bench on a machine has no record to compare with and says so. A floor over more
-rounds is a little lower (the fastest of more steps), but base's steps on a quiet machine lie close together (its
-fastest and its tenth-percentile step 1.5% apart over 10 recorded rounds), well inside the slack.
+speed-ups may read off (mostly low, measured). The first bench on a machine has no record to compare with and says
+so. A floor over more rounds is a little lower (the fastest of more steps), but base's steps on a quiet machine lie
+close together (its fastest and its tenth-percentile step 1.5% apart over 10 recorded rounds), well inside the slack.
 """
 
 from __future__ import annotations

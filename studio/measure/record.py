@@ -112,7 +112,7 @@ class RunMetrics:
     cores_taken: float | None = None
     # base's floor per step over the fastest this machine has run the same request shape (studio.measure.pace; 0.27 =
     # 27% slower; None: no record, or base not timed in this call): over CARD_SLACK the host was slow, and a step
-    # cache's speed-up reads low then (said on the card, not withheld: docs/measuring.md)
+    # cache's speed-up reads off then (said on the card, not withheld: docs/measuring.md)
     base_pace_over: float | None = None
     cached_share: float | None = None  # a cached step's ideal price as a share of a full step, measured
     ideal_source: str | None = None  # where the block times behind `cached_share` came from

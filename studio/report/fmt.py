@@ -67,7 +67,7 @@ def host_slow(over: float | None) -> str:
         return ""
     return (
         f"host slow: base ran {over * 100:.0f}% over its fastest here (quiet within {CARD_SLACK * 100:.0f}%); "
-        "a step cache's speed-up reads low while it is"
+        "a speed-up may read off while it is"
     )
 
 

@@ -87,8 +87,9 @@ def pace_line(p) -> str:
         out += f", {p.over * 100:+.0f}% against the fastest this machine has run it ({runs})"
     if p.quiet is False:
         out += (
-            f": the machine was BUSY ({'; '.join(p.why_busy())}); speed-ups here may read low (a busy host slows a "
-            "cache's small steps more than full ones) and differ from a quiet run's: run again when it is quiet"
+            f": the machine was BUSY ({'; '.join(p.why_busy())}); speed-ups here may read off (a busy host slows a "
+            "cache's small steps and full ones unevenly, mostly the small) and differ from a quiet run's: run again "
+            "when it is quiet"
         )
     elif p.quiet:
         out += ": a quiet machine"
@@ -206,7 +207,7 @@ def tune_summary(res, *, written: str | None = None, markdown: bool = False) -> 
         f"{fmt.speedup(res.vs_cache)} the {c}cache{c} preset's; {res.runs} runs ({res.screened} screening, "
         f"{res.timed} timed)" + (f"; written to {written}" if written else "")
     )
-    busy = [pace_line(p) for p in getattr(res, "pace", []) if p.quiet is False]  # its figures may read low: said
+    busy = [pace_line(p) for p in getattr(res, "pace", []) if p.quiet is False]  # its figures may read off: said
     return out + "".join("\n" + line for line in paired_lines(getattr(res, "paired", None)) + busy)
 
 
