@@ -73,10 +73,15 @@ class BaseEntry:
     timed_at: float = field(default_factory=time.monotonic)  # when the timed run ended (time.monotonic)
     runs: tuple[Run, ...] = ()  # the timed runs of its last pairing, as the estimator reads them
     block_ms: tuple | None = None  # its blocks' median times (eager): what a compiled stack's ideal is priced by
+    crowded: bool = False  # other programs held the cores while it was timed (`watched`): its picture stays, its time
+    # divides nothing later
 
     @property
     def agreed(self) -> bool:
-        """A timing that may be kept alone: timed more than once, or once without a stall (studio.measure.estimate)."""
+        """A timing that may be kept alone: timed more than once, or once without a stall (studio.measure.estimate),
+        with no other program on the cores."""
+        if self.crowded:
+            return False
         return len(self.runs) > 1 or (len(self.runs) == 1 and not stalled(self.runs))
 
     @property
@@ -239,17 +244,22 @@ def side_by_side(pairing: Pairing, store: BaseStore, key: tuple, time_base, time
     return Paired(base, median_run(runs), len(runs), base_now=True, ratio=r, stack_runs=stack)
 
 
-def watched(time_it, threads: int | None) -> Paired:
+def watched(time_it, threads: int | None, store: BaseStore, key: tuple) -> Paired:
     """`time_it()`'s pairing, the cores watched while it runs when `threads` is given (a CPU timing on this process's
-    threads, studio.measure.crowding): other programs that held them withhold the speed-up, whatever its interval."""
+    threads, studio.measure.crowding): other programs that held them withhold the speed-up, whatever its interval,
+    and a base timed meanwhile is kept in `store` for its picture only (`BaseEntry.crowded`)."""
     if threads is None:
         return time_it()
     with CoreWatch(threads) as watch:
         paired = time_it()
     c = watch.result
-    if c.crowded and paired.ratio is not None and not paired.ratio.exact:
-        return replace(paired, ratio=replace(paired.ratio, crowded=c.words()), crowding=c)
-    return replace(paired, crowding=c)
+    if not c.crowded:
+        return replace(paired, crowding=c)
+    base = paired.base
+    if paired.base_now and base is not None:
+        base = store.put(key, replace(base, crowded=True))
+    ratio = replace(paired.ratio, crowded=c.words()) if paired.ratio is not None else None
+    return replace(paired, base=base, ratio=ratio, crowding=c)
 
 
 def shape_timing(pairing: Pairing, shapes: BaseStore, shape: tuple, now: float | None = None) -> BaseEntry | None:

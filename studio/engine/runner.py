@@ -267,7 +267,12 @@ class Runner:
             shaped = shape_timing(pairing, self.shapes, shape) if compare == "auto" else None
             then = self.stack_prices.get((shape, p.stack)) if shaped is not None else None
             if then is not None and then[0] == shaped.timed_at:  # this stack was timed beside that very base timing
-                paired = watched(lambda: by_shape(shaped, then[1], self.bases.get(key), lambda: measure(ctx, p)), cpu)
+                kept = self.bases.get(key)
+
+                def run_once():
+                    return by_shape(shaped, then[1], kept, lambda: measure(ctx, p))
+
+                paired = watched(run_once, cpu, self.bases, key)
             else:
                 paired = watched(
                     lambda: side_by_side(
@@ -279,6 +284,8 @@ class Runner:
                         on_status=ctx.on_status,
                     ),
                     cpu,
+                    self.bases,
+                    key,
                 )
             first = paired.run
             paired = replace(paired, run=replace(first, warmup_s=warmup_s, reloaded=reloaded or first.reloaded))
