@@ -128,6 +128,9 @@ def test_the_card_withholds_its_number_while_programs_hold_the_cores_and_keeps_n
     assert m.cores_taken is not None and m.cores_taken >= CROWDED, m.cores_taken
     assert m.speedup is None and m.speedup_lo is None
     assert m.speedup_note.startswith("timing too noisy to show: the machine was busy (other programs took ")
+    # the pairing stopped once the watch said so, before the 3 pairs a cheap base gets: more would show nothing
+    assert m.pairs_stop == "other programs hold the cores (more pairs would not show a number)", m.pairs_stop
+    assert m.timed_pairs < 3, m.timed_pairs
     assert "the machine was busy" in metrics_card(m)
     # its base picture is kept (PSNR above was against it); its timing divides nothing later: compare `auto` on
     # another prompt of the shape finds no shape timing and times base beside the run

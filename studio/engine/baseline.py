@@ -33,7 +33,8 @@ The method (the numbers are the product):
   (`same_regime`), kept under its own key (`regime_key`): its speed-up and PSNR are those of its other features at the
   same weight traffic; a resident base would fold the offload's cost into the speed-up;
 - WATCHED (`watched`): on the CPU, the pairing's cores are watched; a program that held them through it moves the
-  speed-up itself (no floor escapes it), so the number is withheld and the card says what took the cores.
+  speed-up itself (no floor escapes it), so the number is withheld and the card says what took the cores; the
+  watch is read after each pair, and a pairing it calls crowded stops there (more pairs would show nothing).
 """
 
 from __future__ import annotations
@@ -211,11 +212,15 @@ def _timed(fn) -> tuple[object, float]:
     return out, time.monotonic() - t0
 
 
-def side_by_side(pairing: Pairing, store: BaseStore, key: tuple, time_base, time_stack, on_status=None) -> Paired:
+def side_by_side(
+    pairing: Pairing, store: BaseStore, key: tuple, time_base, time_stack, on_status=None, crowded=None
+) -> Paired:
     """The stack's run and its base, as the pairing says (module doc).
 
     Args:
         time_base, time_stack: callables running one measured run (engine.run.Measured) of base / of the stack.
+        crowded: a callable saying whether other programs hold the cores so far (`watched`): then no more pairs,
+            the number will be withheld whatever they add.
     """
     kept = store.get(key)
     if kept is not None and pairing.reusable(kept):
@@ -236,6 +241,8 @@ def side_by_side(pairing: Pairing, store: BaseStore, key: tuple, time_base, time
         first = pairing.cheap_pairs if pairing.cheap(price_ms([bases[0].timed]) / 1e3) else 1
         est = speedup([x.timed for x in bases], [x.timed for x in runs])
         why = pairing.stop(est, len(runs), first, spent, stack_s)
+        if not why and crowded is not None and crowded():
+            why = "other programs hold the cores (more pairs would not show a number)"
         if why:
             break
     base = store.put(key, replace(entry_of(median_run(bases)), runs=tuple(x.timed for x in bases)))
@@ -245,13 +252,14 @@ def side_by_side(pairing: Pairing, store: BaseStore, key: tuple, time_base, time
 
 
 def watched(time_it, threads: int | None, store: BaseStore, key: tuple) -> Paired:
-    """`time_it()`'s pairing, the cores watched while it runs when `threads` is given (a CPU timing on this process's
-    threads, studio.measure.crowding): other programs that held them withhold the speed-up, whatever its interval,
-    and a base timed meanwhile is kept in `store` for its picture only (`BaseEntry.crowded`)."""
+    """`time_it(crowded)`'s pairing, the cores watched while it runs when `threads` is given (a CPU timing on this
+    process's threads, studio.measure.crowding; `crowded()` says so far, None when not watched): other programs that
+    held them withhold the speed-up, whatever its interval, and a base timed meanwhile is kept in `store` for its
+    picture only (`BaseEntry.crowded`)."""
     if threads is None:
-        return time_it()
+        return time_it(None)
     with CoreWatch(threads) as watch:
-        paired = time_it()
+        paired = time_it(lambda: watch.peek().crowded)
     c = watch.result
     if not c.crowded:
         return replace(paired, crowding=c)

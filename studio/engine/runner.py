@@ -269,19 +269,20 @@ class Runner:
             if then is not None and then[0] == shaped.timed_at:  # this stack was timed beside that very base timing
                 kept = self.bases.get(key)
 
-                def run_once():
+                def run_once(_crowded):  # one run: nothing to stop early
                     return by_shape(shaped, then[1], kept, lambda: measure(ctx, p))
 
                 paired = watched(run_once, cpu, self.bases, key)
             else:
                 paired = watched(
-                    lambda: side_by_side(
+                    lambda crowded: side_by_side(
                         pairing,
                         self.bases,
                         key,
                         time_base=lambda: measure(ctx, base_p, show_steps=False),
                         time_stack=lambda: measure(ctx, p),
                         on_status=ctx.on_status,
+                        crowded=crowded,
                     ),
                     cpu,
                     self.bases,

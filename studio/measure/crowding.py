@@ -110,7 +110,11 @@ class CoreWatch:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.result = self.read(_busy_s(self.path), own_cpu_s(self.helpers()), time.monotonic())
+        self.result = self.peek()
+
+    def peek(self) -> Crowding:
+        """What other programs have taken since the watch began (the result so far)."""
+        return self.read(_busy_s(self.path), own_cpu_s(self.helpers()), time.monotonic())
 
     def read(self, stat_end, mine_end: float, t_end: float) -> Crowding:
         wall = t_end - self._t0
