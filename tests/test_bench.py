@@ -40,7 +40,12 @@ def test_bench_rows_noise_floor_and_compile_cost(tiny_runner, quiet):
     shown = all(r.speedup is not None for r in rows.values())
     done = "every speed-up's interval is within ±10% and base agrees with itself after"
     assert rot.stop.startswith(done if rot.rounds < 5 else (done, "at most 4 extra rounds; still"))
-    assert shown or rot.stop.startswith("at most 4 extra rounds; still withheld: ")
+    notes = {r.preset: r.speedup_note for r in rows.values()}
+    # withheld: by a useless interval after every extra round, or by other programs on the cores (the watch), which
+    # then withholds every row alike, whatever the rounds said
+    taken = "the machine was busy (other programs took "
+    crowded = all(taken in (n or "") for p, n in notes.items() if p != "base")
+    assert shown or crowded or rot.stop.startswith("at most 4 extra rounds; still withheld: "), (rot.stop, notes)
     if quiet:  # on a quiet machine every row shows its speed-up (a bench that always withheld must fail here)
         assert shown, {r.preset: r.speedup_note for r in rows.values()}
     # the ideal: the counts' speed-up with a cached step priced by this run's block times (studio.measure.blocks)

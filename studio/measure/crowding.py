@@ -71,21 +71,73 @@ def _busy_s(path: str) -> tuple[float, float] | None:
     return (total - fields[3] - fields[4]) / hz, total / hz
 
 
-def _proc_cpu_s(pid: int) -> float | None:
-    """CPU seconds (user + system) of a process, from /proc/PID/stat; None when it is gone (or no /proc)."""
+COMPILERS = frozenset({"cc", "c++", "gcc", "g++", "cc1", "cc1plus", "as", "ld", "collect2", "clang", "clang++"})
+COMPILE_WORKER = b"_inductor/compile_worker"  # torch.compile's pool of compile processes (its cmdline)
+
+
+def _proc_stat(pid: int | str) -> tuple[str, list[str]] | None:
+    """(command name, the fields after it) from /proc/PID/stat; None when it is gone (or no /proc)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            rest = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-    except (OSError, IndexError):
-        return None  # it ended: its time is lost, and counts as another program's
-    return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+            text = f.read()
+    except OSError:
+        return None
+    head, _, rest = text.rpartition(")")  # the command name may hold spaces and parentheses
+    return head.partition("(")[2], rest.split()
+
+
+def _cpu_s(fields: list[str]) -> float:
+    """CPU seconds of a process from its stat fields: user + system, its own and its waited-for children's."""
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
+
+
+def _proc_cpu_s(pid: int) -> float | None:
+    """CPU seconds of a process and of the children it has waited for (the compilers it ran), from /proc/PID/stat;
+    None when it is gone (its time is lost, and counts as another program's)."""
+    st = _proc_stat(pid)
+    return None if st is None else _cpu_s(st[1])
+
+
+def _compiling(roots) -> float:
+    """CPU seconds of the live processes under `roots` that compile for them: torch.compile's compile workers (and
+    what they run) and C/C++ compilers. Waited-for ones are in their parent's own count already."""
+    kids: dict[int, list[tuple[int, str, list[str]]]] = {}
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return 0.0
+    for p in pids:
+        st = _proc_stat(p)
+        if st is not None and len(st[1]) > 14:
+            kids.setdefault(int(st[1][1]), []).append((int(p), *st))
+    total, todo = 0.0, [(r, False) for r in roots]
+    while todo:
+        pid, inside = todo.pop()
+        for child, comm, fields in kids.get(pid, ()):
+            ours = inside or comm in COMPILERS or COMPILE_WORKER in _cmdline(child)
+            total += _cpu_s(fields) if ours else 0.0  # with its waited-for children (cc1plus under g++)
+            todo.append((child, ours))
+    return total
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 def own_cpu_s(helpers=()) -> float:
-    """CPU seconds of this process (every thread) and of `helpers`, the pids of processes that work for the timing
-    (a bench's plain-diffusers workers): what the timing itself used. Any other process, this one's children too (the
-    `busy` command's load is one), is another program."""
-    return time.process_time() + sum(t for t in map(_proc_cpu_s, helpers) if t is not None)
+    """CPU seconds the timing itself used: this process (every thread), the programs it ran and waited for, the
+    compilers and torch.compile workers still running under it, and `helpers`, the pids of processes that work for
+    the timing (a bench's plain-diffusers workers), with theirs. Any other process, this one's children too (the
+    `busy` command's load is one), is another program. (A cold torch.compile of two presets, its C++ compilers
+    counted as other programs, had withheld every row of a bench as "the machine was busy".)"""
+    helpers = list(helpers)
+    t = os.times()
+    mine = time.process_time() + t.children_user + t.children_system
+    return mine + sum(x for x in map(_proc_cpu_s, helpers) if x is not None) + _compiling([os.getpid(), *helpers])
 
 
 class CoreWatch:
