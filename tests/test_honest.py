@@ -12,6 +12,7 @@ import torch
 
 from studio.engine.baseline import Pairing
 from studio.measure.blocks import BlockClock, block_list, computed_blocks, price_cached_step
+from studio.measure.timing import StepCounter
 from studio.tiny.build import TinyConfig, build_pipeline
 
 # Timing tests run alone, after the others (the README's test command: pytest -m timing)
@@ -38,7 +39,7 @@ def test_block_hooks_with_given_times_price_the_cached_step_as_worked_out_by_han
     marks = itertools.count()
 
     def clock():
-        if next(marks) % 2 == 1:  # a post-hook: the block took its time
+        if next(marks) % 2 == 1:  # a block's end: the block took its time
             now[0] += next(durations) / 1e3
         return now[0]
 
@@ -70,7 +71,9 @@ def test_block_hooks_with_given_times_price_the_cached_step_as_worked_out_by_han
     # true CFG: two calls a step skip twice the blocks (a 24 ms full step)
     cfg = price_cached_step(ms, 24.0, 2, computed_blocks(6, 1, 0), "given")
     assert cfg.share == pytest.approx(10 / 24)
-    assert not any(h for b in blocks for h in (b._forward_hooks, b._forward_pre_hooks))  # removed: nothing left
+    # removed: nothing left, each block's class forward again (no hooks either: the clock wraps, it does not hook)
+    assert not any("forward" in b.__dict__ for b in blocks)
+    assert not any(h for b in blocks for h in (b._forward_hooks, b._forward_pre_hooks))
 
 
 # -- the pairing (engine.baseline) with runs whose step times are given -------------------------------------------
@@ -110,6 +113,45 @@ def _pair(bases: list, stacks: list, **pairing):
     store = BaseStore()
     out = side_by_side(Pairing(**pairing), store, ("k",), lambda: next(b), lambda: next(s))
     return out, store.get(("k",))
+
+
+def test_the_block_clock_times_under_a_librarys_own_block_wrappers_and_gives_them_back(tiny_transformer):
+    """diffusers' First-Block-Cache wraps each block's forward itself (its hook registry): the clock wraps that, times
+    the blocks that ran (a cached call runs the first block only), and leaves the library's wrappers as they were."""
+    from diffusers import FirstBlockCacheConfig
+
+    tr = build_pipeline(TinyConfig(heads=2, head_dim=32, double_blocks=2, single_blocks=4), seed=0).transformer
+    tr.enable_cache(FirstBlockCacheConfig(threshold=10.0))  # every call after the first served from the cache
+    blocks = block_list(tr)
+    before = [b.__dict__.get("forward") for b in blocks]
+    assert all(f is not None for f in before)  # the library's own wrappers, on every block
+    c = tr.config
+    kw = dict(
+        hidden_states=torch.randn(1, 16, c.in_channels),
+        encoder_hidden_states=torch.randn(1, 4, c.joint_attention_dim),
+        pooled_projections=torch.randn(1, c.pooled_projection_dim),
+        timestep=torch.tensor([0.5]),
+        img_ids=torch.zeros(16, 3),
+        txt_ids=torch.zeros(4, 3),
+        return_dict=False,
+    )
+    counter = StepCounter().install(tr)  # the engine's: which calls ran the last block's last Linear
+    bc = BlockClock(torch.device("cpu"), counter=counter).install(tr)
+    try:
+        with torch.no_grad(), tr.cache_context("cond"):
+            for _ in range(3):
+                tr(**kw)
+    finally:
+        bc.remove()
+    # every block is called in every call (the library's wrapper returns at once when cached): 3 calls, 1 full
+    assert [len(bc._spans[i]) for i in range(6)] == [3] * 6 and counter.calls == 3 and counter.runs == 1
+    assert bc.full_calls() == {1}
+    ran = [b - a for a, b, call, _ in bc._spans[3] if call == 1][0] * 1e3
+    skipped = [(b - a) * 1e3 for a, b, call, _ in bc._spans[3] if call != 1]
+    assert max(skipped) < ran / 10  # a cached call's "call" of a skipped block costs next to nothing
+    ms = bc.block_ms()
+    assert ms[3] == pytest.approx(ran)  # the block's time is the full call's only, not a median with the skips
+    assert [b.__dict__.get("forward") for b in blocks] == before
 
 
 def test_quiet_pairs_give_the_step_ratio_and_stop_once_the_interval_is_tight():

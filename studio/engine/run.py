@@ -253,7 +253,11 @@ def measure(ctx: RunContext, preset: Preset, *, warm_up: bool = True, show_steps
     )
     # each block's time, where the blocks run eagerly (hooks inside a compiled block would not fire, and would
     # make Dynamo guard on them): what a cached step should cost (studio.measure.blocks)
-    clock = BlockClock(ctx.manager.device).install(pipe.transformer) if state.counter.hooks_see_blocks else None
+    clock = (
+        BlockClock(ctx.manager.device, counter=state.counter).install(pipe.transformer)
+        if state.counter.hooks_see_blocks
+        else None
+    )
     memory = MemoryProbe(ctx.manager.device)
     stream_begin(pipe.transformer)  # bytes copied onto the device, per call, under a block-streaming regime
     aot = state.compiled if isinstance(state.compiled, AotVariant) else None
