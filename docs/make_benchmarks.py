@@ -116,8 +116,11 @@ SECTIONS = [
         "`studio/raw` is the studio's runs over the plain ones beside them, step by step, by the one estimator "
         "(each kind of step's fastest, times its count; a bootstrap over the pairs for the interval), so a stall "
         "in one run of either side does not move it; the plain run's picture is compared with the studio's (inf: "
-        "the same pixels). The `pace` line under the table says whether the machine was quiet: on a busy host the "
-        "two processes' readings drift apart by a few percent, which no estimator of their runs removes.",
+        "the same pixels). The `pace` line under the table says whether the machine was quiet. Two processes of "
+        "one recipe differ by a few percent even on a quiet machine (each floor is one step's fastest of a few "
+        "hundred), which no pairing removes: base's second run has a plain process of its own, and the noise "
+        "floor's `plain base against a second plain process` line is how far studio/raw can sit from 1.00 by that "
+        "alone.",
         "-m studio bench --presets base,cache,int8 --repeats 9 --vs-raw --out docs/bench/vs-raw.json",
     ),
     Section(
@@ -217,7 +220,8 @@ How to read it:
 - **timing too noisy to show** (in a row's notes): the interval is useless (it holds 1.00 while the point says
   otherwise, or is wider than ±25%); the bench withholds the number and says what would help.
 - **studio/raw** (`--vs-raw`): the studio's runs over the plain-diffusers runs beside them, by the same estimator,
-  step by step, with its interval.
+  step by step, with its interval; read it against the noise floor's plain-against-plain line (two plain processes
+  of one recipe, the same rounds).
 
 What the CPU choices rest on:
 

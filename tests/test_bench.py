@@ -16,7 +16,8 @@ import pytest
 from studio.bench.bench import AGAIN, run_bench
 from studio.bench.sweep import cliff, run_sweep
 from studio.bench.tune import SearchSpace, tune
-from studio.measure.estimate import price_ms
+from studio.measure.estimate import price_ms, speedup_over
+from studio.measure.quality import psnr
 from studio.report.text import bench_markdown, sweep_markdown, tune_summary
 from studio.spec.export import cache_dit_dict, cache_dit_yaml
 from studio.spec.presets import load_preset, preset_to_yaml
@@ -103,6 +104,13 @@ def test_vs_raw_gives_the_plain_diffusers_picture(tiny_runner):
         assert [r.cached for r in plain] == [r.cached for r in studio]
         assert sum(plain[0].step_ms) / 1e3 == pytest.approx(rot.raw_times[name][0], rel=1e-9)
     assert rot.raw_runs["cache"][0].cached  # the cache served steps, so the kinds were told apart
+    # base's second run has a plain process of its own: plain base against it is studio/raw's noise floor
+    assert len(rot.raw_runs[AGAIN]) == rot.rounds and math.isinf(psnr(rot.raw_images[AGAIN], rot.raw_images["base"]))
+    n = rep.noise
+    assert n.plain_vs_plain == pytest.approx(speedup_over([(rot.raw_runs["base"], rot.raw_runs[AGAIN])]).point)
+    assert n.plain_vs_plain_lo <= n.plain_vs_plain <= n.plain_vs_plain_hi
+    assert "- plain base against a second plain process of it (same recipe, same rounds): " in bench_markdown(rep)
+    assert json.loads(json.dumps(rep.as_dict()))["noise_floor"]["plain_vs_plain"] == n.plain_vs_plain
 
 
 def test_cli_bench_over_prompts_json_and_csv(tmp_path):

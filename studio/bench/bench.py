@@ -16,7 +16,9 @@ Method (the engine's own loading, timing and measuring; nothing here times anyth
   (studio.bench.paired): the paired speed-up with its interval, PSNR and FLIP, wins as N of N, the worst by name;
 - --vs-raw: the plain pipeline's runs and the studio's, paired round by round, through the same estimator, step by
   step (the plain worker clocks each step with the pipeline's own step callback; its cached steps are cache-dit's
-  own list), so a stall in one run of either side does not move the figure.
+  own list), so a stall in one run of either side does not move the figure. Base's second run has a plain
+  process of its own: plain base against it is studio/raw's noise floor (two processes of one recipe differ by a
+  few percent, which no pairing removes).
 """
 
 from __future__ import annotations
@@ -60,6 +62,11 @@ class NoiseFloor:
     base_vs_itself_hi: float | None = None
     spread: dict[str, float] = field(default_factory=dict)  # per preset: (max - min) / median of its timed runs
     compile_vs_eager_db: dict[str, float] = field(default_factory=dict)  # per compiled preset: PSNR against its twin
+    # --vs-raw: plain base over plain base in a second process, the same rounds: what two processes of one recipe
+    # differ by, the noise floor of studio/raw (None without --vs-raw)
+    plain_vs_plain: float | None = None
+    plain_vs_plain_lo: float | None = None
+    plain_vs_plain_hi: float | None = None
 
 
 @dataclass
@@ -201,7 +208,11 @@ def _noise(rots: list[Rotation], names: list[str], twins: dict[str, str]) -> Noi
     cve = {}
     for c, t in twins.items():
         cve[c] = min(psnr(rot.last[c].image, rot.last[t].image) for rot in rots)
-    return NoiseFloor(aa.point, aa.lo, aa.hi, spread, cve)
+    noise = NoiseFloor(aa.point, aa.lo, aa.hi, spread, cve)
+    if all(BASE in rot.raw_runs and AGAIN in rot.raw_runs for rot in rots):
+        pp = speedup_over([(rot.raw_runs[BASE], rot.raw_runs[AGAIN]) for rot in rots])
+        noise.plain_vs_plain, noise.plain_vs_plain_lo, noise.plain_vs_plain_hi = pp.point, pp.lo, pp.hi
+    return noise
 
 
 def _pace(runner: Runner, rots: list[Rotation], model: str, crowding=None) -> list[machine_pace.Pace]:

@@ -88,7 +88,7 @@ def _studio(rot: Rotation, runner: Runner, request, name: str, p: Preset, model,
 
 def _plain(rot: Rotation, raw, name: str, p: Preset, request, tick) -> None:
     try:
-        ans, image = raw.run(p, request)
+        ans, image = raw.run(p, request, worker=name)  # AGAIN: base's recipe in a second process (the noise floor)
     except RuntimeError as e:  # a plain recipe that cannot run here: the row says so, the bench goes on
         rot.raw_errors[name] = str(e)
         return
@@ -107,13 +107,13 @@ def _plain(rot: Rotation, raw, name: str, p: Preset, request, tick) -> None:
 def _round(rot: Rotation, runner: Runner, order, model, tick, raw) -> None:
     request, r = rot.request, rot.rounds
     for name, p in order:
-        plain_first = raw is not None and name != AGAIN and r % 2 == 1
+        plain_first = raw is not None and r % 2 == 1
         if plain_first:  # the pair's order alternates between rounds: neither side always runs second
             _plain(rot, raw, name, p, request, tick)
         _studio(rot, runner, request, name, p, model, first=r == 0 and name not in rot.first)
         if tick:
             tick(name)
-        if raw is not None and name != AGAIN and not plain_first:
+        if raw is not None and not plain_first:
             _plain(rot, raw, name, p, request, tick)
 
 

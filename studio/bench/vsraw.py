@@ -72,21 +72,23 @@ def call_kwargs(runner, request) -> dict:
 
 
 class RawPool:
-    """One plain worker per preset, started on first use and closed together."""
+    """One plain worker per preset (or per `worker` name: base's second run gets a process of its own, so that plain
+    against plain shows what two processes of one recipe differ by), started on first use and closed together."""
 
     def __init__(self, runner, model=None):
         self.runner, self.model, self.workers, self.failed = runner, model, {}, {}
 
-    def run(self, preset: Preset, request):
-        if preset.name in self.failed:
-            raise RuntimeError(self.failed[preset.name])
+    def run(self, preset: Preset, request, worker: str | None = None):
+        key = worker or preset.name
+        if key in self.failed:
+            raise RuntimeError(self.failed[key])
         try:
-            if preset.name not in self.workers:
-                self.workers[preset.name] = RawWorker(recipe(self.runner, preset, request, self.model))
-            return self.workers[preset.name].run(call_kwargs(self.runner, request), request.seed)
+            if key not in self.workers:
+                self.workers[key] = RawWorker(recipe(self.runner, preset, request, self.model))
+            return self.workers[key].run(call_kwargs(self.runner, request), request.seed)
         except RuntimeError as e:
-            self.failed[preset.name] = str(e)[:300]
-            w = self.workers.pop(preset.name, None)
+            self.failed[key] = str(e)[:300]
+            w = self.workers.pop(key, None)
             if w is not None:
                 w.close()
             raise

@@ -69,6 +69,14 @@ def noise_lines(noise) -> list[str]:
         f"{off * 100:.1f}% of 1.00 is noise",
         "run-to-run spread (max-min)/median: " + ", ".join(f"{k} {v * 100:.0f}%" for k, v in noise.spread.items()),
     ]
+    pp = noise.plain_vs_plain
+    if pp is not None:
+        lo, hi = noise.plain_vs_plain_lo, noise.plain_vs_plain_hi
+        off = max(abs(v - 1) for v in (pp, lo, hi) if v is not None)
+        out.append(
+            f"plain base against a second plain process of it (same recipe, same rounds): "
+            f"{fmt.ratio_ci(pp, lo, hi, 3, 'x')}; a studio/raw within {off * 100:.1f}% of 1.00 is two processes' noise"
+        )
     if noise.compile_vs_eager_db:
         out.append(
             "compile vs eager, same stack, PSNR: "
