@@ -25,7 +25,21 @@ def tiny_transformer():
     return build_pipeline(cfg, seed=0).transformer
 
 
-def test_block_hooks_with_given_times_price_the_cached_step_as_worked_out_by_hand(tiny_transformer):
+def _call_args(tr) -> dict:
+    """One transformer call's arguments on the tiny model (16 image tokens, 4 text tokens)."""
+    c = tr.config
+    return dict(
+        hidden_states=torch.randn(1, 16, c.in_channels),
+        encoder_hidden_states=torch.randn(1, 4, c.joint_attention_dim),
+        pooled_projections=torch.randn(1, c.pooled_projection_dim),
+        timestep=torch.tensor([0.5]),
+        img_ids=torch.zeros(16, 3),
+        txt_ids=torch.zeros(4, 3),
+        return_dict=False,
+    )
+
+
+def test_block_times_given_by_a_clock_price_the_cached_step_as_worked_out_by_hand(tiny_transformer):
     """Real block hooks on a real FLUX transformer (2 double + 4 single blocks); the clock gives each double block
     3 ms and each single block 1 ms. A full step of 12 ms (measured by the step probe) with one call then has
     1 + 1 + 1 + 1 = 4 ms of single blocks, 3 ms of the second double block: a cached step of an F1B0 cache skips 7 ms
@@ -45,16 +59,7 @@ def test_block_hooks_with_given_times_price_the_cached_step_as_worked_out_by_han
 
     bc = BlockClock(torch.device("cpu"), clock=clock).install(tr)
     try:
-        c = tr.config
-        kw = dict(
-            hidden_states=torch.randn(1, 16, c.in_channels),
-            encoder_hidden_states=torch.randn(1, 4, c.joint_attention_dim),
-            pooled_projections=torch.randn(1, c.pooled_projection_dim),
-            timestep=torch.tensor([0.5]),
-            img_ids=torch.zeros(16, 3),
-            txt_ids=torch.zeros(4, 3),
-            return_dict=False,
-        )
+        kw = _call_args(tr)
         with torch.no_grad():
             for _ in range(3):  # three full calls
                 tr(**kw)
@@ -125,16 +130,7 @@ def test_the_block_clock_times_under_a_librarys_own_block_wrappers_and_gives_the
     blocks = block_list(tr)
     before = [b.__dict__.get("forward") for b in blocks]
     assert all(f is not None for f in before)  # the library's own wrappers, on every block
-    c = tr.config
-    kw = dict(
-        hidden_states=torch.randn(1, 16, c.in_channels),
-        encoder_hidden_states=torch.randn(1, 4, c.joint_attention_dim),
-        pooled_projections=torch.randn(1, c.pooled_projection_dim),
-        timestep=torch.tensor([0.5]),
-        img_ids=torch.zeros(16, 3),
-        txt_ids=torch.zeros(4, 3),
-        return_dict=False,
-    )
+    kw = _call_args(tr)
     counter = StepCounter().install(tr)  # the engine's: which calls ran the last block's last Linear
     bc = BlockClock(torch.device("cpu"), counter=counter).install(tr)
     try:
