@@ -130,9 +130,9 @@ SECTIONS = [
         "full step pays stays: the first block (a FLUX double-stream block, heavier than a single one), the model's "
         "own per-call work outside the blocks (time and text embedders, RoPE, the output norm and projection) and "
         "the scheduler step. So the ideal prices a cached step at the full step less the skipped blocks, each "
-        "block's time measured by hooks on it in this run's own full steps (medians; per transformer call, twice "
-        "per step with true CFG): ideal = steps / (full + cached x share). A compiled stack's blocks cannot be "
-        "hooked: its share comes from the eager base beside it, and it says so. One run of {p:cache}, its numbers "
+        "block's time measured by a clock around it in this run's own full steps (medians; per transformer call, "
+        "twice per step with true CFG): ideal = steps / (full + cached x share). A compiled stack's blocks cannot "
+        "be clocked: its share comes from the eager base beside it, and it says so. One run of {p:cache}, its numbers "
         "worked through:",
         "-m studio generate --preset cache --seed 42 --ideal",
         fenced=True,

@@ -1,4 +1,4 @@
-"""What a cached step should cost, measured: per-block times from hooks on every transformer block.
+"""What a cached step should cost, measured: per-block times from a clock around every transformer block.
 
 A step cache (cache-dit DBCache Fn/Bn, diffusers First-Block-Cache) serves a cached step by running only some
 blocks (the first Fn and the last Bn) and reusing the residual of the rest. What that step should cost, were the
@@ -10,9 +10,10 @@ blocks (embedders, RoPE, norm_out, proj_out) and the scheduler step. So, per ste
     share             = ideal cached step / full step
     ideal speed-up    = steps / (full steps + cached steps x share)     (against the stack without its cache)
 
-The block times come from forward hooks on each block (CUDA events on a GPU), over the calls in which each block
-ran, medians so that one stall does not move them. Hooks inside compiled blocks do not fire: a compiled stack takes
-the shares of an eager run of the same model and shape (the base beside it) and says so.
+The block times come from a wrapper around each block's forward (CUDA events on a GPU), over the full calls (those
+that ran the whole stack), medians so that one stall does not move them. Inside compiled blocks the wrapper is not
+installed (it would be traced into the graph): a compiled stack takes the shares of an eager run of the same model
+and shape (the base beside it) and says so.
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ cache's cached step (many small operators, each a parallel region waiting for it
 matrix products are slowed by different amounts, so the speed-up itself moves while the cores are shared.
 
 So a timing on the CPU is watched: over the timed runs, the kernel's count of busy time on every core (/proc/stat)
-less this process's own CPU time (every thread, and its helpers': a bench's plain-diffusers workers) is what other
-programs took. Only what they took from the cores this process's threads needed counts (`taken`): a second pytest
-worker on the other core of two, beside a one-thread run, takes nothing from it. At CROWDED or more the number is
+less this process's own CPU time (every thread, the compilers a cold torch.compile runs for it, and its helpers': a
+bench's plain-diffusers workers) is what other programs took. Only what they took from the cores this process's
+threads needed counts (`taken`): a second pytest worker on the other core of two, beside a one-thread run, takes
+nothing from it. At CROWDED or more the number is
 withheld and the card says so, whatever the interval says. CROWDED sits between what was measured: the hog took
 36-44% and moved the readings; a headless Chromium drawing the app on the same two cores took 16% in a first click,
 and its readings of four requests held (3 of 4 intervals holding the same requests' readings through the API, the
