@@ -8,17 +8,16 @@ over clicks whose quiet reading was 1.96-2.04x, intervals that missed the quiet 
 cache's cached step (many small operators, each a parallel region waiting for its slowest thread) and a full step's
 matrix products are slowed by different amounts, so the speed-up itself moves while the cores are shared.
 
-So a timing on the CPU is watched: over the timed runs, the kernel's count of busy time on every core (/proc/stat)
-less this process's own CPU time (every thread, the compilers a cold torch.compile runs for it, and its helpers': a
-bench's plain-diffusers workers) is what other programs took. Only what they took from the cores this process's
-threads needed counts (`taken`): a second pytest worker on the other core of two, beside a one-thread run, takes
-nothing from it. At CROWDED or more the number is
-withheld and the card says so, whatever the interval says. CROWDED sits between what was measured: the hog took
-36-44% and moved the readings; a headless Chromium drawing the app on the same two cores took 16% in a first click,
-and its readings of four requests held (3 of 4 intervals holding the same requests' readings through the API, the
-fourth 1% short). Linux only: elsewhere (and for spans too short for the kernel's 10 ms ticks) nothing is read and
-the estimate stands as it is. A busy HOST (a VM's neighbours) is not seen here: its time is not another program's in
-this machine's accounting; the pace record (studio.measure.pace) is what catches that.
+So a timing on the CPU is watched: over the timed runs, the kernel's count of busy time on every core (/proc/stat) less
+this process's own CPU time (every thread, the compilers a cold torch.compile runs for it, and its helpers': a bench's
+plain-diffusers workers) is what other programs took. Only what they took from the cores this process's threads needed
+counts (`taken`): a second pytest worker on the other core of two, beside a one-thread run, takes nothing from it. At
+CROWDED or more the number is withheld and the card says so, whatever the interval says. CROWDED sits between what was
+measured: the hog took 36-44% and moved the readings; a headless Chromium drawing the app on the same two cores took
+16% in a first click, and its readings of four requests held (3 of 4 intervals holding the same requests' readings
+through the API, the fourth 1% short). Linux only: elsewhere (and for spans too short for the kernel's 10 ms ticks)
+nothing is read and the estimate stands as it is. A busy HOST (a VM's neighbours) is not seen here: its time is not
+another program's in this machine's accounting; the pace record (studio.measure.pace) is what catches that.
 """
 
 from __future__ import annotations
