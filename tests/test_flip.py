@@ -1,4 +1,4 @@
-"""FLIP against base (studio.measure.flip, the real flip-evaluator 1.7): pictures whose answers can be checked."""
+"""FLIP against base (studio.measure.quality, the real flip-evaluator 1.7): pictures whose answers can be checked."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from studio.measure.flip import Flip, flip, flip_error, flip_map, flip_of_batch, worst_flip_tile
-from studio.measure.quality import judge, judge_batch
+from studio.measure.quality import Flip, flip, flip_error, flip_map, flip_of_batch, judge, judge_batch, worst_flip_tile
 
 quick = pytest.mark.quick  # the one-minute loop: no model loaded (pytest -m quick)
 

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from studio.app.maps import AB_MAP_WHERE, DIFFERENCE, FLIP, GEN_MAP_WHERE, compared, show_map
-from studio.measure.flip import flip
-from studio.measure.quality import worst_tile
+from studio.measure.quality import flip, worst_tile
 from studio.report import fmt
 from studio.report.images import FLIP_FRAME_RGB, FRAME_RGB
 

@@ -51,7 +51,7 @@ def show_map(kind: str, c: Compared | None, where: str, also: str = "") -> tuple
             return None, _joined(caption, also)
         yx = c.flip_yx
         if yx is None:  # not measured with the run (A/B's B against A): found from the map's own numbers
-            from studio.measure.flip import flip
+            from studio.measure.quality import flip
 
             f = flip(c.image, c.base)
             yx = f.worst_tile_yx if f.worst_tile > 0 else None  # identical: no tile to frame

@@ -13,7 +13,7 @@ prompts stays above the floor.
    speed-up over the prompts (each prompt against its own base: studio.bench.paired) is highest is the result, and
    its paired figures are printed with it.
 
-`--max-flip` adds a ceiling on FLIP's mean error (studio.measure.flip) for the worst prompt beside the PSNR floor:
+`--max-flip` adds a ceiling on FLIP's mean error (studio.measure.quality) for the worst prompt beside the PSNR floor:
 a candidate must meet both, the non-cache options stay within half the ceiling.
 
 The per-request switches: compile on or off applies to the options of step 1 (true: each option compiled; false:

@@ -124,8 +124,8 @@ class RunMetrics:
     of_ideal_note: str | None = None  # why there is no `of ideal` (a reading over its ideal: a measurement error)
     worst_tile_psnr_db: float | None = None  # PSNR of the worst 8x8 tile against base (measure.quality.worst_tile)
     worst_tile_yx: list[int] | None = None  # that tile's top-left pixel, [y, x]
-    # FLIP against base (measure.flip): the mean error (0 no visible difference, 1 the most), the highest mean of an
-    # 8x8 tile and its top-left pixel [y, x]. The map as a picture: studio.measure.flip.flip_map(image, base_image).
+    # FLIP against base (measure.quality): the mean error (0 no visible difference, 1 the most), the highest mean of an
+    # 8x8 tile and its top-left pixel [y, x]. The map as a picture: studio.measure.quality.flip_map(image, base_image).
     flip: float | None = None
     flip_worst_tile: float | None = None
     flip_worst_tile_yx: list[int] | None = None

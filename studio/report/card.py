@@ -78,7 +78,7 @@ def _room(m) -> str:
 
 
 def _flip(m) -> str:
-    """FLIP's mean error against base and its worst tile (studio.measure.flip)."""
+    """FLIP's mean error against base and its worst tile (studio.measure.quality)."""
     tile = fmt.flip_tile(m.flip_worst_tile, m.flip_worst_tile_yx)
     return f"{fmt.flip(m.flip)} &nbsp; <small>(0: no visible difference; worst {TILE}x{TILE} tile {tile})</small>"
 

@@ -19,7 +19,7 @@ def ssim(v: float | None) -> str:
 
 
 def flip(v: float | None) -> str:
-    """FLIP's mean error (studio.measure.flip): 0 is no visible difference, 1 the most."""
+    """FLIP's mean error (studio.measure.quality): 0 is no visible difference, 1 the most."""
     return "n/a" if v is None else f"{v:.4f}"
 
 

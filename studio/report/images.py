@@ -49,12 +49,12 @@ def error_picture(image: np.ndarray, base: np.ndarray | None, worst_yx=None, *, 
 
 
 def flip_picture(image: np.ndarray, base: np.ndarray | None, worst_yx=None):
-    """FLIP's error map of `image` against `base` in its own colour map (measure.flip.flip_map: black is no visible
+    """FLIP's error map of `image` against `base` in its own colour map (measure.quality.flip_map: black is no visible
     difference, pale yellow the most), enlarged like the pictures, with a cyan frame on the worst FLIP tile at
     `worst_yx` (RunMetrics.flip_worst_tile_yx; None: no frame, as for an identical pair). None without a base."""
     if base is None:
         return None
-    from studio.measure.flip import flip_map
+    from studio.measure.quality import flip_map
 
     return _framed(flip_map(image, base), worst_yx, FLIP_FRAME_RGB)
 

@@ -73,7 +73,7 @@ class MatrixRow:
     of_ideal_hi: float | None = None
     mean_psnr_db: float | None = None  # over prompts
     worst_psnr_db: float | None = None  # over prompts
-    flip: float | None = None  # FLIP's mean error against base (studio.measure.flip); over prompts, their mean
+    flip: float | None = None  # FLIP's mean error against base (studio.measure.quality); over prompts, their mean
     worst_flip: float | None = None  # over prompts: the highest
     lpips: float | None = None  # LPIPS against base where its weights are present (studio.measure.lpips); the mean
     prompts: int = 1
