@@ -602,6 +602,29 @@ def test_a_first_run_that_fails_eagerly_too_is_not_blamed_on_compile(runner, mon
     assert ok.metrics.fallbacks == [] and ok.metrics.compile_s is not None
 
 
+def test_a_bug_inside_a_run_stays_a_bug_and_is_logged_with_its_traceback(runner, monkeypatch, caplog):
+    """Only the failures the studio can name (spec.errors.RUN_FAILURES) become a user's sentence: a TypeError of the
+    studio's own reaches the device call's one boundary, which logs its traceback and says StudioBug."""
+    import studio.engine.run as run
+    from studio.spec.errors import RunError, StudioBug, is_run_failure
+    from studio.worker.service import InProcess
+
+    assert is_run_failure(RuntimeError("CUDA out of memory")) and is_run_failure(MemoryError())
+    assert not any(is_run_failure(e) for e in (TypeError("x"), KeyError("x"), ValueError("x"), AttributeError("x")))
+
+    def buggy(pipe, request, probe=None):
+        return len(None)  # a studio bug: TypeError
+
+    monkeypatch.setattr(run, "call_pipe", buggy)
+    with pytest.raises(TypeError):  # not turned into a RunError on the way out of the runner
+        runner.generate(req(), "base", compare=False)
+    device = InProcess(runner)
+    with caplog.at_level("ERROR", logger="studio.worker"), pytest.raises(StudioBug) as e:
+        device.generate(req(), "base", compare=False)
+    assert str(e.value).startswith("a bug in the studio (logged): TypeError: object of type 'NoneType' has no len()")
+    assert isinstance(e.value, RunError) and any(r.exc_info and r.exc_info[0] is TypeError for r in caplog.records)
+
+
 def test_operator_caps_refuse_with_a_sentence_before_any_model_work(runner):
     runner.max_steps, runner.max_side = 10, 64
     with pytest.raises(ValueError, match="steps 12 is over this studio's limit of 10"):

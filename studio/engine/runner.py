@@ -39,7 +39,7 @@ from studio.measure.pace import Pace, pace_key, record, work_of
 from studio.measure.record import RunMetrics, RunResult, Timing
 from studio.spec.cachedit import step_mask
 from studio.spec.checks import ConfigError
-from studio.spec.errors import USER_ERRORS, RunError
+from studio.spec.errors import USER_ERRORS, RunError, is_run_failure
 from studio.spec.headroom import headroom, run_fields
 from studio.spec.lora import merge_loras
 from studio.spec.preset import Preset
@@ -222,15 +222,19 @@ class Runner:
 
     @contextmanager
     def _failures(self, p: Preset):
-        """A run of `p` that fails inside the pipeline (out of memory, a kernel that fails, a broken hook) ends with
-        one sentence, nothing changed; a user error (spec.errors.USER_ERRORS) as it is."""
+        """A run of `p` that fails inside the pipeline with a failure the studio can name (spec.errors.RUN_FAILURES:
+        out of memory, a kernel that fails, a parallel worker that died) ends with one sentence, nothing changed; a
+        user error as it is; anything else is a bug and goes on as it is, to the one boundary that logs it."""
         try:
             yield
         except USER_ERRORS:
             raise
         except Exception as e:
+            parallel = self._parallel_failed(p)  # a bug too stops the workers it ran on: the next request starts anew
+            if not is_run_failure(e):
+                raise
             msg = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-            if self._parallel_failed(p):
+            if parallel:
                 raise RunError(
                     f"a parallel worker failed during the run ({msg}); the workers are stopped and the "
                     "next request starts them again"

@@ -35,6 +35,19 @@ class StudioBug(RunError):
 # StudioBug already said). Nothing else: a plain ValueError or TypeError is a bug, not a user's mistake.
 USER_ERRORS = (ConfigError, ModelLoadError, RunError)
 
+# What a run may fail with that is not the studio's fault, and so becomes a RunError with its sentence: a resource
+# running out (MemoryError; torch's OutOfMemoryError is a RuntimeError), a kernel, compiler or allocator failing
+# (torch, Inductor and cache-dit raise RuntimeError; a kernel missing for a dtype, NotImplementedError), or an error
+# class of the libraries a run goes through (Ray's, when a parallel worker dies; Triton's). A TypeError, KeyError,
+# ValueError or AttributeError is none of these: it is a bug, and reaches the one boundary with its traceback.
+RUN_FAILURES = (RuntimeError, MemoryError, NotImplementedError)
+RUN_LIBRARIES = ("torch", "triton", "ray", "cache_dit", "diffusers", "torchao", "sageattention", "kernels")
+
+
+def is_run_failure(e: BaseException) -> bool:
+    """Whether `e`, raised inside a run, is a failure the studio can name (RUN_FAILURES) rather than its own bug."""
+    return isinstance(e, RUN_FAILURES) or type(e).__module__.split(".")[0] in RUN_LIBRARIES
+
 
 def bug_sentence(e: BaseException) -> str:
     """What a user reads of an unexpected exception: its type and the first line of its message."""
