@@ -1,4 +1,5 @@
-"""Command line: python -m studio generate|bench|sweep|tune|busy|clicks|presets|doctor|regimes (text: studio.report).
+"""Command line: python -m studio generate|bench|sweep|tune|busy|clicks|presets|doctor|regimes (text: studio.report;
+the arguments: studio.cli_args).
 
 python -m studio generate --preset cache --prompt "a red circle in the center, blue background" --json
 python -m studio generate --preset cache --compile true --json
@@ -10,98 +11,79 @@ python -m studio busy --preset cache          # quiet readings, then with a CPU-
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
 from dataclasses import replace
 from pathlib import Path
 
-from studio.cli_support import (
-    bench_args,
-    common_args,
-    device_worker,
-    image_args,
-    presets_command,
-    progress_bar,
-    quiet_libraries,
-    read_prompts,
-    read_settings,
-    regimes_args,
-    seeds_of,
-    tune_args,
-)
-from studio.spec.request import parse_loras
+from studio.cli_args import ask_of_args, parser, read_settings, request_of_args, seeds_of
+from studio.spec.ask import Ask, read_prompts
+from studio.worker.quiet import quiet_libraries
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m studio", description="DiT Speed Studio engine")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    g = sub.add_parser("generate", help="one measured generation, compared with base")
-    common_args(g)
-    g.add_argument("--preset", default="base")
-    g.add_argument("--threshold", type=float, default=None, help="per-request residual diff threshold")
-    g.add_argument(
-        "--num-images-per-prompt",
-        type=int,
-        default=None,
-        help="a batch of 1-4 pictures in one call (seeds seed .. seed+n-1; --out writes them top to bottom)",
+def device_worker(args, presets=None, quiet: bool = True):
+    """The device worker a command's contained runs go through (bench, doctor: studio.worker.reruns), started
+    without a warm-up (each call loads what it needs). `quiet`: library chatter below errors there too."""
+    import os
+
+    from studio.worker import WorkerClient, WorkerConfig
+    from studio.worker.protocol import CRASH_ENV
+
+    config = WorkerConfig(
+        model=getattr(args, "model", None) or "tiny",
+        device=args.device,
+        presets=presets,
+        quiet=quiet,
+        crash_on=os.environ.get(CRASH_ENV) or None,  # TEST ONLY (tests/test_crash.py, tests/test_bench.py)
     )
-    g.add_argument("--out", default=None, help="write the image here (PNG)")
-    g.add_argument("--json", action="store_true", help="print one JSON object with the metrics")
-    g.add_argument("--ideal", action="store_true", help="also print how the ideal speed-up was worked out")
-    g.add_argument(
-        "--compare",
-        default=None,
-        choices=("on", "auto", "off"),
-        help="on: base timed beside the run and PSNR against it (default, or STUDIO_COMPARE); auto: a kept base "
-        "timing of the same shape (a fresh process has none: as on); off: the stack alone",
-    )
-    bench_args(sub)
-    s = sub.add_parser("sweep", help="one cache knob over a prompt set: speed-up and worst PSNR, the cliff marked")
-    common_args(s, "sweep")
-    s.add_argument("--preset", default="cache")
-    s.add_argument(
-        "--knob",
-        default="residual_diff_threshold",
-        help="residual_diff_threshold, Fn_compute_blocks, "
-        "Bn_compute_blocks, max_continuous_cached_steps, max_warmup_steps or steps_computation_mask",
-    )
-    s.add_argument("--values", default=None, help="comma-separated (default: a range for the knob)")
-    s.add_argument("--thresholds", default=None, help="same as --knob residual_diff_threshold --values ...")
-    s.add_argument("--prompts", default=None, help="a file of prompts, one per line (default: the profile's examples)")
-    s.add_argument("--repeats", type=int, default=1)
-    s.add_argument("--json", action="store_true")
-    s.add_argument("--out", default=None, help="write the table: .md or .json by extension")
-    s.add_argument("--plot", default=None, help="write the curve (PNG)")
-    tune_args(sub)
-    ps = sub.add_parser("presets", help="list presets and their stacks; export one for cache-dit")
-    ps.add_argument("action", nargs="?", default="list", choices=("list", "export"))
-    ps.add_argument("name", nargs="?", default=None)
-    ps.add_argument("--format", default="cache-dit", choices=("cache-dit", "studio"))
-    ps.add_argument("--steps", type=int, default=None, help="steps a step mask is sized to (default: the model's)")
-    ps.add_argument("--out", default=None, help="write here (default: print)")
-    ps.add_argument("--presets-dir", default=None, help="folder of user presets (also STUDIO_PRESETS_DIR)")
-    bz = sub.add_parser("busy", help="quiet readings, then with a CPU-bound load beside them: honest or flagged?")
-    common_args(bz)
-    bz.add_argument("--preset", default="cache")
-    bz.add_argument("--quiet", type=int, default=3, help="readings on the quiet machine")
-    bz.add_argument("--busy", type=int, default=3, help="readings with the load running")
-    bz.add_argument("--api", default=None, help="read through a running app's /generate (e.g. http://127.0.0.1:7860/)")
-    ck = sub.add_parser("clicks", help="what a Generate click costs through a running app, per compare mode")
-    ck.add_argument("--api", required=True, help="the running app (e.g. http://127.0.0.1:7860/)")
-    ck.add_argument("--preset", default="cache")
-    ck.add_argument("--prompt", default="a red circle in the center, blue background")
-    ck.add_argument("--rounds", type=int, default=2, help="rounds of off, auto and on clicks (3 prompts each)")
-    d = sub.add_parser("doctor", help="every shipped preset on a tiny instance of every DiT family, on this machine")
-    d.add_argument("--families", default=None, help="comma-separated (default: flux,qwen-image,sd3,z-image)")
-    d.add_argument("--presets", default=None, help="comma-separated preset names (default: all shipped)")
-    d.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    d.add_argument("--json", action="store_true", help="print one JSON object")
-    d.add_argument("--no-kernels", action="store_true", help="on a GPU, skip timing a FLUX-sized random transformer")
-    d.add_argument("--kernel-stacks", default=None, help="comma-separated subset of sdpa,sage,int8,compile")
-    regimes_args(sub)
-    return ap
+    return WorkerClient(config, warm=())
+
+
+def progress_bar(desc: str):
+    """A tqdm bar on stderr; returns (callback(done, total, label), close)."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=1, desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True)
+
+    def tick(done, total, label):
+        bar.total = total
+        bar.set_postfix_str(str(label)[:40])
+        bar.update(done - bar.n)
+
+    return tick, bar.close
+
+
+def presets_command(lib, args) -> int:
+    """`python -m studio presets list|export`: each preset's asked stack, description and what it becomes here."""
+    from studio.engine.device import default_device
+    from studio.engine.resolve import resolved
+    from studio.report.fmt import on_this_machine
+
+    device = default_device()
+    if args.action == "list":
+        for name in lib.names():
+            p = lib.get(name)
+            print(f"{name:24s} {p.tag():55s} {p.description}\n{'':24s} {on_this_machine(resolved(p, device))}")
+        return 0
+    if not args.name:
+        raise ValueError("presets export needs a preset NAME")
+    p = lib.get(args.name)
+    if args.format == "studio":
+        from studio.spec.presets import preset_to_yaml
+
+        text = preset_to_yaml(p)
+    else:
+        from studio.engine.quantize import exported_quant
+        from studio.spec.export import cache_dit_yaml
+
+        here = on_this_machine(resolved(p, device))
+        text = cache_dit_yaml(p, steps=args.steps, quant=exported_quant(p, device), here=here)
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        print(text, end="")
+    return 0
 
 
 def _doctor(args) -> int:
@@ -142,18 +124,10 @@ def _doctor(args) -> int:
     return 0 if ok else 1
 
 
-def _generate(runner, req, args) -> int:
+def _generate(runner, ask: Ask, args) -> int:
     from studio.report import fmt
 
-    res = runner.generate(
-        req,
-        args.preset,
-        model=args.model,
-        cache_enabled=args.cache,
-        cache_threshold=args.threshold,
-        compile_enabled=args.compile,
-        compare=args.compare,
-    )
+    res = runner.generate(ask.request, ask.stacks[0], model=ask.model, compare=ask.compare)
     if args.out:
         res.pil().save(args.out)
     m = res.metrics
@@ -361,24 +335,9 @@ def main(argv=None) -> int:
             return 2
     runner = Runner(ModelManager(args.device), lib, model=args.model)
     try:
-        prof = runner.profile(args.model)
-        prompt = args.prompt or prof.first_prompt
-        req = runner.request(
-            prompt,
-            model=args.model,
-            seed=args.seed,
-            steps=args.steps,
-            width=args.width,
-            height=args.height,
-            guidance=args.guidance,
-            negative_prompt=args.negative_prompt,
-            true_cfg_scale=args.true_cfg_scale,
-            num_images_per_prompt=getattr(args, "num_images_per_prompt", None),
-            loras=parse_loras("\n".join(args.lora)),
-            **image_args(args, edits=prof.edits),
-        )
         if args.cmd == "generate":
-            return _generate(runner, req, args)
+            return _generate(runner, ask_of_args(runner, args), args)
+        req = request_of_args(runner, args)
         return {"bench": _bench, "sweep": _sweep, "tune": _tune, "busy": _busy}[args.cmd](runner, req, args)
     except (ConfigError, ModelLoadError, RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

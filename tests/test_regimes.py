@@ -8,7 +8,7 @@ import json
 import pytest
 
 from studio.bench import regimes as rg
-from studio.cli import parser
+from studio.cli_args import parser
 from studio.report.regimes import PSNR_NOTE, cells, markdown
 
 # Timing tests run alone, after the others (the README's test command: pytest -m timing)

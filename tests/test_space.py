@@ -31,17 +31,18 @@ def _durations() -> Durations:
 
 def test_a_zerogpu_call_reserves_what_its_request_needs(tmp_path):
     d = _durations()
-    one = dict(model=FLUX, steps=28, width=1024, height=1024, preset="cache")
+    req = dict(prompt="a fox", seed=0, model=FLUX, steps=28, width=1024, height=1024)  # each event's form
+    one = {**req, "preset": "cache"}  # a Generate's
     off, auto, on = (d.generate(**one, compare=m) for m in ("off", "auto", "on"))
     assert MIN_S <= off < auto < on  # one run < a few pairs < pairs and the extra ones
     per_run = run_seconds(HUB_PROFILES[FLUX], 28, 1024, 1024)
     assert per_run == 28 * HUB_PROFILES[FLUX].gpu_step_s + 3.0
     # a Matrix of every preset reserves more than one image; more repeats, more; capped at MAX_S
     presets = ["base", "cache", "int8", "sage", "cache-int8-sage"]
-    m1 = d.matrix(**{**one, "presets": presets, "repeats": 1})
-    m3 = d.matrix(**{**one, "presets": presets, "repeats": 3})
+    m1 = d.matrix(**{**req, "presets": presets, "repeats": 1})
+    m3 = d.matrix(**{**req, "presets": presets, "repeats": 3})
     assert auto < m1 < m3 <= MAX_S  # (a Generate with compare on may pair base 7 times: 14 runs)
-    small = {**one, "width": 256, "height": 256, "presets": ["base", "cache"], "repeats": 1}
+    small = {**req, "width": 256, "height": 256, "presets": ["base", "cache"], "repeats": 1}
     assert d.matrix(**small) < d.matrix(**small, prompts_text="a\nb\n\na") < MAX_S  # each more prompt, its runs
     from studio.app.limits import PublicGuard, PublicLimits, Refused
 
@@ -62,16 +63,16 @@ def test_a_zerogpu_call_reserves_what_its_request_needs(tmp_path):
             **{**one, "width": 512}, compare="off"
         )  # another shape: another build
         # the tuner's compiled option builds too, once per shape (its compiled cache stacks run the same blocks)
-        small = {**one, "width": 512}
+        small = {**req, "width": 512, "floor": 30}
         unbuilt = d.tune(**small)
         mark_aot_built(FLUX, ("aot", "default", "sdpa"), "auto", (512, 1024, 1, None))
         assert d.tune(**small) < unbuilt
         # none for a quantized stack, which runs eagerly there (engine.aot.refusal): the default A/B pair
-        assert d.compare(**one, preset_a="base", preset_b="cache-int8-sage") == 2 * on
+        assert d.compare(**req, preset_a="base", preset_b="cache-int8-sage") == 2 * on
     # a quarter of the pixels, fewer seconds; a form that cannot be read reserves the least (the handler refuses it)
     assert d.generate(**{**one, "width": 512, "height": 512}, compare="on") < on
     assert d.generate(**{**one, "steps": "many"}, compare="on") == MIN_S
-    quarter = {**one, "width": 512, "height": 512}  # (at 1024x1024 three prompts and a compile reach MAX_S)
+    quarter = {**req, "width": 512, "height": 512, "floor": 30}  # (at 1024x1024: MAX_S, 3 prompts and a compile)
     assert d.tune(**quarter, prompts_text="a\nb\nc") > d.tune(**quarter, prompts_text="a")
 
 

@@ -248,20 +248,21 @@ class FakeRunner:
         self.broken = set(broken)  # presets whose run comes back with a broken verdict
 
     def profile(self, model):
-        return SimpleNamespace(guidance=None, example_prompts=(), notes="", steps=10, width=64, height=64, edits=False)
+        from studio.spec import ModelProfile
+
+        return ModelProfile("m", width=64, height=64, steps=10, guidance=None)  # a model that takes no guidance
 
     def request(self, prompt, model=None, **kw):
-        from studio.spec import GenerationRequest
+        return self.profile(model).request(prompt, **kw)  # (studio.worker.protocol.Device's)
 
-        return GenerationRequest(prompt=prompt, **{k: v for k, v in kw.items() if v is not None})
-
-    def generate(self, req, preset, **kw):
+    def generate(self, req, stack, **kw):
+        """`stack`: the event's Ask's stack, resolved and switched (spec.ask): never a name to look up again."""
         from studio.engine.runner import RunResult
 
-        self.calls.append((req, preset, kw))
+        self.calls.append((req, stack, kw))
         img = np.zeros((64, 64, 3), np.uint8)
-        quality = Verdict.BROKEN if preset in self.broken else Verdict.GOOD
-        return RunResult(img, img, make_metrics(preset=preset, quality=quality))
+        quality = Verdict.BROKEN if stack.name in self.broken else Verdict.GOOD
+        return RunResult(img, img, make_metrics(preset=stack.name, quality=quality))
 
 
 def _handlers(broken=()):
@@ -278,10 +279,17 @@ REQUEST = dict(prompt="a red circle", model="m", seed=7, steps=10, width=64, hei
 
 def test_generate_handler_passes_switches_and_returns_components():
     h, runner = _handlers()
-    out = h.generate(**NO_PROGRESS, history=[], **REQUEST, preset="cache", cache="true", threshold=0, compile="false")
-    req, preset, kw = runner.calls[0]
-    assert (req.seed, req.steps, preset) == (7, 10, "cache")
-    assert (kw["cache_enabled"], kw["cache_threshold"], kw["compile_enabled"]) == (True, None, False)
+    out = h.generate(
+        **NO_PROGRESS, history=[], **REQUEST, preset="cache-compile", cache="true", threshold=0, compile="false"
+    )
+    req, stack, kw = runner.calls[0]
+    assert (req.seed, req.steps, stack.name) == (7, 10, "cache-compile.override")  # the Ask's stack: switched once
+    assert stack.cache_config.enabled and not stack.compile.enabled  # cache true, compile false; threshold 0: as is
+    assert (
+        stack.cache_config.residual_diff_threshold
+        == h.studio.presets.get("cache").cache_config.residual_diff_threshold
+    )
+    assert not {"cache_enabled", "cache_threshold", "compile_enabled"} & set(kw)  # nothing left to switch again
     assert kw["time_limit_s"] is None  # no limit per request unless the operator (or public mode) sets one
     h.studio.time_limit_s = 300
     h.generate(**NO_PROGRESS, history=None, **REQUEST, preset="cache")
@@ -333,10 +341,11 @@ def test_handlers_take_the_forms_fields_by_name():
 def test_compare_handler_flags_broken_stacks():
     h, runner = _handlers()
     out = h.compare(**NO_PROGRESS, history=[], **REQUEST, preset_a="base", preset_b="cache", threshold=0.3)
-    assert [c[1] for c in runner.calls] == ["base", "cache"] and runner.calls[0][2]["cache_threshold"] == 0.3
+    assert [c[1].name for c in runner.calls] == ["base", "cache.override"]  # the threshold where a cache runs only
+    assert runner.calls[1][1].cache_config.residual_diff_threshold == 0.3
     assert out["ab.flag"] == "" and len(out["ab.table"]) == 2 and len(out["hist.rows"].rows) == 2
     captions = [c for _, c in out["hist.gallery"]]  # newest first: B, then A
-    assert captions[0] == "#2 cache · 1.80x · 41.23 dB" and captions[1].startswith("#1 ")
+    assert captions[0] == "#2 cache.override · 1.80x · 41.23 dB" and captions[1].startswith("#1 ")
     from studio.report.table import AB_COLUMNS
 
     assert AB_COLUMNS[4:7] == ("PSNR", "cached/full", "worst 8x8 tile") and len(out["ab.table"][1]) == len(AB_COLUMNS)

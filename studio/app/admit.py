@@ -1,12 +1,12 @@
-"""Admission: a device event's form read into a request and a public studio's limits checked, in the app's main
+"""An event's form read into its Ask (spec.ask), once, and a public studio's limits checked on it, in the app's main
 process, before the event's handler takes the device.
 
 On ZeroGPU the handler runs under `@spaces.GPU`, in a process `spaces` forks with a GPU reserved and billed to the
 visitor for the event's duration; whatever the handler changes there is lost when the next call gets a fresh fork
-(what the engine keeps crosses the call: app.zerogpu). So the limits run here, outside it (app.zerogpu wraps each
-device event as admit, then the GPU call): a refused request
-reserves no GPU, and the limits' counters (the visitors' recent events, the compiled shapes met) live in the one
-process that sees every event. Off ZeroGPU the order is the same, in one process.
+(what the engine keeps crosses the call: app.zerogpu). So the Ask is built and the limits run here, outside it
+(app.zerogpu wraps each device event as ask, admit, then the GPU call, the Ask crossing into it): a form that cannot
+be read or a refused request reserves no GPU, and the limits' counters (the visitors' recent events, the compiled
+shapes met) live in the one process that sees every event. Off ZeroGPU the order is the same, in one process.
 
 Not torch: the forms and the device's profiles (spec) only.
 """
@@ -17,33 +17,33 @@ import gradio as gr
 
 from studio.app.errors import shown, title_of
 from studio.app.forms import CompareForm, GenerateForm, MatrixForm, RequestForm, TuneForm
-from studio.app.values import MAX_PUBLIC_PROMPTS, cfg_scale, more_prompts
-from studio.spec import parse_switch
+from studio.app.values import MAX_PUBLIC_PROMPTS, cfg_scale
+from studio.spec.ask import Ask, Switches, fan_out, prompt_lines, resolve_stacks
 from studio.spec.checks import ConfigError
-from studio.spec.request import check_scale, image_inputs, parse_loras
+from studio.spec.request import image_inputs, parse_loras
 
 REQUEST = "That request can't run: "  # before a bad request's sentence (app.errors.shown)
+ASK = "_studio_ask"  # the keyword an event's Ask crosses into its handler (and a ZeroGPU call) under
 
 
-def build_request(device, form: RequestForm):
-    """The form's GenerationRequest (the model profile's defaults for what the form leaves out); a bad value raises
-    gr.Error with its sentence."""
-    with shown(REQUEST):  # refused even where the model takes none, and the value is dropped below
-        check_scale("guidance", float(form.guidance) if form.guidance is not None else None)
+def build_request(device, form: RequestForm, model: str):
+    """The form's GenerationRequest for `model` (the model profile's defaults for what the form leaves out); a bad
+    value raises gr.Error with its sentence."""
     if not form.prompt or not str(form.prompt).strip():
         raise gr.Error("Write a prompt first: the prompt is empty.", title=title_of(ConfigError()))
     with shown(REQUEST):
-        profile = device.profile(form.model)
-        takes_guidance = profile.guidance is not None
+        profile = device.profile(model)
         strength = 1.0 if profile.edits else form.strength  # an edit model's picture is a reference: all steps run
         return device.request(
             str(form.prompt),
-            model=form.model,
+            model=model,
             seed=int(form.seed if form.seed is not None else 0),
             steps=int(form.steps),
             width=int(form.width),
             height=int(form.height),
-            guidance=float(form.guidance) if form.guidance is not None and takes_guidance else None,
+            guidance=float(form.guidance)
+            if form.guidance is not None
+            else None,  # (dropped where the model takes none)
             negative_prompt=str(form.negative_prompt or ""),
             true_cfg_scale=cfg_scale(form.true_cfg_scale),
             num_images_per_prompt=int(form.num_images_per_prompt or 1),
@@ -52,47 +52,89 @@ def build_request(device, form: RequestForm):
         )
 
 
-class Admission:
-    """The admission of each device event, with the event's own arguments (app.ui calls it before the handler).
-    Each raises gr.Error with the limit's sentence; with no public limits (`studio.guard` None) each admits all."""
+class Asks:
+    """Each device event's Ask from the event's own arguments (the form's values by name, as gradio passes them):
+    built once where the event comes in (app.zerogpu.device_event), read by the limits, the GPU time, the handler.
+    A value that cannot be read raises gr.Error with its sentence."""
 
     def __init__(self, studio):
         self.studio = studio
 
-    def _check(self, request, form, presets: list[str]) -> None:
-        guard = self.studio.guard
-        if guard is None:
-            return
-        req = build_request(self.studio.device, form)
-        with shown():
-            lib, model = self.studio.library(request), form.model or self.studio.models[0]
-            guard.event(
-                self.studio.visitor(request),
-                parse_switch(getattr(form, "compile", "unset"), "compile"),
-                [(lib.get(n), lib.is_builtin(n)) for n in presets],
+    def _ask(self, event: str, form: RequestForm, request, names: list[str], **more) -> Ask:
+        model = form.model or self.studio.models[0]
+        req = build_request(self.studio.device, form, model)
+        with shown(REQUEST):
+            switches = Switches.read(
+                getattr(form, "cache", None), getattr(form, "threshold", None), getattr(form, "compile", None)
+            )
+            stacks, builtin = resolve_stacks(event, names, self.studio.library(request), switches)
+            return Ask(
+                event,
                 model,
                 req,
+                stacks,
+                builtin,
+                switches,
                 edits=bool(self.studio.device.profile(model).edits),
+                **more,
             )
-            self.studio.device.check_caps(req)  # the operator's caps, as the device would refuse them, before a GPU
 
-    def generate(self, request=None, progress=None, *, history=None, image=None, mask_image=None, **values) -> None:
+    def _cap(self) -> int | None:
+        return MAX_PUBLIC_PROMPTS if self.studio.public else None
+
+    def generate(self, request=None, progress=None, *, history=None, image=None, mask_image=None, **values) -> Ask:
         form = GenerateForm(image=image, mask_image=mask_image, **values)
-        self._check(request, form, [form.preset])
+        return self._ask("generate", form, request, [form.preset], compare=form.compare)
 
-    def compare(self, request=None, progress=None, *, history=None, image=None, mask_image=None, **values) -> None:
+    def generate_on(self, request=None, progress=None, **values) -> Ask:
+        """The Generate form's Ask with compare `on` ("Compare with base")."""
+        return self.generate(request, progress, **{**values, "compare": "on"})
+
+    def compare(self, request=None, progress=None, *, history=None, image=None, mask_image=None, **values) -> Ask:
         form = CompareForm(image=image, mask_image=mask_image, **values)
-        self._check(request, form, [form.preset_a, form.preset_b])
+        return self._ask("compare", form, request, [form.preset_a, form.preset_b])  # the A/B tab always compares
 
-    def matrix(self, request=None, progress=None, *, history=None, image=None, mask_image=None, **values) -> None:
+    def matrix(self, request=None, progress=None, *, history=None, image=None, mask_image=None, **values) -> Ask:
         form = MatrixForm(image=image, mask_image=mask_image, **values)
         if not form.presets:
             raise gr.Error("Choose at least one preset for the matrix.")
-        if self.studio.guard is not None:
-            with shown():
-                prompts = 1 + len(more_prompts(form.prompts_text, form.prompt, MAX_PUBLIC_PROMPTS))
-                self.studio.guard.matrix(len(form.presets), int(form.repeats or 1), prompts)
-        self._check(request, form, list(form.presets))
+        prompts = fan_out(str(form.prompt or ""), prompt_lines(form.prompts_text), self._cap())
+        with shown(REQUEST):
+            repeats = int(form.repeats or 1)
+        return self._ask("matrix", form, request, list(form.presets), prompts=prompts, repeats=repeats)
 
-    def tune(self, request=None, progress=None, *, image=None, mask_image=None, **values) -> None:
-        self._check(request, TuneForm(image=image, mask_image=mask_image, **values), [])
+    def tune(self, request=None, progress=None, *, image=None, mask_image=None, **values) -> Ask:
+        form = TuneForm(image=image, mask_image=mask_image, **values)
+        prompts = fan_out(str(form.prompt or ""), prompt_lines(form.prompts_text), self._cap(), replace_first=True)
+        return self._ask("tune", form, request, [], prompts=prompts)
+
+    def of(self, event: str, request, values: dict, **inputs) -> Ask:
+        """The event's Ask: the one that came with its arguments (under ASK, taken out of `values`), or one built from
+        them (and the image `inputs`) now: a handler or a duration called directly (a test, an in-process call)."""
+        ask = values.pop(ASK, None)
+        return ask if ask is not None else getattr(self, event)(request, **values, **inputs)
+
+
+class Admission:
+    """The admission of each device event, reading its Ask (app.ui calls it before the handler). Raises gr.Error
+    with the limit's sentence; with no public limits (`studio.guard` None) it admits all."""
+
+    def __init__(self, studio):
+        self.studio = studio
+
+    def __call__(self, ask: Ask, request=None) -> None:
+        guard = self.studio.guard
+        if guard is None:
+            return
+        with shown():
+            if ask.event == "matrix":
+                guard.matrix(len(ask.stacks), ask.repeats, len(ask.prompts))
+            guard.event(
+                self.studio.visitor(request),
+                ask.switches.compile,
+                list(zip(ask.stacks, ask.builtin, strict=True)),
+                ask.model,
+                ask.request,
+                edits=ask.edits,
+            )
+            self.studio.device.check_caps(ask.request)  # the operator's caps, as the device would refuse them

@@ -8,19 +8,21 @@ tuner's search), plus a warm-up for each stack and a compile where one is asked 
 build, engine.aot, at a shape not built yet), with a margin. A small
 Generate reserves little; a Matrix of every preset reserves what it needs, up to `MAX_S`.
 
-Not gradio and not torch: the handlers' forms in, seconds out (the callable ZeroGPU calls with the event's own
-arguments is built in app.ui).
+Not torch: the event's Ask in (app.admit), seconds out (the callable ZeroGPU calls with the event's own arguments is
+built in app.ui).
 """
 
 from __future__ import annotations
 
 import math
 
-from studio.app.values import MAX_PUBLIC_PROMPTS, more_prompts, prompt_lines
+import gradio as gr
+
+from studio.app.admit import Asks
+from studio.spec.ask import Ask
 from studio.spec.checks import ConfigError
 from studio.spec.hosting import aot_built, aot_marker_key
 from studio.spec.profiles import ModelProfile
-from studio.spec.request import graph_shape_of
 from studio.spec.settings import current
 
 MIN_S = 15  # a call that needs less still gets this (the fork and the move to the GPU)
@@ -30,6 +32,7 @@ OTHER_S = 3.0  # per run, outside the transformer: text encoders, VAE decode, th
 COMPILE_S = 90.0  # one stack's torch.compile (or AoT) warm-up at a new shape
 PAIRS = {"on": 2 * (3 + 4), "auto": 2 * 3, "off": 1}  # runs a Generate makes at most: pairs (+4 extra), or one
 TUNE_RUNS = 40  # the quick search's screening and timed runs, about
+TUNER_COMPILED = "compile"  # the preset whose compiled blocks the tuner's compiled option runs
 
 
 def run_seconds(profile: ModelProfile, steps: int, width: int, height: int, cfg_calls: int = 1) -> float:
@@ -49,8 +52,8 @@ def generate_s(run_s: float, compare: str, compiles: int) -> int:
 
 
 def matrix_s(run_s: float, presets: int, repeats: int, compiles: int, prompts: int = 1) -> int:
-    """(presets + 1) x repeats timed runs (base again in each round) per prompt, a warm-up of each stack and the
-    settle run."""
+    """(presets + 1) x repeats timed runs per prompt (`presets`: the stacks of a round, base among them; then base
+    again), a warm-up of each stack and the settle run."""
     return reserve(run_s, (presets + 1) * repeats * prompts, warmups=presets + 1, compiles=compiles)
 
 
@@ -61,66 +64,62 @@ def tune_s(run_s: float, prompts: int, compiles: int = 0) -> int:
 
 class Durations:
     """The `duration` callables of the four device events, over the studio's profiles and presets. ZeroGPU calls
-    each with the event's own arguments (the form's values by name); a value that cannot be read reserves MIN_S
-    (the handler then refuses the request at once)."""
+    each with the event's own arguments, its Ask among them (app.admit.ASK; built from the values when it is not); a
+    form that cannot be read reserves MIN_S (the event refuses it before any GPU call)."""
 
     def __init__(self, studio):
         self.studio = studio
+        self.asks = Asks(studio)
 
-    def _run_s(self, v: dict) -> float:
-        prof = self.studio.device.profile(v.get("model") or self.studio.models[0])
-        scale = v.get("true_cfg_scale")
-        scale = prof.true_cfg_scale if scale in (None, "") else float(scale)
-        cfg = 2 if scale and scale > 1 else 1
-        size = [int(v.get(k) or getattr(prof, k)) for k in ("steps", "width", "height")]
-        return run_seconds(prof, *size, cfg_calls=cfg * int(v.get("num_images_per_prompt") or 1))
+    def _run_s(self, ask: Ask) -> float:
+        prof = self.studio.device.profile(ask.model)
+        r = ask.request
+        cfg = 2 if r.true_cfg_scale and r.true_cfg_scale > 1 else 1
+        return run_seconds(prof, r.steps, r.width, r.height, cfg_calls=cfg * r.num_images_per_prompt)
 
-    def _compiles(self, v: dict, names: list[str]) -> int:
+    def _compiles(self, ask: Ask, stacks) -> int:
         """Compile warm-ups the event makes. On ZeroGPU only the stacks that compile ahead of time (engine.aot: not
         quantized, not offloaded, no LoRA) and only at a shape whose packages are not built yet."""
-        lib = self.studio.presets
-        forced = str(v.get("compile", "unset")).lower() == "true"
-        compiled = [lib.get(n) for n in names if n in lib.names() and (forced or lib.get(n).compile.enabled)]
+        compiled = [p for p in stacks if p.compile.enabled]
         if not current().zerogpu:
-            return len(names) if forced else len(compiled)
-        if v.get("loras"):
+            return len(compiled)
+        if ask.request.loras:
             return 0
-        model = v.get("model") or self.studio.models[0]
-        image = v.get("image")
-        sizes = (int(v.get(k) or 0) for k in ("width", "height"))
-        shape = graph_shape_of(
-            *sizes, int(v.get("num_images_per_prompt") or 1), image if hasattr(image, "shape") else None
-        )
+        shape = ask.request.graph_shape
         return sum(
             1
             for p in compiled
             if not p.quantize_config.enabled
             and p.offload_config.policy in ("none", "auto")  # auto may choose none: reserve
-            and not aot_built(model, aot_marker_key(p), p.dtype, shape)
+            and not aot_built(ask.model, aot_marker_key(p), p.dtype, shape)
         )
 
-    def _safe(self, estimate) -> int:
+    def _safe(self, event: str, args, values: dict, estimate) -> int:
         try:
-            return estimate()
-        except (ValueError, TypeError, KeyError, ConfigError):  # a bad form: the handler refuses it in no time
+            ask = self.asks.of(event, args[0] if args else values.pop("request", None), values)
+            return estimate(ask)
+        except (ValueError, TypeError, KeyError, ConfigError, gr.Error):  # a bad form: refused before the GPU call
             return MIN_S
 
     def generate(self, *args, **v) -> int:
-        mode = str(v.get("compare", "on")).lower()
-        return self._safe(lambda: generate_s(self._run_s(v), mode, self._compiles(v, [v.get("preset")])))
-
-    def compare(self, *args, **v) -> int:
-        names = [v.get("preset_a"), v.get("preset_b")]
-        return self._safe(lambda: 2 * generate_s(self._run_s(v), "on", self._compiles(v, names)))
-
-    def matrix(self, *args, **v) -> int:
-        names = list(v.get("presets") or [])
-        cap = MAX_PUBLIC_PROMPTS if self.studio.public else None
-        prompts = 1 + len(more_prompts(v.get("prompts_text"), str(v.get("prompt") or ""), cap))
         return self._safe(
-            lambda: matrix_s(self._run_s(v), len(names), int(v.get("repeats") or 1), self._compiles(v, names), prompts)
+            "generate", args, v, lambda a: generate_s(self._run_s(a), a.compare, self._compiles(a, a.stacks))
         )
 
+    def compare(self, *args, **v) -> int:
+        return self._safe(
+            "compare", args, v, lambda a: 2 * generate_s(self._run_s(a), "on", self._compiles(a, a.stacks))
+        )
+
+    def matrix(self, *args, **v) -> int:
+        def need(a: Ask) -> int:  # (a.stacks: base first, the rows of a round but `base (again)`)
+            return matrix_s(self._run_s(a), len(a.stacks), a.repeats, self._compiles(a, a.stacks), len(a.prompts))
+
+        return self._safe("matrix", args, v, need)
+
     def tune(self, *args, **v) -> int:
-        prompts = prompt_lines(v.get("prompts_text")) or [""]
-        return self._safe(lambda: tune_s(self._run_s(v), len(prompts), self._compiles(v, ["compile"])))
+        def need(a: Ask) -> int:
+            compiled = self.studio.presets.get(TUNER_COMPILED)  # the tuner's compiled option's build
+            return tune_s(self._run_s(a), len(a.prompts), self._compiles(a, [compiled]))
+
+        return self._safe("tune", args, v, need)

@@ -18,37 +18,26 @@ from pathlib import Path
 
 import gradio as gr
 
-from studio.app.admit import Admission, build_request
+from studio.app.admit import Admission, Asks
 from studio.app.errors import shown
-from studio.app.forms import UI, CompareForm, GenerateForm, MatrixForm, RequestForm, TuneForm
+from studio.app.forms import UI, TuneForm
 from studio.app.gpu_time import Durations
 from studio.app.history import History, history_csv, record, restored
 from studio.app.limits import PublicGuard, visitor
 from studio.app.maps import AB_MAP_WHERE, GEN_MAP_WHERE, compared
-from studio.app.preset_handlers import PresetHandlers
 from studio.app.progress import progress_hooks
-from studio.app.values import (
-    MAX_PUBLIC_PROMPTS,
-    batch_pictures,
-    image_numbers,
-    json_safe,
-    more_prompts,
-    notes_md,
-    png,
-    prompt_lines,
-    table_frame,
-    threshold_value,
-    tile_at,
-)
+from studio.app.values import batch_pictures, image_numbers, json_safe, notes_md, png, table_frame, tile_at
 from studio.measure.quality import difference, split_batch
 from studio.report import fmt
 from studio.report.card import broken_flag, metrics_card
 from studio.report.images import enlarge, error_picture
-from studio.report.plots import plot_paired, plot_steps, plot_tradeoff
+from studio.report.plots import plot_paired, plot_steps, plot_sweep, plot_tradeoff
 from studio.report.table import MatrixRow
-from studio.spec import PresetLibrary, parse_switch
+from studio.report.text import tune_summary
+from studio.spec import PresetLibrary
+from studio.spec.ask import Ask
 from studio.spec.lora import shipped_loras
-from studio.spec.request import compare_mode
+from studio.spec.presets import MAX_PRESET_BYTES, preset_from_text, preset_to_yaml
 from studio.worker.protocol import Device
 
 CACHE_CHOICES = [("follow preset", "unset"), ("on", "true"), ("off", "false")]
@@ -101,32 +90,31 @@ class Studio:
         return self.presets.with_user_dir(self.tmpdir / "sessions" / safe)
 
 
-class Handlers(PresetHandlers):
+class Handlers:
     def __init__(self, studio: Studio, ui: UI):
         self.studio = studio
         self.ui = ui
+        self.asks = Asks(studio)  # each event's form read once into its Ask (app.admit, spec.ask)
         self.durations = Durations(studio)  # what each event reserves on ZeroGPU (app.gpu_time)
-        self.admit = Admission(studio)  # the public limits, before an event takes the device (app.admit)
+        self.admit = Admission(studio)  # the public limits on the Ask, before an event takes the device (app.admit)
         self._resolved: dict = {}  # preset -> what its device-dependent parts become here (asked of the device once)
 
     # helpers ---------------------------------------------------------------------------------------------
-    def _request(self, form: RequestForm):
-        return build_request(self.studio.device, form)
+    def _ask(self, event: str, request, image, mask_image, values: dict) -> Ask:
+        """The event's Ask: the one built where the event came in (taken out of `values`, app.admit.ASK), or one
+        built now from the form (a handler called directly: a test, an in-process call)."""
+        return self.asks.of(event, request, values, image=image, mask_image=mask_image)
 
-    def _run(self, req, form: GenerateForm | CompareForm, preset: str, progress, request=None):
+    def _run(self, ask: Ask, stack, progress):
         on_step, on_status = progress_hooks(progress)
         with shown():
             return self.studio.device.generate(
-                req,
-                preset,
-                model=form.model,
-                cache_enabled=parse_switch(form.cache, "cache switch"),
-                cache_threshold=threshold_value(form.threshold),
-                compile_enabled=parse_switch(form.compile, "compile switch"),
-                compare=compare_mode(getattr(form, "compare", "on")),  # the A/B tab always compares
+                ask.request,
+                stack,
+                model=ask.model,
+                compare=ask.compare,
                 progress=on_step,
                 on_status=on_status,
-                presets=self.studio.library(request),
                 time_limit_s=self.studio.time_limit_s,
             )
 
@@ -150,9 +138,8 @@ class Handlers(PresetHandlers):
         mask_image=None,
         **values,
     ):
-        form = GenerateForm(image=image, mask_image=mask_image, **values)
-        req = self._request(form)
-        res = self._run(req, form, form.preset, progress, request)
+        ask = self._ask("generate", request, image, mask_image, values)
+        res = self._run(ask, ask.stacks[0], progress)
         gen, metrics = self.ui.gen, json_safe(res.metrics.as_dict())
         tile_yx = tile_at(res.metrics.worst_tile_psnr_db, res.metrics.worst_tile_yx)
         return {
@@ -166,7 +153,7 @@ class Handlers(PresetHandlers):
             gen.json_file: self.studio.write("metrics.json", json.dumps(metrics, indent=1)),
             gen.batch: batch_pictures(res),  # a plain value: the API returns it as data (an update would be a dict)
             gen.last: res.image,
-            **self._history(history, req, [res]),
+            **self._history(history, ask.request, [res]),
         }
 
     def generate_compared(
@@ -214,9 +201,8 @@ class Handlers(PresetHandlers):
             the picture (PNG; a batch's pictures stacked top to bottom), the pictures one by one, and a list of one
             record of numbers per picture.
         """
-        form = GenerateForm(image=image, mask_image=mask_image, **values)
-        req = self._request(form)
-        res = self._run(req, form, form.preset, progress, request)
+        ask = self._ask("generate", request, image, mask_image, values)
+        res = self._run(ask, ask.stacks[0], progress)
         numbers = image_numbers(res.metrics.as_dict())
         pics = split_batch(res.image, len(numbers))
         api = self.ui.api
@@ -236,10 +222,8 @@ class Handlers(PresetHandlers):
         mask_image=None,
         **values,
     ):
-        form = CompareForm(image=image, mask_image=mask_image, **values)
-        req = self._request(form)
-        ra = self._run(req, form, form.preset_a, progress, request)
-        rb = self._run(req, form, form.preset_b, progress, request)
+        ask = self._ask("compare", request, image, mask_image, values)
+        ra, rb = (self._run(ask, stack, progress) for stack in ask.stacks)
         rows = [MatrixRow.from_metrics(ra.metrics), MatrixRow.from_metrics(rb.metrics)]
         flag = broken_flag(rows)  # only a broken stack is flagged above the pictures; the table shows every verdict
         a, b = enlarge(ra.image), enlarge(rb.image)
@@ -255,7 +239,7 @@ class Handlers(PresetHandlers):
             ab.table: [r.ab_cells() for r in rows],
             ab.flag: flag,
             ab.json: json_safe({"a": ra.metrics.as_dict(), "b": rb.metrics.as_dict(), "b_vs_a": b_vs_a}),
-            **self._history(history, req, [ra, rb]),
+            **self._history(history, ask.request, [ra, rb]),
         }
 
     def matrix(
@@ -268,24 +252,17 @@ class Handlers(PresetHandlers):
         mask_image=None,
         **values,
     ):
-        form = MatrixForm(image=image, mask_image=mask_image, **values)
-        req = self._request(form)
-        if not form.presets:
-            raise gr.Error("Choose at least one preset for the matrix.")
-        more = more_prompts(form.prompts_text, req.prompt, MAX_PUBLIC_PROMPTS if self.studio.public else None)
+        ask = self._ask("matrix", request, image, mask_image, values)
         with shown():
             mat = self.studio.device.matrix(
-                req,
-                list(form.presets),
-                model=form.model,
-                repeats=int(form.repeats or 1),
+                ask.request,
+                list(ask.stacks),
+                model=ask.model,
+                repeats=ask.repeats,
                 progress=lambda d, t, label: progress((d, t), desc=f"{label}: {d} of {t} timed runs", unit="runs"),
-                cache_enabled=parse_switch(form.cache, "cache switch"),
-                cache_threshold=threshold_value(form.threshold),
-                compile_enabled=parse_switch(form.compile, "compile switch"),
                 presets_library=self.studio.library(request),
                 time_limit_s=self.studio.time_limit_s,
-                prompts=more,
+                prompts=ask.prompts[1:],
             )
         runs = {name: r.metrics.as_dict() for name, r in mat.results.items()}
         first = mat.chart_preset()  # the first cached stack, not whatever comes after base
@@ -300,31 +277,22 @@ class Handlers(PresetHandlers):
             mx.runs: runs,
             mx.json: json_safe([r.as_dict() for r in mat.rows]),
             mx.noise: mat.noise_line(),
-            **self._history(history, req, list(mat.results.values())),
+            **self._history(history, ask.request, list(mat.results.values())),
         }
 
     def tune(self, request: gr.Request = None, progress=gr.Progress(), *, image=None, mask_image=None, **values):
         """The tuner (studio.bench.tune) on the form's request with each prompt; a public studio runs the quick
         search on at most MAX_PUBLIC_PROMPTS prompts (one tuner holds the device for minutes)."""
-        from dataclasses import replace as _replace
-
-        from studio.report.plots import plot_sweep
-        from studio.report.text import tune_summary
-        from studio.spec.presets import preset_to_yaml
-
-        form = TuneForm(image=image, mask_image=mask_image, **values)
-        req = self._request(form)
-        prompts = prompt_lines(form.prompts_text) or [req.prompt]
-        size = form.size
-        if self.studio.public:
-            prompts, size = prompts[:MAX_PUBLIC_PROMPTS], "quick"
+        ask = self._ask("tune", request, image, mask_image, values)
+        form = TuneForm(image=image, mask_image=mask_image, **values)  # the tuner's own fields (not a stack's)
+        size = "quick" if self.studio.public else form.size
         with shown():
             floor = float(form.floor)
             max_flip = float(form.max_flip) if form.max_flip else None  # 0 or empty: PSNR alone
             res = self.studio.device.tune(
-                [_replace(req, prompt=p) for p in prompts],
+                list(ask.requests),
                 floor,
-                model=form.model,
+                model=ask.model,
                 progress=lambda m: progress(0, desc=m),
                 quick=size != "full",
                 time_limit_s=self.studio.time_limit_s,
@@ -398,3 +366,57 @@ class Handlers(PresetHandlers):
             return {}
         r = self.ui.request
         return {r.width: sizes[label][0], r.height: sizes[label][1]}
+
+    # the Presets tab (and the Tune tab's save): a preset shown with what it becomes here, exported for cache-dit,
+    # uploaded, saved
+    def save_tuned(self, name, text, request: gr.Request = None):
+        if not (text or "").strip():
+            raise gr.Error("Run the tuner first: there is no tuned preset to save yet.")
+        out = self.save_preset(name, text, request)
+        out[self.ui.tn.msg] = out.pop(self.ui.pv.msg)
+        return out
+
+    def show_preset(self, name, request: gr.Request = None):
+        """A preset's description and YAML, and the YAML as a download."""
+        lib = self.studio.library(request)
+        with shown():
+            p = lib.get(name)
+        origin = "built in" if lib.is_builtin(name) else "user preset"
+        if p not in self._resolved:
+            self._resolved[p] = self.studio.device.resolved(p)
+        desc = f"**{name}** ({origin}) — asks for `{p.tag()}`\n\n{p.description}\n\n*{self._resolved[p]}*"
+        pv, text = self.ui.pv, lib.text(name)
+        return {pv.desc: desc, pv.yaml: text, pv.yaml_file: self.studio.write(f"{name}.yaml", text)}
+
+    def export_preset(self, name, steps=None, request: gr.Request = None):
+        """The preset as the YAML `cache_dit.load_configs` reads, a step mask sized to the request's `steps`: made by
+        the device (cache-dit's own config objects load torch, which the app's process does not)."""
+        with shown():
+            p = self.studio.library(request).get(name)
+            text = self.studio.device.export(p, int(steps) if steps else None)
+        return {self.ui.pv.export_file: self.studio.write(f"{name}.cache-dit.yaml", text)}
+
+    def load_upload(self, path):
+        if not path:
+            return {}
+        size = Path(path).stat().st_size
+        if size > MAX_PRESET_BYTES:
+            raise gr.Error(f"That preset file is {size} bytes: a preset is at most {MAX_PRESET_BYTES} bytes of YAML.")
+        stem = "".join(c for c in Path(path).stem if c.isalnum() or c in "-_.")[:64]
+        return {self.ui.pv.new_yaml: Path(path).read_text(errors="replace"), self.ui.pv.new_name: stem}
+
+    def save_preset(self, name, text, request: gr.Request = None):
+        name = (name or "").strip()
+        if not name:
+            raise gr.Error("Give the new preset a name.")
+        with shown("Preset not saved: "):
+            lib = self.studio.library(request)
+            if self.studio.guard is not None:  # checked before the file is written
+                self.studio.guard.preset(preset_from_text(text or "", name), builtin=False)
+            p = lib.add(name, text or "")
+        choices = lib.names()
+        pv = self.ui.pv
+        out = {c: gr.update(choices=choices) for c in self.ui.preset_lists()}
+        out[pv.name] = gr.update(choices=choices, value=name)
+        out[pv.msg] = f"Saved **{name}** — `{p.tag()}`. It is now in every preset list."
+        return out

@@ -65,7 +65,7 @@ def _wire(ui: UI, h: Handlers, demo, described: dict) -> None:
     gen_in = forms.inputs(forms.GenerateForm, r, gen) | hist_in
     generated = gr.on(
         [gen.button.click, r.prompt.submit],
-        _gpu(h.generate, h.durations.generate, h.admit.generate),
+        _gpu(h.generate, h.durations.generate, h.admit, h.asks.generate),
         inputs_kwargs=gen_in,
         outputs=gen_out,
         api_name="generate",
@@ -74,7 +74,7 @@ def _wire(ui: UI, h: Handlers, demo, described: dict) -> None:
     ).then(keep, hist.rows, hist.saved, **private)
     # for programs: the pictures at their own size and their numbers (the OpenAI endpoint and MCP call it)
     ui.api.button.click(
-        _gpu(h.images, h.durations.generate, h.admit.generate),
+        _gpu(h.images, h.durations.generate, h.admit, h.asks.generate),
         inputs_kwargs=gen_in,
         outputs=[ui.api.picture, ui.api.pictures, ui.api.numbers],
         api_name="images",
@@ -83,14 +83,14 @@ def _wire(ui: UI, h: Handlers, demo, described: dict) -> None:
     )
     # the same request compared `on` (API callers pass compare="on" to /generate)
     compared = gen.compare_button.click(
-        _gpu(h.generate_compared, h.durations.generate, h.admit.generate),
+        _gpu(h.generate_compared, h.durations.generate, h.admit, h.asks.generate_on),
         inputs_kwargs=gen_in,
         outputs=gen_out,
         **private,
         **device,
     ).then(keep, hist.rows, hist.saved, **private)
     ab_done = ab.button.click(
-        _gpu(h.compare, h.durations.compare, h.admit.compare),
+        _gpu(h.compare, h.durations.compare, h.admit, h.asks.compare),
         inputs_kwargs=forms.inputs(forms.CompareForm, r, ab) | hist_in,
         outputs=[ab.slider, ab.img_a, ab.img_b, ab.table, ab.flag]
         + hist_out
@@ -102,7 +102,7 @@ def _wire(ui: UI, h: Handlers, demo, described: dict) -> None:
         **device,
     ).then(keep, hist.rows, hist.saved, **private)
     mx.button.click(
-        _gpu(h.matrix, h.durations.matrix, h.admit.matrix),
+        _gpu(h.matrix, h.durations.matrix, h.admit, h.asks.matrix),
         inputs_kwargs=forms.inputs(forms.MatrixForm, r, mx) | hist_in,
         outputs=[mx.table, mx.plot, mx.pick, mx.steps_plot, mx.csv, mx.md, mx.runs, mx.noise]
         + hist_out
@@ -114,7 +114,7 @@ def _wire(ui: UI, h: Handlers, demo, described: dict) -> None:
     ).then(keep, hist.rows, hist.saved, **private)
     mx.pick.change(pics.served(h.pick_steps), [mx.pick, mx.runs], mx.steps_plot, **private)
     tn.button.click(
-        _gpu(h.tune, h.durations.tune, h.admit.tune),
+        _gpu(h.tune, h.durations.tune, h.admit, h.asks.tune),
         inputs_kwargs=forms.inputs(forms.TuneForm, r, tn),
         outputs=[tn.result, tn.plot, tn.yaml, tn.name, tn.json],
         api_name="tune",

@@ -60,13 +60,6 @@ def cfg_scale(value) -> float | None:
     return max(1.0, float(value))
 
 
-def threshold_value(value) -> float | None:
-    """A browser's empty number field sends 0: 0 (or nothing) means "follow the preset"."""
-    if value in (None, "") or float(value) <= 0:
-        return None
-    return float(value)
-
-
 # The numbers an API caller gets with each picture (the `/images` endpoint, the OpenAI endpoint's `studio` object):
 # the run's record's keys, by name (measure.record.RunMetrics; docs/api.md lists them).
 RUN_KEYS = (
@@ -113,16 +106,3 @@ def table_frame(mat):
 
 
 MAX_PUBLIC_PROMPTS = 3  # prompts one Tune or Matrix request may take on a public studio (each multiplies its runs)
-
-
-def prompt_lines(text: str | None) -> list[str]:
-    """The prompts of a box, one per line, stripped; blank lines dropped (the Tune tab's box)."""
-    return [x.strip() for x in str(text or "").splitlines() if x.strip()]
-
-
-def more_prompts(text: str | None, first: str, cap: int | None = None) -> list[str]:
-    """The prompts of a box (one per line; blank lines and repeats dropped) other than `first`, at most `cap - 1` of
-    them (`cap`: prompts in all, a public studio's; None: no cap)."""
-    lines = [x.strip() for x in (text or "").splitlines()]
-    more = [x for x in dict.fromkeys(lines) if x and x != first]
-    return more if cap is None else more[: max(0, cap - 1)]

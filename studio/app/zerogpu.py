@@ -24,6 +24,8 @@ import importlib.util
 
 from gradio.blocks import Block
 
+from studio.app.admit import ASK
+
 KEPT = "_studio_kept"  # the keyword the kept state crosses a GPU call under (not one of the API's parameters)
 
 
@@ -52,11 +54,12 @@ def _blocks(plain: dict, by_id: dict[int, Block]):
     return {by_id[i]: v for i, v in plain["by_id"].items()}
 
 
-def device_event(fn, duration=None, admit=None, *, device=None, by_id=None, pictures=None):
-    """`fn` (a device event's handler) as the event runs it: `admit` (the public limits, in this process) first,
-    then `fn` under @spaces.GPU for `duration` (a callable of the event's arguments, app.gpu_time) where `spaces`
-    wraps it, its result and the engine's kept state crossing the call (module doc), then its pictures written as
-    files here (`pictures`, app.pictures.PictureFiles).
+def device_event(fn, duration=None, admit=None, ask=None, *, device=None, by_id=None, pictures=None):
+    """`fn` (a device event's handler) as the event runs it: its Ask built once from the event's arguments (`ask`,
+    app.admit.Asks), the public limits on it (`admit`, in this process), then `fn` under @spaces.GPU for `duration`
+    (a callable of the event's arguments, app.gpu_time) where `spaces` wraps it, the Ask crossing in with the
+    arguments (under app.admit.ASK), the result and the engine's kept state crossing back (module doc), then its
+    pictures written as files here (`pictures`, app.pictures.PictureFiles).
 
     Args:
         device: the studio's device (studio.worker.Device): its kept() state crosses each GPU call.
@@ -64,19 +67,21 @@ def device_event(fn, duration=None, admit=None, *, device=None, by_id=None, pict
     """
     run = fn
     if importlib.util.find_spec("spaces") is not None:
-        import spaces  # noqa: PLC0415
+        import spaces  # noqa: PLC0415  (optional: installed on a Space)
 
         on_gpu = _in_gpu_process(fn, device)
         wrapped = spaces.GPU(on_gpu, duration=_without_kept(duration))
         if wrapped is not on_gpu:  # a GPU call in another process: the result and the kept state cross it
             run = _crossing(fn, wrapped, device, by_id or {})
-    if admit is None and pictures is None:
+    if admit is None and pictures is None and ask is None:
         return run
 
     @functools.wraps(fn)  # gradio reads the handler's signature (its gr.Request, gr.Progress, names) through it
     def event(*args, **kwargs):
-        if admit is not None:
-            admit(*args, **kwargs)
+        if ask is not None:
+            kwargs[ASK] = ask(*args, **kwargs)
+            if admit is not None:
+                admit(kwargs[ASK], args[0] if args else kwargs.get("request"))
         result = run(*args, **kwargs)
         return pictures.result(result) if pictures is not None else result
 

@@ -37,6 +37,7 @@ from studio.engine.run import Deadline, Measured, RunContext, measure, pipeline_
 from studio.measure.estimate import price_ms
 from studio.measure.pace import Pace, pace_key, record, work_of
 from studio.measure.record import RunMetrics, RunResult, Timing
+from studio.spec.ask import Switches
 from studio.spec.cachedit import step_mask
 from studio.spec.checks import ConfigError
 from studio.spec.errors import USER_ERRORS, RunError, is_run_failure
@@ -192,12 +193,14 @@ class Runner:
         on_status=None,
         compare: bool | str = True,
         pairing: Pairing | None = None,
-        presets: PresetLibrary | None = None,
+        library: PresetLibrary | None = None,
     ) -> RunResult:
         """One generation with `preset`, measured, and compared with the base image of the same request.
 
         Args:
-            cache_enabled, cache_threshold, compile_enabled: the per-request switches (None follows the preset).
+            preset: a stack resolved and switched already (an event's Ask: spec.ask), or a preset's name.
+            cache_enabled, cache_threshold, compile_enabled: the per-request switches (None follows the preset), for a
+                caller that names a preset rather than passing an Ask's stack (spec.ask.Switches: the one rule).
             progress: callable(step_index, total_steps, StepRecord) after each denoising step.
             on_status: callable(str) for slow phases (loading, warm-up, compiling, the base run).
             compare: on (True) / auto / off (False): how the run is compared with base (spec.request.COMPARE_MODES,
@@ -205,11 +208,11 @@ class Runner:
                 divides by a kept base timing of the same shape when there is one; off runs the stack alone.
             pairing: how base is timed beside the stack (engine.baseline); the runner's own by default, or
                 `baseline.CALLER_TIMES_BASE` for a caller that times base itself (the bench).
-            presets: the library to resolve preset names in (a visitor's own presets); the runner's by default.
+            library: the library to resolve a preset name in (a visitor's own presets); the runner's by default.
         """
         t0 = time.perf_counter()
         compare = compare_mode(compare)
-        p = self.resolve_preset(preset, presets).with_overrides(cache_enabled, cache_threshold, compile_enabled)
+        p = Switches(cache_enabled, cache_threshold, compile_enabled).apply(self.resolve_preset(preset, library))
         ctx = self.context(request, p, model, progress=progress, on_status=on_status)
         with self.manager.lock:
             self.check_caps(request)  # an operator's caps before any load

@@ -14,6 +14,7 @@ Section keys are the dataclass field names (written once, in spec/preset.py); so
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import fields
 from pathlib import Path
 
@@ -29,6 +30,9 @@ BUILTIN_DIR = Path(__file__).resolve().parent.parent.parent / "presets"
 USER_DIR_ENV = "STUDIO_PRESETS_DIR"
 MAX_PRESET_BYTES = 64 * 1024  # a preset is a few hundred bytes of YAML; anything near this is not one
 BASE = "base"  # the reference every stack is compared with
+MAX_PARSED = 512  # preset files kept parsed (PresetLibrary.get): a Preset is frozen, so one parse serves every call
+_PARSED: dict[tuple, Preset] = {}  # (path, size, mtime_ns) -> its Preset
+_PARSED_LOCK = threading.Lock()
 BUILTIN_ORDER = (
     BASE,
     "sage",
@@ -195,7 +199,16 @@ class PresetLibrary:
         return files[name]
 
     def get(self, name: str) -> Preset:
-        return load_preset(self._file(name))
+        """The preset of that name, parsed once per change of its file (its path, size and modification time)."""
+        path = self._file(name)
+        st = path.stat()
+        key = (str(path), st.st_size, st.st_mtime_ns)
+        with _PARSED_LOCK:  # (the app's handlers and the device thread both read presets)
+            if key not in _PARSED:
+                if len(_PARSED) >= MAX_PARSED:  # a public studio sees many visitors' files: the oldest parse goes
+                    _PARSED.pop(next(iter(_PARSED)))
+                _PARSED[key] = load_preset(path)
+            return _PARSED[key]
 
     def text(self, name: str) -> str:
         return self._file(name).read_text()

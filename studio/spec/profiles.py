@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from studio.spec.checks import ConfigError
-from studio.spec.request import GenerationRequest
+from studio.spec.request import GenerationRequest, check_scale
 
 PROFILE_FILE = "studio_profile.json"
 # The embedded tiny FLUX-architecture model (weights only; the tools that build it live in studio.tiny).
@@ -81,6 +81,9 @@ class ModelProfile:
             max_sequence_length=self.max_sequence_length,
         )
         kw.update({k: v for k, v in overrides.items() if v is not None})
+        if self.guidance is None and kw["guidance"] is not None:  # a model that takes no guidance: dropped, but a
+            check_scale("guidance", kw["guidance"])  # bad value is refused all the same (the form's and the CLI's)
+            kw["guidance"] = None
         return GenerationRequest(prompt=prompt, **kw)
 
     def as_dict(self) -> dict:

@@ -22,6 +22,7 @@ from multiprocessing.connection import Connection
 
 from studio.engine import BASE, ModelManager, Runner
 from studio.engine.thread import DEVICE_THREAD
+from studio.spec.ask import Switches
 from studio.spec.errors import RunError
 from studio.spec.presets import PresetLibrary
 from studio.spec.settings import install
@@ -77,8 +78,9 @@ class WatchedRunner(Runner):
         self.crash_on, self.crash_once = crash_on, crash_once
         self._running: list[tuple[str, str, str]] = []  # (preset name, tag, model): nested (screen runs base first)
 
-    def _stack(self, preset, presets, model, switches=(None, None, None)) -> tuple[str, str, str]:
-        p = self.resolve_preset(preset, presets).with_overrides(*switches)
+    def _stack(self, preset, library, model, switches=Switches()) -> tuple[str, str, str]:
+        """What a crash is blamed on: the stack as it runs (an Ask's stack, resolved and switched already)."""
+        p = switches.apply(self.resolve_preset(preset, library))
         return p.name, p.tag(self.manager.resolve_dtype(p.dtype).name), model or self.model
 
     def _refusal(self, stack: tuple[str, str, str]) -> str | None:
@@ -118,11 +120,11 @@ class WatchedRunner(Runner):
         cache_threshold=None,
         compile_enabled=None,
         progress=None,
-        presets=None,
+        library=None,
         **kwargs,
     ):
-        switches = (cache_enabled, cache_threshold, compile_enabled)
-        with self._runs(self._stack(preset, presets, model, switches)):
+        switches = Switches(cache_enabled, cache_threshold, compile_enabled)
+        with self._runs(self._stack(preset, library, model, switches)):
             name = preset if isinstance(preset, str) else preset.name
             if self.crash_on is not None and name == self.crash_on and self._crashes_now():
                 progress = _crash_at_step(progress)
@@ -134,7 +136,7 @@ class WatchedRunner(Runner):
                 cache_threshold=cache_threshold,
                 compile_enabled=compile_enabled,
                 progress=progress,
-                presets=presets,
+                library=library,
                 **kwargs,
             )
 

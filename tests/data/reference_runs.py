@@ -1,8 +1,8 @@
 """Reference runs for a change that must not change behaviour (a house step): presets x prompts through the Runner,
 the sha256 of each picture and of its base picture, the counts and the record's non-timing fields, as JSON.
 
-    STUDIO_DTYPE=float32 .venv/bin/python tests/data/reference_runs.py > before.json   # on the old tree
-    STUDIO_DTYPE=float32 .venv/bin/python tests/data/reference_runs.py > after.json    # on the new one
+    STUDIO_DTYPE=float32 PYTHONPATH=. .venv/bin/python tests/data/reference_runs.py > before.json   # the old tree
+    STUDIO_DTYPE=float32 PYTHONPATH=. .venv/bin/python tests/data/reference_runs.py > after.json    # the new one
     diff before.json after.json                                                          # empty: bitwise the same
 
 Pictures are bitwise reproducible in one process kind on one machine (float32; bf16 on a CPU with AMX too).

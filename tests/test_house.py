@@ -1,0 +1,52 @@
+"""The house's shape, checked against the tree: docs/architecture.md's module table names every module and no module
+that is gone, and no two of the studio's modules import each other (a function-level import counts: a lazy import
+hides a circle, it does not remove it)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "studio"
+
+pytestmark = pytest.mark.quick
+
+
+def _modules() -> set[str]:
+    return {str(p.relative_to(ROOT)) for p in PKG.rglob("*.py") if "models" not in p.parts}
+
+
+def test_the_architecture_module_table_matches_the_tree():
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    table = doc[doc.index("## Every module") : doc.index("## Data flow")]
+    named = set(re.findall(r"`(studio/[\w/]+\.py)`", table))
+    inits = {m for m in _modules() if m.endswith("__init__.py")}  # one row says what every part's front door holds
+    assert "`studio/<part>/__init__.py`" in table
+    assert sorted(_modules() - inits - named) == []  # a module the table leaves out
+    assert sorted(named - _modules()) == []  # a row of a module that is gone
+
+
+def _imports(path: Path) -> set[str]:
+    """The studio modules `path` imports, at module level or inside a function."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("studio"):
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("studio"))
+    return out
+
+
+def test_no_two_modules_import_each_other():
+    names = {}
+    for p in PKG.rglob("*.py"):
+        if p.name != "__init__.py" and "models" not in p.parts:
+            names[".".join(p.relative_to(ROOT).with_suffix("").parts)] = p
+    graph = {m: {i for i in _imports(p) if i in names and i != m} for m, p in names.items()}
+    pairs = sorted({tuple(sorted((a, b))) for a, deps in graph.items() for b in deps if a in graph.get(b, ())})
+    assert pairs == []
