@@ -54,8 +54,9 @@ def progress_bar(desc: str):
     return tick, bar.close
 
 
-def presets_command(lib, args) -> int:
-    """`python -m studio presets list|export`: each preset's asked stack, description and what it becomes here."""
+def presets_command(lib, args, settings) -> int:
+    """`python -m studio presets list|export`: each preset's asked stack, description and what it becomes here
+    (under the `dtype` setting of `settings`, the CLI's edge record)."""
     from studio.engine.device import default_device
     from studio.engine.resolve import resolved
     from studio.report.fmt import on_this_machine
@@ -64,7 +65,8 @@ def presets_command(lib, args) -> int:
     if args.action == "list":
         for name in lib.names():
             p = lib.get(name)
-            print(f"{name:24s} {p.tag():55s} {p.description}\n{'':24s} {on_this_machine(resolved(p, device))}")
+            here = on_this_machine(resolved(p, device, settings.dtype))
+            print(f"{name:24s} {p.tag():55s} {p.description}\n{'':24s} {here}")
         return 0
     if not args.name:
         raise ValueError("presets export needs a preset NAME")
@@ -77,7 +79,7 @@ def presets_command(lib, args) -> int:
         from studio.engine.quantize import exported_quant
         from studio.spec.export import cache_dit_yaml
 
-        here = on_this_machine(resolved(p, device))
+        here = on_this_machine(resolved(p, device, settings.dtype))
         text = cache_dit_yaml(p, steps=args.steps, quant=exported_quant(p, device), here=here)
     if args.out:
         Path(args.out).write_text(text)
@@ -309,7 +311,7 @@ def _make_parents(args) -> None:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     try:
-        read_settings(args)  # the edge: nothing below reads the environment
+        settings = read_settings(args)  # the edge: nothing below reads the environment
     except ValueError as e:  # (ConfigError) a bad STUDIO_* value: its name, its value, what it takes
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -329,11 +331,11 @@ def main(argv=None) -> int:
     lib = PresetLibrary(user_dir=getattr(args, "presets_dir", None))
     if args.cmd == "presets":
         try:
-            return presets_command(lib, args)
+            return presets_command(lib, args, settings)
         except (ConfigError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-    runner = Runner(ModelManager(args.device), lib, model=args.model)
+    runner = Runner(ModelManager(args.device, settings=settings), lib, model=args.model)
     try:
         if args.cmd == "generate":
             return _generate(runner, ask_of_args(runner, args), args)

@@ -20,7 +20,7 @@ from studio.engine import (
 )
 from studio.spec import PresetLibrary  # noqa: E402
 from studio.spec.hosting import edge_environ  # noqa: E402
-from studio.spec.settings import Settings, install, using  # noqa: E402
+from studio.spec.settings import Settings, current, install, using  # noqa: E402
 from studio.tiny.build import TinyConfig, build_pipeline  # noqa: E402
 
 # The tests' edge: the environment read once into the settings record (STUDIO_DTYPE=float32 pytest ... runs the fp32
@@ -59,7 +59,7 @@ def one_pair(r: Runner) -> Runner:
 
 @pytest.fixture
 def runner(random_model_dir):
-    r = one_pair(Runner(ModelManager("cpu"), PresetLibrary(), model=random_model_dir))
+    r = one_pair(Runner(ModelManager("cpu", settings=current()), PresetLibrary(), model=random_model_dir))
     yield r
     r.manager.unload()  # cache-dit patches the pipeline class: never leave a cached pipeline behind
 
@@ -67,7 +67,7 @@ def runner(random_model_dir):
 @pytest.fixture
 def tiny_runner():
     """The embedded, trained model."""
-    r = one_pair(Runner(ModelManager("cpu"), PresetLibrary(), model="tiny"))
+    r = one_pair(Runner(ModelManager("cpu", settings=current()), PresetLibrary(), model="tiny"))
     yield r
     r.manager.unload()
 

@@ -16,6 +16,7 @@ from studio.engine import ModelManager, Runner, stack_state
 from studio.engine.aot import AotVariant
 from studio.spec import PresetLibrary
 from studio.spec.hosting import aot_built
+from studio.spec.settings import current
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow  # a package per block class: ~15 s each to compile on a 2-core CPU
@@ -41,7 +42,7 @@ def test_zerogpu_compiles_ahead_of_time_on_the_eager_weights(random_model_dir, s
     aot = tmp_path / "aot"
     settings(zerogpu=True, aot_dir=str(aot))
     lib = _library(tmp_path)
-    runner = Runner(ModelManager("cpu"), lib, model=random_model_dir)
+    runner = Runner(ModelManager("cpu", settings=current()), lib, model=random_model_dir)
     req = runner.request("a red circle", steps=10)
     eager = runner.generate(req, "cache32", compare="off")
     res = runner.generate(req, "cache-compile32", compare="off")
@@ -107,7 +108,7 @@ def test_zerogpu_compiles_ahead_of_time_on_the_eager_weights(random_model_dir, s
     assert _pixels_apart(after_move.image, changed_eager.image) <= 1  # the new storage, scaled, was read
     # a new process (here: a new model manager, new modules) finds the packages on disk and builds none
     stamps = {p.name: p.stat().st_mtime_ns for p in built}
-    fresh = Runner(ModelManager("cpu"), lib, model=random_model_dir)
+    fresh = Runner(ModelManager("cpu", settings=current()), lib, model=random_model_dir)
     reused = fresh.generate(req, "cache-compile32", compare="off")
     assert {p.name: p.stat().st_mtime_ns for p in aot.glob("*.pt2")} == stamps
     assert reused.metrics.as_dict()["tag"].endswith("+aot") and np.array_equal(reused.image, res.image)
@@ -131,7 +132,7 @@ def test_a_lora_request_runs_the_compiled_stack_eagerly_and_says_why(settings, t
 
     aot = tmp_path / "aot"
     settings(zerogpu=True, aot_dir=str(aot))
-    runner = Runner(ModelManager("cpu"), _library(tmp_path), model="tiny")
+    runner = Runner(ModelManager("cpu", settings=current()), _library(tmp_path), model="tiny")
     req = runner.request("a red circle", steps=10, loras=(LoraSpec(tiny_lora, 1.0),))
     res = runner.generate(req, "cache-compile32", compare="off")
     m = res.metrics.as_dict()

@@ -21,7 +21,7 @@ from studio.engine.baseline import Pairing
 from studio.spec import PresetLibrary
 from studio.spec.checks import ConfigError
 from studio.spec.images_api import ImagesRequest, Served, UnknownModel, parse_size
-from studio.spec.settings import Settings
+from studio.spec.settings import Settings, current
 
 PROMPT = "a red circle in the center, blue background"
 
@@ -164,7 +164,7 @@ def test_a_public_visitor_is_the_same_visitor_through_the_openai_endpoint(tmp_pa
     from studio.app.limits import PublicLimits
     from studio.engine import ModelManager, Runner
 
-    runner = Runner(ModelManager("cpu"), PresetLibrary(user_dir=tmp_path), model=random_model_dir)
+    runner = Runner(ModelManager("cpu", settings=current()), PresetLibrary(user_dir=tmp_path), model=random_model_dir)
     demo, url = _serve(runner, public=True, limits=PublicLimits(requests_per_minute=1), models=[random_model_dir])
     try:
         oai = openai.OpenAI(base_url=url + "v1", api_key="unused", max_retries=0, timeout=300)

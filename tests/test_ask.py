@@ -13,6 +13,7 @@ from studio.app.zerogpu import device_event
 from studio.spec import ConfigError, PresetLibrary
 from studio.spec.ask import Ask, Switches, fan_out, prompt_lines, resolve_stacks
 from studio.spec.presets import BASE
+from studio.spec.settings import current
 from studio.worker.protocol import Device
 
 pytestmark = pytest.mark.quick
@@ -40,7 +41,7 @@ def test_the_ask_of_a_form_equals_the_ask_of_the_same_cli_arguments():
         + "--seed 7 --steps 12 --width 64 --height 64 --guidance 3.5 --preset cache --threshold 0.3".split()
         + "--compile false --compare auto --lora outline@0.5".split()
     )
-    cli = ask_of_args(Runner(ModelManager("cpu"), PresetLibrary(), model="tiny"), args)
+    cli = ask_of_args(Runner(ModelManager("cpu", settings=current()), PresetLibrary(), model="tiny"), args)
     assert ui == cli
     # what it holds: the stack resolved and switched once (threshold 0.3, compile off), the request with the profile's
     # defaults, the LoRA parsed by the one rule

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import struct
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from studio.spec.errors import ModelLoadError
 from studio.spec.offload import OffloadSpec
 from studio.spec.preset import Preset
 from studio.spec.profiles import resolve_model
-from studio.spec.settings import using
+from studio.spec.settings import current
 
 ATOL = 1e-4  # diffusers tests/pipelines/test_pipelines_common.py: test_sequential_cpu_offload_forward_pass
 TINY = resolve_model("tiny")
@@ -109,18 +110,28 @@ def test_sizes_before_loading_are_the_stored_tensor_bytes_scaled_to_the_load_dty
     assert missing is None and "not in the local Hub cache" in why
 
 
+@contextmanager
+def budget_of(manager: ModelManager, gib_: float | None):
+    """`manager` under a device-memory budget of `gib_` GiB for a while (the `device_memory_gb` setting it was handed,
+    STUDIO_DEVICE_MEMORY_GB at the edge)."""
+    before = manager.settings
+    manager.settings = replace(before, device_memory_gb=gib_)
+    try:
+        yield
+    finally:
+        manager.settings = before
+
+
 @pytest.mark.quick
 def test_the_decision_is_the_same_code_with_a_budget_and_unbounded_without_one_on_a_cpu():
     sizes = ModelSizes({"transformer": 100, "vae": 20}, {f"transformer_blocks.{i}": 20 for i in range(4)}, "test")
     spec = OffloadSpec(policy="auto")
-    with using(device_memory_gb=None):
-        free = free_memory(CPU)
+    free = free_memory(CPU, budget=None)
     assert free.bytes is None and "STUDIO_DEVICE_MEMORY_GB unset" in free.source
     assert decide(sizes, spec, CPU, free, (0, "")).policy == "none"  # today's behaviour: everything resident
-    with using(device_memory_gb=1.5):
-        assert free_memory(CPU, held=GIB // 2) == Free(
-            GIB, "STUDIO_DEVICE_MEMORY_GB=1.5 less 0.5 GiB held by the loaded model"
-        )
+    assert free_memory(CPU, held=GIB // 2, budget=1.5) == Free(
+        GIB, "STUDIO_DEVICE_MEMORY_GB=1.5 less 0.5 GiB held by the loaded model"
+    )
     need = needs(sizes, spec, 10, CPU)
     # on a CPU nothing prefetches: one block on the device beside the rest (40 = vae 20 + the non-block 20)
     assert need == {"none": 130, "layerwise_offload": 70, "group_offload": 70, "model_cpu_offload": 110}
@@ -151,7 +162,7 @@ def test_a_budget_under_the_transformer_loads_on_the_host_streams_it_and_gives_b
     budget = under_the_transformer()
     runner.manager.unload()
     seen = loads(runner.manager)
-    with using(device_memory_gb=budget):
+    with budget_of(runner.manager, budget):
         for name, regime in (
             ("auto", "layerwise_offload"),
             ("layer", "layerwise_offload"),
@@ -176,7 +187,7 @@ def test_group_offload_when_layerwise_cannot_pin_the_host(runner):
     if torch.cuda.is_available():
         pytest.skip("pinned memory is available here")
     base = runner.generate(req(), "b32", compare=False)
-    with using(device_memory_gb=under_the_transformer()):
+    with budget_of(runner.manager, under_the_transformer()):
         res = runner.generate(req(), "auto", compare=False)
     assert close(res.image, base.image)
     assert runner.manager.placement()["regime"] == "group_offload"
@@ -188,7 +199,7 @@ def test_a_budget_too_small_for_anything_is_refused_before_loading_and_the_loade
 ):
     base = runner.generate(req(), "b32", compare=False)
     seen = loads(runner.manager)
-    with using(device_memory_gb=0.001):
+    with budget_of(runner.manager, 0.001):
         with pytest.raises(ModelLoadError) as e:
             runner.generate(req(), "auto", compare=False, model=random_model_dir)
     text = str(e.value)
@@ -204,9 +215,9 @@ def test_policy_none_over_the_budget_is_refused_before_loading_with_the_fix(runn
     sizes, _ = read_sizes(TINY, torch.float32)
     need = needs(sizes, OffloadSpec(), margin_bytes(sizes, TINY, 4, CPU)[0], CPU)
     budget = (need["group_offload"] + need["none"]) / 2 / GIB  # the regimes that stream fit, resident does not
-    manager = ModelManager("cpu")
+    manager = ModelManager("cpu", settings=replace(current(), device_memory_gb=budget))
     seen = loads(manager)
-    with using(device_memory_gb=budget):
+    with budget_of(runner.manager, budget):
         with pytest.raises(ModelLoadError, match="use offload_config policy auto or layerwise_offload") as e:
             manager.pipeline("tiny", Preset("resident", dtype="float32", offload_config=OffloadSpec()), steps=8)
         assert seen == [] and manager.current is None
@@ -232,7 +243,7 @@ def test_a_model_switch_lets_the_old_model_go_first_only_when_both_would_not_fit
     # each alone fits resident; the one loaded (the random model, resident) and the embedded one together do not
     budget = max(tiny_none, rand.total) * 1.02
     assert rand.total + tiny_none > budget
-    with using(device_memory_gb=budget / GIB):
+    with budget_of(runner.manager, budget / GIB):
         runner.manager.load("tiny", f32)
         res = runner.generate(req(), "b32", compare=False)
     assert seen == [True, False]  # the random model was unloaded before the embedded one was read

@@ -15,6 +15,7 @@ import pytest
 from studio.engine import stack_state
 from studio.measure.quality import psnr
 from studio.spec import GenerationRequest
+from studio.spec.settings import current
 
 pytestmark = pytest.mark.slow
 PROMPT = "a red circle in the center, blue background"
@@ -164,7 +165,7 @@ def test_lora_hot_swap_under_compile_recompiles_nothing(tiny_runner, tiny_lora, 
     asks = {"b": (LoraSpec(tiny_lora_b),), "b-half": (LoraSpec(tiny_lora_b, 0.5),), "none": ()}
     # B at 0.5 in a studio that never loaded A, run (and unloaded) first: cache-dit patches the pipeline CLASS, and
     # two cached pipelines of one class alive at once leave it patched for every later one (docs/library-behaviour.md)
-    fresh = Runner(ModelManager("cpu"), PresetLibrary(), model="tiny")
+    fresh = Runner(ModelManager("cpu", settings=current()), PresetLibrary(), model="tiny")
     try:
         alone = fresh.generate(replace(req, loras=asks["b-half"]), "cache", compare="off")
     finally:

@@ -27,6 +27,7 @@ from studio.measure.blocks import block_list
 from studio.measure.estimate import Run, price_ms, speedup
 from studio.measure.quality import psnr
 from studio.spec import CacheSpec, CompileSpec, ConfigError, GenerationRequest, QuantSpec
+from studio.spec.settings import current
 
 PROMPT = "a red circle in the center, blue background"
 
@@ -101,8 +102,8 @@ def test_switching_presets_reuses_or_reloads(runner):
     assert 30.0 < q.metrics.psnr_db < math.inf
 
 
-def test_one_transformer_slot_reloads_and_never_runs_int8_as_base(runner, settings):
-    settings(transformer_slots=1)
+def test_one_transformer_slot_reloads_and_never_runs_int8_as_base(runner):
+    runner.manager.settings = replace(runner.manager.settings, transformer_slots=1)  # (STUDIO_TRANSFORMER_SLOTS=1)
     r = req()
     first = runner.generate(r, "base")
     tr0 = runner.manager.current.pipe.transformer
@@ -511,13 +512,13 @@ def test_warm_up_runs_each_stack_once_untimed(runner):
 def test_a_public_manager_loads_only_its_allow_list(random_model_dir):
     from studio.engine import ModelManager
 
-    m = ModelManager("cpu", allowed=["tiny"])
+    m = ModelManager("cpu", settings=current(), allowed=["tiny"])
     with pytest.raises(ModelLoadError, match=r"is not served here; this studio serves: tiny"):
         m.load(random_model_dir)  # a valid pipeline folder, but not on the operator's list
     with pytest.raises(ModelLoadError, match="not served here"):
         m.load("someone/some-model")
     assert m.current is None
-    ok = ModelManager("cpu", allowed=[random_model_dir])
+    ok = ModelManager("cpu", settings=current(), allowed=[random_model_dir])
     assert ok.load(random_model_dir).source == random_model_dir
     ok.unload()
 
@@ -846,7 +847,7 @@ def test_a_presets_lora_is_fused_before_int8_and_its_base_image_has_it(tiny_runn
         r.generate(replace(req, loras=(LoraSpec(tiny_lora_b),)), "int8-lora", compare="off")
 
 
-def test_a_lora_file_a_slot_cannot_take_is_refused_before_loading(tmp_path, settings):
+def test_a_lora_file_a_slot_cannot_take_is_refused_before_loading(tmp_path):
     """Read from a local .safetensors file before any load: text-encoder weights (only the transformer's hot-swap),
     and a rank over the slots' (STUDIO_LORA_RANK)."""
     import torch
@@ -857,10 +858,9 @@ def test_a_lora_file_a_slot_cannot_take_is_refused_before_loading(tmp_path, sett
     te = tmp_path / "te.safetensors"
     save_file({"text_encoder.layers.0.q_proj.lora_A.weight": torch.zeros(4, 8)}, str(te))
     with pytest.raises(ConfigError, match="has text-encoder weights .*only transformer LoRAs run here"):
-        _check_file(str(te))
+        _check_file(str(te), 64)
     big = tmp_path / "big.safetensors"
     save_file({"transformer.blocks.0.attn.to_q.lora_A.weight": torch.zeros(96, 8)}, str(big))
     with pytest.raises(ConfigError, match="has rank 96, over the LoRA slots' 64: set STUDIO_LORA_RANK"):
-        _check_file(str(big))
-    settings(lora_rank=128)
-    _check_file(str(big))  # within the slots' rank now
+        _check_file(str(big), 64)  # the slots' rank (the lora_rank setting, STUDIO_LORA_RANK)
+    _check_file(str(big), 128)  # within the slots' rank now

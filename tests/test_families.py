@@ -13,6 +13,7 @@ from studio.engine import ModelManager, Runner
 from studio.measure.quality import Verdict, psnr
 from studio.report.text import doctor_table
 from studio.spec import PresetLibrary
+from studio.spec.settings import current
 from studio.tiny.families import CACHING_THRESHOLD, FAMILIES, save_family
 
 pytestmark = pytest.mark.slow
@@ -23,7 +24,7 @@ R = CACHING_THRESHOLD["cache-dit"]
 @pytest.fixture(scope="module", params=FAMILIES)
 def family(request, tmp_path_factory):
     folder = save_family(request.param, tmp_path_factory.mktemp(request.param))
-    runner = Runner(ModelManager("cpu"), PresetLibrary(), model=str(folder), cheap_pairs=1)
+    runner = Runner(ModelManager("cpu", settings=current()), PresetLibrary(), model=str(folder), cheap_pairs=1)
     yield request.param, runner
     runner.manager.unload()
 
@@ -62,7 +63,7 @@ def test_quantize_and_compile_stacks(family):
 
 def test_qwen_image_cache_follows_the_cfg_mode_of_each_request(tmp_path):
     folder = save_family("qwen-image", tmp_path / "q")
-    runner = Runner(ModelManager("cpu"), PresetLibrary(), model=str(folder), cheap_pairs=1)
+    runner = Runner(ModelManager("cpu", settings=current()), PresetLibrary(), model=str(folder), cheap_pairs=1)
     try:
         for cfg, calls in ((1.0, 1), (4.0, 2)):  # no CFG: one call per step; true CFG: cond + uncond
             req = runner.request(PROMPT, seed=1, steps=20, true_cfg_scale=cfg)
@@ -124,7 +125,7 @@ def test_flux_kontext_reads_its_picture_as_a_reference_under_the_cache(tmp_path)
     from studio.spec.checks import ConfigError
 
     folder = save_family("flux-kontext", tmp_path / "kontext")
-    runner = Runner(ModelManager("cpu"), PresetLibrary(), model=str(folder), cheap_pairs=1)
+    runner = Runner(ModelManager("cpu", settings=current()), PresetLibrary(), model=str(folder), cheap_pairs=1)
     runner.pairing = replace(runner.pairing, max_extra_pairs=0)
     runner.presets.user_dir = tmp_path
     runner.presets.add("kc", f"cache_config: {{residual_diff_threshold: {R}}}\n")

@@ -16,6 +16,7 @@ import torch
 from studio.engine import ModelManager, Runner
 from studio.measure.quality import psnr
 from studio.spec import GenerationRequest, PresetLibrary
+from studio.spec.settings import current
 
 pytestmark = [
     pytest.mark.gpu,
@@ -28,7 +29,7 @@ REQ = GenerationRequest(
 
 @pytest.fixture
 def gpu_runner(random_model_dir, tmp_path):
-    r = Runner(ModelManager("cuda"), PresetLibrary(), model=random_model_dir)
+    r = Runner(ModelManager("cuda", settings=current()), PresetLibrary(), model=random_model_dir)
     r.presets.user_dir = tmp_path
     yield r
     r.manager.unload()
@@ -85,11 +86,12 @@ def test_a_flux_dev_sized_model_loads_and_runs_under_a_24_gb_budget_with_layerwi
     blocks, 23.8 GB in bf16, random weights) and the embedded model's encoders and VAE. Resident is refused before
     loading with the numbers; layerwise offload with the step cache loads it on the host, streams the blocks, caches
     steps, and stays under the budget (the measured peak)."""
+    from dataclasses import replace
+
     from diffusers import FluxPipeline, FluxTransformer2DModel
 
     from studio.bench.doctor import FLUX_DEV
     from studio.spec.checks import ConfigError
-    from studio.spec.settings import using
     from studio.tiny.build import EMBEDDED_DIR
 
     folder = tmp_path / "flux-dev-sized"
@@ -104,14 +106,14 @@ def test_a_flux_dev_sized_model_loads_and_runs_under_a_24_gb_budget_with_layerwi
     torch.cuda.empty_cache()
     lib = PresetLibrary(user_dir=tmp_path / "presets")
     lib.add("stream", "offload_config: {policy: layerwise_offload}\ncache_config: {residual_diff_threshold: 0.5}\n")
-    r = Runner(ModelManager("cuda"), lib, model=str(folder))
+    card = replace(current(), device_memory_gb=24.0)  # STUDIO_DEVICE_MEMORY_GB=24, handed to the engine
+    r = Runner(ModelManager("cuda", settings=card), lib, model=str(folder))
     req = GenerationRequest(prompt="a red circle", seed=3, steps=12, width=512, height=512, max_sequence_length=32)
     try:
-        with using(device_memory_gb=24.0):
-            with pytest.raises(ConfigError, match=r"does not fit the device: none needs ~2\d\.\d+ GiB"):
-                r.generate(req, "base", compare="off")
-            torch.cuda.reset_peak_memory_stats()
-            res = r.generate(req, "stream", compare="off")
+        with pytest.raises(ConfigError, match=r"does not fit the device: none needs ~2\d\.\d+ GiB"):
+            r.generate(req, "base", compare="off")
+        torch.cuda.reset_peak_memory_stats()
+        res = r.generate(req, "stream", compare="off")
         place = r.manager.placement()
         assert (
             place["regime"] == "layerwise_offload" and "streamed from the host" in place["components"]["transformer"]

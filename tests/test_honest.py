@@ -357,7 +357,7 @@ def test_a_card_keeps_its_base_floor_in_the_machines_record_and_reads_its_pace_a
     from studio.spec import GenerationRequest
 
     path = tmp_path / "pace.json"
-    settings(pace_file=str(path))
+    runner.manager.settings = replace(runner.manager.settings, pace_file=str(path))  # (STUDIO_PACE_FILE)
     runner.pairing = Pairing()  # the app's pairing: base timed 3 times beside the stack, the cores watched
     r = GenerationRequest(prompt="a green ring", seed=1, steps=20, width=64, height=64, max_sequence_length=32)
     first = runner.generate(r, "cache", cache_threshold=0.5).metrics

@@ -50,3 +50,18 @@ def test_no_two_modules_import_each_other():
     graph = {m: {i for i in _imports(p) if i in names and i != m} for m, p in names.items()}
     pairs = sorted({tuple(sorted((a, b))) for a, deps in graph.items() for b in deps if a in graph.get(b, ())})
     assert pairs == []
+
+
+def test_nothing_below_the_edges_reads_the_settings_record():
+    """The engine, the measurements and the bench take their settings as parameters (the model manager's record,
+    handed down from the edge that built it): none calls spec.settings.current()."""
+    readers = []
+    for part in ("engine", "measure", "bench"):
+        for p in (PKG / part).rglob("*.py"):
+            for node in ast.walk(ast.parse(p.read_text())):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) in (
+                    "current",
+                    "settings",
+                ):
+                    readers.append(f"{p.relative_to(ROOT)}:{node.lineno}")
+    assert readers == []

@@ -202,7 +202,7 @@ def test_auto_picks_the_fastest_regime_that_fits_the_free_memory(runner, monkeyp
     assert needs["layerwise_offload"] < needs["none"] and needs["model_cpu_offload"] < needs["none"]
     for free, want in ((needs["none"], "none"), (needs["layerwise_offload"], "layerwise_offload"), (0, None)):
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device, free=free: (free, 2 * free))
-        policy, why = _auto(pipe, spec, cuda)
+        policy, why = _auto(pipe, spec, cuda, None)  # (no device-memory budget: the card's free memory)
         if want is None:  # nothing fits: the least hungry, saying it may not fit
             assert policy == min(needs, key=needs.get) and "nothing fits" in why
         else:

@@ -11,6 +11,7 @@ import pytest
 from studio.engine import ModelManager, RunError, Runner
 from studio.measure.quality import psnr
 from studio.spec import PresetLibrary
+from studio.spec.settings import current
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
@@ -34,7 +35,7 @@ def runner(tmp_path):
         "cu32",
         "dtype: float32\ncache_config: {residual_diff_threshold: 0.24}\nparallelism_config: {ulysses_size: 2}\n",
     )
-    r = Runner(ModelManager("cpu"), lib, model="tiny")
+    r = Runner(ModelManager("cpu", settings=current()), lib, model="tiny")
     yield r
     r.manager.unload()
 

@@ -18,14 +18,16 @@ from studio.engine import ModelManager, Runner
 from studio.spec import PresetLibrary
 from studio.spec.hosting import mark_aot_built
 from studio.spec.profiles import HUB_PROFILES
-from studio.spec.settings import using
+from studio.spec.settings import current, using
 from studio.worker.service import InProcess
 
 FLUX = "black-forest-labs/FLUX.1-dev"
 
 
 def _durations() -> Durations:
-    runner = Runner(ModelManager("cpu"), PresetLibrary(), model=FLUX)  # nothing loads: profiles and presets only
+    runner = Runner(
+        ModelManager("cpu", settings=current()), PresetLibrary(), model=FLUX
+    )  # nothing loads: profiles and presets only
     return Durations(Studio(InProcess(runner), [FLUX], runner.presets))
 
 
@@ -99,7 +101,7 @@ def test_spaces_off_zerogpu_and_compile_on_zerogpu(monkeypatch, random_model_dir
         else:
             assert "module" in inspect.signature(helper.__wrapped__).parameters or name == "aoti_compile"
     settings(zerogpu=True)  # (spec.settings: SPACES_ZERO_GPU read at the edge, spaces already imported)
-    runner = Runner(ModelManager("cpu"), PresetLibrary(), model=random_model_dir)
+    runner = Runner(ModelManager("cpu", settings=current()), PresetLibrary(), model=random_model_dir)
     res = runner.generate(runner.request("a red circle", steps=10), "cache-int8wo-sage-compile", compare="off")
     m = res.metrics.as_dict()
     why = ZEROGPU_COMPILE.split("{why}")[0] + "not under 8-bit quantization (int8_weight_only: torchao's weights"

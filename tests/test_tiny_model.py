@@ -6,6 +6,7 @@ import json
 import math
 import os
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -223,12 +224,12 @@ def _tiles(img, tile=8):
     return img[..., 0].reshape(n, tile, n, tile).mean(axis=(1, 3))
 
 
-def test_quality_guard_flags_a_miswired_cache(tiny_runner, monkeypatch, settings):
+def test_quality_guard_flags_a_miswired_cache(tiny_runner, monkeypatch):
     """The guard's verdict, and where the damage is (error map x8, worst 8x8 tile): base against itself is all
     zero; the good cache's map is dark (the square's outline, faintly) with its worst tile at the square's top-right
     corner; the mis-wired cache's map is bright in every tile. float32 pinned: the same numbers on a CPU with native
     bf16."""
-    settings(dtype="float32")
+    tiny_runner.manager.settings = replace(tiny_runner.manager.settings, dtype="float32")  # (STUDIO_DTYPE=float32)
     prompt = "a yellow square at the top, purple background"
     base = _gen(tiny_runner, prompt, seed=2)
     assert base.metrics.worst_tile_psnr_db == math.inf and base.metrics.worst_tile_yx == [0, 0]

@@ -22,7 +22,7 @@ from PIL import Image
 from studio.engine.baseline import Pairing
 from studio.spec import PresetLibrary
 from studio.spec.preset import DTYPE_SHORT
-from studio.spec.settings import using
+from studio.spec.settings import current, using
 from studio.worker import WorkerClient, WorkerConfig
 
 PROMPT = "a red circle in the center, blue background"
@@ -555,7 +555,9 @@ def test_a_public_studio_refuses_what_burns_its_gpu_before_any_load(random_model
     from studio.engine import ModelManager, Runner
     from studio.spec.presets import preset_from_text
 
-    runner = Runner(ModelManager("cpu"), PresetLibrary(user_dir=tmp_path), model=random_model_dir, max_steps=20)
+    runner = Runner(
+        ModelManager("cpu", settings=current()), PresetLibrary(user_dir=tmp_path), model=random_model_dir, max_steps=20
+    )
     loads = []
     real_load = runner.manager.load
     runner.manager.load = lambda *a, **k: loads.append(a) or real_load(*a, **k)

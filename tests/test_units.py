@@ -122,27 +122,26 @@ def test_progress_reporting_is_kept_out_of_denoise_time():
         ("float32", {"amx_bf16"}, "float32"),
     ],
 )
-def test_dtype_auto_on_cpus(asked, flags, expected, settings):
-    settings(dtype=None)  # the rule itself, whatever STUDIO_DTYPE this run was started with
-    choice = resolve_dtype(asked, CPU, flags=frozenset(flags))
+def test_dtype_auto_on_cpus(asked, flags, expected):
+    choice = resolve_dtype(asked, CPU, flags=frozenset(flags))  # the rule itself: no dtype setting handed down
     assert choice.name == expected
     if asked == "auto":
         assert choice.note.startswith(f"auto: {expected}")
 
 
-def test_dtype_setting_replaces_auto_only(settings):
+def test_dtype_setting_replaces_auto_only():
     from studio.spec.checks import ConfigError
     from studio.spec.settings import Settings
 
-    settings(dtype=Settings.from_env({"STUDIO_DTYPE": "float32"}).dtype)
-    assert resolve_dtype("auto", CPU, flags=frozenset({"amx_bf16"})).note == "auto: float32 (STUDIO_DTYPE)"
-    assert resolve_dtype("bfloat16", CPU, flags=frozenset()).name == "bfloat16"
+    forced = Settings.from_env({"STUDIO_DTYPE": "float32"}).dtype  # read at the edge, handed down
+    choice = resolve_dtype("auto", CPU, forced=forced, flags=frozenset({"amx_bf16"}))
+    assert choice.note == "auto: float32 (STUDIO_DTYPE)"
+    assert resolve_dtype("bfloat16", CPU, forced=forced, flags=frozenset()).name == "bfloat16"
     with pytest.raises(ConfigError, match="STUDIO_DTYPE='fp8' is not valid"):  # refused where it is read, at start
         Settings.from_env({"STUDIO_DTYPE": "fp8"})
 
 
-def test_dtype_auto_on_gpus(settings):
-    settings(dtype=None)  # the rule itself, whatever STUDIO_DTYPE this run was started with
+def test_dtype_auto_on_gpus():  # the rule itself: no dtype setting handed down
     cuda = torch.device("cuda")
     assert resolve_dtype("auto", cuda, cuda_bf16=True).name == "bfloat16"
     old = resolve_dtype("auto", cuda, cuda_bf16=False)
@@ -548,10 +547,9 @@ def test_a_gated_model_says_how_to_get_in_not_a_network_error(monkeypatch):
             raise OSError("could not fetch model_index.json") from inner
     except OSError as wrapped:
         assert "this model is gated" in load_hint(wrapped) and "HF_TOKEN" in load_hint(wrapped)
-    with using(hub_offline=True):  # (HF_HUB_OFFLINE, read at the edge: spec.settings)
-        assert "offline" in load_hint(OSError("not in cache"))
-    with using(hub_offline=False):
-        assert load_hint(OSError("connection refused")) == " (check the Hub id and your network)"
+    # (HF_HUB_OFFLINE, read at the edge into the settings the model manager hands down: spec.settings)
+    assert "offline" in load_hint(OSError("not in cache"), offline=True)
+    assert load_hint(OSError("connection refused"), offline=False) == " (check the Hub id and your network)"
 
 
 def test_aspect_sizes_are_sizes_the_model_takes_and_the_picker_sets_them():
@@ -577,7 +575,7 @@ def test_zerogpu_settings_read_at_the_edge(tmp_path):
     outside a call, and each call's forked process warms its stack again; the ahead-of-time packages' folder is read
     too."""
     from studio.spec.hosting import aot_dir
-    from studio.spec.settings import Settings, using
+    from studio.spec.settings import Settings
 
     zero = Settings.from_env({"SPACES_ZERO_GPU": "true", "STUDIO_AOT_DIR": str(tmp_path)})
     assert zero.zerogpu and not zero.prewarm and zero.aot_dir == str(tmp_path)

@@ -182,10 +182,10 @@ def build_app(
     """
     compare = compare_mode(compare)
     if not isinstance(device, Device):
-        from studio.engine import Runner
+        from studio.engine import ModelManager, Runner
         from studio.worker.service import InProcess
 
-        device = InProcess(device or Runner())
+        device = InProcess(device or Runner(ModelManager(settings=current())))
     # User presets need somewhere to live; the device's library is not changed (the engine stays as it was given).
     presets = device.presets
     if presets.user_dir is None:

@@ -43,7 +43,6 @@ from studio.report.table import AGAIN, Matrix, MatrixRow
 from studio.spec.checks import ConfigError, check_int
 from studio.spec.preset import Preset
 from studio.spec.request import GenerationRequest
-from studio.spec.settings import current as settings
 
 
 def resolve_presets(runner: Runner, presets, lib, cache_enabled=None, compile_enabled=None) -> list[Preset]:
@@ -238,7 +237,7 @@ def _pace(runner: Runner, rots: list[Rotation], model: str, crowding=None) -> li
         )
         agree = speedup_over([rot.pair(BASE, AGAIN) for rot in group]).half_width
         taken = crowding.taken if crowding is not None else None
-        out.append(machine_pace.record(settings().pace_file, key, per_step, agree, taken))
+        out.append(machine_pace.record(runner.manager.settings.pace_file, key, per_step, agree, taken))
     return out
 
 

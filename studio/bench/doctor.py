@@ -126,11 +126,12 @@ def check_family(
     return rows
 
 
-def run_doctor(families=FAMILIES, presets=None, device=None, on_status=None) -> list[DoctorRow]:
+def run_doctor(families=FAMILIES, presets=None, device=None, on_status=None, settings=None) -> list[DoctorRow]:
     """Build each family's tiny instance in a temporary folder and run the presets on it, in this process (the CLI's
-    doctor runs each family in the device worker instead: studio.worker.reruns)."""
+    doctor runs each family in the device worker instead: studio.worker.reruns); `settings`: the engine's
+    (spec.settings; None: the defaults)."""
     presets = list(presets or PresetLibrary().one_process_names())
-    runner = Runner(ModelManager(device), PresetLibrary())
+    runner = Runner(ModelManager(device, settings=settings), PresetLibrary())
     rows = []
     with tempfile.TemporaryDirectory(prefix="studio-doctor-") as tmp:
         for family in families:

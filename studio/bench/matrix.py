@@ -20,7 +20,6 @@ from studio.engine import Runner
 from studio.report.table import AGAIN, Matrix
 from studio.spec.preset import Preset
 from studio.spec.request import GenerationRequest
-from studio.spec.settings import current as settings
 
 
 def switched(p: Preset, cache: bool | None, threshold: float | None, compile_: bool | None) -> Preset:
@@ -75,7 +74,7 @@ def run_matrix(
         progress=progress,
         presets_library=lib,
         exclude=_twins_added(asked),
-        extra_rounds=0 if settings().zerogpu else None,
+        extra_rounds=0 if runner.manager.settings.zerogpu else None,
         tighten=False,  # extra rounds only for a withheld row: each round is the visitor's wait
     )
     rows = rep.matrix.rows + [row(AGAIN, rep.rotations)]

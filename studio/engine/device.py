@@ -14,8 +14,6 @@ from functools import lru_cache
 
 import torch
 
-from studio.spec.settings import current
-
 DTYPE_ENV = "STUDIO_DTYPE"
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -55,15 +53,20 @@ class DtypeChoice:
 
 
 def resolve_dtype(
-    asked: str, device: torch.device, *, flags: frozenset[str] | None = None, cuda_bf16: bool | None = None
+    asked: str,
+    device: torch.device,
+    *,
+    forced: str | None = None,
+    flags: frozenset[str] | None = None,
+    cuda_bf16: bool | None = None,
 ) -> DtypeChoice:
     """The dtype to run in for a preset's `dtype` on `device`.
 
     Args:
+        forced: what `auto` becomes instead (the `dtype` setting, STUDIO_DTYPE; validated where it was read).
         flags: CPU feature flags (read from /proc/cpuinfo when not given; tests inject them).
         cuda_bf16: whether the GPU supports bf16 (asked of torch when not given).
     """
-    forced = current().dtype  # validated where it was read (spec.settings)
     if asked == "auto" and forced:
         return DtypeChoice(forced, f"auto: {forced} ({DTYPE_ENV})")
     if device.type == "cuda":

@@ -49,7 +49,7 @@ from studio.spec.errors import ModelLoadError
 from studio.spec.offload import OffloadSpec
 from studio.spec.preset import Preset, QuantSpec
 from studio.spec.profiles import resolve_model
-from studio.spec.settings import current
+from studio.spec.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +81,10 @@ class Loaded:
         return self.variants[self.active].stack if self.active in self.variants else None
 
 
-def load_hint(e: BaseException) -> str:
+def load_hint(e: BaseException, offline: bool = False) -> str:
     """Why a Hub model did not load, as the fix: a gated model without a token (huggingface_hub's GatedRepoError,
-    anywhere in the exception's chain, or diffusers' wrapped message), offline, or else the id or the network."""
+    anywhere in the exception's chain, or diffusers' wrapped message), offline (`offline`: the hub_offline
+    setting, HF_HUB_OFFLINE), or else the id or the network."""
     from huggingface_hub.errors import GatedRepoError
 
     chain, seen = [], e
@@ -95,7 +96,7 @@ def load_hint(e: BaseException) -> str:
             " (this model is gated: accept its license on its Hub page, and set HF_TOKEN to a token of that account; "
             "on a Space, in its secrets)"
         )
-    if current().hub_offline:
+    if offline:
         return " (offline: HF_HUB_OFFLINE is set and the model is not in the local cache)"
     return " (check the Hub id and your network)"
 
@@ -103,12 +104,21 @@ def load_hint(e: BaseException) -> str:
 class ModelManager:
     """Holds the current pipeline and the stack applied to it. Thread-safe for one caller at a time."""
 
-    def __init__(self, device: torch.device | str | None = None, allowed: list[str] | None = None):
+    def __init__(
+        self,
+        device: torch.device | str | None = None,
+        allowed: list[str] | None = None,
+        settings: Settings | None = None,
+    ):
         """
         Args:
             allowed: the only models this manager may load (names as a user types them; the embedded model is
                 always allowed). None: any Hub id or local folder. A public studio passes its operator's list.
+            settings: the engine's settings (spec.settings), read at the edge that builds the engine (app.py, the
+                CLI, the device worker, the tests' conftest) and handed down; nothing below reads the environment or
+                the process's record. None: the defaults.
         """
+        self.settings = settings or Settings()
         self.device = torch.device(device) if device is not None else default_device()
         self.allowed = None if allowed is None else {resolve_model(m) for m in allowed} | {resolve_model(None)}
         self.current: Loaded | None = None
@@ -135,17 +145,18 @@ class ModelManager:
             raise
         except Exception as e:  # any failure of from_pretrained: one sentence with its likely cause (load_hint)
             msg = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
-            hint = "" if looks_local else load_hint(e)
+            hint = "" if looks_local else load_hint(e, self.settings.hub_offline)
             raise ModelLoadError(f"could not load model {source!r}: {type(e).__name__}: {msg}{hint}") from e
         return pipe  # on the host: the loader places it (load)
 
     def resolve_dtype(self, asked: str) -> DtypeChoice:
-        return resolve_dtype(asked, self.device)
+        return resolve_dtype(asked, self.device, forced=self.settings.dtype)
 
     def _plan(self, sizes: ModelSizes, spec: OffloadSpec, source: str, dtype: DtypeChoice, releasable: int) -> Plan:
         """engine.placement.decide for this device, with `releasable` device bytes given back first."""
         margin = margin_bytes(sizes, source, dtype.torch.itemsize, self.device)
-        return decide(sizes, spec, self.device, free_memory(self.device, 0, releasable), margin)
+        free = free_memory(self.device, 0, releasable, self.settings.device_memory_gb)
+        return decide(sizes, spec, self.device, free, margin)
 
     def _held(self) -> int:
         """Device bytes the loaded model keeps there between uses (its placement; on a CPU budget, logical)."""
@@ -172,7 +183,7 @@ class ModelManager:
             if plan is not None and not plan.fits:
                 raise ModelLoadError(plan.refusal(name))  # before loading: the loaded model stays
             # both would not fit: the old one lets go of the device (and of its host copy) before the new one is read
-            free_now = free_memory(self.device, self._held())
+            free_now = free_memory(self.device, self._held(), budget=self.settings.device_memory_gb)
             evicted = plan is not None and self.current is not None and free_now.bytes is not None
             evicted = evicted and plan.need > free_now.bytes
             if evicted:
@@ -255,7 +266,7 @@ class ModelManager:
 
     @property
     def slots(self) -> int:
-        return current().transformer_slots or (1 if self.device.type == "cuda" else 2)
+        return self.settings.transformer_slots or (1 if self.device.type == "cuda" else 2)
 
     def _set_dtype(self, cur: Loaded, dtype: DtypeChoice) -> None:
         """Every component in another dtype: the transformer variants are dropped and reloaded in it."""
@@ -350,7 +361,13 @@ class ModelManager:
                 if variant.stack is not None:
                     variant.stack.cache = None  # re-applied on this one below
             stack = apply_preset(
-                pipe, preset, steps=steps, separate_cfg=separate_cfg, applied=variant.stack, source=cur.source
+                pipe,
+                preset,
+                steps=steps,
+                separate_cfg=separate_cfg,
+                applied=variant.stack,
+                source=cur.source,
+                settings=self.settings,
             )
             if stack.workers is None:  # parallel workers leave the main process's own stack as it was
                 variant.stack = stack

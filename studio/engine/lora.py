@@ -36,7 +36,6 @@ import os
 from studio.engine.state import stack_state
 from studio.spec.checks import ConfigError
 from studio.spec.lora import resolve_lora
-from studio.spec.settings import current
 
 RANK_ENV = "STUDIO_LORA_RANK"
 
@@ -60,23 +59,18 @@ def check_loras(request, preset) -> None:
         raise ConfigError(f"request.loras: preset {preset.name!r} runs on {why}")
 
 
-def slot_rank() -> int:
-    """Every hot-swap slot's rank: the `lora_rank` setting (STUDIO_LORA_RANK, validated where it is read)."""
-    return current().lora_rank
-
-
 def _lora_layers(tr):
     from peft.tuners.lora import LoraLayer
 
     return [m for m in tr.modules() if isinstance(m, LoraLayer)]
 
 
-def _load(pipe, slot: str, path: str, hotswap: bool) -> None:
+def _load(pipe, slot: str, path: str, hotswap: bool, rank: int) -> None:
     try:
         pipe.load_lora_weights(path, adapter_name=slot, hotswap=hotswap)
     except _LOAD_ERRORS as e:  # not a LoRA of this model, or not one a slot can take: the request's fault
         first = str(e).splitlines()[0][:240] if str(e) else ""
-        into = f", hot-swapped into slot {slot} (slots have rank {slot_rank()}: {RANK_ENV})" if hotswap else ""
+        into = f", hot-swapped into slot {slot} (slots have rank {rank}: {RANK_ENV})" if hotswap else ""
         raise ConfigError(
             f"request.loras: {path!r} could not be loaded as a LoRA of {type(pipe.transformer).__name__}{into}"
             f" ({type(e).__name__}: {first})"
@@ -106,7 +100,7 @@ def _set_scales(tr, scales: dict, units: dict) -> None:
                 m.scaling[slot] = torch.tensor(value, device=m.weight.device)
 
 
-def _check_file(path: str) -> None:
+def _check_file(path: str, rank: int) -> None:
     """Refuse, before any load, a local LoRA file a slot cannot take: text-encoder weights (diffusers hot-swaps the
     transformer only, and the text encoders are shared by every variant), or a rank over the slots' (peft would grow
     the slot's tensors, and a compiled graph recompile in a timed run). Folders and Hub ids are read by diffusers."""
@@ -122,9 +116,9 @@ def _check_file(path: str) -> None:
         raise ConfigError(
             f"request.loras: {path!r} has text-encoder weights ({te[0]}, ...): only transformer LoRAs run here"
         )
-    if ranks and max(ranks) > slot_rank():
+    if ranks and max(ranks) > rank:
         raise ConfigError(
-            f"request.loras: {path!r} has rank {max(ranks)}, over the LoRA slots' {slot_rank()}: set {RANK_ENV} to at "
+            f"request.loras: {path!r} has rank {max(ranks)}, over the LoRA slots' {rank}: set {RANK_ENV} to at "
             "least that before the first LoRA (the studio's restart)"
         )
 
@@ -144,22 +138,23 @@ def _reset(pipe, state) -> None:
     state.lora_modules += 1
 
 
-def _fill(pipe, tr, state, wanted) -> bool:
-    """Put each wanted LoRA in its slot (hot-swapped into a slot that holds another); True when a slot was added."""
+def _fill(pipe, tr, state, wanted, rank: int) -> bool:
+    """Put each wanted LoRA in its slot (hot-swapped into a slot that holds another) of rank `rank`; True when a
+    slot was added."""
     slots, added = state.loras, False
     for i, lora in enumerate(wanted):
         slot = f"lora{i}"
         if i < len(slots) and slots[i] == lora.path:
             continue
         path = _file(pipe, lora)  # a name the model does not ship: refused here, before any slot changes
-        _check_file(path)
+        _check_file(path, rank)
         swap = i < len(slots)
         if not slots:  # before the first adapter: pads it to the slots' rank and makes its scales tensors
-            pipe.enable_lora_hotswap(target_rank=slot_rank(), check_compiled="ignore")
+            pipe.enable_lora_hotswap(target_rank=rank, check_compiled="ignore")
         elif not swap:  # a slot after the first: padded and made tensors too (after prep, new adapters are not)
-            tr.enable_lora_hotswap(target_rank=slot_rank(), check_compiled="ignore")
+            tr.enable_lora_hotswap(target_rank=rank, check_compiled="ignore")
         try:
-            _load(pipe, slot, path, hotswap=swap)
+            _load(pipe, slot, path, swap, rank)
         except ConfigError:
             _reset(pipe, state)
             raise
@@ -173,15 +168,16 @@ def _fill(pipe, tr, state, wanted) -> bool:
     return added
 
 
-def apply_loras(pipe, request) -> None:
-    """Make `request.loras` the adapters of this run (the card's lines come from `lora_lines`)."""
+def apply_loras(pipe, request, rank: int) -> None:
+    """Make `request.loras` the adapters of this run (the card's lines come from `lora_lines`); `rank`: every
+    hot-swap slot's (the `lora_rank` setting, STUDIO_LORA_RANK)."""
     tr = pipe.transformer
     state = stack_state(tr)
     fused = {lo.path for lo in state.fused}
     wanted = [lo for lo in request.loras if lo.path not in fused]
     if not state.loras and not wanted:
         return
-    added = _fill(pipe, tr, state, wanted)
+    added = _fill(pipe, tr, state, wanted, rank)
     names = [f"lora{i}" for i in range(len(state.loras))]
     if added:
         pipe.set_adapters(names)  # every slot active, always: the same active list for every graph
@@ -201,7 +197,7 @@ def fuse_loras(pipe, loras: tuple) -> None:
         return
     names = [f"fuse{i}" for i in range(len(loras))]
     for name, lora in zip(names, loras):
-        _load(pipe, name, _file(pipe, lora), hotswap=False)
+        _load(pipe, name, _file(pipe, lora), False, 0)
     pipe.set_adapters(names, adapter_weights=[lo.scale for lo in loras])
     pipe.fuse_lora(adapter_names=names)
     pipe.unload_lora_weights()

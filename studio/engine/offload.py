@@ -287,11 +287,11 @@ def _needs(pipe, spec: OffloadSpec, device: torch.device | None = None) -> dict[
     return needs(sizes_of_pipe(pipe), spec, _margin(pipe, device)[0], device)
 
 
-def _auto(pipe, spec: OffloadSpec, device: torch.device) -> tuple[str, str]:
+def _auto(pipe, spec: OffloadSpec, device: torch.device, budget: float | None) -> tuple[str, str]:
     """The first policy of AUTO_ORDER that can run here and fits, and why (engine.placement.decide). The pipeline's
     own bytes on the device are free for this choice: it is the one being placed. Nothing fitting, the least hungry,
     saying so (the loader refuses that case before it gets here)."""
-    free = free_memory(device, 0, device_bytes(pipe, device))
+    free = free_memory(device, 0, device_bytes(pipe, device), budget)
     plan = decide(sizes_of_pipe(pipe), spec, device, free, _margin(pipe, device))
     return plan.policy, (plan.why if plan.fits else f"{plan.why}, may not fit")
 
@@ -299,14 +299,15 @@ def _auto(pipe, spec: OffloadSpec, device: torch.device) -> tuple[str, str]:
 _POLICIES = {"group_offload": _group, "layerwise_offload": _layerwise, "model_cpu_offload": _model_offload}
 
 
-def apply_offload(pipe, spec: OffloadSpec, device) -> Engaged:
+def apply_offload(pipe, spec: OffloadSpec, device, budget: float | None = None) -> Engaged:
     """Put `pipe` under the memory regime `spec` on `device` (after taking off the one it was under), each component
     where the regime keeps it (engine.placement.place). Weights that leave the device go to the host first: a model
     bigger than the card never passes through a resident state between two regimes.
 
-    The step cache must be off (engine.stack takes it off and puts it back after)."""
+    The step cache must be off (engine.stack takes it off and puts it back after). `budget`: the device-memory
+    budget in GiB `auto` places against (engine.placement.free_memory)."""
     device = torch.device(device)
-    policy, why = _auto(pipe, spec, device) if spec.policy == "auto" else (spec.policy, "")
+    policy, why = _auto(pipe, spec, device, budget) if spec.policy == "auto" else (spec.policy, "")
     remove_offload(pipe, device if policy == "none" else HOST)
     ok, text = _POLICIES[policy](pipe, spec, device) if policy != "none" else (True, f"none (resident on {device})")
     if policy == "none" and spec.policy == "auto":

@@ -27,7 +27,6 @@ import torch
 from studio.engine.state import Engaged, ParallelState, stack_state
 from studio.spec.cachedit import cache_dit_configs
 from studio.spec.preset import ATTENTION_BACKENDS, ParallelSpec, Preset
-from studio.spec.settings import current
 
 log = logging.getLogger(__name__)
 SWITCH_ENV = "STUDIO_PARALLEL"  # 0: parallel presets run in one process (a public Space's default)
@@ -51,10 +50,6 @@ def worker_options(spec: ParallelSpec, device: torch.device) -> dict:
     return opts
 
 
-def address(spec: ParallelSpec) -> str | None:
-    return spec.ray_address or current().ray_address
-
-
 def _planner_missing(spec: ParallelSpec, transformer) -> str | None:
     name = type(transformer).__name__
     try:  # cache-dit registers its planners on first use; ask its registry the way its dispatcher does
@@ -75,9 +70,9 @@ def _planner_missing(spec: ParallelSpec, transformer) -> str | None:
     return None
 
 
-def unavailable_reason(spec: ParallelSpec, pipe, device: torch.device) -> str | None:
-    """Why this parallel preset cannot run here, or None."""
-    if not current().parallel:
+def unavailable_reason(spec: ParallelSpec, pipe, device: torch.device, allowed: bool = True) -> str | None:
+    """Why this parallel preset cannot run here, or None; `allowed`: the `parallel` setting (STUDIO_PARALLEL)."""
+    if not allowed:
         return f"parallel workers are off in this studio ({SWITCH_ENV}=0)"
     for pkg, why in (("ray", "pip install ray"), ("einops", "cache-dit's parallelism planners import it")):
         if importlib.util.find_spec(pkg) is None:
@@ -85,7 +80,7 @@ def unavailable_reason(spec: ParallelSpec, pipe, device: torch.device) -> str | 
     missing = _planner_missing(spec, pipe.transformer)
     if missing:
         return missing
-    if address(spec) is None:  # a local Ray: the workers must fit on this machine
+    if spec.ray_address is None:  # a local Ray: the workers must fit on this machine
         if device.type == "cuda" and torch.cuda.device_count() < spec.world_size:
             return (
                 f"{spec.world_size} workers need {spec.world_size} GPUs, this machine has {torch.cuda.device_count()}"
@@ -159,7 +154,7 @@ def _configs(preset: Preset, steps, separate_cfg, device, dtype):
     if why is not None:
         attn_note = f"{preset.attention_backend}: {why}, using sdpa in the workers"
         name = "native"
-    addr = address(spec)
+    addr = spec.ray_address  # (the RAY_ADDRESS setting filled in by engine.stack where the preset names none)
     pc = ParallelismConfig(
         ulysses_size=spec.ulysses_size if spec.ulysses_size > 1 else None,
         ring_size=spec.ring_size if spec.ring_size > 1 else None,
@@ -201,7 +196,7 @@ def apply_parallel(pipe, preset: Preset, *, source: str, steps, separate_cfg: bo
     info = {
         "kind": label,
         "world_size": spec.world_size,
-        "ray": address(spec) or "local (started by the studio)",
+        "ray": spec.ray_address or "local (started by the studio)",
         "workers": where,
         "cache": "cache-dit, inside the workers" if cache_cfg is not None else "none",
         "attention": pc.attention_backend,

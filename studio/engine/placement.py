@@ -23,7 +23,6 @@ import torch
 from studio.engine.sizes import ModelSizes
 from studio.measure.blocks import block_names
 from studio.spec.offload import AUTO_ORDER, OffloadSpec
-from studio.spec.settings import current
 
 GIB = 2**30
 HOST = torch.device("cpu")
@@ -124,10 +123,10 @@ class Free:
     source: str  # where the number comes from, in words
 
 
-def free_memory(device: torch.device, held: int = 0, releasable: int = 0) -> Free:
+def free_memory(device: torch.device, held: int = 0, releasable: int = 0, budget: float | None = None) -> Free:
     """The device memory the studio may still fill: the least of the budget less `held` (what the studio keeps on
-    the device now) and CUDA's free memory plus `releasable` (device bytes of the pipeline about to be replaced)."""
-    budget = current().device_memory_gb
+    the device now) and CUDA's free memory plus `releasable` (device bytes of the pipeline about to be replaced).
+    `budget`: the device-memory budget in GiB (the `device_memory_gb` setting, STUDIO_DEVICE_MEMORY_GB); None: none."""
     parts = []
     if budget is not None:
         less = f" less {gib(held)} held by the loaded model" if held else ""

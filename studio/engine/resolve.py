@@ -15,10 +15,11 @@ from studio.engine.quantize import quant_form
 from studio.spec.preset import ATTENTION_BACKENDS, Preset
 
 
-def resolved(preset: Preset, device) -> dict[str, tuple[str, str]]:
-    """{part: (what runs, why)} for the parts whose choice depends on the device: dtype, 8-bit form, attention."""
+def resolved(preset: Preset, device, forced_dtype: str | None = None) -> dict[str, tuple[str, str]]:
+    """{part: (what runs, why)} for the parts whose choice depends on the device: dtype (`forced_dtype`: the `dtype`
+    setting, STUDIO_DTYPE), 8-bit form, attention."""
     device = torch.device(device)
-    dtype = resolve_dtype(preset.dtype, device)
+    dtype = resolve_dtype(preset.dtype, device, forced=forced_dtype)
     out = {"dtype": (dtype.name, dtype.note or "")}  # a note names the dtype and says why; none: as the preset asks
     if preset.quant.enabled:
         out["quantize"] = quant_form(preset.quant, device, compiles(preset.compile, preset.offload_config))

@@ -182,7 +182,9 @@ def pipeline_for(ctx: RunContext, preset: Preset):
     if stack.workers is not None:
         ctx.status("running on the parallel workers")
         return stack.workers.proxy, stack, reloaded
-    apply_loras(pipe, ctx.request)  # last, on the weights of this run: loaded once, switched by set_adapters
+    apply_loras(
+        pipe, ctx.request, ctx.manager.settings.lora_rank
+    )  # last, on the weights of this run: loaded once, switched by set_adapters
     after_loras(pipe.transformer, stack)  # an ahead-of-time compiled stack runs eagerly under a LoRA
     return pipe, stack, reloaded
 

@@ -47,7 +47,6 @@ from studio.spec.preset import Preset
 from studio.spec.presets import BASE, PresetLibrary
 from studio.spec.profiles import ModelProfile, profile_for, resolve_model
 from studio.spec.request import GenerationRequest, check_caps, compare_mode
-from studio.spec.settings import current as settings
 
 
 class Runner:
@@ -396,4 +395,4 @@ class Runner:
             dtype=ctx.dtype.name,
             work=work_of(ctx.request, calls),
         )
-        return record(settings().pace_file, key, price_ms(base.runs) / max(1, len(base.runs[0].step_ms)))
+        return record(self.manager.settings.pace_file, key, price_ms(base.runs) / max(1, len(base.runs[0].step_ms)))

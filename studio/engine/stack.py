@@ -25,6 +25,7 @@ from studio.engine.parallel import apply_parallel, remove_parallel, unavailable_
 from studio.engine.quantize import apply_quant
 from studio.engine.state import Engaged, ParallelState, stack_state
 from studio.spec.preset import MIN_CACHE_STEPS, CacheSpec, ParallelSpec, Preset
+from studio.spec.settings import Settings
 
 STACK_ORDER = ("quantize", "offload", "cache", "attention", "compile", "parallel")
 
@@ -94,9 +95,13 @@ class AppliedStack:
         return e is not None and e.engaged
 
 
-def _parallel(pipe, preset: Preset, steps, separate_cfg, source) -> AppliedStack | None:
+def _parallel(pipe, preset: Preset, steps, separate_cfg, source, settings: Settings) -> AppliedStack | None:
     """A parallel preset's stack (its workers started, or kept when they run the same thing), or None when the
-    preset is not parallel. One that cannot run here comes back without a preset, with the reason."""
+    preset is not parallel. One that cannot run here comes back without a preset, with the reason. The settings:
+    whether parallel workers may start at all, and the Ray cluster a preset that names none joins."""
+    par = preset.parallelism_config
+    if par.enabled and par.ray_address is None and settings.ray_address:
+        preset = replace(preset, parallelism_config=replace(par, ray_address=settings.ray_address))
     want = wanted(preset, steps, separate_cfg)
     running = workers(pipe)
     if running is not None:
@@ -110,7 +115,8 @@ def _parallel(pipe, preset: Preset, steps, separate_cfg, source) -> AppliedStack
         return None
     par = preset.parallelism_config
     device = next(pipe.transformer.parameters()).device
-    reason = unavailable_reason(par, pipe, device) or (None if source else "no model source to load workers from")
+    reason = unavailable_reason(par, pipe, device, settings.parallel)
+    reason = reason or (None if source else "no model source to load workers from")
     if reason is not None:
         return AppliedStack(
             engaged={
@@ -139,6 +145,7 @@ def apply_preset(
     separate_cfg: bool = False,
     applied: AppliedStack | None = None,
     source: str | None = None,
+    settings: Settings | None = None,
 ) -> AppliedStack:
     """Apply `preset` to `pipe` in STACK_ORDER.
 
@@ -148,8 +155,11 @@ def apply_preset(
         applied: the stack already on this same transformer; only steps whose settings changed are re-applied.
             Quantization never changes in place: the model manager hands over a transformer with the right weights.
         source: where the model came from (a parallel preset's workers load it from there).
+        settings: the engine's settings (spec.settings; the model manager's): the device-memory budget `auto`
+            places against, whether parallel workers may start, a Ray cluster to join. None: the defaults.
     """
-    par = _parallel(pipe, preset, steps, separate_cfg, source)
+    settings = settings or Settings()
+    par = _parallel(pipe, preset, steps, separate_cfg, source, settings)
     if par is not None and par.preset is not None:
         return par
     if par is not None:  # a parallel preset that cannot run here: its stack in one process, with the reason
@@ -159,6 +169,7 @@ def apply_preset(
             steps=steps,
             separate_cfg=separate_cfg,
             applied=applied,
+            settings=settings,
         )
         out.preset = preset
         out.engaged["parallel"] = par.engaged["parallel"]
@@ -180,7 +191,7 @@ def apply_preset(
         uncompile(pipe.transformer)  # hooks and backends change on eager modules; compile is re-activated last
     if regime or applied is None:
         remove_cache(pipe)  # the cache wraps the regime's forward: off before the regime under it changes
-        out.engaged["offload"] = apply_offload(pipe, preset.offload_config, device)
+        out.engaged["offload"] = apply_offload(pipe, preset.offload_config, device, settings.device_memory_gb)
         out.order.append("offload")
     if recache or regime:
         out.engaged["cache"] = apply_cache(

@@ -1,9 +1,11 @@
 """Every setting the studio takes from its environment, read once at the edges into one typed record.
 
 `app.py` and `studio/cli.py` call `Settings.from_env(os.environ)` and `install` the record; the device worker gets it
-in its WorkerConfig and installs it in its own process; every module below reads `current()`, never `os.environ`.
-A bad value fails at start with the variable's name, its value and what it takes. Tests change a setting with
-`using(...)` (a context manager), not with the environment.
+in its WorkerConfig and installs it in its own process. The edges (the app, the CLI, the worker, the tests' conftest)
+read `current()`; the engine, the measurements and the bench never do: the model manager is handed the record
+(`ModelManager(settings=...)`) and every part below takes what it needs from it as a parameter. Nothing reads
+`os.environ` below the edges. A bad value fails at start with the variable's name, its value and what it takes.
+Tests hand an engine the settings they mean (`replace(current(), ...)`); `using(...)` changes what the edges read.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import time
@@ -143,8 +144,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from studio.engine import ModelManager, Runner
+    from studio.spec.settings import Settings
 
-    runner = Runner(ModelManager("cpu"), model=args.model)
+    runner = Runner(ModelManager("cpu", settings=Settings.from_env(os.environ)), model=args.model)  # (its edge)
     t0 = time.perf_counter()
 
     def gen(prompt: str, seed: int, preset: str = "base", compare: bool = False):

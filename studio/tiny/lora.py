@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from studio.spec.hosting import edge_environ
-from studio.spec.settings import Settings, install
+from studio.spec.settings import Settings, current, install
 
 SHEET_PROMPTS = (
     "a red circle in the center, white background",
@@ -165,7 +165,7 @@ def sheet(args) -> None:
     from studio.tiny.eval import contact_sheet
     from studio.tiny.scenes import parse_prompt, ring_luminance
 
-    runner = Runner(ModelManager("cpu"), model="tiny")
+    runner = Runner(ModelManager("cpu", settings=current()), model="tiny")  # (main installed them: its edge)
     (lora,) = parse_loras(args.lora)
     columns = [(), (replace(lora, scale=lora.scale / 2),), (lora,)]
     names = ["base"] + [c[0].label() for c in columns[1:]]
@@ -189,7 +189,7 @@ def numbers(args) -> list[dict]:
     from studio.measure.quality import psnr
     from studio.spec.lora import parse_loras
 
-    runner = Runner(ModelManager("cpu"), model="tiny")
+    runner = Runner(ModelManager("cpu", settings=current()), model="tiny")  # (main installed them: its edge)
     loras = parse_loras(args.lora)
     req = runner.request(args.prompt or runner.profile("tiny").first_prompt, model="tiny", seed=args.seed)
     rows = []

@@ -56,7 +56,7 @@ def start_device(config: WorkerConfig, *, warm: list[str] | tuple[str, ...] = ()
 
         allowed = list(config.allowed) if config.allowed is not None else None
         runner = Runner(
-            ModelManager(config.device, allowed=allowed),
+            ModelManager(config.device, allowed=allowed, settings=config.settings),
             config.presets,
             model=config.model,
             max_steps=config.max_steps,

@@ -183,7 +183,8 @@ def _serve_call(service: DeviceService, conn: Connection, msg: tuple) -> tuple:
 def serve(conn: Connection, config: WorkerConfig) -> None:
     """The worker's loop: one call at a time until ("stop",) or the app's end closes."""
     install(config.settings)
-    manager = ModelManager(config.device, allowed=list(config.allowed) if config.allowed is not None else None)
+    allowed = list(config.allowed) if config.allowed is not None else None
+    manager = ModelManager(config.device, allowed=allowed, settings=config.settings)
     runner = WatchedRunner(
         manager,
         config.presets or PresetLibrary(),

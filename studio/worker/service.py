@@ -98,12 +98,13 @@ class DeviceService:
         """The preset as the YAML cache_dit.load_configs reads (spec.export: built through cache-dit's own config
         objects, which load torch: so here, not in the app's process)."""
         device = self.runner.manager.device
-        here = on_this_machine(resolved(preset, device))
+        here = on_this_machine(resolved(preset, device, self.runner.manager.settings.dtype))
         return cache_dit_yaml(preset, steps, exported_quant(preset, device), here)
 
     def resolved(self, preset: Preset) -> str:
         """What the preset's device-dependent parts (dtype, 8-bit form, attention) become on this device, in words."""
-        return on_this_machine(resolved(preset, self.runner.manager.device))
+        manager = self.runner.manager
+        return on_this_machine(resolved(preset, manager.device, manager.settings.dtype))
 
     def warm_up(self, request: GenerationRequest, presets: list[str], model: str | None = None) -> list[float]:
         """Load the model and run the untimed warm-ups (Runner.warm_up) of the presets this runner knows."""

@@ -61,8 +61,8 @@ def main() -> None:
     from studio.spec.settings import Settings, install
 
     os.environ.update(edge_environ(os.environ))
-    install(Settings.from_env(os.environ))
-    runner = Runner(ModelManager("cpu"), model="tiny")
+    settings = install(Settings.from_env(os.environ))
+    runner = Runner(ModelManager("cpu", settings=settings), model="tiny")
     request = runner.request(PROMPT, model="tiny", seed=7)
     for s in stacks:  # every stack warm (and compiled) before the first timed round
         runner.generate(request, s, compare="off")

@@ -69,8 +69,8 @@ def sha(picture) -> str | None:
 
 
 def main() -> int:
-    install(Settings.from_env(os.environ))
-    runner = Runner(ModelManager("cpu"), PresetLibrary(), model="tiny")
+    settings = install(Settings.from_env(os.environ))
+    runner = Runner(ModelManager("cpu", settings=settings), PresetLibrary(), model="tiny")
     runner.pairing = replace(runner.pairing, cheap_pairs=1, max_extra_pairs=0)
     out = []
     for name in PRESETS:
