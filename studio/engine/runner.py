@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from studio.engine.baseline import (
     CALLER_TIMES_BASE,
@@ -47,6 +47,24 @@ from studio.spec.preset import Preset
 from studio.spec.presets import BASE, PresetLibrary
 from studio.spec.profiles import ModelProfile, profile_for, resolve_model
 from studio.spec.request import GenerationRequest, check_caps, compare_mode
+
+BASE_ITSELF, COMPARED, ALONE = "base itself", "compared", "alone"  # how a generate is timed (Runner._plan)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one generate is timed, decided before anything runs (Runner._plan)."""
+
+    how: str  # BASE_ITSELF, COMPARED (with base beside it or a kept timing of its shape), ALONE (compare off)
+    key: tuple  # the request's kept base, in the stack's regime (engine.baseline.regime_key)
+    shape: tuple  # its shape's kept timing, in the stack's regime
+    base: Preset  # base in the stack's dtype and regime: what it is compared with
+    pairing: Pairing  # how base is timed (a base run that is not compared: CALLER_TIMES_BASE, one run)
+    compare: str  # on / auto / off, as asked
+
+    @property
+    def is_base(self) -> bool:
+        return self.how == BASE_ITSELF
 
 
 class Runner:
@@ -256,56 +274,84 @@ class Runner:
         return True
 
     def _generate(self, ctx: RunContext, p: Preset, pairing: Pairing, compare: str, t0: float) -> RunResult:
-        """generate()'s body, under the manager's lock: the base (when compared), the timed run, the record."""
+        """generate()'s body, under the manager's lock: plan how it is timed, time it, keep what may divide the
+        shape's next runs, the record."""
+        plan = self._plan(ctx, p, pairing, compare)
+        time_it = {BASE_ITSELF: self._time_base, COMPARED: self._time_compared, ALONE: self._time_alone}[plan.how]
+        paired = time_it(ctx, p, plan)
+        self._keep_shape_timing(plan, p, paired)
+        pace = self._pace(ctx, paired)
+        metrics = self._metrics(ctx, p, paired, time.perf_counter() - t0, is_base=plan.is_base, pace=pace)
+        return RunResult(paired.run.image, paired.base.image if paired.base else None, metrics)
+
+    def _plan(self, ctx: RunContext, p: Preset, pairing: Pairing, compare: str) -> Plan:
+        """How this run is timed, before anything runs (engine.baseline says why each way): base itself; a stack
+        compared with base (beside it, or by a kept timing of its shape: decided after its warm-up); or alone."""
         base_p = self.base_preset(ctx.dtype.name, p)
         key, shape = regime_key(ctx.key, p), regime_key(ctx.timing_key, p)  # another regime, another kept base
         is_base = replace(p, dtype=ctx.dtype.name).stack == base_p.stack
         if is_base:
             known = compare == "auto" and shape_timing(pairing, self.shapes, shape) is not None
             how = pairing if compare == "on" or (compare == "auto" and not known) else CALLER_TIMES_BASE
-            paired = base_itself(how, self.bases, key, lambda: measure(ctx, p))  # one run when not compared
-        elif compare != "off":
-            cpu = cpu_threads(self.manager.device) if not p.wants_workers else None  # watched cores (baseline)
-            # the stack's warm-up (a compile can take a minute) before the pairing decides whether a kept base is
-            # recent enough: a base kept 50 s ago must not divide a run that ends 50 s of compiling later
-            pipe, stack, reloaded = pipeline_for(ctx, p)
-            warmup_s = warm(ctx, pipe, stack, p)
-            shaped = shape_timing(pairing, self.shapes, shape) if compare == "auto" else None
-            then = self.stack_prices.get((shape, p.stack)) if shaped is not None else None
-            if then is not None and then[0] == shaped.timed_at:  # this stack was timed beside that very base timing
-                kept = self.bases.get(key)
+            return Plan(BASE_ITSELF, key, shape, base_p, how, compare)
+        return Plan(COMPARED if compare != "off" else ALONE, key, shape, base_p, pairing, compare)
 
-                def run_once(_crowded):  # one run: nothing to stop early
-                    return by_shape(shaped, then[1], kept, lambda: measure(ctx, p))
+    def _time_base(self, ctx: RunContext, p: Preset, plan: Plan) -> Paired:
+        return base_itself(plan.pairing, self.bases, plan.key, lambda: measure(ctx, p))  # one run when not compared
 
-                paired = watched(run_once, cpu, self.bases, key)
-            else:
-                paired = watched(
-                    lambda crowded: side_by_side(
-                        pairing,
-                        self.bases,
-                        key,
-                        time_base=lambda: measure(ctx, base_p, show_steps=False),
-                        time_stack=lambda: measure(ctx, p),
-                        on_status=ctx.on_status,
-                        crowded=crowded,
-                    ),
-                    cpu,
-                    self.bases,
-                    key,
-                )
-            first = paired.run
-            paired = replace(paired, run=replace(first, warmup_s=warmup_s, reloaded=reloaded or first.reloaded))
+    def _time_alone(self, ctx: RunContext, p: Preset, plan: Plan) -> Paired:
+        return Paired(None, measure(ctx, p), 1, False)
+
+    def _time_compared(self, ctx: RunContext, p: Preset, plan: Plan) -> Paired:
+        """The stack against base, the cores watched on a CPU: its warm-up first (a compile can take a minute), so
+        that a base kept 50 s ago never divides a run that ends 50 s of compiling later; then by the shape's kept
+        timing where this stack was timed beside that very timing (compare `auto`), else base timed beside it."""
+        cpu = cpu_threads(self.manager.device) if not p.wants_workers else None  # watched cores (baseline)
+        pipe, stack, reloaded = pipeline_for(ctx, p)
+        warmup_s = warm(ctx, pipe, stack, p)
+        kept = self._kept_price(plan, p)
+        if kept is not None:
+            shaped, then, same = kept
+            paired = watched(
+                lambda _: by_shape(shaped, then, same, lambda: measure(ctx, p)), cpu, self.bases, plan.key
+            )
         else:
-            paired = Paired(None, measure(ctx, p), 1, False)
-        if paired.base is not None and paired.base.agreed and not paired.by_shape and (is_base or paired.base_now):
-            self.shapes.put(shape, paired.base)  # a timing that agreed: it may divide this shape's next runs
-            if not is_base:
-                self.stack_prices.put((shape, p.stack), (paired.base.timed_at, paired.stack_runs))
-        metrics = self._metrics(
-            ctx, p, paired, time.perf_counter() - t0, is_base=is_base, pace=self._pace(ctx, paired)
-        )
-        return RunResult(paired.run.image, paired.base.image if paired.base else None, metrics)
+            paired = watched(
+                lambda crowded: side_by_side(
+                    plan.pairing,
+                    self.bases,
+                    plan.key,
+                    time_base=lambda: measure(ctx, plan.base, show_steps=False),
+                    time_stack=lambda: measure(ctx, p),
+                    on_status=ctx.on_status,
+                    crowded=crowded,
+                ),
+                cpu,
+                self.bases,
+                plan.key,
+            )
+        run = replace(paired.run, warmup_s=warmup_s, reloaded=reloaded or paired.run.reloaded)
+        return replace(paired, run=run)
+
+    def _kept_price(self, plan: Plan, p: Preset) -> tuple | None:
+        """Under compare `auto`: the shape's kept base timing, this stack's runs beside that very timing and the
+        request's kept base picture, where the timing and the runs are kept (then one run of the stack is all it
+        costs); None: base is timed beside it."""
+        shaped = shape_timing(plan.pairing, self.shapes, plan.shape) if plan.compare == "auto" else None
+        then = self.stack_prices.get((plan.shape, p.stack)) if shaped is not None else None
+        if then is None or then[0] != shaped.timed_at:
+            return None
+        return shaped, then[1], self.bases.get(plan.key)
+
+    def _keep_shape_timing(self, plan: Plan, p: Preset, paired: Paired) -> None:
+        """A base timing taken in this call that agreed may divide this shape's next runs (compare `auto`), with the
+        stack's runs beside it (what the machine's speed since then is read against)."""
+        base = paired.base
+        if base is None or not base.agreed or paired.by_shape or not (plan.is_base or paired.base_now):
+            return
+        self.shapes.put(plan.shape, base)
+        if not plan.is_base:
+            self.stack_prices.put((plan.shape, p.stack), (base.timed_at, paired.stack_runs))
 
     def _metrics(
         self,
