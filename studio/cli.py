@@ -24,18 +24,12 @@ from studio.worker.quiet import quiet_libraries
 
 def device_worker(args, presets=None, quiet: bool = True):
     """The device worker a command's contained runs go through (bench, doctor: studio.worker.reruns), started
-    without a warm-up (each call loads what it needs). `quiet`: library chatter below errors there too."""
-    import os
-
+    without a warm-up (each call loads what it needs), with the CLI's settings (a worker hook among them).
+    `quiet`: library chatter below errors there too."""
     from studio.worker import WorkerClient, WorkerConfig
-    from studio.worker.protocol import CRASH_ENV
 
     config = WorkerConfig(
-        model=getattr(args, "model", None) or "tiny",
-        device=args.device,
-        presets=presets,
-        quiet=quiet,
-        crash_on=os.environ.get(CRASH_ENV) or None,  # TEST ONLY (tests/test_crash.py, tests/test_bench.py)
+        model=getattr(args, "model", None) or "tiny", device=args.device, presets=presets, quiet=quiet
     )
     return WorkerClient(config, warm=())
 

@@ -116,7 +116,7 @@ def test_vs_raw_gives_the_plain_diffusers_picture(tiny_runner):
 def test_cli_bench_over_prompts_json_and_csv(tmp_path):
     """The CLI's bench, in the device worker: `sage` kills it (a real SIGSEGV from the worker's test-only hook), so
     the bench runs again without it and every other row is there, the crash said in the report."""
-    from studio.worker.protocol import CRASH_ENV
+    from worker_hooks import hook
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("# two scenes\n" + "\n".join(PROMPTS) + "\n\n")
@@ -138,7 +138,7 @@ def test_cli_bench_over_prompts_json_and_csv(tmp_path):
         "--out",
         str(csv_path),
     ]
-    env = dict(os.environ, **{CRASH_ENV: "sage"})
+    env = dict(os.environ, STUDIO_WORKER_HOOK=hook("crash_on", preset="sage"))  # (its worker's instrumentation)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     d = json.loads(p.stdout)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from worker_hooks import hooked
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPABILITY = torch.backends.cpu.get_cpu_capability()  # the ATen kernels this CPU runs: AVX512, AVX2, DEFAULT, ...
@@ -153,7 +154,7 @@ def test_a_crash_in_the_doctor_costs_its_own_row_not_the_table():
     from studio.report.text import doctor_table
     from studio.worker import WorkerClient, WorkerConfig, reruns
 
-    worker, lines = WorkerClient(WorkerConfig(device="cpu", crash_on="cache"), warm=()), []
+    worker, lines = WorkerClient(WorkerConfig(device="cpu", settings=hooked("crash_on", preset="cache")), warm=()), []
     try:
         rows = reruns.doctor(worker, ["flux"], ["base", "cache", "sage"], on_status=lines.append)
         assert worker.restarts == 1
@@ -170,7 +171,7 @@ def test_a_crash_in_the_doctor_costs_its_own_row_not_the_table():
 def _bench_worker(model: str, crash_on: str):
     from studio.worker import WorkerClient, WorkerConfig
 
-    return WorkerClient(WorkerConfig(model=model, device="cpu", crash_on=crash_on), warm=())
+    return WorkerClient(WorkerConfig(model=model, device="cpu", settings=hooked("crash_on", preset=crash_on)), warm=())
 
 
 def test_a_crash_in_the_bench_costs_its_stack_and_the_bench_runs_again_without_it(random_model_dir):

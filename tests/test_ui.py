@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from worker_hooks import hooked
 
 from studio.engine.baseline import Pairing
 from studio.spec import PresetLibrary
@@ -73,7 +74,7 @@ def app(random_model_dir, tmp_path_factory):
     # one pair of base and stack per comparison: these tests check pictures, counts and what the page shows (how a
     # speed-up is taken: tests/test_honest.py, test_engine.py)
     one_pair = Pairing(cheap_pairs=1, max_extra_pairs=0)
-    device = _worker(random_model_dir, lib, probe_threads=True, pairing=one_pair)
+    device = _worker(random_model_dir, lib, settings=hooked("probe_threads"), pairing=one_pair)
     demo, url = _launch(device, default_preset="cache")
     yield device, url
     demo.close()

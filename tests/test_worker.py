@@ -1,8 +1,8 @@
 """The supervised device worker (studio.worker) with the real engine in it: a native crash during a request costs
 that request only, progress streams back, the memory limit restarts it, and no worker outlives the app.
 
-The crash is real: the worker started with the test-only `WorkerConfig.crash_on` kills itself with SIGSEGV at the
-third denoising step of that preset's run, as a segfaulting kernel would.
+The crash is real: the worker started with the tests' hook (tests/worker_hooks.py crash_on) kills itself with SIGSEGV
+at the third denoising step of that preset's run, as a segfaulting kernel would.
 """
 
 from __future__ import annotations
@@ -19,10 +19,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from worker_hooks import hooked
 
 from studio.spec import ConfigError, PresetLibrary, RunError
 from studio.spec.errors import StudioBug
 from studio.worker import WorkerClient, WorkerConfig, WorkerCrashed
+
+CRASHES = "int8-weight-only"  # the stack whose runs kill the worker (tests/worker_hooks.py crash_on)
 
 PROMPT = "a red circle in the center, blue background"
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +65,7 @@ def _gone_within(pid: int, seconds: float) -> bool:
 
 @pytest.fixture(scope="module")
 def worker(random_model_dir):
-    w = WorkerClient(WorkerConfig(model=random_model_dir, device="cpu", crash_on="int8-weight-only"))
+    w = WorkerClient(WorkerConfig(model=random_model_dir, device="cpu", settings=hooked("crash_on", preset=CRASHES)))
     yield w
     w.close()
 
@@ -169,11 +172,12 @@ def test_a_native_crash_is_forgiven_once_and_refused_on_the_second_in_a_row(work
 
 
 def test_a_transient_crash_costs_a_wait_not_the_request(worker, random_model_dir, tmp_path):
-    """A stack that crashes the worker once (the file `crash_once` marks it done): the same call runs again on the
+    """A stack that crashes the worker once (the file `once` marks it done): the same call runs again on the
     new worker and returns the picture a worker that never crashed gives; the stack stays allowed, and its count of
     crashes in a row starts again after a run of it finishes."""
     once = tmp_path / "crashed-once"
-    w = WorkerClient(WorkerConfig(model=random_model_dir, device="cpu", crash_on="cache", crash_once=str(once)))
+    crashes_once = hooked("crash_on", preset="cache", once=str(once))
+    w = WorkerClient(WorkerConfig(model=random_model_dir, device="cpu", settings=crashes_once))
     try:
         lines = []
         res = _generate(w, on_status=lines.append)
@@ -286,7 +290,10 @@ def test_the_app_refuses_a_crashed_stack_and_keeps_serving_through_gradio(random
 
     device = WorkerClient(
         WorkerConfig(
-            model=random_model_dir, device="cpu", presets=PresetLibrary(user_dir=tmp_path), crash_on="int8-weight-only"
+            model=random_model_dir,
+            device="cpu",
+            presets=PresetLibrary(user_dir=tmp_path),
+            settings=hooked("crash_on", preset=CRASHES),
         )
     )
     demo = build_app(device, default_preset="cache")

@@ -80,6 +80,10 @@ class Settings:
     max_side: int | None = None  # STUDIO_MAX_SIDE
     max_request_s: float | None = None  # STUDIO_MAX_REQUEST_S
     worker_max_rss_gb: float | None = None  # STUDIO_WORKER_MAX_RSS_GB
+    # STUDIO_WORKER_HOOK: "module:function" or "module:function:{json keyword arguments}", called in the device worker
+    # with its Runner and DeviceService once built: instrumentation kept out of the studio (the tests' crash and
+    # thread probes live in tests/worker_hooks.py). None: none.
+    worker_hook: str | None = None
     queue_size: int = 32  # STUDIO_QUEUE_SIZE
     prewarm: bool = True  # STUDIO_PREWARM=0: no warm-up at start (off by default on ZeroGPU)
     api_key: str | None = None  # STUDIO_API_KEY: the OpenAI images endpoint wants `Authorization: Bearer <it>`
@@ -121,6 +125,7 @@ class Settings:
             max_side=_number(env, "STUDIO_MAX_SIDE", int, 16, 16_384),
             max_request_s=_number(env, "STUDIO_MAX_REQUEST_S", float, 1, 86_400),
             worker_max_rss_gb=_number(env, "STUDIO_WORKER_MAX_RSS_GB", float, 0.1, 10_000),
+            worker_hook=env.get("STUDIO_WORKER_HOOK", "").strip() or None,
             queue_size=_number(env, "STUDIO_QUEUE_SIZE", int, 1, 10_000) or cls.queue_size,
             # not on ZeroGPU: the app's process has no GPU outside a GPU call, and a warm-up is a fact about the
             # process that ran it (each call's forked process warms its stack again)

@@ -43,9 +43,6 @@ log = logging.getLogger("studio.worker")
 # each into a gr.Error, the CLI prints it). They are spec.errors.USER_ERRORS, and StudioBug for anything else.
 ERRORS = {cls.__name__: cls for cls in (*USER_ERRORS, OverTime, StudioBug)}
 
-# TEST ONLY: a preset's name; the CLI's worker (bench, doctor) is started with it as WorkerConfig.crash_on.
-CRASH_ENV = "STUDIO_WORKER_CRASH_ON"
-
 
 class WorkerCrashed(RunError):
     """The device worker died during a call (a signal, the OOM killer, an abort in a kernel); it has been restarted.
@@ -76,14 +73,10 @@ class WorkerConfig:
         max_rss_gb: restart the worker between requests once its resident memory is over this (None: no limit).
         pairing: when base is timed beside a stack (engine.baseline.Pairing; None: the Runner's default, 3 pairs for
             a cheap base). Fewer pairs make a click cheaper and its spread wider.
-        crash_on: TEST ONLY. The worker kills itself with SIGSEGV at the third denoising step of any run of the preset
-            of this name, as a native crash inside a kernel would (tests/test_worker.py, tests/test_crash.py; the
-            CLI reads it from CRASH_ENV).
-        crash_once: TEST ONLY. A file: with `crash_on`, the worker dies only while this file does not exist (it makes
-            the file first), as a transient crash would (a flaky driver, the OOM killer taking it once).
-        probe_threads: TEST ONLY. Record the OS threads that call a transformer (the `info` call returns them).
         quiet: library chatter below errors and no progress bars in the worker (the CLI's: stderr is its bar's).
-        settings: the settings record (spec.settings) the worker installs: its process reads no environment.
+        settings: the settings record (spec.settings) the worker installs: its process reads no environment. Its
+            `worker_hook` (STUDIO_WORKER_HOOK) is called with the worker's runner once built: instrumentation such as
+            the tests' crash at a denoising step (tests/worker_hooks.py) lives outside the studio.
     """
 
     model: str = "tiny"
@@ -94,9 +87,6 @@ class WorkerConfig:
     presets: PresetLibrary | None = None
     max_rss_gb: float | None = None
     pairing: object | None = None  # engine.baseline.Pairing (not imported here: the app's process loads no torch)
-    crash_on: str | None = None
-    crash_once: str | None = None
-    probe_threads: bool = False
     quiet: bool = False
     settings: Settings = field(default_factory=current)  # the starting process's record, installed in the worker
 

@@ -11,10 +11,11 @@ it unloads the model, which stops any parallel workers it started.
 from __future__ import annotations
 
 import faulthandler
+import importlib
+import json
 import logging
 import os
 import pickle
-import resource
 import signal
 import sys
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from multiprocessing.connection import Connection
 from studio.engine import BASE, ModelManager, Runner
 from studio.engine.thread import DEVICE_THREAD
 from studio.spec.ask import Switches
+from studio.spec.checks import ConfigError
 from studio.spec.errors import RunError
 from studio.spec.presets import PresetLibrary
 from studio.spec.settings import install
@@ -31,7 +33,6 @@ from studio.worker.service import DeviceService
 
 log = logging.getLogger("studio.worker")
 
-CRASH_AT_STEP = 2  # WorkerConfig.crash_on: the denoising step (0-based) at which the test hook kills the worker
 GONE = (BrokenPipeError, ConnectionResetError, EOFError)  # the app's end of the pipe is closed
 
 
@@ -53,29 +54,14 @@ class Call:
         return call
 
 
-def _crash_at_step(progress, step: int = CRASH_AT_STEP):
-    """TEST ONLY (WorkerConfig.crash_on): the worker dies by SIGSEGV in the middle of a run, as it would when a
-    kernel segfaults; the steps before it have reached the app."""
-
-    def on_step(i, total, rec):
-        if progress is not None:
-            progress(i, total, rec)
-        if i == step:
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file from a crash made on purpose
-            os.kill(os.getpid(), signal.SIGSEGV)
-
-    return on_step
-
-
 class WatchedRunner(Runner):
     """The worker's Runner. Before a stack runs it tells the app which one (what a crash is blamed on, and what is
     refused afterwards), and it refuses a stack that crashed a worker before. A stack's base run inside
     `generate` is blamed on the stack: it runs only because the stack was asked for."""
 
-    def __init__(self, *args, crash_on: str | None = None, crash_once: str | None = None, **kwargs):
+    def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.call: Call | None = None
-        self.crash_on, self.crash_once = crash_on, crash_once
         self._running: list[tuple[str, str, str]] = []  # (preset name, tag, model): nested (screen runs base first)
 
     def _stack(self, preset, library, model, switches=Switches()) -> tuple[str, str, str]:
@@ -85,15 +71,6 @@ class WatchedRunner(Runner):
 
     def _refusal(self, stack: tuple[str, str, str]) -> str | None:
         return (self.call.refused if self.call else {}).get(stack_key(stack[2], stack[1]))
-
-    def _crashes_now(self) -> bool:
-        """TEST ONLY: whether the `crash_on` hook fires on this run (always, or once per `crash_once` file)."""
-        if self.crash_once is None:
-            return True
-        if os.path.exists(self.crash_once):
-            return False
-        open(self.crash_once, "w").close()
-        return True
 
     @contextmanager
     def _runs(self, stack: tuple[str, str, str]):
@@ -125,9 +102,6 @@ class WatchedRunner(Runner):
     ):
         switches = Switches(cache_enabled, cache_threshold, compile_enabled)
         with self._runs(self._stack(preset, library, model, switches)):
-            name = preset if isinstance(preset, str) else preset.name
-            if self.crash_on is not None and name == self.crash_on and self._crashes_now():
-                progress = _crash_at_step(progress)
             return super().generate(
                 request,
                 preset,
@@ -180,6 +154,19 @@ def _serve_call(service: DeviceService, conn: Connection, msg: tuple) -> tuple:
         service.runner.call = None
 
 
+def run_hook(spec: str, runner: Runner, service: DeviceService) -> None:
+    """The `worker_hook` setting (STUDIO_WORKER_HOOK): "module:function[:{json}]", called with the worker's runner and
+    service and the JSON's keyword arguments. A hook that cannot be found or read fails the worker's start, said."""
+    module, _, rest = spec.partition(":")
+    name, _, args = rest.partition(":")
+    try:
+        hook = getattr(importlib.import_module(module), name)
+        kwargs = json.loads(args) if args else {}
+    except (ImportError, AttributeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"STUDIO_WORKER_HOOK={spec!r}: {type(e).__name__}: {e} (module:function[:json])") from e
+    hook(runner, service, **kwargs)
+
+
 def serve(conn: Connection, config: WorkerConfig) -> None:
     """The worker's loop: one call at a time until ("stop",) or the app's end closes."""
     install(config.settings)
@@ -191,11 +178,11 @@ def serve(conn: Connection, config: WorkerConfig) -> None:
         model=config.model,
         max_steps=config.max_steps,
         max_side=config.max_side,
-        crash_on=config.crash_on,
-        crash_once=config.crash_once,
     )
     runner.pairing = config.pairing or runner.pairing
-    service = DeviceService(runner, config.probe_threads)
+    service = DeviceService(runner)
+    if config.settings.worker_hook:
+        run_hook(config.settings.worker_hook, runner, service)
     try:
         conn.send(("ready", os.getpid()))
         while True:

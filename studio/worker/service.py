@@ -10,7 +10,6 @@ boundary (protocol.crossing): a user error crosses as itself, anything else as a
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 from studio.bench.bench import BenchReport, run_bench
@@ -31,25 +30,12 @@ from studio.worker.protocol import Device, crossing
 
 
 class DeviceService:
-    """The studio's device work, named calls over one Runner.
-
-    Args:
-        probe_threads: TEST ONLY: remember the OS thread of every transformer call (`info()["torch_threads"]`).
-    """
+    """The studio's device work, named calls over one Runner."""
 
     OPS = ("generate", "matrix", "tune", "warm_up", "export", "resolved", "info", "bench", "doctor_family")
 
-    def __init__(self, runner: Runner, probe_threads: bool = False):
+    def __init__(self, runner: Runner):
         self.runner = runner
-        self._threads: set[int] = set()
-        if probe_threads:
-            import torch
-
-            torch.nn.modules.module.register_module_forward_pre_hook(self._saw)
-
-    def _saw(self, module, args) -> None:
-        if type(module).__name__.endswith("Transformer2DModel"):
-            self._threads.add(threading.get_ident())
 
     # time_limit_s: the request's time limit (a public studio's; Runner.time_limit), None: none.
     def generate(self, request: GenerationRequest, preset=BASE, *, time_limit_s=None, **kwargs) -> RunResult:
@@ -121,7 +107,6 @@ class DeviceService:
             "bases": len(self.runner.bases),
             "bases_size": self.runner.bases.size,
             "device_thread": DEVICE_THREAD._ident,
-            "torch_threads": sorted(self._threads),
         }
 
 
@@ -145,10 +130,10 @@ class InProcess(Device):
     process of its own (a second one inside it would hold a second copy of the model), and in tests over a Runner.
     Every call runs on the process's one device thread."""
 
-    def __init__(self, runner: Runner, probe_threads: bool = False):
+    def __init__(self, runner: Runner):
         super().__init__(runner.model, runner.presets)
         self.runner = runner
-        self.service = DeviceService(runner, probe_threads)
+        self.service = DeviceService(runner)
         self._closed = False
 
     @property
