@@ -12,8 +12,9 @@ import pytest
 from studio.app.limits import PublicGuard, Refused
 from studio.measure.quality import psnr
 from studio.spec import ConfigError
-from studio.spec.lora import LORA_FILE, LoraSpec, parse_loras, shipped_dir, shipped_loras
+from studio.spec.lora import LORA_FILE, LoraSpec, parse_loras
 from studio.spec.presets import preset_from_text
+from studio.spec.profiles import shipped_dir, shipped_loras
 from studio.tiny.lora import SHEET_PROMPTS
 from studio.tiny.scenes import parse_prompt, ring_luminance
 

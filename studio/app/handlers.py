@@ -36,8 +36,8 @@ from studio.report.table import MatrixRow
 from studio.report.text import tune_summary
 from studio.spec import PresetLibrary
 from studio.spec.ask import Ask
-from studio.spec.lora import shipped_loras
 from studio.spec.presets import MAX_PRESET_BYTES, preset_from_text, preset_to_yaml
+from studio.spec.profiles import shipped_loras
 from studio.worker.protocol import Device
 
 CACHE_CHOICES = [("follow preset", "unset"), ("on", "true"), ("off", "false")]

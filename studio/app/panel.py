@@ -8,7 +8,7 @@ import gradio as gr
 from studio.app.forms import RequestPanel
 from studio.app.values import notes_md
 from studio.report import fmt
-from studio.spec.lora import shipped_loras
+from studio.spec.profiles import shipped_loras
 from studio.spec.request import MAX_BATCH
 
 

@@ -1,7 +1,7 @@
 """LoRA adapters on a request, through diffusers' own `load_lora_weights` (peft), hot-swapped into fixed slots.
 
 A bare name (`outline`) is a LoRA shipped with the model that runs (studio/models/tiny/loras for the embedded one),
-resolved here against the pipeline's own model folder (spec.lora.resolve_lora); any other entry is a file, folder
+resolved here against the pipeline's own model folder (spec.profiles.resolve_lora); any other entry is a file, folder
 or Hub id, as diffusers reads it.
 
 Where they go in the stack: on the weights of the run, after the model manager has put the transformer for the
@@ -35,7 +35,7 @@ import os
 
 from studio.engine.state import stack_state
 from studio.spec.checks import ConfigError
-from studio.spec.lora import resolve_lora
+from studio.spec.profiles import resolve_lora
 
 RANK_ENV = "STUDIO_LORA_RANK"
 

@@ -2,8 +2,8 @@
 read from the form or a preset.
 
 A request's `loras` and a preset's `loras` are tuples of LoraSpec; engine.lora loads them (diffusers
-load_lora_weights, a shipped name resolved here against the model that runs), engine.loader fuses a quantized preset's
-own before quantizing.
+load_lora_weights, a shipped name resolved against the model that runs: spec.profiles.resolve_lora, beside what else
+a model ships), engine.loader fuses a quantized preset's own before quantizing.
 """
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
-from studio.spec.checks import ConfigError, Record, fail
+from studio.spec.checks import Record, fail
 
 MAX_LORAS = 4
 # A bare word (no path separator, no dot): the name of a LoRA the model ships, never a file (a folder of that name in
@@ -43,53 +42,9 @@ class LoraSpec(Record):
 
     @property
     def is_name(self) -> bool:
-        """A shipped LoRA's name (NAME), resolved against the model that runs (resolve_lora), not a path."""
+        """A shipped LoRA's name (NAME), resolved against the model that runs (spec.profiles.resolve_lora), not a
+        path."""
         return bool(NAME.fullmatch(self.path))
-
-
-def shipped_dir(model: str | None) -> Path | None:
-    """The folder of the LoRAs shipped with `model`: the embedded model's `loras/` beside its pipeline; None for any
-    other model (none ship LoRAs)."""
-    from studio.spec.profiles import EMBEDDED_DIR, resolve_model  # here: profiles imports request, which imports us
-
-    if Path(resolve_model(model)).resolve() == EMBEDDED_DIR.resolve():
-        return EMBEDDED_DIR.parent / "loras"
-    return None
-
-
-def shipped_loras(model: str | None) -> dict[str, Path]:
-    """name -> weights file of each LoRA shipped with `model` (a folder of its loras/ holding LORA_FILE)."""
-    root = shipped_dir(model)
-    if root is None or not root.is_dir():
-        return {}
-    found = {d.name: d / LORA_FILE for d in sorted(root.iterdir()) if NAME.fullmatch(d.name)}
-    return {name: f for name, f in found.items() if f.is_file()}
-
-
-def resolve_lora(lora: LoraSpec, model: str | None) -> str:
-    """What diffusers loads for `lora` on `model`: a shipped name's weights file, a path or Hub id as given; a name
-    the model does not ship is refused with the names it does."""
-    if not lora.is_name:
-        return lora.path
-    shipped = shipped_loras(model)
-    if lora.path in shipped:
-        return str(shipped[lora.path])
-    if shipped:
-        has = f"the LoRAs shipped with it are {', '.join(shipped)}"
-    else:
-        theirs = ", ".join(shipped_loras(None))
-        has = "it ships no LoRAs" + (f" (the embedded model 'tiny' ships {theirs})" if theirs else "")
-    raise ConfigError(
-        f"request.loras: {lora.path!r} is not a LoRA shipped with the model {_model_label(model)}: {has}; a file or "
-        f"folder of your own is a path (./{lora.path}, or a .safetensors file)"
-    )
-
-
-def _model_label(model: str | None) -> str:
-    from studio.spec.profiles import EMBEDDED_DIR, resolve_model
-
-    path = resolve_model(model)
-    return "'tiny' (the embedded one)" if Path(path).resolve() == EMBEDDED_DIR.resolve() else repr(path)
 
 
 def parse_loras(text) -> tuple:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from studio.spec.checks import ConfigError
+from studio.spec.lora import LORA_FILE, NAME, LoraSpec
 from studio.spec.request import GenerationRequest, check_scale
 
 PROFILE_FILE = "studio_profile.json"
@@ -216,3 +217,45 @@ def profile_for(model: str) -> ModelProfile:
         if derived is not None:
             return derived
     return ModelProfile(name=path.name or model)
+
+
+# the LoRAs a model ships -------------------------------------------------------------------------------------------
+def shipped_dir(model: str | None) -> Path | None:
+    """The folder of the LoRAs shipped with `model`: the embedded model's `loras/` beside its pipeline; None for any
+    other model (none ship LoRAs)."""
+    if Path(resolve_model(model)).resolve() == EMBEDDED_DIR.resolve():
+        return EMBEDDED_DIR.parent / "loras"
+    return None
+
+
+def shipped_loras(model: str | None) -> dict[str, Path]:
+    """name -> weights file of each LoRA shipped with `model` (a folder of its loras/ holding LORA_FILE)."""
+    root = shipped_dir(model)
+    if root is None or not root.is_dir():
+        return {}
+    found = {d.name: d / LORA_FILE for d in sorted(root.iterdir()) if NAME.fullmatch(d.name)}
+    return {name: f for name, f in found.items() if f.is_file()}
+
+
+def resolve_lora(lora: LoraSpec, model: str | None) -> str:
+    """What diffusers loads for `lora` on `model`: a shipped name's weights file, a path or Hub id as given; a name
+    the model does not ship is refused with the names it does."""
+    if not lora.is_name:
+        return lora.path
+    shipped = shipped_loras(model)
+    if lora.path in shipped:
+        return str(shipped[lora.path])
+    if shipped:
+        has = f"the LoRAs shipped with it are {', '.join(shipped)}"
+    else:
+        theirs = ", ".join(shipped_loras(None))
+        has = "it ships no LoRAs" + (f" (the embedded model 'tiny' ships {theirs})" if theirs else "")
+    raise ConfigError(
+        f"request.loras: {lora.path!r} is not a LoRA shipped with the model {_model_label(model)}: {has}; a file or "
+        f"folder of your own is a path (./{lora.path}, or a .safetensors file)"
+    )
+
+
+def _model_label(model: str | None) -> str:
+    path = resolve_model(model)
+    return "'tiny' (the embedded one)" if Path(path).resolve() == EMBEDDED_DIR.resolve() else repr(path)

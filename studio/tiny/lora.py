@@ -9,7 +9,7 @@ learn, by train.py's own flow-matching loop (`train_denoiser`, the transformer a
 scenes drawn in the style (`scenes.render(style=...)`) and encoded by the model's own VAE with its own shift and
 scale (`encode_pool(refit=False)`). Written with diffusers' `save_lora_weights` and the adapter's config, so it
 loads as trained, plus `lora.json` (the command, seed, steps, loss) and a README. The studio offers a folder of
-studio/models/tiny/loras by its name (`--lora outline@0.8`; studio.spec.lora.shipped_loras).
+studio/models/tiny/loras by its name (`--lora outline@0.8`; studio.spec.profiles.shipped_loras).
 
 `sheet`: base and the LoRA side by side on three prompts, through the studio's own engine (Runner, `base`).
 `numbers`: each preset with the LoRA, measured as `python -m studio generate --lora ...` measures it (against `base`
