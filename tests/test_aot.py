@@ -57,7 +57,7 @@ def test_zerogpu_compiles_ahead_of_time_on_the_eager_weights(random_model_dir, s
     assert aot_built(random_model_dir, ("aot", "default", "sdpa"), "float32", (64, 64, 1, None))
     assert not aot_built(random_model_dir, ("aot", "default", "sdpa"), "float32", (64, 64, 2, None))  # another batch
     tr = runner.manager.current.pipe.transformer
-    variant = stack_state(tr).compiled
+    variant = stack_state(tr).compile.running
     assert isinstance(variant, AotVariant) and not variant.pending()
     # warm now: the next run's block calls all go through the packages
     for b in variant.blocks:
@@ -117,7 +117,7 @@ def test_zerogpu_compiles_ahead_of_time_on_the_eager_weights(random_model_dir, s
     two = fresh.generate(
         fresh.request("a red circle", steps=10, num_images_per_prompt=2), "cache-compile32", compare="off"
     )
-    again_variant = stack_state(fresh.manager.current.pipe.transformer).compiled
+    again_variant = stack_state(fresh.manager.current.pipe.transformer).compile.running
     assert not again_variant.pending() and two.metrics.as_dict()["tag"].endswith("+aot")
     assert len(list(aot.glob("*.pt2"))) == 4 and aot_built(
         random_model_dir, ("aot", "default", "sdpa"), "float32", (64, 64, 2, None)

@@ -39,7 +39,7 @@ def test_apply_cache_on_a_bare_transformer_counts_as_cache_dits_list_run_after_r
     spec, bench = SPECS[kind], rg.make_bench("small", STEPS, None, "cpu")
     bare = BareTransformer(rg._build(bench))
     engaged = apply_cache(bare, spec, steps=STEPS)
-    assert engaged.engaged and stack_state(bare.transformer).cache == "cache-dit", engaged
+    assert engaged.engaged and stack_state(bare.transformer).step_cache.backend == "cache-dit", engaged
     runs = []
     for _ in range(2):
         prepare_run(bare, spec, quant="none", steps=STEPS)  # a bare transformer keeps one context: a fresh one

@@ -61,7 +61,7 @@ def test_cache_compile_counts_equal_eager_and_compile_toggles_in_place(runner):
     back = runner.generate(r, "b32")  # the same weights run eagerly again: no reload, no recompile
     assert not back.metrics.reloaded and runner.manager.current.pipe.transformer is tr
     assert np.array_equal(back.image, base.image)
-    assert stack_state(tr).compiled is None and len(stack_state(tr).variants) == 1
+    assert stack_state(tr).compile.running is None and len(stack_state(tr).compile.variants) == 1
 
     again = runner.generate(r, "cc32")
     assert again.metrics.compile_s is None  # the saved compiled blocks were switched back on

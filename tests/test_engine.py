@@ -120,12 +120,12 @@ def test_int8_is_never_stacked_on_int8(runner):
     w_before = lin.weight
     again = apply_quant(pipe, runner.presets.get("int8").quant, compiled=True)  # the preset compiles
     assert again.engaged and "already applied" in again.detail and lin.weight is w_before
-    form = stack_state(pipe.transformer).quant  # what auto picked for this CPU, compiled (test_quant_forms)
+    form = stack_state(pipe.transformer).quantize.mode  # what auto picked for this CPU, compiled (test_quant_forms)
     assert form in ("int8_per_row", "int8_weight_only")
     other = "int8_weight_only" if form == "int8_per_row" else "int8_per_row"
     with pytest.raises(RuntimeError, match="already quantized"):
         apply_quant(pipe, QuantSpec(quant_type=other))
-    assert stack_state(pipe.transformer).quant == form
+    assert stack_state(pipe.transformer).quantize.mode == form
     # embedders and the output head stay in full precision
     assert type(pipe.transformer.x_embedder.weight) is torch.nn.Parameter
     assert type(lin.weight) is not torch.nn.Parameter
@@ -591,7 +591,7 @@ def test_a_first_run_that_fails_eagerly_too_is_not_blamed_on_compile(runner, mon
     real = run.call_pipe
 
     def broken(pipe, request, probe=None):
-        if stack_state(pipe.transformer).cache != "none":  # base (uncached) runs; every cached call fails
+        if stack_state(pipe.transformer).step_cache.backend != "none":  # base (uncached) runs; every cached call fails
             raise MemoryError("pretend: out of memory")
         return real(pipe, request, probe)
 

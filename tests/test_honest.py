@@ -286,7 +286,7 @@ def _stall_base_run(runner, which: int, seconds: float, steps: set | None = None
     seen = {"base_runs": 0, "call": 0, "cached_before": False}
 
     def hook(module, args):
-        uncached = stack_state(module).cache == "none"
+        uncached = stack_state(module).step_cache.backend == "none"
         if uncached and seen["call"] == 0:
             seen["base_runs"] += 1
         seen["call"] = seen["call"] + 1 if uncached else 0

@@ -90,3 +90,53 @@ def test_nothing_below_the_edges_reads_the_settings_record():
                 ):
                     readers.append(f"{p.relative_to(ROOT)}:{node.lineno}")
     assert readers == []
+
+
+# each feature's state record (engine.state) and the modules that apply that feature: its only writers
+OWNERS = {
+    "quantize": {"quantize.py"},
+    "step_cache": {"cache.py"},
+    "compile": {"compile.py", "aot.py"},  # (aot: compile's ahead-of-time form)
+    "lora": {"lora.py"},
+    "offloading": {"offload.py", "streams.py"},  # (streams: what a block-streaming regime moves)
+    "workers": {"parallel.py"},
+}
+MUTATORS = {"add", "append", "clear", "pop", "update", "reset", "setdefault"}
+
+
+def _written_records(tree: ast.AST) -> list[tuple[str, int]]:
+    """(record, line) of every write to a StackState record (`state.<record>...` or `stack_state(...).<record>...`):
+    an assignment to it or under it, or a mutating call on it."""
+    chains = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            chains += [(t, node.lineno) for t in node.targets]
+        elif isinstance(node, ast.AugAssign):
+            chains.append((node.target, node.lineno))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
+            chains.append((node.func.value, node.lineno))
+    out = []
+    for target, line in chains:
+        for t in ast.walk(target) if isinstance(target, ast.Tuple) else [target]:
+            attrs = []
+            while isinstance(t, (ast.Attribute, ast.Subscript)):
+                if isinstance(t, ast.Attribute):
+                    attrs.append(t.attr)
+                t = t.value
+            rooted = (isinstance(t, ast.Name) and t.id == "state") or (
+                isinstance(t, ast.Call) and getattr(t.func, "id", "") == "stack_state"
+            )
+            if rooted and attrs and attrs[-1] in OWNERS:
+                out.append((attrs[-1], line))
+    return out
+
+
+def test_each_state_record_is_written_only_by_the_module_that_applies_it():
+    strays = []
+    for p in (PKG / "engine").glob("*.py"):
+        for record, line in _written_records(ast.parse(p.read_text())):
+            if p.name not in OWNERS[record]:
+                strays.append(f"{p.name}:{line} writes {record}")
+    assert strays == []
+    seen = {r for p in (PKG / "engine").glob("*.py") for r, _ in _written_records(ast.parse(p.read_text()))}
+    assert seen == set(OWNERS)  # the check sees every record's writes (it would pass vacuously otherwise)

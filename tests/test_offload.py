@@ -91,7 +91,7 @@ def test_group_and_layerwise_offload_give_resident_pixels_and_cached_steps_and_s
         assert line(m, "offload:").startswith(f"offload: {policy} (") and "nothing crosses a bus" in line(
             m, "offload:"
         )
-        assert stack_state(tr).offload == policy
+        assert stack_state(tr).offloading.regime == policy
         # the regime's first call (the warm-up's step 0, where diffusers' streams trace their order) ran every block
         assert stream_report(tr)["first_call_full"]
         stream_begin(tr)  # the next run alone: warm already, one timed run
@@ -129,7 +129,7 @@ def test_switching_regimes_on_a_loaded_pipeline_removes_the_previous_hooks(runne
         assert np.array_equal(image, first) and m.cached_step_indices == m0.cached_step_indices, name
         assert runner.manager.current.pipe.transformer is tr and not m.reloaded
     state = stack_state(tr)
-    assert state.offload == "none" and state.stream is None and hooks_gone(tr)
+    assert state.offloading.regime == "none" and state.offloading.stream is None and hooks_gone(tr)
     # cache-dit's forward (the cache is on) wraps the model's own, not a leftover of diffusers' group hooks
     assert "<locals>" not in tr._original_forward.__func__.__qualname__  # (cache-dit's FLUX patch functor)
     assert {p.device.type for p in tr.parameters()} == {"cpu"}
@@ -167,7 +167,7 @@ def test_layerwise_offload_without_pinned_memory_falls_back_with_the_reason(runn
     image, m = run(runner, "b-layer")
     assert np.array_equal(image, base)
     assert any(x.startswith("offload: layerwise_offload: needs pinned host memory") for x in m.fallbacks)
-    assert stack_state(runner.manager.current.pipe.transformer).offload == "none"
+    assert stack_state(runner.manager.current.pipe.transformer).offloading.regime == "none"
 
 
 def test_model_cpu_offload_falls_back_on_the_cpu_and_the_vae_switch_engages(runner):
@@ -189,7 +189,7 @@ def test_auto_on_the_cpu_runs_resident_and_says_why(runner):
     image, m = run(runner, "auto")
     assert np.array_equal(image, base)
     assert "offload: auto: none (cpu: the weights are already in host memory)" in m.engaged
-    assert stack_state(runner.manager.current.pipe.transformer).offload == "none"
+    assert stack_state(runner.manager.current.pipe.transformer).offloading.regime == "none"
 
 
 def test_auto_picks_the_fastest_regime_that_fits_the_free_memory(runner, monkeypatch):
@@ -216,7 +216,7 @@ def test_whole_model_compile_is_refused_under_a_block_streaming_regime(runner):
     assert np.array_equal(image, base)
     text = line(m, "compile:")
     assert text in m.fallbacks and "whole-transformer graph would hold group_offload's weight moves" in text
-    assert stack_state(runner.manager.current.pipe.transformer).compiled is None
+    assert stack_state(runner.manager.current.pipe.transformer).compile.running is None
 
 
 @pytest.mark.slow

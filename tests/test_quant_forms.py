@@ -90,7 +90,7 @@ def test_each_8bit_form_engages_or_falls_back_with_its_reason_on_the_cpu(runner)
         tr = runner.manager.current.pipe.transformer
         lin = tr.transformer_blocks[0].attn.to_q
         if form == "float8_per_row":
-            assert stack_state(tr).quant == "none" and type(lin.weight) is torch.nn.Parameter
+            assert stack_state(tr).quantize.mode == "none" and type(lin.weight) is torch.nn.Parameter
             assert any(
                 "float8_per_row: float8 matmuls need a CUDA GPU of sm89 or newer; this is cpu, using full "
                 "precision" in f
@@ -98,7 +98,7 @@ def test_each_8bit_form_engages_or_falls_back_with_its_reason_on_the_cpu(runner)
             ), res.metrics.fallbacks
             assert (res.image == res.base_image).all()
         else:
-            assert stack_state(tr).quant == form and type(lin.weight).__name__ == "Int8Tensor"
+            assert stack_state(tr).quantize.mode == form and type(lin.weight).__name__ == "Int8Tensor"
             line = next(x for x in res.metrics.engaged if x.startswith("quantize:"))
             assert line.startswith(f"quantize: torchao {form} ") and f"{form} as the preset names it" in line
             assert (EAGER_NOTE in line) == (form == "int8_per_row")
@@ -118,7 +118,7 @@ def test_the_int8_preset_runs_this_cpus_form_compiled_and_says_why(runner):
     line = next(x for x in m.engaged if x.startswith("quantize:"))
     assert line.startswith(f"quantize: torchao {want} ") and "auto: cpu" in line and "compiled" in line, line
     assert any(x.startswith("compile: regional") for x in m.engaged), m.fallbacks
-    assert stack_state(runner.manager.current.pipe.transformer).quant == want
+    assert stack_state(runner.manager.current.pipe.transformer).quantize.mode == want
     assert m.psnr_db > 25
     eager = runner.generate(req(), "int8", compile_enabled=False)
     line = next(x for x in eager.metrics.engaged if x.startswith("quantize:"))

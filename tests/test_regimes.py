@@ -139,7 +139,7 @@ def test_a_failing_row_costs_that_row_only(monkeypatch):
     bench, loop = rg.make_bench("small", STEPS, None, "cpu"), rg._loop
 
     def loop_or_oom(tr, inputs, steps, device, dtype):
-        if stack_state(tr).cache == "cache-dit":
+        if stack_state(tr).step_cache.backend == "cache-dit":
             raise RuntimeError("CUDA out of memory (planted)")
         return loop(tr, inputs, steps, device, dtype)
 

@@ -247,7 +247,7 @@ def _time(bare, preset, regime: str, bench: Bench, row: RegimeRow) -> None:
     from studio.measure.memory import MemoryProbe
 
     tr, spec = bare.transformer, preset.cache_config
-    quant = stack_state(tr).quant
+    quant = stack_state(tr).quantize.mode
     inputs = _flux_inputs(bench.transformer, bench.tokens, bench.text, bench.device, bench.dtype)
     t0 = time.perf_counter()
     prepare_run(bare, spec, quant=quant, steps=bench.warmup_steps)

@@ -46,13 +46,13 @@ def refusal(tr, spec) -> str | None:
         return f"per block, and {type(tr).__name__} has no _repeated_blocks"
     if not spec.regional:
         return "per block: set compile.regional: true"
-    if state.quant != "none":
-        return f"not under 8-bit quantization ({state.quant}: torchao's weights are not plain constants)"
-    if state.loras or state.fused:
+    if state.quantize.mode != "none":
+        return f"not under 8-bit quantization ({state.quantize.mode}: torchao's weights are not plain constants)"
+    if state.lora.slots or state.lora.fused:
         return NO_LORA
-    if state.offload != "none":
-        return f"not under {state.offload} (the weights move between calls; a package reads them in place)"
-    if state.cache == "fbcache":
+    if state.offloading.regime != "none":
+        return f"not under {state.offloading.regime} (the weights move between calls; a package reads them in place)"
+    if state.step_cache.backend == "fbcache":
         return "not under First-Block-Cache (its hook replaces the blocks' forward, which a package would skip)"
     return None
 
@@ -230,14 +230,14 @@ def aot_variant(tr, spec) -> AotVariant:
     """The transformer's ahead-of-time variant for `spec` (a CompileSpec), made once per process."""
     state = stack_state(tr)
     key = variant_key(tr, spec)
-    variant = state.variants.get(key)
+    variant = state.compile.variants.get(key)
     if variant is None:
         store = Store(mode=spec.mode, attention=key[2])
         blocks = [AotBlock(m, store) for m in tr.modules() if type(m).__name__ in tr._repeated_blocks]
         impls = [(b.block, "_compiled_call_impl", b, None) for b in blocks]
         how = f"ahead-of-time (AOTInductor packages reading the eager weights; {', '.join(tr._repeated_blocks)})"
         variant = AotVariant(key, False, False, how, impls, blocks=blocks)
-        state.variants[key] = variant
+        state.compile.variants[key] = variant
     return variant
 
 

@@ -59,13 +59,13 @@ class CacheReport:
 def remove_cache(pipe) -> None:
     """Turn off whatever step cache is engaged; afterwards the pipeline computes every block again."""
     state = stack_state(pipe.transformer)
-    if state.cache == "cache-dit":
+    if state.step_cache.backend == "cache-dit":
         import cache_dit
 
         cache_dit.disable_cache(_cache_dit_target(pipe))
-    elif state.cache == "fbcache":
+    elif state.step_cache.backend == "fbcache":
         pipe.transformer.disable_cache()
-    state.cache = "none"
+    state.step_cache.reset()
     state.counter.state_reader = None
 
 
@@ -109,7 +109,7 @@ def apply_cache(
             False,
             f"cache: transformer blocks not recognised by cache-dit ({type(e).__name__}), running uncached",
         )
-    stack_state(pipe.transformer).cache = "cache-dit"
+    stack_state(pipe.transformer).step_cache.backend = "cache-dit"
     return Engaged(
         "cache",
         spec.backend,
@@ -144,7 +144,7 @@ def _apply_fbcache(pipe, threshold: float, src: str) -> Engaged:
             f"cache: First-Block-Cache not supported by {type(tr).__name__} ({e}), running uncached",
         )
     state = stack_state(tr)
-    state.cache = "fbcache"
+    state.step_cache.backend = "fbcache"
     state.counter.state_reader = _fbcache_reader(tr)
     detail = f"cache: diffusers First-Block-Cache R{threshold:g} ({src})"
     return Engaged("cache", "fbcache", True, detail, f"FBCache_R{threshold:g}")
@@ -168,7 +168,7 @@ def prepare_run(pipe, spec: CacheSpec, *, quant: str, steps: int, separate_cfg: 
     """Per-run refresh: a step mask is sized to this run's step count; a bare transformer's context starts afresh
     (its counts would pile up across runs, and each run would start from the last one's residuals)."""
     bare = isinstance(pipe, BareTransformer)
-    if stack_state(pipe.transformer).cache == "cache-dit" and (spec.has_mask or bare):
+    if stack_state(pipe.transformer).step_cache.backend == "cache-dit" and (spec.has_mask or bare):
         import cache_dit
 
         cfgs = cache_dit_configs(spec, quant=quant, steps=steps, separate_cfg=separate_cfg)
@@ -177,7 +177,7 @@ def prepare_run(pipe, spec: CacheSpec, *, quant: str, steps: int, separate_cfg: 
 
 def read_report(pipe, spec: CacheSpec, quant: str) -> CacheReport:
     """Read the cache backend's own account of the last run."""
-    backend = stack_state(pipe.transformer).cache
+    backend = stack_state(pipe.transformer).step_cache.backend
     if backend == "none":
         return CacheReport()
     threshold = spec.effective_threshold(quant)

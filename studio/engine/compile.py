@@ -55,7 +55,7 @@ def variant_key(tr, spec: CompileSpec, fullgraph: bool) -> tuple:
     may have patched: it is keyed by the engaged cache too."""
     whole = not (spec.regional and getattr(tr, "_repeated_blocks", None))
     key = (spec.mode, fullgraph, spec.dynamic, spec.regional)
-    return key + (stack_state(tr).cache,) if whole else key
+    return key + (stack_state(tr).step_cache.backend,) if whole else key
 
 
 def first_run_or_eager(tr, stack, run):
@@ -73,7 +73,7 @@ def first_run_or_eager(tr, stack, run):
         raise
     except Exception as error:  # re-raised below unless the eager run shows it was compile's
         state = stack_state(tr)
-        variant = state.compiled
+        variant = state.compile.running
         if variant is None:
             raise
         uncompile(tr)
@@ -83,8 +83,8 @@ def first_run_or_eager(tr, stack, run):
             _switch_on(tr, variant)
             raise error from None
         reason = f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
-        state.compile_failed[variant.key] = reason
-        state.variants.pop(variant.key, None)
+        state.compile.failed[variant.key] = reason
+        state.compile.variants.pop(variant.key, None)
         stack.ran_eagerly(failed_to_compile(reason))
         return out
 
@@ -96,10 +96,10 @@ def failed_to_compile(reason: str) -> Engaged:
 def uncompile(tr) -> None:
     """Run eagerly from now on; the compiled variant stays saved for the next time it is asked for."""
     state = stack_state(tr)
-    if state.compiled is not None:
-        for module, attr, _, eager in state.compiled.impls:
+    if state.compile.running is not None:
+        for module, attr, _, eager in state.compile.running.impls:
             _set(module, attr, eager)
-        state.compiled = None
+        state.compile.running = None
     state.counter.see_blocks(True)
 
 
@@ -112,7 +112,7 @@ RECOMPILE_LIMIT = 64
 
 def int8pack_risks(tr) -> list[str]:
     """The INT8 Linear layers whose matmul Inductor would hand to the CPU kernel that crashes on them."""
-    if stack_state(tr).quant != "int8_weight_only":  # dynamic-activation forms go to _int_mm, not int8pack
+    if stack_state(tr).quantize.mode != "int8_weight_only":  # dynamic-activation forms go to _int_mm, not int8pack
         return []
     from studio.engine.int8pack import at_risk_layers
 
@@ -136,7 +136,7 @@ def _activate(tr, spec: CompileSpec, fullgraph: bool, guard: bool) -> CompiledVa
     state = stack_state(tr)
     state.counter.see_blocks(False)  # before any graph is traced or switched back on
     key = variant_key(tr, spec, fullgraph)
-    variant = state.variants.get(key)
+    variant = state.compile.variants.get(key)
     if variant is None:
         kwargs = {
             "fullgraph": fullgraph,
@@ -150,7 +150,7 @@ def _activate(tr, spec: CompileSpec, fullgraph: bool, guard: bool) -> CompiledVa
         impls, whole = _compile_impls(tr, spec, kwargs)
         how = "whole transformer" if whole else f"regional ({', '.join(tr._repeated_blocks)})"
         variant = CompiledVariant(key, fullgraph, whole, how, impls)
-        state.variants[variant.key] = variant
+        state.compile.variants[variant.key] = variant
     _switch_on(tr, variant)  # (a new regional variant already is)
     return variant
 
@@ -162,7 +162,7 @@ def _ahead_of_time(tr, spec: CompileSpec) -> Engaged:
     why = refusal(tr, spec)
     if why is not None:
         return Engaged("compile", "on", False, ZEROGPU_COMPILE.format(why=why))
-    failed = stack_state(tr).compile_failed.get(variant_key(tr, spec))
+    failed = stack_state(tr).compile.failed.get(variant_key(tr, spec))
     if failed:
         return failed_to_compile(failed)
     variant = aot_variant(tr, spec)
@@ -176,7 +176,7 @@ def after_loras(tr, stack) -> None:
     from studio.engine.aot import NO_LORA, AotVariant
 
     state = stack_state(tr)
-    if isinstance(state.compiled, AotVariant) and (state.loras or state.fused):
+    if isinstance(state.compile.running, AotVariant) and (state.lora.slots or state.lora.fused):
         uncompile(tr)
         stack.ran_eagerly(Engaged("compile", "on", False, ZEROGPU_COMPILE.format(why=NO_LORA)))
 
@@ -185,8 +185,8 @@ def finish_first_run(tr) -> None:
     """After a stack's warm-up run: what its compiled form builds from that run (engine.aot's packages), now, so
     that a failure is caught by first_run_or_eager as the first run's."""
     state = stack_state(tr)
-    if state.compiled is not None:
-        state.compiled.finish()
+    if state.compile.running is not None:
+        state.compile.running.finish()
 
 
 def _switch_on(tr, variant: CompiledVariant) -> None:
@@ -195,7 +195,7 @@ def _switch_on(tr, variant: CompiledVariant) -> None:
     variant.switched_on()
     state = stack_state(tr)
     state.counter.see_blocks(False)
-    state.compiled = variant  # counts now come from the cache backend's own record
+    state.compile.running = variant  # counts now come from the cache backend's own record
 
 
 def compiles(spec: CompileSpec, offload=None) -> bool:
@@ -232,7 +232,7 @@ def apply_compile(pipe, spec: CompileSpec, *, cache_engaged: bool) -> Engaged:
             "running eager",
         )
     fullgraph = spec.effective_fullgraph(cache_engaged)
-    failed = stack_state(tr).compile_failed.get(variant_key(tr, spec, fullgraph))
+    failed = stack_state(tr).compile.failed.get(variant_key(tr, spec, fullgraph))
     if failed:
         return failed_to_compile(failed)
     note = " (fullgraph off: a step cache is engaged)" if cache_engaged and spec.fullgraph is not False else ""

@@ -28,17 +28,9 @@ from studio.engine.cache import remove_cache
 from studio.engine.compile import compiles
 from studio.engine.device import DtypeChoice, default_device, resolve_dtype
 from studio.engine.lora import fuse_loras
+from studio.engine.offload import placed_for
 from studio.engine.parallel import remove_parallel
-from studio.engine.placement import (
-    RUN_DEVICE_ATTR,
-    Plan,
-    decide,
-    describe,
-    device_bytes,
-    free_memory,
-    gib,
-    margin_bytes,
-)
+from studio.engine.placement import Plan, decide, describe, device_bytes, free_memory, gib, margin_bytes
 from studio.engine.quantize import quant_form
 from studio.engine.sizes import ModelSizes, read_sizes, sizes_of_pipe
 from studio.engine.stack import AppliedStack, apply_preset
@@ -211,7 +203,7 @@ class ModelManager:
         self.unload()
         if plan.resident:
             pipe.to(self.device)
-        setattr(pipe.transformer, RUN_DEVICE_ATTR, str(self.device))  # a host-loaded model still runs there
+        placed_for(pipe.transformer, self.device)  # a host-loaded model still runs there
         cur = Loaded(model or "tiny", source, pipe, dtype)
         cur.active = (dtype.name, QuantSpec(), ())
         cur.variants[cur.active] = Variant(pipe.transformer)
@@ -287,7 +279,7 @@ class ModelManager:
             new = cls.from_pretrained(cur.source, subfolder="transformer", dtype=dtype.torch, use_safetensors=True)
         except Exception as e:
             raise ModelLoadError(f"could not reload transformer of {cur.source!r}: {e}") from e
-        setattr(new, RUN_DEVICE_ATTR, str(self.device))
+        placed_for(new, self.device)
         return new.to(self.device) if resident else new
 
     def _switch_variant(self, cur: Loaded, key: tuple, on_status, resident: bool = True) -> bool:
@@ -371,8 +363,8 @@ class ModelManager:
             )
             if stack.workers is None:  # parallel workers leave the main process's own stack as it was
                 variant.stack = stack
-                cur.cache_on = pipe if stack_state(pipe.transformer).cache != "none" else None
-                ran = stack_state(pipe.transformer).offload
+                cur.cache_on = pipe if stack_state(pipe.transformer).step_cache.backend != "none" else None
+                ran = stack_state(pipe.transformer).offloading.regime
                 cur.placement = describe(pipe, ran, preset.offload_config, self.device, sizes_of_pipe(pipe), plan)
             return pipe, stack, fresh or loaded
 

@@ -9,7 +9,7 @@ preset's dtype and quantization in place and applied the preset (quantize, cache
 call. The adapters live inside the blocks' Linear layers, which a step cache runs or skips whole.
 
 Slots, so that switching never reloads the base weights and never recompiles: the transformer holds adapters `lora0`,
-`lora1`, ... (engine.state.StackState.loras: the file in each). A request's i-th LoRA goes into slot i, hot-swapped
+`lora1`, ... (engine.state.LoraState.slots: the file in each). A request's i-th LoRA goes into slot i, hot-swapped
 there (`load_lora_weights(..., hotswap=True)`: its weights copied into the slot's tensors) when the slot holds another
 file. `enable_lora_hotswap` is called before the first adapter, so every slot is padded to one rank (the lora_rank
 setting) and its scale is a tensor: a compiled block traced with the slots sees new values in the same tensors and does
@@ -18,7 +18,7 @@ slot's own scale at 1 (what the load set), because peft's set_scale keeps the fi
 float. A slot the request does not use is at scale 0 under compile (the same graph) and the adapters are disabled for
 an eager run without LoRA (the base weights exactly). Only a new slot (more LoRAs than ever before on these weights)
 changes the modules, and so does a failed load (every slot is dropped): the next run is a warm-up again
-(engine.run.warm keys by StackState.lora_modules).
+(engine.run.warm keys by LoraState.modules).
 
 What is refused, with the reason, rather than run wrong:
 - a request's LoRA on quantized weights: an unfused LoRA beside INT8 weights is not what a fused-then-quantized
@@ -133,15 +133,13 @@ def _reset(pipe, state) -> None:
     """After a failed load (diffusers deletes a slot whose swap failed): every adapter off these weights, and the
     slots start again with the next LoRA; the modules changed, so the next run warms up again."""
     pipe.unload_lora_weights()
-    state.loras.clear()
-    state.lora_units.clear()
-    state.lora_modules += 1
+    state.lora.reset()
 
 
 def _fill(pipe, tr, state, wanted, rank: int) -> bool:
     """Put each wanted LoRA in its slot (hot-swapped into a slot that holds another) of rank `rank`; True when a
     slot was added."""
-    slots, added = state.loras, False
+    slots, added = state.lora.slots, False
     for i, lora in enumerate(wanted):
         slot = f"lora{i}"
         if i < len(slots) and slots[i] == lora.path:
@@ -163,8 +161,8 @@ def _fill(pipe, tr, state, wanted, rank: int) -> bool:
         else:
             slots.append(lora.path)
             added = True
-            state.lora_modules += 1
-        _note_unit_scales(tr, slot, state.lora_units)
+            state.lora.modules += 1
+        _note_unit_scales(tr, slot, state.lora.units)
     return added
 
 
@@ -173,21 +171,21 @@ def apply_loras(pipe, request, rank: int) -> None:
     hot-swap slot's (the `lora_rank` setting, STUDIO_LORA_RANK)."""
     tr = pipe.transformer
     state = stack_state(tr)
-    fused = {lo.path for lo in state.fused}
+    fused = {lo.path for lo in state.lora.fused}
     wanted = [lo for lo in request.loras if lo.path not in fused]
-    if not state.loras and not wanted:
+    if not state.lora.slots and not wanted:
         return
     added = _fill(pipe, tr, state, wanted, rank)
-    names = [f"lora{i}" for i in range(len(state.loras))]
+    names = [f"lora{i}" for i in range(len(state.lora.slots))]
     if added:
         pipe.set_adapters(names)  # every slot active, always: the same active list for every graph
-    if not wanted and state.compiled is None:
+    if not wanted and state.compile.running is None:
         pipe.disable_lora()  # eager and no LoRA: the base weights exactly, without the adapters' matmuls
         return
     pipe.enable_lora()
     scales = {n: 0.0 for n in names}
     scales.update({f"lora{i}": lo.scale for i, lo in enumerate(wanted)})
-    _set_scales(tr, scales, state.lora_units)
+    _set_scales(tr, scales, state.lora.units)
 
 
 def fuse_loras(pipe, loras: tuple) -> None:
@@ -201,18 +199,18 @@ def fuse_loras(pipe, loras: tuple) -> None:
     pipe.set_adapters(names, adapter_weights=[lo.scale for lo in loras])
     pipe.fuse_lora(adapter_names=names)
     pipe.unload_lora_weights()
-    stack_state(pipe.transformer).fused = tuple(loras)
+    stack_state(pipe.transformer).lora.fused = tuple(loras)
 
 
 def lora_lines(request, state) -> list[str]:
     """The run's adapters, in words (the card's `engaged`); `state` is the StackState of the transformer that ran."""
-    fused = {lo.path for lo in state.fused}
+    fused = {lo.path for lo in state.lora.fused}
     out = []
     for lo in request.loras:
         how = "fused into the weights before quantization" if lo.path in fused else "hot-swap slot, peft"
         shipped = "shipped with the model; " if lo.is_name else ""
         out.append(f"lora: {lo.path} at {lo.scale:g} ({shipped}diffusers load_lora_weights, {how})")
-    idle = len(state.loras) - len([lo for lo in request.loras if lo.path not in fused])
-    if idle > 0 and state.compiled is not None:
+    idle = len(state.lora.slots) - len([lo for lo in request.loras if lo.path not in fused])
+    if idle > 0 and state.compile.running is not None:
         out.append(f"lora: {idle} hot-swap slot(s) held at scale 0 (the compiled graphs keep them: no recompile)")
     return out

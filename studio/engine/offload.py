@@ -23,7 +23,6 @@ from studio.engine.compile import apply_compile, uncompile
 from studio.engine.placement import (
     FALLBACK_MARGIN,
     HOST,
-    RUN_DEVICE_ATTR,
     decide,
     device_bytes,
     free_memory,
@@ -62,15 +61,20 @@ def _groups(tr) -> list:
     return list(out.values())
 
 
+def placed_for(transformer, device) -> None:
+    """The loader placed `transformer` for `device`: its pipeline computes there, wherever its weights wait (a model
+    loaded on the host for an offload regime)."""
+    stack_state(transformer).offloading.run_device = str(device)
+
+
 def run_device(pipe) -> torch.device:
-    """The device the pipeline computes on: the one the loader placed it for (engine.placement marks its transformers:
-    a model loaded on the host for an offload regime waits there), else where its weights say."""
-    marked = getattr(pipe.transformer, RUN_DEVICE_ATTR, None)
-    if marked is not None:
-        return torch.device(marked)
+    """The device the pipeline computes on: the one the loader placed it for (placed_for), else where its weights
+    say."""
     state = stack_state(pipe.transformer)
-    if state.offload_key is not None and state.offload != "none":
-        return torch.device(state.offload_key[1])
+    if state.offloading.run_device is not None:
+        return torch.device(state.offloading.run_device)
+    if state.offloading.key is not None and state.offloading.regime != "none":
+        return torch.device(state.offloading.key[1])
     offloaded_to = getattr(pipe, "_offload_device", None)  # accelerate's model offload (a task pipe shares hooks)
     if offloaded_to is not None and _model_offloaded(pipe):
         return torch.device(offloaded_to)
@@ -86,10 +90,9 @@ def remove_offload(pipe, device) -> None:
 
     tr = pipe.transformer
     state = stack_state(tr)
-    if state.stream is not None:
-        for h in state.stream.handles:
+    if state.offloading.stream is not None:
+        for h in state.offloading.stream.handles:
             h.remove()
-        state.stream = None
     moved = False
     if _groups(tr):
         registry = HookRegistry.check_if_exists_or_initialize(tr)
@@ -104,14 +107,14 @@ def remove_offload(pipe, device) -> None:
     if _model_offloaded(pipe):
         pipe.remove_all_hooks()
         pipe.to(device)
-    state.offload, state.offload_key = "none", None
+    state.offloading.reset()  # (the stream's counting hooks are off above; the loader's run device stays)
 
 
 def offload_changed(pipe, spec: OffloadSpec, device) -> bool:
     """Whether `spec` must be (re)applied: another spec or device than the regime on this transformer, or a pipeline
     setting (the VAE's, accelerate's hooks) that another transformer variant's stack changed since."""
     state = stack_state(pipe.transformer)
-    if state.offload_key != (spec, str(device)):
+    if state.offloading.key != (spec, str(device)):
         return True
     vae = getattr(pipe, "vae", None)
     if vae is not None and _vae_flags(vae, spec) != (
@@ -119,13 +122,13 @@ def offload_changed(pipe, spec: OffloadSpec, device) -> bool:
         getattr(vae, "use_slicing", False),
     ):
         return True
-    return (state.offload == "model_cpu_offload") != _model_offloaded(pipe)
+    return (state.offloading.regime == "model_cpu_offload") != _model_offloaded(pipe)
 
 
 def rewraps_with_cache(pipe) -> bool:
     """Whether a change of the step cache must re-apply the regime too: cache-dit's disable_cache puts back the
     forward it wrapped, which under accelerate's model offload is the one without accelerate's hook."""
-    return stack_state(pipe.transformer).offload == "model_cpu_offload"
+    return stack_state(pipe.transformer).offloading.regime == "model_cpu_offload"
 
 
 def _vae_flags(vae, spec: OffloadSpec) -> tuple[bool, bool]:
@@ -316,7 +319,7 @@ def apply_offload(pipe, spec: OffloadSpec, device, budget: float | None = None) 
     place(pipe, ran_policy, device)
     vae_ok, vae_notes = _apply_vae(pipe, spec)
     state = stack_state(pipe.transformer)
-    state.offload, state.offload_key = ran_policy, (spec, str(device))
+    state.offloading.regime, state.offloading.key = ran_policy, (spec, str(device))
     head = f"auto: {text} ({why})" if spec.policy == "auto" else text
     if not ok:
         head += "; weights resident"
@@ -345,7 +348,7 @@ def compile_under_offload(pipe, spec: CompileSpec, *, cache_engaged: bool) -> En
     around them (measured: fullgraph=True fails, "Skip inlining torch.compiler.disable()d function
     ModuleGroup.onload_"; fullgraph=False compiles and matches eager within 2e-6), never a whole-transformer graph."""
     state = stack_state(pipe.transformer)
-    if state.offload not in STREAMING or not spec.enabled:
+    if state.offloading.regime not in STREAMING or not spec.enabled:
         return apply_compile(pipe, spec, cache_engaged=cache_engaged)
     if not (spec.regional and getattr(pipe.transformer, "_repeated_blocks", None)):
         uncompile(pipe.transformer)
@@ -353,14 +356,16 @@ def compile_under_offload(pipe, spec: CompileSpec, *, cache_engaged: bool) -> En
             "compile",
             "on",
             False,
-            f"compile: skipped, a whole-transformer graph would hold {state.offload}'s weight moves, which both "
-            "libraries keep out of graphs (torch.compiler.disable); set compile.regional: true on a model with "
+            f"compile: skipped, a whole-transformer graph would hold {state.offloading.regime}'s weight moves, which "
+            "both libraries keep out of graphs (torch.compiler.disable); set compile.regional: true on a model with "
             "repeated blocks; running eager",
         )
-    if state.offload == "group_offload" and state.quant != "none":
+    if state.offloading.regime == "group_offload" and state.quantize.mode != "none":
         uncompile(pipe.transformer)
         return Engaged("compile", "on", False, f"compile: skipped, {QUANT_UNDER_GROUP}; running eager")
     out = apply_compile(pipe, replace(spec, fullgraph=False), cache_engaged=cache_engaged)
     if out.engaged and spec.fullgraph is not False and not cache_engaged:
-        out = replace(out, detail=out.detail + f" (fullgraph off: {state.offload} moves weights between graphs)")
+        out = replace(
+            out, detail=f"{out.detail} (fullgraph off: {state.offloading.regime} moves weights between graphs)"
+        )
     return out

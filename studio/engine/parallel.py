@@ -101,15 +101,15 @@ def actors(pipe) -> list:
 
 def workers(pipe) -> ParallelState | None:
     """The parallel workers running `pipe`'s model now, or None (the one answer to "do workers run?")."""
-    return stack_state(pipe.transformer).parallel
+    return stack_state(pipe.transformer).workers.running
 
 
 def remove_parallel(pipe) -> None:
     """Stop the workers (and a Ray runtime the engine started). A worker that died is killed rather than asked."""
     state = stack_state(pipe.transformer)
-    if state.parallel is None:
+    if state.workers.running is None:
         return
-    shell = state.parallel.proxy
+    shell = state.workers.running.proxy
     from cache_dit.ray.wrapper import disable_ray_pipeline_parallelism
 
     try:
@@ -118,7 +118,7 @@ def remove_parallel(pipe) -> None:
     except Exception as e:  # a dead actor cannot answer shutdown(): kill what is left
         log.warning("stopping parallel workers: %s", e)
         _force_stop(shell)
-    state.parallel = None
+    state.workers.reset()
 
 
 def _force_stop(shell) -> None:
@@ -192,7 +192,7 @@ def apply_parallel(pipe, preset: Preset, *, source: str, steps, separate_cfg: bo
     cache_dit.enable_cache(shell, cache_config=cache_cfg, calibrator_config=cal, parallelism_config=pc)
     where = ray.get([a.__ray_call__.remote(remote.install) for a in actors(shell)])
     state = stack_state(tr)
-    state.parallel_starts += 1
+    state.workers.starts += 1
     info = {
         "kind": label,
         "world_size": spec.world_size,
@@ -207,14 +207,14 @@ def apply_parallel(pipe, preset: Preset, *, source: str, steps, separate_cfg: bo
         detail += f"; step cache inside the workers: cache-dit {preset.cache_config.label()}"
     if attn_note:
         detail += f"; {attn_note}"
-    state.parallel = ParallelState(
+    state.workers.running = ParallelState(
         runs=wanted(preset, steps, separate_cfg),
         proxy=shell,
         info=info,
         engaged=Engaged("parallel", label, True, detail, label),
-        generation=state.parallel_starts,
+        generation=state.workers.starts,
     )
-    return state.parallel
+    return state.workers.running
 
 
 def wanted(preset: Preset, steps, separate_cfg: bool) -> tuple | None:

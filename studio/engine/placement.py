@@ -27,7 +27,6 @@ from studio.spec.offload import AUTO_ORDER, OffloadSpec
 GIB = 2**30
 HOST = torch.device("cpu")
 BUDGET_ENV = "STUDIO_DEVICE_MEMORY_GB"
-RUN_DEVICE_ATTR = "_studio_run_device"  # on a transformer the loader placed: the device its pipeline computes on
 # Where the model's configs cannot be read: the peak over the weights of a FLUX-size pipeline at 1024x1024 (its VAE
 # decode: 128-512-channel feature maps at full resolution, two or three alive in one conv) plus the CUDA allocator's
 # slack (engine.offload keeps the name: ACTIVATION_MARGIN).

@@ -96,7 +96,7 @@ def exported_quant(preset, device: torch.device) -> str | None:
 
 
 def quantized_mode(transformer) -> str:
-    return stack_state(transformer).quant
+    return stack_state(transformer).quantize.mode
 
 
 def apply_quant(pipe, spec: QuantSpec, compiled: bool = False) -> Engaged:
@@ -134,7 +134,7 @@ def apply_quant(pipe, spec: QuantSpec, compiled: bool = False) -> Engaged:
     ]
     chosen = set(names)
     quantize_(tr, _torchao_config(form), filter_fn=lambda m, fqn: fqn in chosen)
-    stack_state(tr).quant = form
+    stack_state(tr).quantize.mode = form
     total = sum(isinstance(m, torch.nn.Linear) for m in tr.modules())
     detail = f"quantize: torchao {form} on {len(names)} of {total} Linear layers ({why})"
     return Engaged("quantize", spec.quant_type, True, detail, QUANT_SHORT[form])

@@ -190,7 +190,7 @@ def pipeline_for(ctx: RunContext, preset: Preset):
 
 
 def _prepare(pipe, preset: Preset, request: GenerationRequest) -> None:
-    quant = stack_state(pipe.transformer).quant
+    quant = stack_state(pipe.transformer).quantize.mode
     prepare_run(
         pipe, preset.cache_config, quant=quant, steps=request.executed_steps, separate_cfg=true_cfg(pipe, request)
     )
@@ -199,11 +199,11 @@ def _prepare(pipe, preset: Preset, request: GenerationRequest) -> None:
 def warm(ctx: RunContext, pipe, stack: AppliedStack, preset: Preset) -> float | None:
     """The untimed warm-up run of this stack at this shape, once per process; its seconds, or None if warm."""
     state = stack_state(pipe.transformer)
-    key = (stack.signature, ctx.request.graph_shape, state.lora_modules)  # new LoRA layers: warm again
-    if key in state.warm and not (state.compiled is not None and state.compiled.pending()):
+    key = (stack.signature, ctx.request.graph_shape, state.lora.modules)  # new LoRA layers: warm again
+    if key in state.warm and not (state.compile.running is not None and state.compile.running.pending()):
         return None
     ctx.check(f"before the warm-up of {preset.name}")
-    ctx.status("compiling (warm-up run)" if state.compiled else "warm-up run (not timed)")
+    ctx.status("compiling (warm-up run)" if state.compile.running else "warm-up run (not timed)")
     _prepare(pipe, preset, ctx.request)
 
     def timed() -> float:
@@ -214,7 +214,7 @@ def warm(ctx: RunContext, pipe, stack: AppliedStack, preset: Preset) -> float | 
 
     seconds = first_run_or_eager(pipe.transformer, stack, timed)  # compile's failure policy is compile's own
     state.warm.add(key)
-    if isinstance(state.compiled, AotVariant):  # its packages are on disk for later calls (and ZeroGPU's reservations)
+    if isinstance(state.compile.running, AotVariant):  # its packages are on disk for later calls (ZeroGPU's reserving)
         mark_aot_built(ctx.model, aot_marker_key(preset), preset.dtype, ctx.request.graph_shape)
     return seconds
 
@@ -251,7 +251,7 @@ def measure(ctx: RunContext, preset: Preset, *, warm_up: bool = True, show_steps
         ctx.manager.device,
         on_step=ctx.stepper(preset.name, ctx.progress if show_steps else None),
         total_steps=ctx.request.executed_steps,
-        starts_at_call=bool(state.compiled and state.compiled.whole_model),
+        starts_at_call=bool(state.compile.running and state.compile.running.whole_model),
     )
     # each block's time, where the blocks run eagerly (hooks inside a compiled block would not fire, and would
     # make Dynamo guard on them): what a cached step should cost (studio.measure.blocks)
@@ -262,7 +262,7 @@ def measure(ctx: RunContext, preset: Preset, *, warm_up: bool = True, show_steps
     )
     memory = MemoryProbe(ctx.manager.device)
     stream_begin(pipe.transformer)  # bytes copied onto the device, per call, under a block-streaming regime
-    aot = state.compiled if isinstance(state.compiled, AotVariant) else None
+    aot = state.compile.running if isinstance(state.compile.running, AotVariant) else None
     eager_before = aot.eager_calls() if aot is not None else 0
     try:
         with memory, probe:
@@ -272,7 +272,7 @@ def measure(ctx: RunContext, preset: Preset, *, warm_up: bool = True, show_steps
             clock.remove()
     denoise = probe.denoise_seconds()
     ended = time.monotonic()
-    report = read_report(pipe, preset.cache_config, state.quant)
+    report = read_report(pipe, preset.cache_config, state.quantize.mode)
     counts = count_steps(probe.steps, report.backend, report.listed())
     calls = sum(s.transformer_calls for s in probe.steps)
     return Measured(
@@ -284,14 +284,14 @@ def measure(ctx: RunContext, preset: Preset, *, warm_up: bool = True, show_steps
         stack=stack,
         reloaded=reloaded,
         warmup_s=warmup_s,
-        compiled=state.compiled is not None,
+        compiled=state.compile.running is not None,
         ended=ended,
         calls=calls,
         dropped=dropped_tokens(pipe, ctx.request),
         blocks=block_count(pipe.transformer),
         block_ms=tuple(clock.block_ms()) if clock is not None else None,
         memory=memory.result,
-        quant=state.quant,
+        quant=state.quantize.mode,
         h2d=stream_report(pipe.transformer, max(1, calls // max(1, len(probe.steps))), counts.cached_indices),
         lost=_aot_misses(aot, eager_before),
     )

@@ -181,7 +181,7 @@ def apply_preset(
     if applied is None:
         out.order.append("quantize")
     state = stack_state(pipe.transformer)
-    key = cache_key(preset.cache_config, state.quant, steps, separate_cfg)
+    key = cache_key(preset.cache_config, state.quantize.mode, steps, separate_cfg)
     device = run_device(pipe)
     recache = applied is None or key != prev.cache
     # (under accelerate's model offload cache-dit's disable_cache drops accelerate's hook: the regime goes on again)
@@ -195,7 +195,7 @@ def apply_preset(
         out.order.append("offload")
     if recache or regime:
         out.engaged["cache"] = apply_cache(
-            pipe, preset.cache_config, quant=state.quant, steps=steps, separate_cfg=separate_cfg
+            pipe, preset.cache_config, quant=state.quantize.mode, steps=steps, separate_cfg=separate_cfg
         )
         out.order.append("cache")
     out.cache = key
@@ -203,11 +203,12 @@ def apply_preset(
         out.engaged["attention"] = apply_attention(pipe, preset.attention_backend)
         out.order.append("attention")
     out.attention = preset.attention_backend
-    if state.compiled is None:
-        out.engaged["compile"] = compile_under_offload(pipe, preset.compile, cache_engaged=state.cache != "none")
+    if state.compile.running is None:
+        cached = state.step_cache.backend != "none"
+        out.engaged["compile"] = compile_under_offload(pipe, preset.compile, cache_engaged=cached)
         out.order.append("compile")
-    compiled = state.compiled.key if state.compiled is not None else None
+    compiled = state.compile.running.key if state.compile.running is not None else None
     out.signature = Signature(
-        state.quant, key, preset.attention_backend, compiled, (state.offload, preset.offload_config)
+        state.quantize.mode, key, preset.attention_backend, compiled, (state.offloading.regime, preset.offload_config)
     )
     return out

@@ -1,8 +1,9 @@
 """One typed record of what the studio has applied to a transformer, kept as ONE attribute on it.
 
-Like diffusers keeps one hook registry per module: quantization, the engaged step cache, compiled variants, the
-step counter and the shapes already warmed up all live in `StackState`; every part of the engine reads fields of
-it, never text.
+Like diffusers keeps one hook registry per module, and one state per hook: `StackState` holds a record per applied
+feature (quantization, the step cache, compile, LoRA slots, the memory regime, parallel workers), each written only by
+the module that applies it and each with a reset, beside the step counter and the shapes already warmed up. Every
+part of the engine reads fields of them, never text.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class ParallelState:
     proxy: object  # the pipeline object whose calls go to the workers (cache-dit's Ray proxy)
     info: dict  # world size, kind, where each worker runs (the card's and the JSON's `parallel`)
     engaged: Engaged  # the stack line that says so
-    generation: int  # which worker set this is (StackState.parallel_starts when it started)
+    generation: int  # which worker set this is (WorkersState.starts when it started)
 
 
 @dataclass
@@ -85,24 +86,100 @@ class StreamLog:
 
 
 @dataclass
+class QuantState:
+    """Written by engine.quantize: the torchao form the weights are in."""
+
+    mode: str = "none"
+
+    def reset(self) -> None:
+        self.mode = "none"
+
+
+@dataclass
+class CacheState:
+    """Written by engine.cache: the step cache engaged now (none | cache-dit | fbcache)."""
+
+    backend: str = "none"
+
+    def reset(self) -> None:
+        self.backend = "none"
+
+
+@dataclass
+class CompileState:
+    """Written by engine.compile (and its ahead-of-time form, engine.aot): the compiled variant that runs now (None:
+    eager), every variant compiled so far by key, and the variants whose first run failed (never retried)."""
+
+    running: CompiledVariant | None = None
+    variants: dict = field(default_factory=dict)
+    failed: dict = field(default_factory=dict)
+
+    def reset(self) -> None:
+        self.running = None
+        self.variants.clear()
+        self.failed.clear()
+
+
+@dataclass
+class LoraState:
+    """Written by engine.lora: the LoRA file in each hot-swap slot lora0, lora1, ...; (id(layer), slot) -> the slot's
+    scale at 1 in that layer; changes of the LoRA layers in the modules (a slot added, all dropped: warm-ups key by
+    it); the LoraSpec fused into these weights before quantization (engine.loader asks engine.lora to fuse)."""
+
+    slots: list = field(default_factory=list)
+    units: dict = field(default_factory=dict)
+    modules: int = 0
+    fused: tuple = ()
+
+    def reset(self) -> None:
+        """The adapters gone from these weights (the fused ones stay: they are in the weights)."""
+        self.slots.clear()
+        self.units.clear()
+        self.modules += 1
+
+
+@dataclass
+class OffloadState:
+    """Written by engine.offload: the memory regime that runs (none | group_offload | layerwise_offload |
+    model_cpu_offload: `auto` resolved, a fall-back is none), the (OffloadSpec, run device) it was applied for, the
+    bytes a block-streaming regime moves, and the device the pipeline computes on where the loader placed it (a
+    model loaded on the host for an offload regime still runs there)."""
+
+    regime: str = "none"
+    key: tuple | None = None
+    stream: StreamLog | None = None
+    run_device: str | None = None
+
+    def reset(self) -> None:
+        self.regime, self.key, self.stream = "none", None, None
+
+
+@dataclass
+class WorkersState:
+    """Written by engine.parallel: the parallel workers running now (None: one process), and the worker sets started
+    so far (a rebuilt set warms up again)."""
+
+    running: ParallelState | None = None
+    starts: int = 0
+
+    def reset(self) -> None:
+        self.running = None
+
+
+@dataclass(slots=True)
 class StackState:
-    quant: str = "none"  # torchao mode applied to the weights
-    cache: str = "none"  # engaged step cache: none | cache-dit | fbcache
-    compiled: CompiledVariant | None = None  # the variant that runs now, None when eager
-    variants: dict = field(default_factory=dict)  # key -> CompiledVariant, every variant compiled so far
+    """What the studio has applied to one transformer: a record per feature, each written only by the module that
+    applies it (as diffusers keeps one state per hook), the step counter, and the shapes already warmed up (engine.run:
+    (stack signature, graph shape, LoRA layers) run once in this process)."""
+
+    quantize: QuantState = field(default_factory=QuantState)
+    step_cache: CacheState = field(default_factory=CacheState)
+    compile: CompileState = field(default_factory=CompileState)
+    lora: LoraState = field(default_factory=LoraState)
+    offloading: OffloadState = field(default_factory=OffloadState)
+    workers: WorkersState = field(default_factory=WorkersState)
     counter: StepCounter = field(default_factory=StepCounter)
-    warm: set = field(default_factory=set)  # (stack signature, graph shape, LoRA layers) run once in this process
-    compile_failed: dict = field(default_factory=dict)  # variant key -> why its first run failed (never retried)
-    parallel: ParallelState | None = None  # the running parallel workers (engine.parallel), None: one process
-    parallel_starts: int = 0  # worker sets started so far (a rebuilt set warms up again)
-    loras: list = field(default_factory=list)  # the LoRA file in each hot-swap slot lora0, lora1, ... (engine.lora)
-    lora_units: dict = field(default_factory=dict)  # (id(layer), slot) -> the slot's scale at 1 in that layer
-    lora_modules: int = 0  # changes of the LoRA layers in the modules (a slot added, all dropped): warm-ups key by it
-    fused: tuple = ()  # LoraSpec fused into these weights before quantization (engine.loader), none: ()
-    offload: str = "none"  # the memory regime that runs (engine.offload): none | group_offload | layerwise_offload |
-    # model_cpu_offload (auto resolved; a fall-back is "none")
-    offload_key: tuple | None = None  # (OffloadSpec, run device) the regime was applied for, None: never applied
-    stream: StreamLog | None = None  # the bytes a block-streaming regime moves, None: nothing streams
+    warm: set = field(default_factory=set)
 
 
 def stack_state(transformer) -> StackState:

@@ -58,7 +58,7 @@ def new_log(tr, units: dict) -> StreamLog:
 
     log.handles.append(tr.register_forward_pre_hook(on_call, prepend=True))
     log.handles += [b.register_forward_pre_hook(on_block) for b in blocks]
-    stack_state(tr).stream = log
+    stack_state(tr).offloading.stream = log
     return log
 
 
@@ -116,7 +116,7 @@ def tally_prefetch(log: StreamLog, handle) -> None:
 
 def stream_begin(transformer) -> None:
     """Start a run's count (call before the pipeline call whose report is wanted: engine.run.measure)."""
-    log = stack_state(transformer).stream
+    log = stack_state(transformer).offloading.stream
     if log is not None:
         log.calls.clear()
 
@@ -131,8 +131,8 @@ def stream_report(transformer, calls_per_step: int = 1, cached: list[int] | None
             one of its calls ran fewer offloaded blocks than a full call (the regime's own block hooks).
     """
     state = stack_state(transformer)
-    log = state.stream
-    if state.offload not in STREAMING or log is None or not log.calls:
+    log = state.offloading.stream
+    if state.offloading.regime not in STREAMING or log is None or not log.calls:
         return None
     n = max(1, calls_per_step)
     steps = [log.calls[i : i + n] for i in range(0, len(log.calls), n)]
@@ -144,9 +144,9 @@ def stream_report(transformer, calls_per_step: int = 1, cached: list[int] | None
     check = None
     if cached is not None:
         check = "agrees with the offloaded blocks' hooks" if sorted(cached) == own else f"DISAGREES: hooks say {own}"
-    device = torch.device(state.offload_key[1])
+    device = torch.device(state.offloading.key[1])
     return {
-        "policy": state.offload,
+        "policy": state.offloading.regime,
         "device": str(device),
         "moved": device.type != "cpu",  # cpu <-> cpu: what the regime onloads, nothing crossed a bus
         "h2d_bytes": sum(per_step),
