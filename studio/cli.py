@@ -7,6 +7,9 @@ python -m studio bench --presets base,cache,cache-compile --repeats 3 --out benc
 python -m studio tune --min-psnr 35 --presets-dir my-presets
 python -m studio doctor --families flux --no-kernels
 python -m studio busy --preset cache          # quiet readings, then with a CPU-bound load beside them
+
+Each command imports what it runs inside its own function, so that one command does not pay for another's
+libraries: the engine (torch, diffusers: seconds on two cores), matplotlib, the worker, gradio's client.
 """
 
 from __future__ import annotations

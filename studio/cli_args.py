@@ -9,15 +9,14 @@ import os
 from dataclasses import replace
 
 from studio.spec.ask import Ask, Switches, resolve_stacks
+from studio.spec.checks import ConfigError, parse_switch
 from studio.spec.hosting import edge_environ
-from studio.spec.request import parse_loras
+from studio.spec.request import image_inputs, parse_loras
 from studio.spec.settings import Settings, install
 
 
 def _switch(what: str):
     def parse(v: str):
-        from studio.spec.checks import ConfigError, parse_switch
-
         try:
             return parse_switch(v, what)
         except ConfigError as e:
@@ -101,8 +100,6 @@ def image_args(args, edits: bool = False) -> dict:
             return Image.open(path).convert(mode)
         except OSError as e:  # a missing file, not a picture
             raise ValueError(f"{path}: cannot be read as a picture ({type(e).__name__}: {e})") from None
-
-    from studio.spec.request import image_inputs
 
     mask = np.asarray(read(args.mask, "L")) if args.mask else None
     strength = args.strength if args.strength is not None else 1.0 if edits else 0.6

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from studio.measure.quality import ERROR_SCALE
+from studio.measure.quality import ERROR_SCALE, flip
 from studio.report import fmt
 from studio.report.images import error_picture, flip_picture
 
@@ -51,8 +51,6 @@ def show_map(kind: str, c: Compared | None, where: str, also: str = "") -> tuple
             return None, _joined(caption, also)
         yx = c.flip_yx
         if yx is None:  # not measured with the run (A/B's B against A): found from the map's own numbers
-            from studio.measure.quality import flip
-
             f = flip(c.image, c.base)
             yx = f.worst_tile_yx if f.worst_tile > 0 else None  # identical: no tile to frame
         return flip_picture(c.image, c.base, yx), _joined(caption, also)

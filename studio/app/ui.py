@@ -182,7 +182,7 @@ def build_app(
     """
     compare = compare_mode(compare)
     if not isinstance(device, Device):
-        from studio.engine import ModelManager, Runner
+        from studio.engine import ModelManager, Runner  # (torch: only where no device was given, as in tests)
         from studio.worker.service import InProcess
 
         device = InProcess(device or Runner(ModelManager(settings=current())))

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from studio.bench.paired import Paired, paired
 from studio.bench.rotation import EXTRA_ROUNDS, Rotation, rotate, total_graphs
 from studio.bench.twins import cache_twins, with_twins
+from studio.bench.vsraw import RawPool
 from studio.engine import BASE, Runner
 from studio.engine.call import true_cfg
 from studio.engine.device import cpu_threads
@@ -269,8 +270,6 @@ def _rounds(runner: Runner, requests, resolved, repeats, model, tick, *, vs_raw,
     what other programs took of the cores; None off the CPU)."""
     raw = None
     if vs_raw:
-        from studio.bench.vsraw import RawPool
-
         raw = RawPool(runner, model)
     threads = cpu_threads(runner.manager.device)
     kw = dict(raw=raw, extra=extra, on_extra=on_extra, tighten=tighten)

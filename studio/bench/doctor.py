@@ -14,8 +14,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from studio.engine import ModelManager, Runner
+from studio.engine.attention import apply_attention
+from studio.engine.compile import apply_compile
+from studio.engine.quantize import apply_quant
+from studio.measure.clock import time_calls
 from studio.measure.quality import Verdict
 from studio.spec import PresetLibrary
+from studio.spec.preset import CompileSpec, QuantSpec
 from studio.spec.profiles import PROFILE_FILE
 from studio.tiny.families import CACHING_THRESHOLD, FAMILIES, save_family
 
@@ -205,8 +210,6 @@ def _time_calls(tr, inputs: dict, repeats: int, device) -> float:
 
     import torch
 
-    from studio.measure.clock import time_calls
-
     with torch.inference_mode():
         tr(**inputs)
         return statistics.median(time_calls(tr, repeats, device, **inputs))
@@ -219,11 +222,6 @@ def time_kernels(
     `cfg` directly on `device` (bf16 on CUDA, float32 elsewhere), each against plain SDPA."""
     import torch
     from diffusers import FluxTransformer2DModel
-
-    from studio.engine.attention import apply_attention
-    from studio.engine.compile import apply_compile
-    from studio.engine.quantize import apply_quant
-    from studio.spec.preset import CompileSpec, QuantSpec
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

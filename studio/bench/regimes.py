@@ -5,6 +5,8 @@ call between two device syncs (studio.measure.clock). A row's stack is a Preset 
 engine.stack.apply_preset on a BareTransformer (the cache by engine.cache.apply_cache, its context refreshed before
 each run by prepare_run). Random weights do not cache by residual, so the cache rows run under a STATIC step mask
 (13 full / 27 cached at 40 steps), and cache-dit's own summary must list the mask's steps. Text: report.regimes.
+Its module level loads no torch: the CLI's parser reads its names (CONFIGS, PARTS, REGIMES); what runs imports
+the engine inside the functions that run it.
 """
 
 from __future__ import annotations

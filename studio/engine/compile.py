@@ -10,6 +10,7 @@ of reloading weights and recompiling on every click.
 
 from __future__ import annotations
 
+from studio.engine import aot
 from studio.engine.state import CompiledVariant, Engaged, stack_state
 from studio.spec.errors import OverTime
 from studio.spec.hosting import on_zerogpu
@@ -114,7 +115,8 @@ def int8pack_risks(tr) -> list[str]:
     """The INT8 Linear layers whose matmul Inductor would hand to the CPU kernel that crashes on them."""
     if stack_state(tr).quantize.mode != "int8_weight_only":  # dynamic-activation forms go to _int_mm, not int8pack
         return []
-    from studio.engine.int8pack import at_risk_layers
+
+    from studio.engine.int8pack import at_risk_layers  # (heavy: it imports torch._inductor, +1.5 s at start)
 
     return at_risk_layers(tr)
 
@@ -144,7 +146,7 @@ def _activate(tr, spec: CompileSpec, fullgraph: bool, guard: bool) -> CompiledVa
             "dynamic": spec.dynamic,
         }
         if guard:  # the pass goes in as a compile option (torch.compile takes a mode or options, not both)
-            from studio.engine.int8pack import compile_options
+            from studio.engine.int8pack import compile_options  # (heavy: torch._inductor)
 
             kwargs.update(mode=None, options=compile_options(spec.mode))
         impls, whole = _compile_impls(tr, spec, kwargs)
@@ -157,28 +159,26 @@ def _activate(tr, spec: CompileSpec, fullgraph: bool, guard: bool) -> CompiledVa
 
 def _ahead_of_time(tr, spec: CompileSpec) -> Engaged:
     """The stack's compile where run-time graphs do not survive (ZeroGPU): its ahead-of-time form (engine.aot)."""
-    from studio.engine.aot import aot_variant, engaged, refusal, variant_key
 
-    why = refusal(tr, spec)
+    why = aot.refusal(tr, spec)
     if why is not None:
         return Engaged("compile", "on", False, ZEROGPU_COMPILE.format(why=why))
-    failed = stack_state(tr).compile.failed.get(variant_key(tr, spec))
+    failed = stack_state(tr).compile.failed.get(aot.variant_key(tr, spec))
     if failed:
         return failed_to_compile(failed)
-    variant = aot_variant(tr, spec)
+    variant = aot.aot_variant(tr, spec)
     _switch_on(tr, variant)
-    return engaged(variant)
+    return aot.engaged(variant)
 
 
 def after_loras(tr, stack) -> None:
     """A request's LoRAs are loaded after the stack is applied (engine.lora, last): an ahead-of-time variant cannot
     serve them (engine.aot.refusal), so the stack runs eagerly, and says why."""
-    from studio.engine.aot import NO_LORA, AotVariant
 
     state = stack_state(tr)
-    if isinstance(state.compile.running, AotVariant) and (state.lora.slots or state.lora.fused):
+    if isinstance(state.compile.running, aot.AotVariant) and (state.lora.slots or state.lora.fused):
         uncompile(tr)
-        stack.ran_eagerly(Engaged("compile", "on", False, ZEROGPU_COMPILE.format(why=NO_LORA)))
+        stack.ran_eagerly(Engaged("compile", "on", False, ZEROGPU_COMPILE.format(why=aot.NO_LORA)))
 
 
 def finish_first_run(tr) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from studio.engine.attention import usable
 from studio.engine.state import Engaged, ParallelState, stack_state
 from studio.spec.cachedit import cache_dit_configs
 from studio.spec.preset import ATTENTION_BACKENDS, ParallelSpec, Preset
@@ -140,8 +141,6 @@ def _force_stop(shell) -> None:
 
 def _configs(preset: Preset, steps, separate_cfg, device, dtype):
     from cache_dit import ParallelismConfig
-
-    from studio.engine.attention import usable
 
     spec, c = preset.parallelism_config, preset.cache_config
     cache_cfg = cal = None

@@ -21,8 +21,10 @@ from dataclasses import dataclass
 import torch
 
 from studio.engine.sizes import ModelSizes
+from studio.engine.streams import tensor_bytes
 from studio.measure.blocks import block_names
 from studio.spec.offload import AUTO_ORDER, OffloadSpec
+from studio.spec.profiles import profile_for
 
 GIB = 2**30
 HOST = torch.device("cpu")
@@ -66,7 +68,6 @@ def activation_bytes(configs: dict, width: int, height: int, text_tokens: int, e
 
 def margin_bytes(sizes: ModelSizes, source: str | None, elem: int, device: torch.device) -> tuple[int, str]:
     """What `needs` adds to the weights: the activation estimate at the model's default size, and how it was made."""
-    from studio.spec.profiles import profile_for
 
     prof = profile_for(source) if source else None
     w, h = (prof.width, prof.height) if prof else (1024, 1024)
@@ -204,7 +205,6 @@ def modules(pipe) -> dict:
 
 def device_bytes(pipe, device: torch.device) -> int:
     """Bytes of the pipeline's tensors on `device` now (a CUDA device: what replacing this pipeline gives back)."""
-    from studio.engine.streams import tensor_bytes
 
     return sum(
         tensor_bytes(t)

@@ -28,6 +28,9 @@ from pathlib import Path
 
 import torch
 
+from studio.engine.streams import tensor_bytes
+from studio.measure.blocks import block_names
+
 # safetensors dtype names -> bytes per element (https://github.com/huggingface/safetensors, format)
 ST_BYTES = {
     "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
@@ -164,8 +167,6 @@ def read_sizes(source: str, dtype: torch.dtype) -> tuple[ModelSizes | None, str 
 def sizes_of_pipe(pipe) -> ModelSizes:
     """The same record from a loaded pipeline's modules (parameters: what the files hold; tensor_bytes reads
     torchao's quantized tensors by their inner tensors)."""
-    from studio.engine.streams import tensor_bytes
-    from studio.measure.blocks import block_names
 
     comps = {n: c for n, c in pipe.components.items() if isinstance(c, torch.nn.Module)}
     components = {n: sum(tensor_bytes(p) for p in c.parameters()) for n, c in comps.items()}

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from studio.measure.blocks import block_list
 from studio.measure.clock import sync
 
 if TYPE_CHECKING:
@@ -38,7 +39,6 @@ def last_block_probe_target(transformer) -> torch.nn.Module | None:
 
 def block_count(transformer) -> int:
     """How many transformer blocks one full call runs: every block of every block list (FLUX: double + single)."""
-    from studio.measure.blocks import block_list
 
     return len(block_list(transformer))
 

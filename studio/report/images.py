@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from studio.measure.quality import ERROR_SCALE, TILE, error_map
+from studio.measure.quality import ERROR_SCALE, TILE, error_map, flip_map
 
 FRAME_RGB = (230, 40, 40)  # the worst tile's frame: red on a grey map
 FLIP_FRAME_RGB = (40, 220, 230)  # cyan on FLIP's magma, which runs through red and orange
@@ -54,7 +54,6 @@ def flip_picture(image: np.ndarray, base: np.ndarray | None, worst_yx=None):
     `worst_yx` (RunMetrics.flip_worst_tile_yx; None: no frame, as for an identical pair). None without a base."""
     if base is None:
         return None
-    from studio.measure.quality import flip_map
 
     return _framed(flip_map(image, base), worst_yx, FLIP_FRAME_RGB)
 

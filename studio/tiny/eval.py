@@ -5,6 +5,7 @@
 Reports, on held-out exact combinations (never seen in training): background colour, object colour at its
 place, and shape for single-object prompts; both objects at their places for two-object prompts. Then the
 `cache` preset at 28 steps: cached steps and PSNR against `base`. Writes a JSON report and a contact sheet.
+A tool: the engine is imported inside main, which runs it.
 """
 
 from __future__ import annotations

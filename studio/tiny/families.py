@@ -10,6 +10,8 @@
 Tokenizers are made in memory: the embedded model's word-level CLIP/T5 tokenizers, and a byte-level BPE with no
 merges (every byte one token) for the Qwen tokenizers. Weights are random: residual diffs sit at 0.3-0.5, so a
 cache needs a high threshold to cache anything (CACHING_THRESHOLD, per backend).
+The family names (FAMILIES) load without diffusers' pipelines: the builders import them inside the functions
+that build (the CLI's doctor lists the names first).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ studio/models/tiny/loras by its name (`--lora outline@0.8`; studio.spec.profiles
 `numbers`: each preset with the LoRA, measured as `python -m studio generate --lora ...` measures it (against `base`
 with the same LoRA), plus its PSNR against the plain base (no LoRA); a quantized preset gets the LoRA as its own
 `loras` (fused before quantization: a request's LoRA on quantized weights is refused).
+A tool with its own commands: each imports what it runs (the engine, the trainer) inside its function.
 """
 
 from __future__ import annotations

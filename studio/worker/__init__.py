@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 
+from studio.spec.errors import ModelLoadError
 from studio.spec.hosting import on_zerogpu
 from studio.worker.client import WorkerClient
 from studio.worker.protocol import Device, WorkerConfig, WorkerCrashed
@@ -34,8 +35,6 @@ def _load_at_import(runner) -> None:
     forked process, which inherits the loaded weights), not lazily inside the first GPU call, whose reserved
     seconds would then go on reading weights. A model that cannot load is said by the first request instead."""
     import logging
-
-    from studio.spec.errors import ModelLoadError
 
     try:
         runner.manager.ensure(runner.model)
@@ -51,7 +50,7 @@ def start_device(config: WorkerConfig, *, warm: list[str] | tuple[str, ...] = ()
         warm: the presets a restarted worker warms up again on the current model (the app's pre-warm list).
     """
     if on_zerogpu():
-        from studio.engine import ModelManager, Runner
+        from studio.engine import ModelManager, Runner  # (torch: on ZeroGPU only; elsewhere the app loads none)
         from studio.worker.service import InProcess
 
         allowed = list(config.allowed) if config.allowed is not None else None

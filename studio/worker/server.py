@@ -29,6 +29,7 @@ from studio.spec.errors import RunError
 from studio.spec.presets import PresetLibrary
 from studio.spec.settings import install
 from studio.worker.protocol import WorkerConfig, crossing, error_message, stack_key
+from studio.worker.quiet import quiet_libraries
 from studio.worker.service import DeviceService
 
 log = logging.getLogger("studio.worker")
@@ -216,8 +217,6 @@ def main(argv: list[str] | None = None) -> None:
     conn = Connection(fd)
     config = conn.recv()
     if config.quiet:
-        from studio.worker.quiet import quiet_libraries
-
         quiet_libraries()
     serve(conn, config)
 
