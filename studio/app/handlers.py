@@ -260,7 +260,7 @@ class Handlers:
                 model=ask.model,
                 repeats=ask.repeats,
                 progress=lambda d, t, label: progress((d, t), desc=f"{label}: {d} of {t} timed runs", unit="runs"),
-                presets_library=self.studio.library(request),
+                library=self.studio.library(request),
                 time_limit_s=self.studio.time_limit_s,
                 prompts=ask.prompts[1:],
             )

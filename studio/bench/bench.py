@@ -41,6 +41,7 @@ from studio.measure.estimate import price_ms, speedup_over
 from studio.measure.quality import GOOD_DB, psnr
 from studio.measure.record import library_versions
 from studio.report.table import AGAIN, Matrix, MatrixRow
+from studio.spec.ask import Switches
 from studio.spec.checks import ConfigError, check_int
 from studio.spec.preset import Preset
 from studio.spec.request import GenerationRequest
@@ -51,7 +52,8 @@ def resolve_presets(runner: Runner, presets, lib, cache_enabled=None, compile_en
     with the per-request switches applied to all but base."""
     names = list(presets) if presets else lib.one_process_names()
     resolved = [runner.resolve_preset(p, lib) for p in names]
-    rest = [p.with_overrides(cache_enabled, None, compile_enabled) for p in resolved if p.name != BASE]
+    switches = Switches(cache_enabled, None, compile_enabled)  # (the one rule: spec.ask)
+    rest = [switches.apply(p) for p in resolved if p.name != BASE]
     return [runner.resolve_preset(BASE)] + rest
 
 
@@ -292,7 +294,7 @@ def run_bench(
     progress=None,
     cache_enabled: bool | None = None,
     compile_enabled: bool | None = None,
-    presets_library=None,
+    library=None,
     vs_raw: bool = False,
     exclude=(),
     extra_rounds: int | None = None,
@@ -310,7 +312,7 @@ def run_bench(
     check_int("bench", "repeats", repeats, lo=1)  # none: no timed run, nothing to divide
     extra_rounds = EXTRA_ROUNDS if extra_rounds is None else extra_rounds
     check_int("bench", "extra_rounds", extra_rounds, lo=0)
-    lib = presets_library or runner.presets
+    lib = library or runner.presets
     resolved, twins = with_twins(resolve_presets(runner, presets, lib, cache_enabled, compile_enabled))
     resolved, refs = cache_twins(resolved)  # each cached preset's `of ideal` against the same stack uncached
     resolved, twins, refs = _without(resolved, twins, refs, set(exclude))

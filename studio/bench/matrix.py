@@ -22,13 +22,6 @@ from studio.spec.preset import Preset
 from studio.spec.request import GenerationRequest
 
 
-def switched(p: Preset, cache: bool | None, threshold: float | None, compile_: bool | None) -> Preset:
-    """`p` with the per-request switches; the threshold only where the cache runs (on a stack without one it would
-    rename the row and change nothing that runs)."""
-    cached = p.with_overrides(cache).cache.enabled
-    return p.with_overrides(cache, threshold if cached else None, compile_)
-
-
 def _twins_added(presets: list[Preset]) -> tuple[str, ...]:
     """The twins the bench adds beside `presets` (eager and non-cache, studio.bench.twins): left out of a Matrix."""
     asked = {p.name for p in presets}
@@ -44,26 +37,21 @@ def run_matrix(
     model: str | None = None,
     repeats: int = 1,
     progress=None,
-    cache_enabled: bool | None = None,
-    cache_threshold: float | None = None,
-    compile_enabled: bool | None = None,
-    presets_library=None,
+    library=None,
     prompts: tuple | list = (),
 ) -> Matrix:
     """Run every preset (base always included, first) on one request through the bench, base again last in each
     round (the last row, `base (again)`), for the UI's Matrix tab and its API.
 
     Args:
+        presets: the stacks to time (an event's Ask: resolved and switched once, spec.ask) or preset names.
         progress: callable(done, total, label) after each timed run.
-        cache_enabled, cache_threshold, compile_enabled: the per-request switches, applied to every preset but base
-            (the threshold to those whose cache runs).
-        presets_library: where preset names are looked up (a visitor's own library); the runner's by default.
+        library: where preset names are looked up (a visitor's own library); the runner's by default.
         prompts: more prompts, each the request with that prompt: every stack over every prompt, paired per prompt
             (`Matrix.paired`: each stack's speed-up and PSNR/FLIP against each prompt's own base).
     """
-    lib = presets_library or runner.presets
-    base, *rest = resolve_presets(runner, presets, lib)
-    asked = [base] + [switched(p, cache_enabled, cache_threshold, compile_enabled) for p in rest]
+    lib = library or runner.presets
+    asked = resolve_presets(runner, presets, lib)  # base first
     more = [p for p in dict.fromkeys(prompts) if p and p != request.prompt]
     rep = run_bench(
         runner,
@@ -72,7 +60,7 @@ def run_matrix(
         model=model,
         repeats=repeats,
         progress=progress,
-        presets_library=lib,
+        library=lib,
         exclude=_twins_added(asked),
         extra_rounds=0 if runner.manager.settings.zerogpu else None,
         tighten=False,  # extra rounds only for a withheld row: each round is the visitor's wait

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from studio.bench.bench import BenchReport, run_bench
+from studio.spec.ask import Switches
 from studio.spec.checks import ConfigError, fail
 from studio.spec.preset import Preset
 
@@ -55,7 +56,7 @@ def parse_values(knob: str, text: str | None) -> list:
 def variant(p: Preset, knob: str, value, compile_enabled: bool | None = None) -> Preset:
     """The preset with one cache knob set (the cache turned on if it was off), compiled or not as the switch says
     (None: as the preset is)."""
-    p = p.with_overrides(cache=True, compile=compile_enabled)
+    p = Switches(cache=True, compile=compile_enabled).apply(p)  # (the one rule: spec.ask)
     name = f"{p.name}.{SHORT[knob]}{value:g}" if isinstance(value, float) else f"{p.name}.{SHORT[knob]}{value}"
     return replace(p, name=name, cache_config=replace(p.cache_config, **{knob: value}))
 

@@ -30,6 +30,7 @@ from studio.bench.bench import run_bench
 from studio.bench.records import Candidate, TuneResult
 from studio.engine import BASE
 from studio.report.text import tuned_description
+from studio.spec.ask import Switches
 from studio.spec.checks import ConfigError, fail
 from studio.spec.preset import CacheSpec, Preset
 
@@ -63,7 +64,7 @@ QUICK = SearchSpace(calibrators=("none", "taylorseer"), run_caps=(3,), warmups=(
 def _switched(lib, names: list[str], compile_enabled: bool | None) -> dict[str, Preset]:
     """The non-cache options with the compile switch applied, one per stack (a preset as shipped before a switched
     one that runs the same: `compile.override` with compile off is `base`), by name."""
-    options = [lib.get(n).with_overrides(compile=compile_enabled) for n in names]
+    options = [Switches(compile=compile_enabled).apply(lib.get(n)) for n in names]  # (the one rule: spec.ask)
     by_stack: dict[tuple, Preset] = {}
     for p in sorted(options, key=lambda p: p.name.endswith(".override")):
         by_stack.setdefault(p.stack, p)
