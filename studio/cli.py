@@ -336,7 +336,7 @@ def main(argv=None) -> int:
     try:
         if args.cmd == "generate":
             return _generate(runner, ask_of_args(runner, args), args)
-        req = request_of_args(runner, args)
+        req = request_of_args(args, runner.profile(args.model))
         return {"bench": _bench, "sweep": _sweep, "tune": _tune, "busy": _busy}[args.cmd](runner, req, args)
     except (ConfigError, ModelLoadError, RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -257,13 +257,10 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def request_of_args(runner, args):
-    """The command's request, with the model profile's defaults for what the arguments leave out."""
-    model = args.model or runner.model
-    prof = runner.profile(model)
-    return runner.request(
-        args.prompt or prof.first_prompt,
-        model=model,
+def request_of_args(args, profile):
+    """The command's request, with the model `profile`'s defaults for what the arguments leave out."""
+    return profile.request(
+        args.prompt or profile.first_prompt,
         seed=args.seed,
         steps=args.steps,
         width=args.width,
@@ -273,7 +270,7 @@ def request_of_args(runner, args):
         true_cfg_scale=args.true_cfg_scale,
         num_images_per_prompt=getattr(args, "num_images_per_prompt", None),
         loras=parse_loras("\n".join(args.lora)),
-        **image_args(args, edits=prof.edits),
+        **image_args(args, edits=profile.edits),
     )
 
 
@@ -281,7 +278,8 @@ def ask_of_args(runner, args) -> Ask:
     """`generate`'s Ask (spec.ask), as the app builds one from the Generate form: the request, --preset resolved once
     under the switches (--cache, --threshold, --compile), and --compare."""
     model = args.model or runner.model
+    profile = runner.profile(model)
     switches = Switches.read(args.cache, args.threshold, args.compile)
     stacks, builtin = resolve_stacks("generate", [args.preset], runner.presets, switches)
-    req = request_of_args(runner, args)
-    return Ask("generate", model, req, stacks, builtin, switches, args.compare, edits=runner.profile(model).edits)
+    req = request_of_args(args, profile)
+    return Ask("generate", model, profile, req, stacks, builtin, switches, args.compare)

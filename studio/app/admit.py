@@ -20,30 +20,28 @@ from studio.app.forms import CompareForm, GenerateForm, MatrixForm, RequestForm,
 from studio.app.values import MAX_PUBLIC_PROMPTS, cfg_scale
 from studio.spec.ask import Ask, Switches, fan_out, prompt_lines, resolve_stacks
 from studio.spec.checks import ConfigError
+from studio.spec.profiles import ModelProfile
 from studio.spec.request import image_inputs, parse_loras
 
 REQUEST = "That request can't run: "  # before a bad request's sentence (app.errors.shown)
 ASK = "_studio_ask"  # the keyword an event's Ask crosses into its handler (and a ZeroGPU call) under
 
 
-def build_request(device, form: RequestForm, model: str):
-    """The form's GenerationRequest for `model` (the model profile's defaults for what the form leaves out); a bad
-    value raises gr.Error with its sentence."""
+def build_request(profile: ModelProfile, form: RequestForm):
+    """The form's GenerationRequest (`profile`'s defaults for what the form leaves out, its guidance dropped where the
+    model takes none); a bad value raises gr.Error with its sentence."""
     if not form.prompt or not str(form.prompt).strip():
         raise gr.Error("Write a prompt first: the prompt is empty.", title=title_of(ConfigError()))
     with shown(REQUEST):
-        profile = device.profile(model)
         strength = 1.0 if profile.edits else form.strength  # an edit model's picture is a reference: all steps run
-        return device.request(
+        guidance = float(form.guidance) if form.guidance is not None else None
+        return profile.request(
             str(form.prompt),
-            model=model,
             seed=int(form.seed if form.seed is not None else 0),
             steps=int(form.steps),
             width=int(form.width),
             height=int(form.height),
-            guidance=float(form.guidance)
-            if form.guidance is not None
-            else None,  # (dropped where the model takes none)
+            guidance=guidance,
             negative_prompt=str(form.negative_prompt or ""),
             true_cfg_scale=cfg_scale(form.true_cfg_scale),
             num_images_per_prompt=int(form.num_images_per_prompt or 1),
@@ -62,22 +60,15 @@ class Asks:
 
     def _ask(self, event: str, form: RequestForm, request, names: list[str], **more) -> Ask:
         model = form.model or self.studio.models[0]
-        req = build_request(self.studio.device, form, model)
+        with shown(REQUEST):  # (a folder's broken profile says what is wrong with it)
+            profile = self.studio.device.profile(model)
+        req = build_request(profile, form)
         with shown(REQUEST):
             switches = Switches.read(
                 getattr(form, "cache", None), getattr(form, "threshold", None), getattr(form, "compile", None)
             )
             stacks, builtin = resolve_stacks(event, names, self.studio.library(request), switches)
-            return Ask(
-                event,
-                model,
-                req,
-                stacks,
-                builtin,
-                switches,
-                edits=bool(self.studio.device.profile(model).edits),
-                **more,
-            )
+            return Ask(event, model, profile, req, stacks, builtin, switches, **more)
 
     def _cap(self) -> int | None:
         return MAX_PUBLIC_PROMPTS if self.studio.public else None
@@ -135,6 +126,6 @@ class Admission:
                 list(zip(ask.stacks, ask.builtin, strict=True)),
                 ask.model,
                 ask.request,
-                edits=ask.edits,
+                edits=ask.profile.edits,
             )
             self.studio.device.check_caps(ask.request)  # the operator's caps, as the device would refuse them

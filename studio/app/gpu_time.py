@@ -72,10 +72,9 @@ class Durations:
         self.asks = Asks(studio)
 
     def _run_s(self, ask: Ask) -> float:
-        prof = self.studio.device.profile(ask.model)
         r = ask.request
         cfg = 2 if r.true_cfg_scale and r.true_cfg_scale > 1 else 1
-        return run_seconds(prof, r.steps, r.width, r.height, cfg_calls=cfg * r.num_images_per_prompt)
+        return run_seconds(ask.profile, r.steps, r.width, r.height, cfg_calls=cfg * r.num_images_per_prompt)
 
     def _compiles(self, ask: Ask, stacks) -> int:
         """Compile warm-ups the event makes. On ZeroGPU only the stacks that compile ahead of time (engine.aot: not

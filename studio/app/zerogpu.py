@@ -80,8 +80,8 @@ def device_event(fn, duration=None, admit=None, ask=None, *, device=None, by_id=
     def event(*args, **kwargs):
         if ask is not None:
             kwargs[ASK] = ask(*args, **kwargs)
-            if admit is not None:
-                admit(kwargs[ASK], args[0] if args else kwargs.get("request"))
+        if admit is not None:  # (it reads the Ask: an event that has limits has an Ask)
+            admit(kwargs[ASK], args[0] if args else kwargs.get("request"))
         result = run(*args, **kwargs)
         return pictures.result(result) if pictures is not None else result
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from studio.spec.checks import ConfigError, fail, parse_switch
 from studio.spec.preset import Preset
 from studio.spec.presets import BASE, PresetLibrary
+from studio.spec.profiles import ModelProfile
 from studio.spec.request import GenerationRequest, compare_mode
 
 EVENTS = ("generate", "compare", "matrix", "tune")
@@ -83,6 +84,7 @@ class Ask:
     Args:
         event: which event (EVENTS): generate, compare (A/B), matrix, tune.
         model: the model as asked (a Hub id, a folder, "tiny"); the studio's first where the form left it empty.
+        profile: that model's profile, read once for the event (the request's defaults, its GPU time, an edit model).
         request: the first prompt's request, the model profile's defaults filled in.
         stacks: the stacks the event runs, resolved once and switched once: generate one, compare two (A, B), matrix
             base first (never switched: it is the reference row) then the others, tune none (the tuner builds its own).
@@ -92,11 +94,11 @@ class Ask:
         compare: on / auto / off (spec.request.COMPARE_MODES): how a generate is compared with base.
         prompts: every prompt the event runs, the request's first (fan_out).
         repeats: a matrix's rounds.
-        edits: the model is an edit model (its picture is a reference, not an img2img input).
     """
 
     event: str
     model: str
+    profile: ModelProfile
     request: GenerationRequest
     stacks: tuple[Preset, ...] = ()
     builtin: tuple[bool, ...] = ()
@@ -104,7 +106,6 @@ class Ask:
     compare: str = "on"
     prompts: tuple[str, ...] = ()
     repeats: int = 1
-    edits: bool = False
 
     def __post_init__(self):
         if self.event not in EVENTS:
@@ -123,11 +124,6 @@ class Ask:
         return tuple(
             self.request if p == self.request.prompt else replace(self.request, prompt=p) for p in self.prompts
         )
-
-    @property
-    def compiled(self) -> tuple[Preset, ...]:
-        """The stacks that compile (the switches applied): each costs a compile warm-up at a new shape."""
-        return tuple(p for p in self.stacks if p.compile.enabled)
 
 
 def resolve_stacks(
