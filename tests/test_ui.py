@@ -41,12 +41,13 @@ def _worker(model, presets, **kw) -> WorkerClient:
 
 
 def _auto_dtype() -> str:
-    """What `dtype: auto` is on this CPU, short (the worker resolves it the same way)."""
+    """What `dtype: auto` is on this CPU under this run's settings (STUDIO_DTYPE), short: the worker is handed the
+    same settings and resolves it the same way."""
     import torch
 
     from studio.engine.device import resolve_dtype
 
-    return DTYPE_SHORT[resolve_dtype("auto", torch.device("cpu")).name]
+    return DTYPE_SHORT[resolve_dtype("auto", torch.device("cpu"), forced=current().dtype).name]
 
 
 def _auto_q8() -> str:
