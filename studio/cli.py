@@ -134,12 +134,14 @@ def _generate(runner, ask: Ask, args) -> int:
         print(json.dumps(m.as_dict()))
         return 0
     print(fmt.summary_line(m))
-    for line in m.engaged + m.fallbacks:
+    for line in m.labels.engaged + m.labels.fallbacks:
         print("  " + line)
-    print(f"  steps counted by {m.count_source}" + (f"; {m.count_check}" if m.count_check else ""))
-    print(f"  timing: {m.timing}")
-    if m.timed_pairs and m.base_denoise_s is not None:  # the speed-up's pairs, as the card's vs base row says them
-        print(f"  pairs: {fmt.pairs(m.timed_pairs, m.pairs_stop, m.stalled_runs)}")
+    print(f"  steps counted by {m.cache.count_source}" + (f"; {m.cache.count_check}" if m.cache.count_check else ""))
+    print(f"  timing: {m.timing.how}")
+    if (
+        m.timing.timed_pairs and m.timing.base_denoise_s is not None
+    ):  # the speed-up's pairs, as the card's vs base row says them
+        print(f"  pairs: {fmt.pairs(m.timing.timed_pairs, m.timing.pairs_stop, m.timing.stalled_runs)}")
     if args.ideal:
         from studio.report.text import ideal_worked
 

@@ -175,9 +175,9 @@ def test_a_budget_under_the_transformer_loads_on_the_host_streams_it_and_gives_b
             assert "streamed from the host" in place["components"]["transformer"]
             assert all(place["components"][c] == "device" for c in ("text_encoder", "text_encoder_2", "vae"))
             assert place["device_bytes"] < budget * GIB and place["peak_estimate_bytes"] <= budget * GIB
-            line = next(x for x in res.metrics.engaged if x.startswith("offload:"))
+            line = next(x for x in res.metrics.labels.engaged if x.startswith("offload:"))
             assert "text_encoder_2" in line and "resident on cpu" in line  # the rest of the pipeline, where it is
-            card = metrics_card(replace(res.metrics, placement=place))
+            card = metrics_card(replace(res.metrics, placement=replace(res.metrics.placement, plan=place)))
             assert "<td>placement</td>" in card and "streamed from the host" in card
             assert "placed as on a card of that size" in card
     assert seen == [False]  # one load, on the host
@@ -191,7 +191,7 @@ def test_group_offload_when_layerwise_cannot_pin_the_host(runner):
         res = runner.generate(req(), "auto", compare=False)
     assert close(res.image, base.image)
     assert runner.manager.placement()["regime"] == "group_offload"
-    assert any(x.startswith("offload: auto: group_offload") for x in res.metrics.engaged)
+    assert any(x.startswith("offload: auto: group_offload") for x in res.metrics.labels.engaged)
 
 
 def test_a_budget_too_small_for_anything_is_refused_before_loading_and_the_loaded_model_stays(

@@ -43,20 +43,20 @@ def test_cache_compile_counts_equal_eager_and_compile_toggles_in_place(runner):
     base = runner.generate(r, "b32")
     tr = runner.manager.current.pipe.transformer
     eager = runner.generate(r, "c32")
-    assert eager.metrics.cached_steps > 0 and eager.metrics.count_source == "block hooks"
+    assert eager.metrics.cache.cached_steps > 0 and eager.metrics.cache.count_source == "block hooks"
 
     first = runner.generate(r, "cc32")
     m = first.metrics
-    line = next(x for x in m.engaged if x.startswith("compile:"))
+    line = next(x for x in m.labels.engaged if x.startswith("compile:"))
     assert "regional" in line and "fullgraph=False" in line and "a step cache is engaged" in line
-    assert m.compile_s is not None and m.compile_s > 0  # the warm-up run compiled; not in denoise time
-    assert m.cached_step_indices == eager.metrics.cached_step_indices  # the bug of 12 cached / 0 full
-    assert m.full_steps == eager.metrics.full_steps and m.count_source == "cache-dit"
+    assert m.timing.compile_s is not None and m.timing.compile_s > 0  # the warm-up run compiled; not in denoise time
+    assert m.cache.cached_step_indices == eager.metrics.cache.cached_step_indices  # the bug of 12 cached / 0 full
+    assert m.cache.full_steps == eager.metrics.cache.full_steps and m.cache.count_source == "cache-dit"
     assert psnr(first.image, eager.image) > 35.0  # compiled is not bitwise eager, but close
 
     second = runner.generate(r, "cc32")
-    assert second.metrics.compile_s is None and second.metrics.warmup_s is None  # warm for this size
-    assert second.metrics.cached_step_indices == eager.metrics.cached_step_indices
+    assert second.metrics.timing.compile_s is None and second.metrics.timing.warmup_s is None  # warm for this size
+    assert second.metrics.cache.cached_step_indices == eager.metrics.cache.cached_step_indices
 
     back = runner.generate(r, "b32")  # the same weights run eagerly again: no reload, no recompile
     assert not back.metrics.reloaded and runner.manager.current.pipe.transformer is tr
@@ -64,7 +64,7 @@ def test_cache_compile_counts_equal_eager_and_compile_toggles_in_place(runner):
     assert stack_state(tr).compile.running is None and len(stack_state(tr).compile.variants) == 1
 
     again = runner.generate(r, "cc32")
-    assert again.metrics.compile_s is None  # the saved compiled blocks were switched back on
+    assert again.metrics.timing.compile_s is None  # the saved compiled blocks were switched back on
     assert np.array_equal(again.image, second.image)
 
 
@@ -72,29 +72,29 @@ def test_compile_switch_per_request(runner):
     r = req()
     eager = runner.generate(r, "c32")
     off = runner.generate(r, "cc32", compile_enabled=False)
-    assert "compile: off (eager)" in off.metrics.engaged and off.metrics.compile_s is None
+    assert "compile: off (eager)" in off.metrics.labels.engaged and off.metrics.timing.compile_s is None
     assert np.array_equal(off.image, eager.image)  # compile off == the eager stack, bitwise
     on = runner.generate(r, "c32", compile_enabled=True)
-    assert on.metrics.tag == "fp32+DBCache_F1B0W4R0.5MC3+sdpa+compile" and on.metrics.preset == "c32.override"
-    assert on.metrics.cached_step_indices == eager.metrics.cached_step_indices
+    assert on.metrics.labels.tag == "fp32+DBCache_F1B0W4R0.5MC3+sdpa+compile" and on.metrics.preset == "c32.override"
+    assert on.metrics.cache.cached_step_indices == eager.metrics.cache.cached_step_indices
 
 
 def test_first_block_cache_counts_equal_eager_under_compile(runner):
     r = req()
     eager = runner.generate(r, "fb32")
-    assert eager.metrics.cached_steps > 0 and eager.metrics.count_check == "agrees with fbcache state"
+    assert eager.metrics.cache.cached_steps > 0 and eager.metrics.cache.count_check == "agrees with fbcache state"
     compiled = runner.generate(r, "fb32", compile_enabled=True)
-    assert compiled.metrics.count_source == "fbcache state"
-    assert compiled.metrics.cached_step_indices == eager.metrics.cached_step_indices
+    assert compiled.metrics.cache.count_source == "fbcache state"
+    assert compiled.metrics.cache.cached_step_indices == eager.metrics.cache.cached_step_indices
 
 
 def test_compile_preset_without_cache_is_fullgraph_and_all_full(runner):
     res = runner.generate(req(), "compile")
-    line = next(x for x in res.metrics.engaged if x.startswith("compile:"))
+    line = next(x for x in res.metrics.labels.engaged if x.startswith("compile:"))
     assert "fullgraph=True" in line
-    assert res.metrics.cached_steps == 0 and res.metrics.full_steps == 12
-    assert res.metrics.count_source == "no step cache engaged: every step computed"
-    assert res.metrics.psnr_db > 35.0
+    assert res.metrics.cache.cached_steps == 0 and res.metrics.cache.full_steps == 12
+    assert res.metrics.cache.count_source == "no step cache engaged: every step computed"
+    assert res.metrics.quality.psnr_db > 35.0
 
 
 def test_the_public_limits_shape_key_is_what_builds_dynamo_graphs(runner):
@@ -128,21 +128,24 @@ def test_whole_model_compile_counts_and_refuses_to_hide_a_cache(runner, tmp_path
     base = runner.generate(r, "b32")
     graphs_before = counters["stats"]["unique_graphs"]
     whole = runner.generate(r, "whole32")
-    assert any(line.startswith("compile: whole transformer, fullgraph=True") for line in whole.metrics.engaged)
-    assert whole.metrics.full_steps == 12 and psnr(whole.image, base.image) > 35.0
+    assert any(line.startswith("compile: whole transformer, fullgraph=True") for line in whole.metrics.labels.engaged)
+    assert whole.metrics.cache.full_steps == 12 and psnr(whole.image, base.image) > 35.0
     # the warm-up really traced and compiled a graph (a first version never switched the compiled forward on)
-    assert counters["stats"]["unique_graphs"] > graphs_before and whole.metrics.compile_s > 1.0
+    assert counters["stats"]["unique_graphs"] > graphs_before and whole.metrics.timing.compile_s > 1.0
     counter = stack_state(runner.manager.current.pipe.transformer).counter
     # the last-block hook is off while blocks are compiled: inside a graph it cannot count, and Dynamo would guard
     # on the counter and recompile on every call (measured: 53 s per run instead of 0.4 s)
     assert counter.hooks_see_blocks is False
     cached = runner.generate(r, "whole-c32")
-    assert cached.metrics.fallbacks == [
+    assert cached.metrics.labels.fallbacks == [
         "compile: skipped, a whole-transformer graph bypasses the step cache (measured: nothing cached); "
         "set compile.regional: true; running eager"
     ]
     eager = runner.generate(r, "c32")
-    assert cached.metrics.cached_step_indices == eager.metrics.cached_step_indices and counter.hooks_see_blocks
+    assert (
+        cached.metrics.cache.cached_step_indices == eager.metrics.cache.cached_step_indices
+        and counter.hooks_see_blocks
+    )
     assert np.array_equal(cached.image, eager.image)
 
 
@@ -171,14 +174,16 @@ def test_lora_hot_swap_under_compile_recompiles_nothing(tiny_runner, tiny_lora, 
     finally:
         fresh.manager.unload()
     first = r.generate(replace(req, loras=(LoraSpec(tiny_lora),)), "cache-compile", compare="off")
-    assert first.metrics.compile_s is not None  # the first LoRA on these weights: compiled (warmed) with its slot
+    assert (
+        first.metrics.timing.compile_s is not None
+    )  # the first LoRA on these weights: compiled (warmed) with its slot
     graphs = counters["stats"]["unique_graphs"]
     got = {k: r.generate(replace(req, loras=lo), "cache-compile", compare="off") for k, lo in asks.items()}
     assert counters["stats"]["unique_graphs"] == graphs  # hot-swap, a new scale, no LoRA: not one recompile
-    assert all(g.metrics.compile_s is None and g.metrics.warmup_s is None for g in got.values())
-    half = got["b-half"].metrics.engaged
+    assert all(g.metrics.timing.compile_s is None and g.metrics.timing.warmup_s is None for g in got.values())
+    half = got["b-half"].metrics.labels.engaged
     assert any(x.startswith(f"lora: {tiny_lora_b} at 0.5 ") and "hot-swap slot" in x for x in half)
-    assert "lora: 1 hot-swap slot(s) held at scale 0" in " ".join(got["none"].metrics.engaged)
+    assert "lora: 1 hot-swap slot(s) held at scale 0" in " ".join(got["none"].metrics.labels.engaged)
     assert psnr(got["b"].image, first.image) < 35  # B's weights are in the slot, not A's
     # B at 0.5 in a slot first filled by A (rank 4, alpha 4) is B's own scale (alpha 4 / rank 8 per unit, halved):
     # the same picture as a studio that never loaded A (peft's set_scale would use A's alpha/rank: twice the scale)
@@ -187,5 +192,8 @@ def test_lora_hot_swap_under_compile_recompiles_nothing(tiny_runner, tiny_lora, 
         eager = r.generate(replace(req, loras=lo), "cache", compare="off")
         m = got[k].metrics
         assert psnr(got[k].image, eager.image) > 40, k  # compiled is rounding away from eager
-        assert m.cached_step_indices == eager.metrics.cached_step_indices and m.count_source == "cache-dit", k
-        assert eager.metrics.count_check.startswith("agrees"), k  # eager: the block hooks and cache-dit agree
+        assert (
+            m.cache.cached_step_indices == eager.metrics.cache.cached_step_indices
+            and m.cache.count_source == "cache-dit"
+        ), k
+        assert eager.metrics.cache.count_check.startswith("agrees"), k  # eager: the block hooks and cache-dit agree

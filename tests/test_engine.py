@@ -50,27 +50,29 @@ def _three_run(runner, preset, threshold):
 def test_three_run_check_cache_dit(runner):
     base, on, off = _three_run(runner, "cache", 0.5)
     m = on.metrics
-    assert m.cached_steps > 0 and m.full_steps + m.cached_steps == 12
+    assert m.cache.cached_steps > 0 and m.cache.full_steps + m.cache.cached_steps == 12
     # warm-up steps 0..3 always computed; never more than 3 cached in a row
-    assert all(i >= 4 for i in m.cached_step_indices)
-    runs = np.diff([-2] + m.cached_step_indices)
+    assert all(i >= 4 for i in m.cache.cached_step_indices)
+    runs = np.diff([-2] + m.cache.cached_step_indices)
     longest = max(len(s) for s in "".join("1" if d == 1 else "0" for d in runs).split("0"))
     assert longest + 1 <= 3
-    assert m.backend_cached_steps == m.cached_step_indices  # our hook count agrees with cache-dit's own
-    assert 25.0 < m.psnr_db < math.inf
+    assert m.cache.backend_cached_steps == m.cache.cached_step_indices  # our hook count agrees with cache-dit's own
+    assert 25.0 < m.quality.psnr_db < math.inf
     assert np.array_equal(off.image, base.image)
-    assert off.metrics.cached_steps == 0
+    assert off.metrics.cache.cached_steps == 0
 
 
 def test_three_run_check_first_block_cache(runner, tmp_path):
     runner.presets.user_dir = tmp_path
     runner.presets.add("fb", "cache_config: {backend: fbcache, residual_diff_threshold: 0.9}\n")
     base, on, off = _three_run(runner, "fb", None)
-    assert "First-Block-Cache R0.9" in " ".join(on.metrics.engaged)
-    assert on.metrics.cached_steps > 0
+    assert "First-Block-Cache R0.9" in " ".join(on.metrics.labels.engaged)
+    assert on.metrics.cache.cached_steps > 0
     # eager: the block hooks count, and First-Block-Cache's own per-call state says the same
-    assert on.metrics.count_source == "block hooks" and on.metrics.count_check == "agrees with fbcache state"
-    assert 20.0 < on.metrics.psnr_db < math.inf
+    assert (
+        on.metrics.cache.count_source == "block hooks" and on.metrics.cache.count_check == "agrees with fbcache state"
+    )
+    assert 20.0 < on.metrics.quality.psnr_db < math.inf
     assert np.array_equal(off.image, base.image)
 
 
@@ -99,7 +101,7 @@ def test_switching_presets_reuses_or_reloads(runner):
     # the full-precision weights were kept beside the INT8 ones (two slots on the CPU): no reload on the way back
     assert not back.metrics.reloaded and tr2 is tr0 and quantized_mode(tr2) == "none"
     assert np.array_equal(back.image, first.image)
-    assert 30.0 < q.metrics.psnr_db < math.inf
+    assert 30.0 < q.metrics.quality.psnr_db < math.inf
 
 
 def test_one_transformer_slot_reloads_and_never_runs_int8_as_base(runner):
@@ -137,31 +139,33 @@ def test_no_state_leaks_between_requests(runner):
     a = runner.generate(r, "cache", cache_threshold=0.5)
     b = runner.generate(r, "cache", cache_threshold=0.5)
     assert np.array_equal(a.image, b.image)
-    assert a.metrics.cached_step_indices == b.metrics.cached_step_indices and a.metrics.cached_steps > 0
+    assert (
+        a.metrics.cache.cached_step_indices == b.metrics.cache.cached_step_indices and a.metrics.cache.cached_steps > 0
+    )
     other = runner.generate(req(seed=4), "cache", cache_threshold=0.5)
     assert not np.array_equal(other.image, a.image)
     after = runner.generate(r, "base")
     assert np.array_equal(before.image, after.image)
-    assert after.metrics.psnr_db == math.inf and after.metrics.speedup == 1.0
+    assert after.metrics.quality.psnr_db == math.inf and after.metrics.timing.speedup == 1.0
 
 
 def test_cpu_fallbacks_say_why_and_match_base(runner):
     r = req()
     base = runner.generate(r, "base")
     sage = runner.generate(r, "sage")
-    assert "sage: unavailable on cpu, using sdpa" not in sage.metrics.engaged  # what runs is listed apart
-    assert sage.metrics.fallbacks == ["sage: unavailable on cpu, using sdpa"]
+    assert "sage: unavailable on cpu, using sdpa" not in sage.metrics.labels.engaged  # what runs is listed apart
+    assert sage.metrics.labels.fallbacks == ["sage: unavailable on cpu, using sdpa"]
     assert np.array_equal(sage.image, base.image)
     full = runner.generate(r, "cache-int8-sage", compile_enabled=False)
-    assert "sage: unavailable on cpu, using sdpa" in full.metrics.fallbacks
+    assert "sage: unavailable on cpu, using sdpa" in full.metrics.labels.fallbacks
 
 
 def test_too_few_steps_runs_uncached_with_reason(runner):
     short = runner.generate(req(steps=6), "cache", cache_threshold=0.5)
-    assert short.metrics.cached_steps == 0 and short.metrics.full_steps == 6
-    assert any("too few to gain" in line for line in short.metrics.fallbacks)
+    assert short.metrics.cache.cached_steps == 0 and short.metrics.cache.full_steps == 6
+    assert any("too few to gain" in line for line in short.metrics.labels.fallbacks)
     longer = runner.generate(req(steps=12), "cache", cache_threshold=0.5)
-    assert longer.metrics.cached_steps > 0
+    assert longer.metrics.cache.cached_steps > 0
 
 
 def test_step_mask_static(runner, tmp_path):
@@ -170,9 +174,9 @@ def test_step_mask_static(runner, tmp_path):
         "masked", "cache_config: {compute_bins: [4, 1, 1], cache_bins: [2, 2, 10], steps_computation_policy: static}\n"
     )
     res = runner.generate(req(steps=10), "masked")
-    assert res.metrics.cached_step_indices == [4, 5, 7, 8]
+    assert res.metrics.cache.cached_step_indices == [4, 5, 7, 8]
     res16 = runner.generate(req(steps=16), "masked")  # the mask is re-sized per run
-    assert res16.metrics.full_steps + res16.metrics.cached_steps == 16
+    assert res16.metrics.cache.full_steps + res16.metrics.cache.cached_steps == 16
 
 
 def test_calibrators_run(runner, tmp_path):
@@ -181,8 +185,8 @@ def test_calibrators_run(runner, tmp_path):
     runner.presets.add("dmd", "cache_config: {residual_diff_threshold: 0.5, enable_dmd: true}\n")
     for name in ("ts", "dmd"):
         res = runner.generate(req(), name)
-        assert res.metrics.cached_steps > 0, name
-        assert res.metrics.psnr_db > 15, (name, res.metrics.psnr_db)
+        assert res.metrics.cache.cached_steps > 0, name
+        assert res.metrics.quality.psnr_db > 15, (name, res.metrics.quality.psnr_db)
 
 
 def test_failed_load_keeps_previous_model(runner, random_model_dir, tmp_path):
@@ -225,19 +229,22 @@ def test_speedup_and_psnr_are_against_the_same_request(runner):
     res = runner.generate(r, "cache", cache_threshold=0.5)
     entry = runner.base_entry(r)
     m = res.metrics
-    assert m.base_denoise_s == entry.denoise_s and m.timed_pairs == 1
+    assert m.timing.base_denoise_s == entry.denoise_s and m.timing.timed_pairs == 1
     # the one estimator (studio.measure.estimate): the pair's base run over the stack's, each priced by its floor
-    est = speedup(entry.runs, [Run.of(m.step_ms, m.cached_step_indices)])
+    est = speedup(entry.runs, [Run.of(m.timing.step_ms, m.cache.cached_step_indices)])
     assert len(entry.runs) == 1
-    if m.speedup_note is None:
-        assert m.speedup == pytest.approx(est.point) and (m.speedup_lo, m.speedup_hi) == pytest.approx(
-            (est.lo, est.hi)
-        )
+    if m.timing.speedup_note is None:
+        assert m.timing.speedup == pytest.approx(est.point) and (
+            m.timing.speedup_lo,
+            m.timing.speedup_hi,
+        ) == pytest.approx((est.lo, est.hi))
     else:  # a useless interval, or a reading over its ideal: no number, and why
-        assert m.speedup is None and m.speedup_note.startswith(("timing too noisy to show", "measurement error"))
-    assert res.metrics.psnr_db == pytest.approx(psnr(res.image, entry.image))
-    assert len(res.metrics.step_ms) == 12
-    assert sum(res.metrics.step_ms) / 1e3 == pytest.approx(res.metrics.denoise_s, rel=1e-6)
+        assert m.timing.speedup is None and m.timing.speedup_note.startswith(
+            ("timing too noisy to show", "measurement error")
+        )
+    assert res.metrics.quality.psnr_db == pytest.approx(psnr(res.image, entry.image))
+    assert len(res.metrics.timing.step_ms) == 12
+    assert sum(res.metrics.timing.step_ms) / 1e3 == pytest.approx(res.metrics.timing.denoise_s, rel=1e-6)
 
 
 def test_cli_generate_json(random_model_dir, tmp_path):
@@ -329,25 +336,28 @@ def test_base_timing_is_retaken_beside_each_cheap_run_and_kept_for_expensive_one
     again = runner.base_entry(r)
     # cheap runs: a fresh, warm base timing right before each run, in the same call
     assert again.timed_at > entry.timed_at and np.array_equal(again.image, entry.image)
-    assert a.metrics.timing == (
+    assert a.metrics.timing.how == (
         "warm-up run done in this call, median of 3 timed runs interleaved with base; base timed warm right before, "
         "in this call"
     )  # (why the pairs stopped is the speed-up's: the card's vs base row, fmt.pairs)
-    assert a.metrics.timed_pairs == 3
+    assert a.metrics.timing.timed_pairs == 3
     # what the speed-up divides: the two floor prices, each at most its side's median wall time
     m = a.metrics
-    assert m.denoise_priced_s <= m.denoise_s and m.base_priced_s <= m.base_denoise_s
-    if m.speedup is not None:
-        assert m.speedup == pytest.approx(m.base_priced_s / m.denoise_priced_s, rel=1e-9)
-    assert a.metrics.pairs_stop in ("the interval is within ±5% of its point", "at most 3 pairs")
-    assert b.metrics.base_denoise_s == again.denoise_s and 0 < b.metrics.base_age_s < b.metrics.total_s  # this call
+    assert m.timing.denoise_priced_s <= m.timing.denoise_s and m.timing.base_priced_s <= m.timing.base_denoise_s
+    if m.timing.speedup is not None:
+        assert m.timing.speedup == pytest.approx(m.timing.base_priced_s / m.timing.denoise_priced_s, rel=1e-9)
+    assert a.metrics.timing.pairs_stop in ("the interval is within ±5% of its point", "at most 3 pairs")
+    assert (
+        b.metrics.timing.base_denoise_s == again.denoise_s
+        and 0 < b.metrics.timing.base_age_s < b.metrics.timing.total_s
+    )  # this call
     # expensive runs (pretend: the bound is under this base's denoise time): kept while young, re-timed when old
     runner.pairing = replace(runner.pairing, retime_under_s=0.0)
     # (a kept base timed more than once may stand alone: the pairing's own rule, tested in test_honest.py)
     again = runner.base_entry(r)
     assert again.agreed and len(again.runs) >= 2
     c = runner.generate(r, "cache", cache_threshold=0.5)
-    assert runner.base_entry(r).timed_at == again.timed_at and "s before (kept)" in c.metrics.timing
+    assert runner.base_entry(r).timed_at == again.timed_at and "s before (kept)" in c.metrics.timing.how
     assert runner.pairing.reusable(again, now=again.timed_at + runner.pairing.max_age_s - 1)
     assert not runner.pairing.reusable(again, now=again.timed_at + runner.pairing.max_age_s + 1)
 
@@ -361,11 +371,13 @@ def test_a_caller_that_times_base_itself_gets_one_base_run_when_none_is_kept(run
     res = runner.generate(r, "cache", cache_threshold=0.5, pairing=CALLER_TIMES_BASE)
     # (a stall that hit the run is the speed-up's fact: the card's vs base row, fmt.pairs)
     said = "warm-up run done in this call, 1 timed run; base timed warm right before, in this call"
-    assert res.metrics.timing == said
-    assert 0 < res.metrics.base_age_s < res.metrics.total_s  # the base was timed in this call, not at -inf
+    assert res.metrics.timing.how == said
+    assert (
+        0 < res.metrics.timing.base_age_s < res.metrics.timing.total_s
+    )  # the base was timed in this call, not at -inf
     kept = runner.base_entry(r)
     again = runner.generate(r, "cache", cache_threshold=0.5, pairing=CALLER_TIMES_BASE)
-    assert runner.base_entry(r) is kept and "s before (kept)" in again.metrics.timing  # used as it is
+    assert runner.base_entry(r) is kept and "s before (kept)" in again.metrics.timing.how  # used as it is
 
 
 def _transformer_calls(runner, r, preset, **kw):
@@ -446,18 +458,18 @@ def test_compare_auto_on_a_known_shape_runs_the_stack_once_and_no_base(runner):
     res, calls = _transformer_calls(runner, b, "cache", compare="auto")
     m = res.metrics
     assert calls == a.steps  # one run of the stack: no base run, no warm-up (this stack is warm at this shape)
-    assert "base timed on a request of the same shape (prompt and seed aside)" in m.timing
-    assert m.base_denoise_s == runner.shapes.get(next(iter(runner.shapes._entries))).denoise_s
-    assert res.base_image is None and m.psnr_db is None and str(m.quality) == "not compared"
+    assert "base timed on a request of the same shape (prompt and seed aside)" in m.timing.how
+    assert m.timing.base_denoise_s == runner.shapes.get(next(iter(runner.shapes._entries))).denoise_s
+    assert res.base_image is None and m.quality.psnr_db is None and str(m.quality.verdict) == "not compared"
     for _ in range(3):  # a quiet reading of this request to hold the slowed one against (withheld: time base again)
         on = runner.generate(b, "cache", cache_threshold=0.5, compare="on")  # "Compare with base"
-        assert on.metrics.psnr_db is not None and np.array_equal(on.image, res.image)
+        assert on.metrics.quality.psnr_db is not None and np.array_equal(on.image, res.image)
         again, calls = _transformer_calls(runner, b, "cache", compare="auto")  # now this request's picture is kept
-        assert calls == a.steps and again.metrics.psnr_db == on.metrics.psnr_db
-        if again.metrics.speedup is not None:
+        assert calls == a.steps and again.metrics.quality.psnr_db == on.metrics.quality.psnr_db
+        if again.metrics.timing.speedup is not None:
             break
-    quiet = again.metrics.speedup
-    assert quiet is not None, again.metrics.speedup_note
+    quiet = again.metrics.timing.speedup
+    assert quiet is not None, again.metrics.timing.speedup_note
     # the machine slows down after the base timing was kept: every transformer call takes twice its own time (a
     # process beside it taking half the core, as load on a shared CPU does: a factor on the work, not a constant per
     # call). The stack's own full steps, now against beside that timing, say by how much, and the kept base timing is
@@ -469,14 +481,21 @@ def test_compare_auto_on_a_known_shape_runs_the_stack_once_and_no_base(runner):
     finally:
         half.remove()
     # the block clock sees the slowdown inside the blocks as the step does: the ideal stays where the quiet run put it
-    assert abs(slow.ideal_speedup / again.metrics.ideal_speedup - 1) < 0.15, (slow.ideal_speedup, again.metrics)
-    if slow.speedup is None:
-        assert "compare on would help" in slow.speedup_note, slow.speedup_note
+    assert abs(slow.cache.ideal_speedup / again.metrics.cache.ideal_speedup - 1) < 0.15, (
+        slow.cache.ideal_speedup,
+        again.metrics,
+    )
+    if slow.timing.speedup is None:
+        assert "compare on would help" in slow.timing.speedup_note, slow.timing.speedup_note
     else:  # the kept base floor over this run's floor price, unscaled: what scaling by the run's own steps corrects
         kept = runner.shapes.get(next(iter(runner.shapes._entries)))
-        naive = len(kept.step_ms) * min(kept.step_ms) / price_ms([Run.of(slow.step_ms, slow.cached_step_indices)])
-        assert naive < 0.75 * slow.speedup, (naive, slow.speedup)  # the slowdown is there, and taken out
-        assert abs(slow.speedup / quiet - 1) < 0.15, (slow.speedup, quiet)
+        naive = (
+            len(kept.timing.step_ms)
+            * min(kept.timing.step_ms)
+            / price_ms([Run.of(slow.timing.step_ms, slow.cache.cached_step_indices)])
+        )
+        assert naive < 0.75 * slow.timing.speedup, (naive, slow.timing.speedup)  # the slowdown is there, and taken out
+        assert abs(slow.timing.speedup / quiet - 1) < 0.15, (slow.timing.speedup, quiet)
     # another shape (fewer steps) is not known: auto pairs base beside the run, as `on` does
     _, calls = _transformer_calls(runner, req(steps=8), "cache", compare="auto")
     assert calls >= 2 * 8  # a base run beside the stack's (one pair here)
@@ -490,15 +509,19 @@ def test_every_stack_warms_up_once_per_shape_untimed(runner):
     runner.pairing = replace(Pairing(), retime_under_s=1e9, max_extra_pairs=0)  # cheap, 3 pairs exactly
     r = req()
     first = runner.generate(r, "base")
-    assert first.metrics.warmup_s is not None and first.metrics.timing.startswith("warm-up run done in this call")
+    assert first.metrics.timing.warmup_s is not None and first.metrics.timing.how.startswith(
+        "warm-up run done in this call"
+    )
     cached = runner.generate(r, "cache", cache_threshold=0.5)  # 3 timed pairs: the call's warm-up is still shown
-    assert cached.metrics.warmup_s is not None and cached.metrics.timing.startswith("warm-up run done in this call")
+    assert cached.metrics.timing.warmup_s is not None and cached.metrics.timing.how.startswith(
+        "warm-up run done in this call"
+    )
     second = runner.generate(r, "base")
-    assert second.metrics.warmup_s is None and second.metrics.timing.startswith("warm-up run done earlier")
+    assert second.metrics.timing.warmup_s is None and second.metrics.timing.how.startswith("warm-up run done earlier")
     # a cheap base is timed as it is beside any other stack: the median of 3 runs, not one lone run
-    assert second.metrics.timing == "warm-up run done earlier, median of 3 timed runs"
+    assert second.metrics.timing.how == "warm-up run done earlier, median of 3 timed runs"
     bigger = runner.generate(req(width=80, height=80), "base")
-    assert bigger.metrics.warmup_s is not None  # a new shape is a new warm-up
+    assert bigger.metrics.timing.warmup_s is not None  # a new shape is a new warm-up
 
 
 def test_warm_up_runs_each_stack_once_untimed(runner):
@@ -506,7 +529,7 @@ def test_warm_up_runs_each_stack_once_untimed(runner):
     first = runner.warm_up(r, ["base", "cache"])
     assert len(first) == 2 and all(t > 0 for t in first)
     assert runner.warm_up(r, ["base", "cache"]) == [0.0, 0.0]  # already warm: nothing runs
-    assert runner.generate(r, "base").metrics.warmup_s is None
+    assert runner.generate(r, "base").metrics.timing.warmup_s is None
 
 
 def test_a_public_manager_loads_only_its_allow_list(random_model_dir):
@@ -554,7 +577,7 @@ def test_a_failure_inside_the_pipeline_is_one_sentence_and_changes_nothing(runne
     assert free == [True]
     after = runner.generate(r, "cache", cache_threshold=0.5)
     assert np.array_equal(after.image, before.image)
-    assert after.metrics.cached_step_indices == before.metrics.cached_step_indices
+    assert after.metrics.cache.cached_step_indices == before.metrics.cache.cached_step_indices
 
 
 def test_a_compile_that_fails_on_its_first_run_falls_back_to_eager_with_the_reason(runner, monkeypatch):
@@ -574,10 +597,10 @@ def test_a_compile_that_fails_on_its_first_run_falls_back_to_eager_with_the_reas
     eager = runner.generate(r, "cache", cache_threshold=0.5)
     res = runner.generate(r, "cache-compile", cache_threshold=0.5)
     line = "compile: failed on its first run (RuntimeError: InductorError: C++ compile error), running eager"
-    assert res.metrics.fallbacks == [line] and res.metrics.compile_s is None
+    assert res.metrics.labels.fallbacks == [line] and res.metrics.timing.compile_s is None
     assert np.array_equal(res.image, eager.image)  # it ran the eager stack, and says so
     again = runner.generate(r, "cache-compile", cache_threshold=0.5)
-    assert again.metrics.fallbacks == [line]  # not retried on every click
+    assert again.metrics.labels.fallbacks == [line]  # not retried on every click
 
 
 def test_a_first_run_that_fails_eagerly_too_is_not_blamed_on_compile(runner, monkeypatch):
@@ -600,7 +623,7 @@ def test_a_first_run_that_fails_eagerly_too_is_not_blamed_on_compile(runner, mon
         runner.generate(r, "cache-compile", cache_threshold=0.5)
     monkeypatch.setattr(run, "call_pipe", real)
     ok = runner.generate(r, "cache-compile", cache_threshold=0.5)
-    assert ok.metrics.fallbacks == [] and ok.metrics.compile_s is not None
+    assert ok.metrics.labels.fallbacks == [] and ok.metrics.timing.compile_s is not None
 
 
 def test_a_bug_inside_a_run_stays_a_bug_and_is_logged_with_its_traceback(runner, monkeypatch, caplog):
@@ -632,16 +655,16 @@ def test_operator_caps_refuse_with_a_sentence_before_any_model_work(runner):
         runner.generate(req(), "base")
     with pytest.raises(ValueError, match="width 80 is over this studio's limit of 64"):
         runner.generate(req(steps=10, width=80), "base")
-    assert runner.generate(req(steps=10), "base").metrics.full_steps == 10
+    assert runner.generate(req(steps=10), "base").metrics.cache.full_steps == 10
 
 
 def test_a_prompt_past_the_text_window_says_what_was_dropped(runner):
     long = " ".join(["a red circle in the center, blue background"] * 6)  # ~50 T5 tokens; the profile reads 32
     res = runner.generate(req(prompt=long), "base")
-    line = next(x for x in res.metrics.engaged if x.startswith("prompt: "))
+    line = next(x for x in res.metrics.labels.engaged if x.startswith("prompt: "))
     n = int(line.split()[1])
     assert n > 32 and line == f"prompt: {n} tokens, the model reads 32; the rest was dropped"
-    assert not any(x.startswith("prompt: ") for x in runner.generate(req(), "base").metrics.engaged)
+    assert not any(x.startswith("prompt: ") for x in runner.generate(req(), "base").metrics.labels.engaged)
 
 
 def test_a_preset_corrupted_on_disk_is_refused_by_name_and_the_others_work(runner, tmp_path):
@@ -652,8 +675,8 @@ def test_a_preset_corrupted_on_disk_is_refused_by_name_and_the_others_work(runne
     (tmp_path / "mine.yaml").write_text("cache_config: {residual_diff_threshold: [0.5\n")  # cut off mid-write
     with pytest.raises(ValueError, match=r"mine.yaml: not valid YAML"):
         runner.generate(r, "mine")
-    assert runner.generate(r, "cache", cache_threshold=0.5).metrics.cached_step_indices == (
-        good.metrics.cached_step_indices
+    assert runner.generate(r, "cache", cache_threshold=0.5).metrics.cache.cached_step_indices == (
+        good.metrics.cache.cached_step_indices
     )
     assert "mine" in runner.presets.names()  # still listed, so the user sees which one to fix
 
@@ -669,7 +692,7 @@ def test_a_backend_that_fails_its_first_forward_falls_back_with_the_reason(runne
     r = req()
     base = runner.generate(r, "base")
     sage = runner.generate(r, "sage")
-    assert sage.metrics.fallbacks == [
+    assert sage.metrics.labels.fallbacks == [
         "sage: failed a test call (RuntimeError: No viable backend for scaled_dot_product_attention), using sdpa"
     ]
     assert np.array_equal(sage.image, base.image)
@@ -696,10 +719,13 @@ def test_a_request_over_its_time_limit_stops_between_steps_and_the_next_runs_as_
     assert runner.deadline is None  # the limit was the request's own
     after = dev.generate(req, "cache", compare="off")
     assert np.array_equal(after.image, before.image)
-    assert after.metrics.cached_step_indices == before.metrics.cached_step_indices
+    assert after.metrics.cache.cached_step_indices == before.metrics.cache.cached_step_indices
     with pytest.raises(OverTime, match=r"limit of 0\.001 s per request and was stopped (before|after)"):
         dev.matrix(req, ["base", "cache"], repeats=1, time_limit_s=0.001)
-    assert dev.generate(req, "cache", compare="off").metrics.cached_step_indices == before.metrics.cached_step_indices
+    assert (
+        dev.generate(req, "cache", compare="off").metrics.cache.cached_step_indices
+        == before.metrics.cache.cached_step_indices
+    )
 
 
 def test_true_cfg_and_a_negative_prompt_run_two_calls_a_step_and_scale_one_turns_it_off(runner):
@@ -711,18 +737,18 @@ def test_true_cfg_and_a_negative_prompt_run_two_calls_a_step_and_scale_one_turns
     req = runner.request(PROMPT, steps=8)
     plain = runner.generate(req, "cache", compare="off")
     off = runner.generate(replace(req, true_cfg_scale=1.0), "cache", compare="off")
-    assert plain.metrics.transformer_calls == off.metrics.transformer_calls == 8
-    assert np.array_equal(plain.image, off.image) and not any("true CFG" in x for x in off.metrics.engaged)
+    assert plain.metrics.cache.transformer_calls == off.metrics.cache.transformer_calls == 8
+    assert np.array_equal(plain.image, off.image) and not any("true CFG" in x for x in off.metrics.labels.engaged)
     cfg = runner.generate(replace(req, true_cfg_scale=3.0, negative_prompt="green"), "cache")
     m = cfg.metrics
-    assert m.transformer_calls == 16 and m.cached_steps + m.full_steps == 8
+    assert m.cache.transformer_calls == 16 and m.cache.cached_steps + m.cache.full_steps == 8
     line = 'true CFG 3, negative prompt "green": 2 transformer calls per step'
     assert (
-        line in m.engaged
+        line in m.labels.engaged
         and html.escape(line) in metrics_card(m)
-        and any("CFG branches cached apart" in x for x in m.engaged)
+        and any("CFG branches cached apart" in x for x in m.labels.engaged)
     )
-    assert m.psnr_db is not None and m.psnr_db > 20  # against the base run of the same CFG request
+    assert m.quality.psnr_db is not None and m.quality.psnr_db > 20  # against the base run of the same CFG request
     other = runner.generate(replace(req, true_cfg_scale=3.0, negative_prompt="red"), "cache", compare="off")
     assert not np.array_equal(other.image, cfg.image)  # the negative prompt is read
 
@@ -741,16 +767,22 @@ def test_a_batch_under_the_cache_is_its_single_runs_each_picture_judged_and_the_
     one_pair = replace(r.pairing, cheap_pairs=1, max_extra_pairs=0)  # the pictures are the point here, not the time
     both = r.generate(replace(req, num_images_per_prompt=2), "cache", pairing=one_pair)
     m = both.metrics
-    assert both.image.shape == (128, 64, 3) and m.transformer_calls == 10 and m.cached_steps + m.full_steps == 10
-    assert m.cached_steps > 0
+    assert (
+        both.image.shape == (128, 64, 3)
+        and m.cache.transformer_calls == 10
+        and m.cache.cached_steps + m.cache.full_steps == 10
+    )
+    assert m.cache.cached_steps > 0
     pics = split_batch(both.image, 2)
     for i, own in enumerate(singles):
         other = singles[1 - i]
         assert psnr(pics[i], own) >= 40 and psnr(pics[i], own) > psnr(pics[i], other) + 10
-    assert [b["seed"] for b in m.batch] == [42, 43] and all(b["psnr_db"] >= 35 for b in m.batch)
-    assert m.psnr_db >= min(b["psnr_db"] for b in m.batch) and "2 pictures in one call (seed 42: " in metrics_card(m)
+    assert [b["seed"] for b in m.quality.batch] == [42, 43] and all(b["psnr_db"] >= 35 for b in m.quality.batch)
+    assert m.quality.psnr_db >= min(
+        b["psnr_db"] for b in m.quality.batch
+    ) and "2 pictures in one call (seed 42: " in metrics_card(m)
     bases = split_batch(both.base_image, 2)  # the base batch: each picture is the base of its seed
-    assert all(psnr(pics[i], bases[i]) == m.batch[i]["psnr_db"] for i in range(2))
+    assert all(psnr(pics[i], bases[i]) == m.quality.batch[i]["psnr_db"] for i in range(2))
     assert np.array_equal(r.generate(replace(req, seed=42), "cache", compare="off").image, singles[0])
     with pytest.raises(ConfigError, match="num_images_per_prompt"):
         replace(req, num_images_per_prompt=5)
@@ -769,16 +801,21 @@ def test_img2img_and_inpaint_count_the_steps_that_run_keep_their_cache_apart_and
     assert (i2i.task, i2i.executed_steps) == ("img2img", 14)
     first = r.generate(i2i, "cache", pairing=replace(r.pairing, cheap_pairs=1, max_extra_pairs=0))
     m = first.metrics
-    assert m.cached_steps + m.full_steps == 14 and len(m.step_ms) == 14 and m.cached_steps > 0
-    assert m.count_check.startswith("agrees") and max(m.cached_step_indices) < 14
-    assert m.psnr_db >= 30 and m.request["image"].startswith("64x64 sha1:")  # base on the same picture
+    assert m.cache.cached_steps + m.cache.full_steps == 14 and len(m.timing.step_ms) == 14 and m.cache.cached_steps > 0
+    assert m.cache.count_check.startswith("agrees") and max(m.cache.cached_step_indices) < 14
+    assert m.quality.psnr_db >= 30 and m.request["image"].startswith("64x64 sha1:")  # base on the same picture
     again = r.generate(i2i, "cache", compare="off")
-    assert np.array_equal(again.image, first.image) and again.metrics.cached_step_indices == m.cached_step_indices
+    assert (
+        np.array_equal(again.image, first.image)
+        and again.metrics.cache.cached_step_indices == m.cache.cached_step_indices
+    )
     assert np.array_equal(r.generate(t2i, "cache", compare="off").image, alone.image)
     mask = np.zeros((64, 64), np.uint8)
     mask[:, :32] = 255
     inp = r.generate(replace(i2i, mask_image=mask, strength=0.8), "cache", compare="off").metrics
-    assert inp.cached_steps + inp.full_steps == 23 and inp.count_check.startswith("agrees")  # 28 - int(28 - 22.4)
+    assert inp.cache.cached_steps + inp.cache.full_steps == 23 and inp.cache.count_check.startswith(
+        "agrees"
+    )  # 28 - int(28 - 22.4)
     assert np.array_equal(r.generate(t2i, "cache", compare="off").image, alone.image)
     with pytest.raises(ConfigError, match="a mask needs an input picture"):
         replace(t2i, mask_image=mask)
@@ -802,9 +839,9 @@ def test_a_lora_changes_the_picture_composes_with_the_cache_and_switching_reload
     with_lora = r.generate(lora, "cache", pairing=replace(r.pairing, cheap_pairs=1, max_extra_pairs=0))
     m = with_lora.metrics
     assert psnr(with_lora.image, plain.image) < 35  # the adapter is read
-    assert m.count_check.startswith("agrees") and m.cached_steps + m.full_steps == 12
-    assert m.psnr_db >= 30 and m.request["loras"] == f"{tiny_lora}@1"  # against base with the same LoRA
-    assert any(x.startswith(f"lora: {tiny_lora} at 1 ") for x in m.engaged) and not m.reloaded
+    assert m.cache.count_check.startswith("agrees") and m.cache.cached_steps + m.cache.full_steps == 12
+    assert m.quality.psnr_db >= 30 and m.request["loras"] == f"{tiny_lora}@1"  # against base with the same LoRA
+    assert any(x.startswith(f"lora: {tiny_lora} at 1 ") for x in m.labels.engaged) and not m.reloaded
     half = r.generate(replace(req, loras=(LoraSpec(tiny_lora, 0.5),)), "cache", compare="off").image
     assert psnr(half, plain.image) > psnr(with_lora.image, plain.image)  # the scale is read
     after = r.generate(req, "cache", compare="off")
@@ -836,13 +873,15 @@ def test_a_presets_lora_is_fused_before_int8_and_its_base_image_has_it(tiny_runn
     m = res.metrics
     assert m.request["loras"] == f"{tiny_lora}@1"  # the preset's LoRA is on the request: base ran with it
     assert f"lora: {tiny_lora} at 1 (diffusers load_lora_weights, fused into the weights before quantization)" in (
-        m.engaged
+        m.labels.engaged
     )
-    assert any(x.startswith("quantize: torchao int8_weight_only") for x in m.engaged)
+    assert any(x.startswith("quantize: torchao int8_weight_only") for x in m.labels.engaged)
     with_lora = r.generate(replace(req, loras=(LoraSpec(tiny_lora),)), "base", compare="off").image
     plain = r.generate(req, "base", compare="off").image
     assert np.array_equal(res.base_image, with_lora)  # its base is base with the LoRA, as an adapter
-    assert m.psnr_db >= 30 and psnr(res.image, with_lora) > psnr(res.image, plain) + 3  # the fused LoRA is read
+    assert (
+        m.quality.psnr_db >= 30 and psnr(res.image, with_lora) > psnr(res.image, plain) + 3
+    )  # the fused LoRA is read
     with pytest.raises(ConfigError, match="name it in the preset's `loras`"):
         r.generate(replace(req, loras=(LoraSpec(tiny_lora_b),)), "int8-lora", compare="off")
 

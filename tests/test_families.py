@@ -36,13 +36,19 @@ def test_three_run_check_and_counts_agree_with_cache_dit(family):
     on = runner.generate(req, "cache", cache_threshold=R)
     off = runner.generate(req, "cache", cache_enabled=False)
     m = on.metrics
-    assert m.cached_steps > 0 and m.cached_steps + m.full_steps == req.steps, (name, m.cached_step_indices)
-    assert m.count_source == "block hooks" and m.count_check == "agrees with cache-dit", (name, m.count_check)
-    assert m.backend_cached_steps == m.cached_step_indices
+    assert m.cache.cached_steps > 0 and m.cache.cached_steps + m.cache.full_steps == req.steps, (
+        name,
+        m.cache.cached_step_indices,
+    )
+    assert m.cache.count_source == "block hooks" and m.cache.count_check == "agrees with cache-dit", (
+        name,
+        m.cache.count_check,
+    )
+    assert m.cache.backend_cached_steps == m.cache.cached_step_indices
     # the guard raises no false alarm on a correct cache (telling noise from a picture needs a clean base image,
     # which random weights do not draw: that half of the guard is checked on the embedded model)
-    assert 30.0 < m.psnr_db < np.inf and m.quality in (Verdict.GOOD, Verdict.LOSSY) and not m.broken
-    assert np.array_equal(off.image, base.image) and off.metrics.cached_steps == 0
+    assert 30.0 < m.quality.psnr_db < np.inf and m.quality.verdict in (Verdict.GOOD, Verdict.LOSSY) and not m.broken
+    assert np.array_equal(off.image, base.image) and off.metrics.cache.cached_steps == 0
 
 
 def test_quantize_and_compile_stacks(family):
@@ -50,14 +56,14 @@ def test_quantize_and_compile_stacks(family):
     req = runner.request(PROMPT, seed=1)
     eager = runner.generate(req, "cache", cache_threshold=R)
     q = runner.generate(req, "int8", compile_enabled=False)  # eager (weight-only); compiled below
-    assert q.metrics.psnr_db > 30.0 and not q.metrics.fallbacks, (name, q.metrics.fallbacks)
+    assert q.metrics.quality.psnr_db > 30.0 and not q.metrics.labels.fallbacks, (name, q.metrics.labels.fallbacks)
     cc = runner.generate(req, "cache-compile", cache_threshold=R)
-    line = next(x for x in cc.metrics.engaged + cc.metrics.fallbacks if x.startswith("compile:"))
+    line = next(x for x in cc.metrics.labels.engaged + cc.metrics.labels.fallbacks if x.startswith("compile:"))
     if line.startswith("compile: regional"):  # compiled: counted from cache-dit's list, the eager stack's steps
-        assert cc.metrics.count_source == "cache-dit" and cc.metrics.compile_s is not None
+        assert cc.metrics.cache.count_source == "cache-dit" and cc.metrics.timing.compile_s is not None
     else:  # no repeated blocks (SD3): refused with the reason, eager
-        assert "has no _repeated_blocks" in line and cc.metrics.fallbacks == [line]
-    assert cc.metrics.cached_step_indices == eager.metrics.cached_step_indices, name
+        assert "has no _repeated_blocks" in line and cc.metrics.labels.fallbacks == [line]
+    assert cc.metrics.cache.cached_step_indices == eager.metrics.cache.cached_step_indices, name
     assert psnr(cc.image, eager.image) > 35.0
 
 
@@ -68,11 +74,14 @@ def test_qwen_image_cache_follows_the_cfg_mode_of_each_request(tmp_path):
         for cfg, calls in ((1.0, 1), (4.0, 2)):  # no CFG: one call per step; true CFG: cond + uncond
             req = runner.request(PROMPT, seed=1, steps=20, true_cfg_scale=cfg)
             m = runner.generate(req, "cache", cache_threshold=R).metrics
-            assert m.transformer_calls == calls * 20
+            assert m.cache.transformer_calls == calls * 20
             # cache-dit wired for the run's real calls: its list and the block hooks agree (with the adapter's
             # default of two calls per step, the one-call run gave [4, 5, 6, 8, 9] against [8..13, 16..19])
-            assert m.count_check == "agrees with cache-dit" and m.cached_steps > 0, (cfg, m.count_check)
-            assert ("CFG branches cached apart" in " ".join(m.engaged)) == (calls == 2)
+            assert m.cache.count_check == "agrees with cache-dit" and m.cache.cached_steps > 0, (
+                cfg,
+                m.cache.count_check,
+            )
+            assert ("CFG branches cached apart" in " ".join(m.labels.engaged)) == (calls == 2)
     finally:
         runner.manager.unload()
 
@@ -136,9 +145,18 @@ def test_flux_kontext_reads_its_picture_as_a_reference_under_the_cache(tmp_path)
         red[..., 0], blue[..., 2] = 220, 220
         edit = runner.generate(replace(req, image=red), "kc")
         m = edit.metrics
-        assert "edit: FluxKontextPipeline read the input picture as a reference (64x64); all 12 steps ran" in m.engaged
-        assert m.cached_steps > 0 and m.cached_steps + m.full_steps == 12 and m.count_check.startswith("agrees")
-        assert m.psnr_db is not None and m.psnr_db >= 25 and m.request["image"].startswith("64x64 sha1:")
+        assert (
+            "edit: FluxKontextPipeline read the input picture as a reference (64x64); all 12 steps ran"
+            in m.labels.engaged
+        )
+        assert (
+            m.cache.cached_steps > 0
+            and m.cache.cached_steps + m.cache.full_steps == 12
+            and m.cache.count_check.startswith("agrees")
+        )
+        assert (
+            m.quality.psnr_db is not None and m.quality.psnr_db >= 25 and m.request["image"].startswith("64x64 sha1:")
+        )
         tr = runner.manager.current.pipe.transformer
         seen = []
         hook = tr.register_forward_pre_hook(

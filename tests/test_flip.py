@@ -90,7 +90,7 @@ def test_judge_carries_flip_and_a_batch_takes_its_pictures():
 
 @quick
 def test_flip_on_the_card_the_tables_and_its_picture():
-    from studio.measure.record import RunMetrics
+    from studio.measure.record import RunQuality
     from studio.report import fmt
     from studio.report.card import metrics_card
     from studio.report.images import FLIP_FRAME_RGB, flip_picture
@@ -103,7 +103,7 @@ def test_flip_on_the_card_the_tables_and_its_picture():
         in (metrics_card(m))
     )
     assert "<td>FLIP</td>" not in metrics_card(make_metrics())  # not compared by FLIP: no row
-    assert RunMetrics.__dataclass_fields__["flip"].default is None and m.as_dict()["flip_worst_tile_yx"] == [8, 16]
+    assert RunQuality.__dataclass_fields__["flip"].default is None and m.as_dict()["flip_worst_tile_yx"] == [8, 16]
     row = MatrixRow.from_metrics(m)
     assert dict(zip(AB_COLUMNS, row.ab_cells()))["FLIP"] == "0.0123"
     mat = Matrix(None, "m", [row], {}, 1)
@@ -125,8 +125,12 @@ def test_flip_of_the_embedded_model_cache_against_base(tiny_runner):
     req = tiny_runner.request("a red circle in the center, blue background", seed=42)
     res = tiny_runner.generate(req, "cache")
     m = res.metrics
-    assert m.cached_steps > 0 and 0.0 < m.flip < m.flip_worst_tile < 1.0
-    assert m.flip == pytest.approx(flip(res.image, res.base_image).mean, abs=1e-12)
-    assert m.as_dict()["flip"] == m.flip and len(m.flip_worst_tile_yx) == 2
+    assert m.cache.cached_steps > 0 and 0.0 < m.quality.flip < m.quality.flip_worst_tile < 1.0
+    assert m.quality.flip == pytest.approx(flip(res.image, res.base_image).mean, abs=1e-12)
+    assert m.as_dict()["flip"] == m.quality.flip and len(m.quality.flip_worst_tile_yx) == 2
     off = tiny_runner.generate(req, "cache", cache_enabled=False).metrics
-    assert math.isinf(off.psnr_db) and (off.flip, off.flip_worst_tile, off.flip_worst_tile_yx) == (0.0, 0.0, [0, 0])
+    assert math.isinf(off.quality.psnr_db) and (
+        off.quality.flip,
+        off.quality.flip_worst_tile,
+        off.quality.flip_worst_tile_yx,
+    ) == (0.0, 0.0, [0, 0])

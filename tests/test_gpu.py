@@ -39,16 +39,16 @@ def test_the_8bit_forms_engage_on_the_gpu_in_the_form_auto_names(gpu_runner):
     major, minor = torch.cuda.get_device_capability()
     want = "fp8dq" if (major, minor) >= (8, 9) else "int8dq"
     m = gpu_runner.generate(REQ, "int8", compare=False).metrics
-    assert m.tag.split("+")[1] == want and not m.label_changes, (m.tag, m.fallbacks)
+    assert m.labels.tag.split("+")[1] == want and not m.labels.label_changes, (m.labels.tag, m.labels.fallbacks)
     wo = gpu_runner.generate(REQ, "int8-weight-only", compare=False).metrics
-    assert wo.tag.split("+")[1] == "int8wo" and not wo.label_changes, wo.fallbacks
+    assert wo.labels.tag.split("+")[1] == "int8wo" and not wo.labels.label_changes, wo.labels.fallbacks
 
 
 def test_sage1_runs_its_real_kernel_close_to_sdpa(gpu_runner):
     pytest.importorskip("sageattention", reason="sageattention is not installed here")
     base = gpu_runner.generate(REQ, "base", compare=False)
     sage = gpu_runner.generate(REQ, "sage", compare=False)
-    assert "sage" in sage.metrics.tag and not sage.metrics.label_changes, sage.metrics.fallbacks
+    assert "sage" in sage.metrics.labels.tag and not sage.metrics.labels.label_changes, sage.metrics.labels.fallbacks
     assert psnr(sage.image, base.image) > 25  # INT8 QK: lossy, never noise
 
 
@@ -58,7 +58,7 @@ def test_offload_regimes_give_the_resident_pixels_while_weights_move(gpu_runner,
     gpu_runner.presets.add("off", f"dtype: float32\noffload_config: {{policy: {regime}}}\n")
     base = gpu_runner.generate(REQ, "b32", compare=False).image
     res = gpu_runner.generate(REQ, "off", compare=False)
-    assert not res.metrics.label_changes, res.metrics.fallbacks
+    assert not res.metrics.labels.label_changes, res.metrics.labels.fallbacks
     # real copies between host and device: diffusers' own offload tests allow 1e-4 on latents; pixels: one level
     assert np.abs(res.image.astype(int) - base.astype(int)).max() <= 1
 
@@ -75,8 +75,8 @@ def test_compile_ahead_of_time_on_cuda_as_zerogpu_runs_it(gpu_runner, tmp_path):
     with using(zerogpu=True, aot_dir=str(tmp_path / "aot")):
         eager = gpu_runner.generate(REQ, "cache32", compare=False)
         aot = gpu_runner.generate(REQ, "cache-compile32", compare=False)
-    assert aot.metrics.tag == eager.metrics.tag + "+aot", aot.metrics.fallbacks
-    assert aot.metrics.cached_step_indices == eager.metrics.cached_step_indices
+    assert aot.metrics.labels.tag == eager.metrics.labels.tag + "+aot", aot.metrics.labels.fallbacks
+    assert aot.metrics.cache.cached_step_indices == eager.metrics.cache.cached_step_indices
     assert psnr(aot.image, eager.image) > 40
 
 
@@ -118,9 +118,14 @@ def test_a_flux_dev_sized_model_loads_and_runs_under_a_24_gb_budget_with_layerwi
         assert (
             place["regime"] == "layerwise_offload" and "streamed from the host" in place["components"]["transformer"]
         )
-        assert res.metrics.cached_steps > 0 and res.metrics.full_steps + res.metrics.cached_steps == 12
+        assert (
+            res.metrics.cache.cached_steps > 0 and res.metrics.cache.full_steps + res.metrics.cache.cached_steps == 12
+        )
         peak = torch.cuda.max_memory_allocated()
         assert peak < 24 * 2**30, peak
-        print(f"24 GB case: peak {peak / 2**30:.2f} GiB, denoise {res.metrics.denoise_s:.1f} s, {res.metrics.tag}")
+        print(
+            f"24 GB case: peak {peak / 2**30:.2f} GiB, denoise {res.metrics.timing.denoise_s:.1f} s, "
+            f"{res.metrics.labels.tag}"
+        )
     finally:
         r.manager.unload()

@@ -132,8 +132,8 @@ def test_a_threshold_every_check_passes_reaches_the_bound_exactly(tiny_runner):
             want = _dbcache_steps(
                 steps, spec.max_warmup_steps, spec.max_continuous_cached_steps, spec.max_cached_steps, None, True
             )
-            assert m.cached_step_indices == m.backend_cached_steps == want, (name, steps)
-            assert m.cache_skippable == len(want)
+            assert m.cache.cached_step_indices == m.cache.backend_cached_steps == want, (name, steps)
+            assert m.cache.cache_skippable == len(want)
 
 
 def test_a_few_step_request_says_so_on_the_card_and_in_the_json(tiny_runner):
@@ -142,26 +142,28 @@ def test_a_few_step_request_says_so_on_the_card_and_in_the_json(tiny_runner):
     r = tiny_runner
     m = r.generate(r.request(PROMPT, seed=0, steps=5), "cache", compare="off").metrics
     five = "at 5 steps with 4 warm-up steps and at most 3 cached in a row, this cache can skip at most 1 of 5 steps"
-    assert m.cache_headroom == five and m.cache_skippable == 1 and m.cache_idle is None
-    assert any("too few to gain" in x for x in m.fallbacks)
+    assert m.cache.cache_headroom == five and m.cache.cache_skippable == 1 and m.cache.cache_idle is None
+    assert any("too few to gain" in x for x in m.labels.fallbacks)
     assert html.escape(five) in metrics_card(m) and json.loads(json.dumps(m.as_dict()))["cache_headroom"] == five
     m8 = r.generate(r.request(PROMPT, seed=0, steps=8), "cache", cache_threshold=1.0, compare="off").metrics
     eight = "at 8 steps with 4 warm-up steps and at most 3 cached in a row, this cache can skip at most 3 of 8 steps"
-    assert m8.cache_headroom == eight and m8.cached_step_indices == [4, 5, 6] and eight in metrics_card(m8)
+    assert m8.cache.cache_headroom == eight and m8.cache.cached_step_indices == [4, 5, 6] and eight in metrics_card(m8)
     m28 = r.generate(r.request(PROMPT, seed=0, steps=28), "cache", compare="off").metrics
-    assert m28.cache_headroom is None and m28.cache_skippable == 18 and "cache room" not in metrics_card(m28)
+    assert (
+        m28.cache.cache_headroom is None and m28.cache.cache_skippable == 18 and "cache room" not in metrics_card(m28)
+    )
 
 
 def test_an_impossible_threshold_caches_nothing_and_says_the_smallest_difference(tiny_runner):
     r = tiny_runner
     m = r.generate(r.request(PROMPT, seed=0, steps=10), "cache", cache_threshold=0.0001, compare="off").metrics
-    assert m.cached_steps == 0 and m.full_steps == 10 and m.cache_threshold == 0.0001
-    assert sorted(m.residual_diffs) == [4, 5, 6, 7, 8, 9]  # one for every step after the warm-up
-    low = min(m.residual_diffs.values())
+    assert m.cache.cached_steps == 0 and m.cache.full_steps == 10 and m.cache.cache_threshold == 0.0001
+    assert sorted(m.cache.residual_diffs) == [4, 5, 6, 7, 8, 9]  # one for every step after the warm-up
+    low = min(m.cache.residual_diffs.values())
     assert 0.0001 < low < 0.24  # the trained model's differences (caching at 0.24 is tested in test_tiny_model.py)
     said = (
         f"cached nothing: the smallest residual difference seen was {low:.2g}, above the threshold 0.0001 (raise "
         "residual_diff_threshold to cache)"
     )
-    assert m.cache_idle == said and m.cache_headroom is None and m.cache_skippable == 5
+    assert m.cache.cache_idle == said and m.cache.cache_headroom is None and m.cache.cache_skippable == 5
     assert html.escape(said) in metrics_card(m) and json.loads(json.dumps(m.as_dict()))["cache_idle"] == said

@@ -312,19 +312,21 @@ def test_a_stall_injected_into_one_base_run_gives_the_quiet_ratio_or_the_unrelia
     runner.generate(r, "base")
     for _ in range(3):  # the reference must be a reading: another process on the cores can make it unreliable too
         ref = _generate_cache(runner, r)
-        if ref.speedup is not None:
+        if ref.timing.speedup is not None:
             break
     else:
-        assert not quiet, f"no speed-up in 3 tries on a quiet machine: {ref.speedup_note}"
-        pytest.skip(f"no quiet reference in 3 tries (the machine is busy: {ref.speedup_note})")
-    step = ref.base_denoise_s / 12
+        assert not quiet, f"no speed-up in 3 tries on a quiet machine: {ref.timing.speedup_note}"
+        pytest.skip(f"no quiet reference in 3 tries (the machine is busy: {ref.timing.speedup_note})")
+    step = ref.timing.base_denoise_s / 12
 
     def judged(m):
-        if m.speedup is None:
+        if m.timing.speedup is None:
             # the busy machine said so, or the stalled base made a reading over the ideal, said as an error
-            assert m.speedup_note.startswith(("timing too noisy to show", "measurement error")), m.speedup_note
+            assert m.timing.speedup_note.startswith(("timing too noisy to show", "measurement error")), (
+                m.timing.speedup_note
+            )
             return "flagged"
-        assert abs(m.speedup / ref.speedup - 1) <= 0.25, (m.speedup, ref.speedup)
+        assert abs(m.timing.speedup / ref.timing.speedup - 1) <= 0.25, (m.timing.speedup, ref.timing.speedup)
         return "within bound"
 
     # a stall of 2 steps, each waiting 20 steps' time: the floor does not move, and the card says a stall hit
@@ -361,19 +363,19 @@ def test_a_card_keeps_its_base_floor_in_the_machines_record_and_reads_its_pace_a
     runner.pairing = Pairing()  # the app's pairing: base timed 3 times beside the stack, the cores watched
     r = GenerationRequest(prompt="a green ring", seed=1, steps=20, width=64, height=64, max_sequence_length=32)
     first = runner.generate(r, "cache", cache_threshold=0.5).metrics
-    if first.cores_taken is None or first.cores_taken >= CROWDED:
-        pytest.skip(f"the cores were not read quiet (taken {first.cores_taken}): nothing recorded")
+    if first.timing.cores_taken is None or first.timing.cores_taken >= CROWDED:
+        pytest.skip(f"the cores were not read quiet (taken {first.timing.cores_taken}): nothing recorded")
     ((key, entry),) = json.loads(path.read_text()).items()
-    assert first.base_pace_over is None and entry["benches"] == 1  # the first: nothing to compare with
-    assert entry["best_ms"] == pytest.approx(first.base_priced_s * 1e3 / 20)  # base's floor, per step
+    assert first.timing.base_pace_over is None and entry["benches"] == 1  # the first: nothing to compare with
+    assert entry["best_ms"] == pytest.approx(first.timing.base_priced_s * 1e3 / 20)  # base's floor, per step
     assert "|shape " in key and "|20 steps|1 calls a step|0 LoRAs" in key
     # a record twice as fast as this machine runs: the next card of the shape (another prompt) reads its host slow
     path.write_text(json.dumps({key: {"best_ms": entry["best_ms"] / 2, "benches": 1}}))
     m = runner.generate(replace(r, prompt="a green ring, again", seed=2), "cache", cache_threshold=0.5).metrics
-    if m.cores_taken is None or m.cores_taken >= CROWDED:
-        pytest.skip(f"the cores were not read quiet the second time (taken {m.cores_taken})")
-    assert m.base_pace_over == pytest.approx(m.base_priced_s * 1e3 / 20 / (entry["best_ms"] / 2) - 1)
-    assert m.base_pace_over > 0.5
-    if m.speedup is not None:  # said beside a number; a withheld one says why already
+    if m.timing.cores_taken is None or m.timing.cores_taken >= CROWDED:
+        pytest.skip(f"the cores were not read quiet the second time (taken {m.timing.cores_taken})")
+    assert m.timing.base_pace_over == pytest.approx(m.timing.base_priced_s * 1e3 / 20 / (entry["best_ms"] / 2) - 1)
+    assert m.timing.base_pace_over > 0.5
+    if m.timing.speedup is not None:  # said beside a number; a withheld one says why already
         assert "host slow: base ran " in metrics_card(m)
     assert json.loads(path.read_text())[key]["best_ms"] == entry["best_ms"] / 2  # the record keeps the faster

@@ -58,7 +58,7 @@ def test_the_shipped_lora_by_name_outlines_the_objects(tiny_runner):
         assert psnr(styled.image, plain.image) < 25
         assert ring_luminance(styled.image, scene) < ring_luminance(plain.image, scene) - 40
         line = "lora: outline at 1 (shipped with the model; diffusers load_lora_weights, hot-swap slot, peft)"
-        assert line in styled.metrics.engaged
+        assert line in styled.metrics.labels.engaged
         assert styled.metrics.request["loras"] == "outline@1"
     # at half the scale: darker than without, lighter than at 1 (docs/lora.md: far less than half the effect)
     req = r.request(PROMPTS[0], seed=0)
@@ -77,13 +77,16 @@ def test_the_shipped_lora_under_the_cache_and_fused_before_int8(tiny_runner):
     plain = r.generate(req, "base", compare="off").image
     cached = r.generate(replace(req, loras=(OUTLINE,)), "cache")
     m = cached.metrics
-    assert m.cached_steps > 0 and m.cached_steps + m.full_steps == req.steps
-    assert m.psnr_db >= 30 and psnr(cached.image, plain) < 25
+    assert m.cache.cached_steps > 0 and m.cache.cached_steps + m.cache.full_steps == req.steps
+    assert m.quality.psnr_db >= 30 and psnr(cached.image, plain) < 25
     int8 = preset_from_text("quantize_config: {quant_type: int8_weight_only}\nloras: [outline]\n", "int8-outline")
     fused = r.generate(req, int8)
     how = "fused into the weights before quantization"
-    assert f"lora: outline at 1 (shipped with the model; diffusers load_lora_weights, {how})" in fused.metrics.engaged
-    assert fused.metrics.psnr_db >= 30 and psnr(fused.image, plain) < 25
+    assert (
+        f"lora: outline at 1 (shipped with the model; diffusers load_lora_weights, {how})"
+        in fused.metrics.labels.engaged
+    )
+    assert fused.metrics.quality.psnr_db >= 30 and psnr(fused.image, plain) < 25
 
 
 def test_a_name_the_model_does_not_ship_is_refused_with_the_ones_it_does(tiny_runner):
@@ -147,4 +150,7 @@ def test_the_training_command_writes_a_lora_the_studio_loads(tmp_path, tiny_runn
     assert (out / LORA_FILE).stat().st_size == (shipped_dir("tiny") / "outline" / LORA_FILE).stat().st_size
     req = tiny_runner.request(PROMPTS[0], seed=0, steps=8)
     res = tiny_runner.generate(replace(req, loras=(LoraSpec(str(out / LORA_FILE)),)), "base", compare="off")
-    assert f"lora: {out / LORA_FILE} at 1 (diffusers load_lora_weights, hot-swap slot, peft)" in res.metrics.engaged
+    assert (
+        f"lora: {out / LORA_FILE} at 1 (diffusers load_lora_weights, hot-swap slot, peft)"
+        in res.metrics.labels.engaged
+    )

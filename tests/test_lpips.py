@@ -117,11 +117,18 @@ def test_lpips_on_the_embedded_model_where_the_weights_are(tiny_runner, hub_dir)
 
     req = tiny_runner.request("a red circle in the center, blue background", seed=42, steps=12)
     m = tiny_runner.generate(req, "cache").metrics
-    assert m.lpips is None and m.lpips_note == NO_WEIGHTS and m.psnr_db is not None and m.flip is not None
+    assert (
+        m.quality.lpips is None
+        and m.quality.lpips_note == NO_WEIGHTS
+        and m.quality.psnr_db is not None
+        and m.quality.flip is not None
+    )
     assert "LPIPS: no weights here (how to add them" in metrics_card(m)
     hub_dir.mkdir(parents=True)
     w = _weights(hub_dir)
     res = tiny_runner.generate(req, "cache")
     m = res.metrics
-    assert m.lpips_note is None and m.lpips == pytest.approx(distance(res.image, res.base_image, w), abs=1e-12)
-    assert m.lpips > 0 and "<td>LPIPS</td><td>" in metrics_card(m) and m.as_dict()["lpips"] == m.lpips
+    assert m.quality.lpips_note is None and m.quality.lpips == pytest.approx(
+        distance(res.image, res.base_image, w), abs=1e-12
+    )
+    assert m.quality.lpips > 0 and "<td>LPIPS</td><td>" in metrics_card(m) and m.as_dict()["lpips"] == m.quality.lpips

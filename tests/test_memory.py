@@ -42,14 +42,17 @@ def test_every_run_reports_its_peak_memory_and_a_streaming_one_its_bytes_per_ste
     runner.presets.user_dir = tmp_path
     runner.presets.add("group", "dtype: float32\noffload_config: {policy: group_offload}\n" + CACHE)
     resident = runner.generate(req(), "cache", cache_threshold=0.5).metrics
-    assert resident.peak_memory["kind"] == "cpu peak RSS" and resident.peak_memory["peak_bytes"] > 50 * 2**20
-    assert resident.h2d is None  # nothing streams when everything is resident
+    assert (
+        resident.memory.peak_memory["kind"] == "cpu peak RSS"
+        and resident.memory.peak_memory["peak_bytes"] > 50 * 2**20
+    )
+    assert resident.memory.h2d is None  # nothing streams when everything is resident
     card = metrics_card(resident)
     assert "<td>peak memory</td>" in card and "MiB (cpu peak RSS)" in card
     group = runner.generate(req(), "group").metrics
-    h2d = group.h2d
+    h2d = group.memory.h2d
     assert h2d["h2d_bytes_per_full_step"] > h2d["h2d_bytes_per_cached_step"] > 0  # a cached step skips blocks
-    assert group.cached_steps > 0 and group.cached_step_indices == resident.cached_step_indices
+    assert group.cache.cached_steps > 0 and group.cache.cached_step_indices == resident.cache.cached_step_indices
     assert "host-to-device per full step" in metrics_card(group)
     assert "nothing crossed a bus" in metrics_card(group)  # the CPU is both devices here, and the card says so
     d = json.loads(json.dumps(group.as_dict()))  # the API's record carries both as numbers

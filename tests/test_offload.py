@@ -67,7 +67,7 @@ def run(runner, preset, **kw):
 
 
 def line(metrics, head):
-    return next(x for x in metrics.engaged + metrics.fallbacks if x.startswith(head))
+    return next(x for x in metrics.labels.engaged + metrics.labels.fallbacks if x.startswith(head))
 
 
 def hooks_gone(tr) -> bool:
@@ -81,13 +81,17 @@ def test_group_and_layerwise_offload_give_resident_pixels_and_cached_steps_and_s
     runner, pinless
 ):
     resident, rm = run(runner, "c32")
-    assert rm.cached_steps > 0 and stream_report(runner.manager.current.pipe.transformer) is None
+    assert rm.cache.cached_steps > 0 and stream_report(runner.manager.current.pipe.transformer) is None
     for name, policy in (("group", "group_offload"), ("group2", "group_offload"), ("layer", "layerwise_offload")):
         image, m = run(runner, name)
         tr = runner.manager.current.pipe.transformer
         assert np.array_equal(image, resident), name
-        assert m.cached_step_indices == rm.cached_step_indices and 0 not in m.cached_step_indices, name
-        assert m.backend_cached_steps == m.cached_step_indices  # cache-dit's own record agrees under the hooks
+        assert m.cache.cached_step_indices == rm.cache.cached_step_indices and 0 not in m.cache.cached_step_indices, (
+            name
+        )
+        assert (
+            m.cache.backend_cached_steps == m.cache.cached_step_indices
+        )  # cache-dit's own record agrees under the hooks
         assert line(m, "offload:").startswith(f"offload: {policy} (") and "nothing crosses a bus" in line(
             m, "offload:"
         )
@@ -96,11 +100,13 @@ def test_group_and_layerwise_offload_give_resident_pixels_and_cached_steps_and_s
         assert stream_report(tr)["first_call_full"]
         stream_begin(tr)  # the next run alone: warm already, one timed run
         again, m2 = run(runner, name)
-        rep = stream_report(tr, m2.transformer_calls // 10, m2.cached_step_indices)
+        rep = stream_report(tr, m2.cache.transformer_calls // 10, m2.cache.cached_step_indices)
         assert np.array_equal(again, resident) and len(rep["h2d_bytes_per_step"]) == 10
         assert rep["check"] == "agrees with the offloaded blocks' hooks", rep["check"]
         assert rep["moved"] is False and rep["policy"] == policy
-        assert rep["cached_steps"] == len(m2.cached_step_indices) and rep["full_steps"] == 10 - rep["cached_steps"]
+        assert (
+            rep["cached_steps"] == len(m2.cache.cached_step_indices) and rep["full_steps"] == 10 - rep["cached_steps"]
+        )
         full, cached = rep["h2d_bytes_per_full_step"], rep["h2d_bytes_per_cached_step"]
         assert 0 < cached < full <= rep["streamed_bytes"], (name, full, cached)
         if name != "group2":  # one block a group: a full step onloads all that is streamed (the rest of the
@@ -126,7 +132,7 @@ def test_switching_regimes_on_a_loaded_pipeline_removes_the_previous_hooks(runne
     tr = runner.manager.current.pipe.transformer
     for name in ("group", "layer", "group2", "c32"):
         image, m = run(runner, name)
-        assert np.array_equal(image, first) and m.cached_step_indices == m0.cached_step_indices, name
+        assert np.array_equal(image, first) and m.cache.cached_step_indices == m0.cache.cached_step_indices, name
         assert runner.manager.current.pipe.transformer is tr and not m.reloaded
     state = stack_state(tr)
     assert state.offloading.regime == "none" and state.offloading.stream is None and hooks_gone(tr)
@@ -144,10 +150,14 @@ def test_int8_weights_under_group_offload_and_switching_transformer_variants(run
     first, m0 = run(runner, "group")
     q, mq = run(runner, "q")
     qg, mqg = run(runner, "q-group")  # torchao tensors in diffusers' groups (moved with swap_tensors)
-    assert np.array_equal(qg, q) and mqg.cached_step_indices == mq.cached_step_indices
+    assert np.array_equal(qg, q) and mqg.cache.cached_step_indices == mq.cache.cached_step_indices
     assert stream_report(runner.manager.current.pipe.transformer)["h2d_bytes"] > 0
     back, mb = run(runner, "group")  # the full-precision variant kept its regime; the cache goes back on above it
-    assert np.array_equal(back, first) and mb.cached_step_indices == m0.cached_step_indices and not mb.reloaded
+    assert (
+        np.array_equal(back, first)
+        and mb.cache.cached_step_indices == m0.cache.cached_step_indices
+        and not mb.reloaded
+    )
 
 
 def test_a_regime_change_is_reapplied_in_stack_order_and_is_a_new_warm_up(runner):
@@ -166,7 +176,7 @@ def test_layerwise_offload_without_pinned_memory_falls_back_with_the_reason(runn
     base, _ = run(runner, "b32")
     image, m = run(runner, "b-layer")
     assert np.array_equal(image, base)
-    assert any(x.startswith("offload: layerwise_offload: needs pinned host memory") for x in m.fallbacks)
+    assert any(x.startswith("offload: layerwise_offload: needs pinned host memory") for x in m.labels.fallbacks)
     assert stack_state(runner.manager.current.pipe.transformer).offloading.regime == "none"
 
 
@@ -177,7 +187,8 @@ def test_model_cpu_offload_falls_back_on_the_cpu_and_the_vae_switch_engages(runn
     assert np.array_equal(image, base)  # a 64x64 image fits one VAE tile: decoded whole
     text = line(m, "offload:")
     assert (
-        text.startswith("offload: model_cpu_offload: needs a CUDA device (this run is on cpu)") and text in m.fallbacks
+        text.startswith("offload: model_cpu_offload: needs a CUDA device (this run is on cpu)")
+        and text in m.labels.fallbacks
     )
     assert "vae: tiled decode" in text and pipe.vae.use_tiling
     run(runner, "b32")
@@ -188,7 +199,7 @@ def test_auto_on_the_cpu_runs_resident_and_says_why(runner):
     base, _ = run(runner, "b32")
     image, m = run(runner, "auto")
     assert np.array_equal(image, base)
-    assert "offload: auto: none (cpu: the weights are already in host memory)" in m.engaged
+    assert "offload: auto: none (cpu: the weights are already in host memory)" in m.labels.engaged
     assert stack_state(runner.manager.current.pipe.transformer).offloading.regime == "none"
 
 
@@ -215,7 +226,7 @@ def test_whole_model_compile_is_refused_under_a_block_streaming_regime(runner):
     image, m = run(runner, "whole")
     assert np.array_equal(image, base)
     text = line(m, "compile:")
-    assert text in m.fallbacks and "whole-transformer graph would hold group_offload's weight moves" in text
+    assert text in m.labels.fallbacks and "whole-transformer graph would hold group_offload's weight moves" in text
     assert stack_state(runner.manager.current.pipe.transformer).compile.running is None
 
 
@@ -228,12 +239,14 @@ def test_regional_compile_under_group_offload_runs_fullgraph_off_with_the_same_c
     image, m = run(runner, "gcc")
     text = line(m, "compile:")
     assert text.startswith("compile: regional") and "fullgraph=False" in text, text
-    assert m.cached_step_indices == me.cached_step_indices
+    assert m.cache.cached_step_indices == me.cache.cached_step_indices
     assert np.abs(image.astype(int) - eager.astype(int)).max() <= 1  # compiled float32: rounding only
     tr = runner.manager.current.pipe.transformer
     stream_begin(tr)
     _, m2 = run(runner, "gcc")
-    rep = stream_report(tr, 1, m2.cached_step_indices)  # the counting hooks run outside the compiled blocks' graphs
+    rep = stream_report(
+        tr, 1, m2.cache.cached_step_indices
+    )  # the counting hooks run outside the compiled blocks' graphs
     assert rep["check"] == "agrees with the offloaded blocks' hooks"
     assert 0 < rep["h2d_bytes_per_cached_step"] < rep["h2d_bytes_per_full_step"]
 

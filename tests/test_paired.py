@@ -28,7 +28,7 @@ def _rot(prompt: str, seed: int, cached_ms: float, psnr_db: float, flip: float, 
         rot.runs[name] = [Run.of([100.0] * 10) for _ in range(rounds)]
     steps = [100.0 if i % 2 == 0 else cached_ms for i in range(10)]
     rot.runs["cache"] = [Run.of(steps, CACHED) for _ in range(rounds)]
-    m = SimpleNamespace(psnr_db=psnr_db, flip=flip, cached_steps=5)
+    m = SimpleNamespace(quality=SimpleNamespace(psnr_db=psnr_db, flip=flip), cache=SimpleNamespace(cached_steps=5))
     rot.last["cache"] = SimpleNamespace(metrics=m)
     return rot
 
@@ -137,7 +137,7 @@ def test_bench_over_two_prompts_on_the_embedded_model(tiny_runner):
     assert p.preset == "cache" and [f.label for f in p.prompts] == [f"{prompts[0]} (seed 1)", f"{prompts[1]} (seed 2)"]
     for f, rot in zip(p.prompts, rep.rotations):
         m = rot.last["cache"].metrics
-        assert (f.psnr_db, f.flip, f.cached_steps) == (m.psnr_db, m.flip, m.cached_steps)
+        assert (f.psnr_db, f.flip, f.cached_steps) == (m.quality.psnr_db, m.quality.flip, m.cache.cached_steps)
         # a win: its interval above 1.00x and the PSNR floor met, and (paired.py: `faster`) base's second run in the
         # same rounds beaten too, which a noisy rotation can deny while the first holds
         shown_above = f.speedup is not None and f.speedup_lo > 1.0 and f.psnr_db >= 30.0

@@ -45,30 +45,36 @@ def test_ulysses2_gives_the_one_process_picture_and_cached_steps_and_survives_a_
     req = runner.request(PROMPT, seed=42)
     one = runner.generate(req, "b32", compare=False)
     u2 = runner.generate(req, "u32", compare=False).metrics
-    assert u2.parallel["world_size"] == 2 and [w["rank"] for w in u2.parallel["workers"]] == [0, 1]
-    assert {w["device"] for w in u2.parallel["workers"]} == {"cpu"}
-    assert any(line.startswith("parallel: ulysses2 over 2 Ray workers") for line in u2.engaged)
-    assert "timed inside parallel worker rank 0" in u2.timing and u2.denoise_s > 0 and len(u2.step_ms) == req.steps
+    assert u2.placement.parallel["world_size"] == 2 and [w["rank"] for w in u2.placement.parallel["workers"]] == [0, 1]
+    assert {w["device"] for w in u2.placement.parallel["workers"]} == {"cpu"}
+    assert any(line.startswith("parallel: ulysses2 over 2 Ray workers") for line in u2.labels.engaged)
+    assert (
+        "timed inside parallel worker rank 0" in u2.timing.how
+        and u2.timing.denoise_s > 0
+        and len(u2.timing.step_ms) == req.steps
+    )
     u2_image = runner.generate(req, "u32", compare=False).image
     assert psnr(u2_image, one.image) >= 60.0
     # the cache inside the workers caches the steps the one-process cache caches, counted by both sources
     c = runner.generate(req, "c32", compare=False).metrics
     cu = runner.generate(req, "cu32", compare=False).metrics
-    assert cu.cached_step_indices == c.cached_step_indices and cu.cached_steps > 0
-    assert cu.count_check is not None and cu.count_check.startswith("agrees")
+    assert cu.cache.cached_step_indices == c.cache.cached_step_indices and cu.cache.cached_steps > 0
+    assert cu.cache.count_check is not None and cu.cache.count_check.startswith("agrees")
     # a base run between parallel ones (the comparison beside each) leaves the workers up, its picture bitwise the same
-    workers = cu.parallel["workers"]
+    workers = cu.placement.parallel["workers"]
     assert (runner.generate(req, "b32", compare=False).image == one.image).all()
     before = runner.generate(req, "cu32", compare=False)
-    assert before.metrics.parallel["workers"] == workers
+    assert before.metrics.placement.parallel["workers"] == workers
     # a worker killed outright: that request ends with a sentence, the next starts new workers, the same picture
     pids = [w["pid"] for w in workers]
     os.kill(pids[1], 9)
     with pytest.raises(RunError, match="parallel worker failed during the run.*next request starts them again"):
         runner.generate(req, "cu32", compare=False)
     again = runner.generate(req, "cu32", compare=False)
-    assert [w["pid"] for w in again.metrics.parallel["workers"]] != pids
-    assert again.metrics.cached_step_indices == cu.cached_step_indices and (again.image == before.image).all()
+    assert [w["pid"] for w in again.metrics.placement.parallel["workers"]] != pids
+    assert (
+        again.metrics.cache.cached_step_indices == cu.cache.cached_step_indices and (again.image == before.image).all()
+    )
     # switching to another stack stops them
     runner.generate(req, "c32", compare=False)
     assert not ray.is_initialized()
@@ -81,6 +87,6 @@ def test_more_workers_than_this_machine_has_runs_in_one_process_and_says_why(run
     runner.presets.add("u64", "dtype: float32\nparallelism_config: {ulysses_size: 64}\n")
     req = runner.request(PROMPT, seed=42, steps=8)
     m = runner.generate(req, "u64").metrics
-    assert any("64 workers need 64 CPU cores" in f and "running in one process" in f for f in m.fallbacks)
-    assert m.parallel is None and m.quality.value == "identical"
+    assert any("64 workers need 64 CPU cores" in f and "running in one process" in f for f in m.labels.fallbacks)
+    assert m.placement.parallel is None and m.quality.verdict.value == "identical"
     assert not ray.is_initialized()

@@ -94,18 +94,20 @@ def test_each_8bit_form_engages_or_falls_back_with_its_reason_on_the_cpu(runner)
             assert any(
                 "float8_per_row: float8 matmuls need a CUDA GPU of sm89 or newer; this is cpu, using full "
                 "precision" in f
-                for f in res.metrics.fallbacks
-            ), res.metrics.fallbacks
+                for f in res.metrics.labels.fallbacks
+            ), res.metrics.labels.fallbacks
             assert (res.image == res.base_image).all()
         else:
             assert stack_state(tr).quantize.mode == form and type(lin.weight).__name__ == "Int8Tensor"
-            line = next(x for x in res.metrics.engaged if x.startswith("quantize:"))
+            line = next(x for x in res.metrics.labels.engaged if x.startswith("quantize:"))
             assert line.startswith(f"quantize: torchao {form} ") and f"{form} as the preset names it" in line
             assert (EAGER_NOTE in line) == (form == "int8_per_row")
-            assert res.metrics.tag.split("+")[1] == {"int8_per_row": "int8dq", "int8_weight_only": "int8wo"}[form]
+            assert (
+                res.metrics.labels.tag.split("+")[1] == {"int8_per_row": "int8dq", "int8_weight_only": "int8wo"}[form]
+            )
             assert 25 < psnr(res.image, res.base_image) < 80, form  # quantized: near base, not equal to it
     # dynamic activations: the activations are quantized too, so further from base than weight-only
-    assert out["int8_per_row"].metrics.psnr_db < out["int8_weight_only"].metrics.psnr_db
+    assert out["int8_per_row"].metrics.quality.psnr_db < out["int8_weight_only"].metrics.quality.psnr_db
 
 
 def test_the_int8_preset_runs_this_cpus_form_compiled_and_says_why(runner):
@@ -115,11 +117,11 @@ def test_the_int8_preset_runs_this_cpus_form_compiled_and_says_why(runner):
 
     want = "int8_per_row" if "amx_int8" in cpu_flags() else "int8_weight_only"
     m = runner.generate(req(), "int8").metrics
-    line = next(x for x in m.engaged if x.startswith("quantize:"))
+    line = next(x for x in m.labels.engaged if x.startswith("quantize:"))
     assert line.startswith(f"quantize: torchao {want} ") and "auto: cpu" in line and "compiled" in line, line
-    assert any(x.startswith("compile: regional") for x in m.engaged), m.fallbacks
+    assert any(x.startswith("compile: regional") for x in m.labels.engaged), m.labels.fallbacks
     assert stack_state(runner.manager.current.pipe.transformer).quantize.mode == want
-    assert m.psnr_db > 25
+    assert m.quality.psnr_db > 25
     eager = runner.generate(req(), "int8", compile_enabled=False)
-    line = next(x for x in eager.metrics.engaged if x.startswith("quantize:"))
+    line = next(x for x in eager.metrics.labels.engaged if x.startswith("quantize:"))
     assert "int8_weight_only" in line and EAGER_NOTE in line

@@ -193,9 +193,9 @@ def test_embedded_model_draws_held_out_prompts(tiny_runner):
 def test_cache_preset_caches_real_steps_at_024_and_stays_clean(tiny_runner):
     res = _gen(tiny_runner, "a red circle in the center, blue background", seed=0, preset="cache")
     m = res.metrics
-    assert m.cache_threshold == 0.24 and m.cached_steps >= 4, m.cached_step_indices
-    assert m.psnr_db >= 30.0 and m.quality == "good"
-    assert all(m.residual_diffs[i] < 0.24 for i in m.cached_step_indices if i in m.residual_diffs)
+    assert m.cache.cache_threshold == 0.24 and m.cache.cached_steps >= 4, m.cache.cached_step_indices
+    assert m.quality.psnr_db >= 30.0 and m.quality.verdict == "good"
+    assert all(m.cache.residual_diffs[i] < 0.24 for i in m.cache.cached_step_indices if i in m.cache.residual_diffs)
 
 
 def _miswire(transformer):
@@ -232,14 +232,16 @@ def test_quality_guard_flags_a_miswired_cache(tiny_runner, monkeypatch):
     tiny_runner.manager.settings = replace(tiny_runner.manager.settings, dtype="float32")  # (STUDIO_DTYPE=float32)
     prompt = "a yellow square at the top, purple background"
     base = _gen(tiny_runner, prompt, seed=2)
-    assert base.metrics.worst_tile_psnr_db == math.inf and base.metrics.worst_tile_yx == [0, 0]
+    assert base.metrics.quality.worst_tile_psnr_db == math.inf and base.metrics.quality.worst_tile_yx == [0, 0]
     assert not error_map(base.image, base.base_image).any()  # base against itself: all zero
     good = _gen(tiny_runner, prompt, seed=2, preset="cache")
-    assert good.metrics.quality == "good" and not good.metrics.broken
+    assert good.metrics.quality.verdict == "good" and not good.metrics.broken
     m, dark = good.metrics, error_map(good.image, base.image)
     # 46.49 dB over the picture, but 36.55 dB in the tile at the square's top-right corner: the damage is at the edges
-    assert m.psnr_db == pytest.approx(46.49, abs=0.3) and m.worst_tile_psnr_db == pytest.approx(36.55, abs=0.5)
-    assert m.worst_tile_yx == [0, 40]
+    assert m.quality.psnr_db == pytest.approx(46.49, abs=0.3) and m.quality.worst_tile_psnr_db == pytest.approx(
+        36.55, abs=0.5
+    )
+    assert m.quality.worst_tile_yx == [0, 40]
     assert dark.mean() < 10 and dark.max() < 255 and _tiles(dark).max() < 40  # no error reaches 32 levels
     pipe, _, _ = tiny_runner.manager.pipeline(tiny_runner.model, tiny_runner.presets.get("base"), steps=28)
     handles = _miswire(pipe.transformer)
@@ -248,10 +250,10 @@ def test_quality_guard_flags_a_miswired_cache(tiny_runner, monkeypatch):
     finally:
         for h in handles:
             h.remove()
-    assert bad.metrics.psnr_db < 25 < good.metrics.psnr_db and bad.metrics.hf_ratio > 2
-    assert bad.metrics.quality is Verdict.BROKEN and bad.metrics.broken
+    assert bad.metrics.quality.psnr_db < 25 < good.metrics.quality.psnr_db and bad.metrics.quality.hf_ratio > 2
+    assert bad.metrics.quality.verdict is Verdict.BROKEN and bad.metrics.broken
     bright = error_map(bad.image, base.image)
-    assert _tiles(bright).min() > 200 and bad.metrics.worst_tile_psnr_db < 15  # every tile lights up
+    assert _tiles(bright).min() > 200 and bad.metrics.quality.worst_tile_psnr_db < 15  # every tile lights up
     again = _gen(tiny_runner, prompt, seed=2)
     assert np.array_equal(again.image, base.image)  # hooks removed: bitwise back to base
 
@@ -260,9 +262,11 @@ def test_same_request_twice_same_image_and_cached_steps(tiny_runner):
     r = tiny_runner.request("a green triangle on the right, black background", seed=9)
     a = tiny_runner.generate(r, "cache-int8", compile_enabled=False)
     b = tiny_runner.generate(r, "cache-int8", compile_enabled=False)
-    assert np.array_equal(a.image, b.image) and a.metrics.cached_step_indices == b.metrics.cached_step_indices
-    assert "R0.24MC3 (set)" in " ".join(a.metrics.engaged)  # an explicit threshold wins over the INT8 default
-    assert a.metrics.psnr_db > 25
+    assert (
+        np.array_equal(a.image, b.image) and a.metrics.cache.cached_step_indices == b.metrics.cache.cached_step_indices
+    )
+    assert "R0.24MC3 (set)" in " ".join(a.metrics.labels.engaged)  # an explicit threshold wins over the INT8 default
+    assert a.metrics.quality.psnr_db > 25
 
 
 def test_scene_prompts_round_trip():

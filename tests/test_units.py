@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import fields
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,7 +15,7 @@ from conftest import plain_ui
 
 from studio.engine.device import resolve_dtype
 from studio.measure.quality import Verdict
-from studio.measure.record import RunMetrics
+from studio.measure.record import FLAT_NAMES, PARTS, RunMetrics
 from studio.measure.timing import StepCounter, StepProbe, StepRecord, count_steps
 from studio.report import fmt
 from studio.report.card import metrics_card
@@ -189,7 +190,7 @@ def make_metrics(**kw) -> RunMetrics:
         worst_tile_yx=[8, 16],
     )
     d.update(kw)
-    return RunMetrics(**d)
+    return RunMetrics.from_dict(d)
 
 
 def test_formats():
@@ -585,3 +586,20 @@ def test_zerogpu_settings_read_at_the_edge(tmp_path):
         assert aot_dir() == tmp_path
     with using(aot_dir=None):
         assert aot_dir().name == "studio-aot"
+
+
+@pytest.mark.quick
+def test_run_metrics_flat_form_keeps_the_json_keys_and_reads_back():
+    """The record is nested by concern; its flat form (the CLI's and the API's JSON, docs/api.md) keeps one key per
+    figure under the names clients read, and `from_dict` reads it back to the same record."""
+    m = make_metrics(flip=0.02, peak_memory={"kind": "cpu", "peak_bytes": 5}, placement={"regime": "resident"})
+    d = m.as_dict()
+    assert d["quality"] == "good" and d["timing"] == "warm-up run done earlier, 1 timed run"
+    assert d["placement"] == {"regime": "resident"} and d["residual_diffs"] == {"4": 0.1} and d["flip"] == 0.02
+    assert (d["speedup"], d["cached_steps"], d["tag"], d["device"]) == (1.8, 4, m.labels.tag, "cpu")
+    assert RunMetrics.from_dict(d) == m and RunMetrics.from_dict(json.loads(json.dumps(d))) == m
+    top = {"model", "preset", "request", "reloaded", "versions"}
+    nested = top | {f.name for p in PARTS.values() for f in fields(p)}
+    assert set(d) == {FLAT_NAMES.get(k, k) for k in nested}  # one key per field, none lost to the nesting
+    with pytest.raises(TypeError):
+        RunMetrics.from_dict({**d, "speed_up": 2.0})  # a key it does not know is an error, not dropped

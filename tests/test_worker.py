@@ -80,7 +80,7 @@ def test_progress_and_status_lines_stream_back_from_the_worker(worker):
     res = _generate(worker, progress=lambda i, n, rec: steps.append((i, n, rec.cached)), on_status=lines.append)
     runs = [steps[k : k + 10] for k in range(0, len(steps), 10)]  # the warm-up and timed runs, step by step
     assert runs and all([s[:2] for s in run] == [(i, 10) for i in range(10)] for run in runs)
-    assert [i for i, _, cached in runs[-1] if cached] == res.metrics.cached_step_indices != []
+    assert [i for i, _, cached in runs[-1] if cached] == res.metrics.cache.cached_step_indices != []
     assert any("base" in line for line in lines)  # the slow phases' status lines came too
     assert res.image.shape == (64, 64, 3) and res.image.dtype == np.uint8
 
@@ -161,7 +161,7 @@ def test_a_native_crash_is_forgiven_once_and_refused_on_the_second_in_a_row(work
     assert not _alive(pid) and worker.pid != pid and worker.restarts == 2
     after = _generate(worker)
     assert np.array_equal(after.image, before.image)
-    assert after.metrics.cached_step_indices == before.metrics.cached_step_indices
+    assert after.metrics.cache.cached_step_indices == before.metrics.cache.cached_step_indices
     with pytest.raises(
         RunError,
         match=r"int8-weight-only on .* is refused: it crashed the device worker twice in a row \(SIGSEGV, SIGSEGV\) "
@@ -332,6 +332,6 @@ def test_on_zerogpu_the_device_runs_in_the_apps_process(random_model_dir, monkey
         res = _generate(device)
         info = device.info()
         assert info["pid"] == os.getpid() and info["device_thread"] == DEVICE_THREAD._ident
-        assert res.metrics.cached_step_indices and res.image.shape == (64, 64, 3)
+        assert res.metrics.cache.cached_step_indices and res.image.shape == (64, 64, 3)
     finally:
         device.close()

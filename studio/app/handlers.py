@@ -141,13 +141,15 @@ class Handlers:
         ask = self._ask("generate", request, image, mask_image, values)
         res = self._run(ask, ask.stacks[0], progress)
         gen, metrics = self.ui.gen, json_safe(res.metrics.as_dict())
-        tile_yx = tile_at(res.metrics.worst_tile_psnr_db, res.metrics.worst_tile_yx)
+        tile_yx = tile_at(res.metrics.quality.worst_tile_psnr_db, res.metrics.quality.worst_tile_yx)
         return {
             gen.image: enlarge(res.image),
             gen.card: metrics_card(res.metrics),
             gen.base_image: enlarge(res.base_image),
             gen.error_map: error_picture(res.image, res.base_image, tile_yx),
-            gen.compared: compared(res.image, res.base_image, tile_yx, res.metrics.flip_worst_tile_yx, GEN_MAP_WHERE),
+            gen.compared: compared(
+                res.image, res.base_image, tile_yx, res.metrics.quality.flip_worst_tile_yx, GEN_MAP_WHERE
+            ),
             gen.steps_plot: png(lambda buf: plot_steps(res.metrics, buf)),
             gen.json: metrics,
             gen.json_file: self.studio.write("metrics.json", json.dumps(metrics, indent=1)),

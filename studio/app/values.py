@@ -47,10 +47,10 @@ def json_safe(value):
 def batch_pictures(res) -> list:
     """A batch's pictures for the gallery, each captioned with its seed and its PSNR against its base picture; [] for
     one picture (the image above is all of it)."""
-    if not res.metrics.batch:
+    if not res.metrics.quality.batch:
         return []
-    pics = split_batch(res.image, len(res.metrics.batch))
-    return [(enlarge(p, 192), batch_caption(b)) for p, b in zip(pics, res.metrics.batch, strict=True)]
+    pics = split_batch(res.image, len(res.metrics.quality.batch))
+    return [(enlarge(p, 192), batch_caption(b)) for p, b in zip(pics, res.metrics.quality.batch, strict=True)]
 
 
 def cfg_scale(value) -> float | None:

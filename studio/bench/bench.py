@@ -117,24 +117,24 @@ def row(
     ms = [rot.last[name].metrics for rot in rots]
     meds = [rot.median(name) for rot in rots]
     est = replace(speedup_over([rot.pair(base_name, name) for rot in rots]), crowded=crowded)
-    psnrs = [m.psnr_db for m in ms if m.psnr_db is not None]
+    psnrs = [m.quality.psnr_db for m in ms if m.quality.psnr_db is not None]
     m0 = ms[0]
     denoise = statistics.median(meds)
     row = MatrixRow(
         preset=name,
-        tag=m0.tag,
+        tag=m0.labels.tag,
         denoise_s=denoise,
-        step_ms=denoise / max(1, len(m0.step_ms)) * 1e3,
+        step_ms=denoise / max(1, len(m0.timing.step_ms)) * 1e3,
         speedup=est.point,
         psnr_db=statistics.mean(psnrs) if psnrs else None,
-        ssim=statistics.mean([m.ssim for m in ms if m.ssim is not None]) if psnrs else None,
-        cached_steps=m0.cached_steps,
-        full_steps=m0.full_steps,
-        quality=str(m0.quality),
-        fallbacks=list(m0.fallbacks),
+        ssim=statistics.mean([m.quality.ssim for m in ms if m.quality.ssim is not None]) if psnrs else None,
+        cached_steps=m0.cache.cached_steps,
+        full_steps=m0.cache.full_steps,
+        quality=str(m0.quality.verdict),
+        fallbacks=list(m0.labels.fallbacks),
         runs=[t for rot in rots for t in rot.times[name]],
-        label_changes=list(m0.label_changes),
-        requested_tag=m0.requested_tag,
+        label_changes=list(m0.labels.label_changes),
+        requested_tag=m0.labels.requested_tag,
     )
     row.speedup_lo, row.speedup_hi, row.timed_pairs = est.lo, est.hi, est.pairs
     if name == base_name:  # base against itself, the same runs: exact
@@ -143,16 +143,16 @@ def row(
         row.speedup, row.speedup_lo, row.speedup_hi = None, None, None
         row.speedup_note = replace(est, helps="more --repeats").why_not()
     row.worst_psnr_db = min(psnrs) if psnrs else None
-    flips = [m.flip for m in ms if m.flip is not None]
+    flips = [m.quality.flip for m in ms if m.quality.flip is not None]
     row.flip, row.worst_flip = (statistics.mean(flips), max(flips)) if flips else (None, None)
-    lp = [m.lpips for m in ms if m.lpips is not None]
+    lp = [m.quality.lpips for m in ms if m.quality.lpips is not None]
     row.lpips = statistics.mean(lp) if lp else None
     row.mean_psnr_db = row.psnr_db
     row.prompts = len(rots)
-    row.cached_by_prompt = [m.cached_steps for m in ms]
+    row.cached_by_prompt = [m.cache.cached_steps for m in ms]
     _of_ideal(row, ms, rots, name, ref)
     _memory(row, ms)
-    row.compile_s = rots[0].first[name].metrics.compile_s
+    row.compile_s = rots[0].first[name].metrics.timing.compile_s
     row.fallbacks += sorted({f"plain run: {rot.raw_errors[name]}" for rot in rots if name in rot.raw_errors})
     if all(name in rot.raw_times for rot in rots):
         row.raw_denoise_s = statistics.median(statistics.median(rot.raw_times[name]) for rot in rots)
@@ -166,25 +166,27 @@ def row(
 
 def _memory(row: MatrixRow, ms: list) -> None:
     """The row's peak memory (the highest of its runs) and bytes streamed per step (the median of its runs)."""
-    peaks = [m.peak_memory for m in ms if m.peak_memory and m.peak_memory.get("peak_bytes") is not None]
+    peaks = [
+        m.memory.peak_memory for m in ms if m.memory.peak_memory and m.memory.peak_memory.get("peak_bytes") is not None
+    ]
     if peaks:
         top = max(peaks, key=lambda p: p["peak_bytes"])
         row.peak_mem_bytes, row.peak_mem_kind = top["peak_bytes"], top["kind"]
     pairs = (("h2d_full_bytes", "h2d_bytes_per_full_step"), ("h2d_cached_bytes", "h2d_bytes_per_cached_step"))
     for attr, key in pairs:
-        vals = [m.h2d[key] for m in ms if m.h2d and m.h2d.get(key) is not None]
+        vals = [m.memory.h2d[key] for m in ms if m.memory.h2d and m.memory.h2d.get(key) is not None]
         setattr(row, attr, int(statistics.median(vals)) if vals else None)
 
 
 def _of_ideal(row: MatrixRow, ms: list, rots: list[Rotation], name: str, ref: str | None) -> None:
     """The row's `of ideal`: against its non-cache twin timed in the same rounds, or as the engine read it."""
-    ideal = [m.ideal_speedup for m in ms if m.ideal_speedup]
+    ideal = [m.cache.ideal_speedup for m in ms if m.cache.ideal_speedup]
     if not ideal:
         return
     row.ideal_speedup = statistics.median(ideal)
     if ref is None:
-        row.of_ideal = statistics.median(m.of_ideal for m in ms) if all(m.of_ideal for m in ms) else None
-        row.of_ideal_against = ms[0].of_ideal_against
+        row.of_ideal = statistics.median(m.cache.of_ideal for m in ms) if all(m.cache.of_ideal for m in ms) else None
+        row.of_ideal_against = ms[0].cache.of_ideal_against
         return
     measured = speedup_over([rot.pair(ref, name) for rot in rots])
     if measured.useless:  # a busy machine: no reading rather than a wrong one
@@ -198,7 +200,7 @@ def _of_ideal(row: MatrixRow, ms: list, rots: list[Rotation], name: str, ref: st
 
 
 def _price(m) -> CachedStepPrice:
-    d = m.ideal_detail
+    d = m.cache.ideal_detail
     return CachedStepPrice(d["share"], d["full_step_ms"], d["skipped_ms"], d["source"], tuple(d["block_ms"]))
 
 
@@ -234,7 +236,7 @@ def _pace(runner: Runner, rots: list[Rotation], model: str, crowding=None) -> li
     for work, group in by_work.items():
         runs = [r for rot in group for r in rot.runs[BASE] + rot.runs.get(AGAIN, [])]
         per_step = price_ms(runs) / max(1, len(runs[0].step_ms))
-        dtype = group[0].last[BASE].metrics.dtype
+        dtype = group[0].last[BASE].metrics.labels.dtype
         key = machine_pace.pace_key(
             device=str(m.device), threads=torch.get_num_threads(), model=model, dtype=dtype, work=work
         )
@@ -249,7 +251,7 @@ def _cost(rots: list[Rotation], twins: dict[str, str]) -> list[CostRow]:
     for c, t in twins.items():
         first = rots[0].first[c].metrics
         saving = statistics.median(rot.median(t) - rot.median(c) for rot in rots)
-        cold = first.compile_s
+        cold = first.timing.compile_s
         pay = (cold / saving if saving > 0 else math.inf) if cold is not None else None
         graphs = total_graphs(rot.cold_graphs.get(c, 0) for rot in rots)
         recompiles = total_graphs(rot.recompiles.get(c, 0) for rot in rots)
@@ -346,7 +348,7 @@ def run_bench(
     meta = {
         "model": model or runner.model,
         "device": str(runner.manager.device),
-        "dtype": rots[0].last[BASE].metrics.dtype,
+        "dtype": rots[0].last[BASE].metrics.labels.dtype,
         "versions": library_versions(),
         "repeats": repeats,
         "rounds": [r.rounds for r in rots],  # per prompt: the repeats and any extra rounds (studio.bench.rotation)

@@ -67,7 +67,7 @@ def engine_reader(runner, request, preset: str):
 
     def read():
         m = runner.generate(request, preset).metrics
-        return m.speedup, m.speedup_lo, m.speedup_hi, m.speedup_note
+        return m.timing.speedup, m.timing.speedup_lo, m.timing.speedup_hi, m.timing.speedup_note
 
     return read
 

@@ -68,21 +68,21 @@ def crashed_row(family: str, preset: str, how: str) -> DoctorRow:
 
 
 def _row(family: str, preset: str, m) -> DoctorRow:
-    agree = None if m.count_check is None else not m.count_check.startswith("DISAGREES")
+    agree = None if m.cache.count_check is None else not m.cache.count_check.startswith("DISAGREES")
     return DoctorRow(
         family,
         preset,
-        m.tag,
-        m.cached_steps,
-        m.full_steps,
-        m.cached_step_indices,
-        m.backend_cached_steps,
+        m.labels.tag,
+        m.cache.cached_steps,
+        m.cache.full_steps,
+        m.cache.cached_step_indices,
+        m.cache.backend_cached_steps,
         agree,
-        m.count_check,
-        m.psnr_db,
-        str(m.quality),
-        list(m.engaged),
-        list(m.fallbacks),
+        m.cache.count_check,
+        m.quality.psnr_db,
+        str(m.quality.verdict),
+        list(m.labels.engaged),
+        list(m.labels.fallbacks),
     )
 
 

@@ -104,17 +104,17 @@ def _figures(
     again = replace(rot.ratio(AGAIN, name), crowded=crowded) if AGAIN in rot.runs else None
     m = rot.last[name].metrics
     shown = not est.useless
-    above = m.psnr_db is not None and m.psnr_db >= floor_db
+    above = m.quality.psnr_db is not None and m.quality.psnr_db >= floor_db
     if max_flip is not None:
-        above = above and m.flip is not None and m.flip <= max_flip
+        above = above and m.quality.flip is not None and m.quality.flip <= max_flip
     return PromptFigures(
         label,
         est.point if shown else None,
         est.lo if shown else None,
         est.hi if shown else None,
-        m.psnr_db,
-        m.flip,
-        m.cached_steps,
+        m.quality.psnr_db,
+        m.quality.flip,
+        m.cache.cached_steps,
         faster=shown and est.lo > 1.0 and (again is None or (not again.useless and again.lo > 1.0)),
         vs_again=again.point if again is not None else None,
         above_floor=above,

@@ -80,9 +80,9 @@ def _studio(rot: Rotation, runner: Runner, request, name: str, p: Preset, model,
         rot.first[name], rot.cold_graphs[name] = res, new
     else:
         rot.recompiles[name] = total_graphs([rot.recompiles.get(name, 0), new])
-    rot.times.setdefault(name, []).append(res.metrics.denoise_s)
+    rot.times.setdefault(name, []).append(res.metrics.timing.denoise_s)
     m = res.metrics
-    rot.runs.setdefault(name, []).append(Run.of(m.step_ms, m.cached_step_indices))
+    rot.runs.setdefault(name, []).append(Run.of(m.timing.step_ms, m.cache.cached_step_indices))
     rot.last[name] = res
 
 
@@ -97,7 +97,7 @@ def _plain(rot: Rotation, raw, name: str, p: Preset, request, tick) -> None:
     # cache keeps none (diffusers' First-Block-Cache), the studio's count of the same request (the same hook runs)
     cached = ans["cached"]
     if cached is None:
-        cached = rot.last[name].metrics.cached_step_indices if name in rot.last else []
+        cached = rot.last[name].metrics.cache.cached_step_indices if name in rot.last else []
     rot.raw_runs.setdefault(name, []).append(Run.of(ans["step_ms"], cached))
     rot.raw_images[name] = image
     if tick:

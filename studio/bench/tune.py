@@ -135,12 +135,12 @@ class Tuner:
         for i in list(self.order):
             m = self.runner.screen(self.requests[i], p, self.model)
             self.screened += 1
-            cand.cached.append(m.cached_steps)
-            db = m.psnr_db if m.psnr_db is not None else float("inf")
+            cand.cached.append(m.cache.cached_steps)
+            db = m.quality.psnr_db if m.quality.psnr_db is not None else float("inf")
             worst = db if worst is None else min(worst, db)
-            worst_flip = max(worst_flip, m.flip if m.flip is not None else 1.0)
-            preds.append(m.ideal_speedup or 1.0)  # the engine's: cached steps costing only their Fn+Bn blocks
-            if db < self.floor or not self._flip_ok(m.flip):
+            worst_flip = max(worst_flip, m.quality.flip if m.quality.flip is not None else 1.0)
+            preds.append(m.cache.ideal_speedup or 1.0)  # the engine's: cached steps costing only their Fn+Bn blocks
+            if db < self.floor or not self._flip_ok(m.quality.flip):
                 self.order.remove(i)
                 self.order.insert(0, i)  # this prompt first next time: failures end candidates sooner
                 break

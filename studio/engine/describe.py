@@ -8,6 +8,7 @@ from studio.engine.lora import lora_lines
 from studio.engine.run import Measured, RunContext
 from studio.engine.state import stack_state
 from studio.engine.tasks import edits
+from studio.measure.record import RunLabels
 from studio.spec.label import changes, join_label
 from studio.spec.preset import DTYPE_SHORT, Preset
 
@@ -40,14 +41,18 @@ def engaged_lines(ctx: RunContext, run: Measured, pipe) -> list[str]:
     return lines
 
 
-def labels(ctx: RunContext, p: Preset, run: Measured) -> dict:
-    """The run's label from its engaged stack, what the preset asked for, and the parts that differ (spec.label)."""
+def labels(ctx: RunContext, p: Preset, run: Measured, pipe) -> RunLabels:
+    """The run's label from its engaged stack, what the preset asked for, the parts that differ (spec.label), and
+    the engaged and fallback lines."""
     n = len(ctx.request.loras)
     lora = f"lora{n}" if n else ""
     ran = {"dtype": DTYPE_SHORT[ctx.dtype.name], **run.stack.label_parts(), "lora": lora}
     asked = {**p.label_parts(), "lora": lora}
-    return {
-        "tag": join_label(ran),
-        "requested_tag": join_label(asked),
-        "label_changes": changes(asked, ran, run.stack.fell_back_parts()),
-    }
+    return RunLabels(
+        tag=join_label(ran),
+        dtype=ctx.dtype.name,
+        requested_tag=join_label(asked),
+        label_changes=changes(asked, ran, run.stack.fell_back_parts()),
+        engaged=engaged_lines(ctx, run, pipe),
+        fallbacks=fallback_lines(run),
+    )

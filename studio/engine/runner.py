@@ -27,7 +27,7 @@ from studio.engine.baseline import (
     watched,
 )
 from studio.engine.call import true_cfg
-from studio.engine.describe import engaged_lines, fallback_lines, labels
+from studio.engine.describe import labels
 from studio.engine.device import cpu_threads
 from studio.engine.ideal import ideal_check
 from studio.engine.loader import ModelManager
@@ -36,7 +36,7 @@ from studio.engine.parallel import remove_parallel, workers
 from studio.engine.run import Deadline, Measured, RunContext, measure, pipeline_for, settle, warm
 from studio.measure.estimate import price_ms
 from studio.measure.pace import Pace, pace_key, record, work_of
-from studio.measure.record import RunMetrics, RunResult, Timing
+from studio.measure.record import RunMemory, RunMetrics, RunPlacement, RunResult, Timing
 from studio.spec.ask import Switches
 from studio.spec.cachedit import step_mask
 from studio.spec.checks import ConfigError
@@ -381,40 +381,38 @@ class Runner:
         return RunMetrics.of(
             image=run.image,
             base_image=base.image if base else None,
-            base_denoise_s=base.denoise_s if base else None,
             base_timed_at=base.timed_at if base else None,
             ended=run.ended,
             timing=timing,
-            denoise_s=run.denoise_s,
-            step_ms=run.step_ms,
+            timed=dict(
+                denoise_s=run.denoise_s,
+                step_ms=run.step_ms,
+                total_s=total_s,
+                compile_s=run.warmup_s if run.compiled else None,
+                warmup_s=run.warmup_s,
+                base_denoise_s=base.denoise_s if base else None,
+                base_pace_over=pace.over if pace is not None else None,
+                **paired.priced_s(),
+            ),
             counts=run.counts,
             ratio=paired.ratio if base is not None else None,
             ideal=ideal,
+            cache=dict(
+                transformer_calls=run.calls,
+                residual_diffs=run.report.residual_diffs,
+                cache_threshold=run.report.threshold if cache_on else None,
+                backend_cached_steps=run.report.cached_steps if run.report.backend == "cache-dit" else None,
+                backend_cfg_cached_steps=run.report.cfg_cached_steps,
+                blocks=run.blocks,
+                **self._room(ctx, p, run),
+            ),
             model=ctx.model,
             preset=p.name,
-            **labels(ctx, p, run),
-            device=str(self.manager.device),
-            dtype=ctx.dtype.name,
             request=ctx.request.as_dict(),
-            transformer_calls=run.calls,
-            residual_diffs=run.report.residual_diffs,
-            cache_threshold=run.report.threshold if cache_on else None,
-            backend_cached_steps=run.report.cached_steps if run.report.backend == "cache-dit" else None,
-            backend_cfg_cached_steps=run.report.cfg_cached_steps,
-            compile_s=run.warmup_s if run.compiled else None,
-            warmup_s=run.warmup_s,
-            engaged=engaged_lines(ctx, run, self.manager.current.pipe),
-            fallbacks=fallback_lines(run),
             reloaded=run.reloaded,
-            total_s=total_s,
-            blocks=run.blocks,
-            parallel=info,
-            peak_memory=run.memory.as_dict() if run.memory is not None else None,
-            h2d=run.h2d,
-            placement=self.manager.placement(),
-            **paired.priced_s(),
-            base_pace_over=pace.over if pace is not None else None,
-            **self._room(ctx, p, run),
+            labels=labels(ctx, p, run, self.manager.current.pipe),
+            placement=RunPlacement(device=str(self.manager.device), plan=self.manager.placement(), parallel=info),
+            memory=RunMemory(peak_memory=run.memory.as_dict() if run.memory is not None else None, h2d=run.h2d),
         )
 
     def _room(self, ctx: RunContext, p: Preset, run: Measured) -> dict:

@@ -6,7 +6,7 @@ timing line are derived there from facts, never patched afterwards.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from importlib import metadata
 
 import numpy as np
@@ -59,44 +59,19 @@ class Timing:
 
 
 @dataclass
-class RunMetrics:
-    model: str
-    preset: str
-    tag: str  # the label of what RAN, from the engaged stack (spec.label), e.g. bf16+int8wo+DBCache_...+sdpa+compile
-    device: str
-    dtype: str  # the dtype that ran (a preset's `auto` resolved)
-    request: dict
+class RunTiming:
+    """How long the run took, how it was timed, and its speed-up against base."""
+
     denoise_s: float
     step_ms: list[float]
     mean_step_ms: float
-    full_steps: int
-    cached_steps: int
-    transformer_calls: int  # over the whole run: steps x calls per step (2 with true CFG)
-    cached_step_indices: list[int]
-    count_source: str  # where the cached/full counts came from
-    count_check: str | None  # agreement of a second source, or a disagreement
-    residual_diffs: dict[int, float]
-    cache_threshold: float | None
-    backend_cached_steps: list[int] | None  # the cache backend's own list, where it keeps one
-    backend_cfg_cached_steps: list[int] | None  # its list for the unconditional branch, when CFG is cached apart
-    speedup: float | None
-    base_denoise_s: float | None
-    base_age_s: float | None  # seconds between the end of the base timing and the end of this run's
-    psnr_db: float | None
-    ssim: float | None
-    hf_ratio: float | None
-    quality: Verdict
-    timing: str  # how the timing was taken (warm-up, repeats, base freshness)
-    compile_s: float | None  # warm-up run that compiled, kept out of denoise time
-    warmup_s: float | None  # untimed warm-up run of this stack and shape, when one ran
-    engaged: list[str]
-    fallbacks: list[str]
-    reloaded: bool
     total_s: float
-    versions: dict = field(default_factory=dict)
-    blocks: int = 0  # transformer blocks one full call runs
-    ideal_speedup: float | None = None  # what the counts would give were the cache's own work free (measure.blocks)
-    parallel: dict | None = None  # parallel workers: kind, world_size, ray, workers [{rank, device, host, pid}]
+    how: str  # how the timing was taken (warm-up, repeats, base freshness); the JSON's `timing`
+    compile_s: float | None = None  # warm-up run that compiled, kept out of denoise time
+    warmup_s: float | None = None  # untimed warm-up run of this stack and shape, when one ran
+    base_denoise_s: float | None = None
+    base_age_s: float | None = None  # seconds between the end of the base timing and the end of this run's
+    speedup: float | None = None
     speedup_lo: float | None = None  # the speed-up's interval (studio.measure.estimate: a 95% bootstrap)
     speedup_hi: float | None = None
     speedup_note: str | None = None  # why there is no speed-up (a useless interval; a measurement error), in words
@@ -114,6 +89,26 @@ class RunMetrics:
     # 27% slower; None: no record, or base not timed in this call): over CARD_SLACK the host was slow, and a step
     # cache's speed-up reads off then (said on the card, not withheld: docs/measuring.md)
     base_pace_over: float | None = None
+
+
+@dataclass
+class RunCache:
+    """What the step cache skipped, by whose count, its room at these steps, and the speed-up it could give."""
+
+    full_steps: int
+    cached_steps: int
+    transformer_calls: int  # over the whole run: steps x calls per step (2 with true CFG)
+    cached_step_indices: list[int]
+    count_source: str  # where the cached/full counts came from
+    count_check: str | None  # agreement of a second source, or a disagreement
+    residual_diffs: dict[int, float] = field(default_factory=dict)
+    cache_threshold: float | None = None
+    backend_cached_steps: list[int] | None = None  # the cache backend's own list, where it keeps one
+    backend_cfg_cached_steps: list[int] | None = (
+        None  # its list for the unconditional branch, when CFG is cached apart
+    )
+    blocks: int = 0  # transformer blocks one full call runs
+    ideal_speedup: float | None = None  # what the counts would give were the cache's own work free (measure.blocks)
     cached_share: float | None = None  # a cached step's ideal price as a share of a full step, measured
     ideal_source: str | None = None  # where the block times behind `cached_share` came from
     of_ideal: float | None = None  # measured speed-up over its non-cache reference, over the ideal
@@ -122,6 +117,22 @@ class RunMetrics:
     of_ideal_against: str | None = None  # that reference: "base", or "its own full steps"
     ideal_detail: dict | None = None  # the numbers behind the ideal: block times, full step, skipped time, share
     of_ideal_note: str | None = None  # why there is no `of ideal` (a reading over its ideal: a measurement error)
+    # A step cache's room (studio.spec.headroom), wherever the preset asks for one: the most steps it can skip at this
+    # run's steps under cache-dit's rules (warm-up, caps, step mask); the sentence when that leaves little or no room
+    # (before the run: the card says it whatever happened); and why a cache that engaged cached nothing.
+    cache_skippable: int | None = None
+    cache_headroom: str | None = None
+    cache_idle: str | None = None
+
+
+@dataclass
+class RunQuality:
+    """The picture against base: the verdict and the figures behind it (None: not compared)."""
+
+    verdict: Verdict = Verdict.NOT_COMPARED  # the JSON's `quality`
+    psnr_db: float | None = None
+    ssim: float | None = None
+    hf_ratio: float | None = None
     worst_tile_psnr_db: float | None = None  # PSNR of the worst 8x8 tile against base (measure.quality.worst_tile)
     worst_tile_yx: list[int] | None = None  # that tile's top-left pixel, [y, x]
     # FLIP against base (measure.quality): the mean error (0 no visible difference, 1 the most), the highest mean of an
@@ -136,24 +147,60 @@ class RunMetrics:
     # A batch (num_images_per_prompt > 1), per picture in order: its seed and its PSNR, SSIM and verdict against the
     # same batch's base picture (the record's own are the batch's: measure.quality.judge_batch). None: one picture.
     batch: list[dict] | None = None
+
+
+@dataclass
+class RunMemory:
     # The denoise loop's peak memory (studio.measure.memory): kind, peak_bytes, reserved_bytes, note. None: not read
     # here (parallel workers).
     peak_memory: dict | None = None
     # Under a block-streaming offload regime: bytes copied host-to-device per full and per cached step
     # (engine.offload.stream_report). None: everything resident.
     h2d: dict | None = None
+
+
+@dataclass
+class RunPlacement:
+    device: str
     # Where each component of the pipeline lives (engine.placement.describe): regime, components {name: where},
     # device_bytes / host_bytes between uses, the peak estimate and the free memory it was placed against. None: not
-    # recorded.
-    placement: dict | None = None
+    # recorded. The JSON's `placement`.
+    plan: dict | None = None
+    parallel: dict | None = None  # parallel workers: kind, world_size, ray, workers [{rank, device, host, pid}]
+
+
+@dataclass
+class RunLabels:
+    tag: str  # the label of what RAN, from the engaged stack (spec.label), e.g. bf16+int8wo+DBCache_...+sdpa+compile
+    dtype: str  # the dtype that ran (a preset's `auto` resolved)
     requested_tag: str = ""  # the label of what the preset asked for (`auto` unresolved, `sage` where SDPA ran)
     label_changes: list[str] = field(default_factory=list)  # parts that did not run as asked: ["sage->sdpa"]
-    # A step cache's room (studio.spec.headroom), wherever the preset asks for one: the most steps it can skip at this
-    # run's steps under cache-dit's rules (warm-up, caps, step mask); the sentence when that leaves little or no room
-    # (before the run: the card says it whatever happened); and why a cache that engaged cached nothing.
-    cache_skippable: int | None = None
-    cache_headroom: str | None = None
-    cache_idle: str | None = None
+    engaged: list[str] = field(default_factory=list)
+    fallbacks: list[str] = field(default_factory=list)
+
+
+# the parts of a RunMetrics, by attribute: its flat form (the CLI's and the API's JSON) merges their fields, these
+# three under the JSON's names
+PARTS = {"timing": RunTiming, "cache": RunCache, "quality": RunQuality, "memory": RunMemory}
+PARTS |= {"placement": RunPlacement, "labels": RunLabels}
+FLAT_NAMES = {"how": "timing", "verdict": "quality", "plan": "placement"}
+
+
+@dataclass
+class RunMetrics:
+    """Everything one run measured, by concern. `as_dict()` is its flat form (docs/api.md), `from_dict` its inverse."""
+
+    model: str
+    preset: str
+    request: dict
+    timing: RunTiming
+    cache: RunCache
+    quality: RunQuality
+    memory: RunMemory
+    placement: RunPlacement
+    labels: RunLabels
+    reloaded: bool = False
+    versions: dict = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -161,106 +208,140 @@ class RunMetrics:
         *,
         image: np.ndarray,
         base_image: np.ndarray | None,
-        base_denoise_s: float | None,
         base_timed_at: float | None,
         ended: float,
         timing: Timing,
-        denoise_s: float,
-        step_ms: list[float],
+        timed: dict,
         counts: StepCounts,
         ratio: Estimate | None,
         ideal: IdealCheck | None,
-        **fields,
+        cache: dict,
+        **parts,
     ) -> RunMetrics:
         """The record of one measured run compared with its base (None: not compared).
 
         Args:
             image, base_image: the run's and the base's pictures (PSNR, SSIM, FLIP, the worst tiles and the verdict
                 come from them).
-            base_denoise_s, base_timed_at: the base's wall time, and when it ended (time.monotonic).
+            base_timed_at: when the base's timing ended (time.monotonic); `timed["base_denoise_s"]` its wall time.
             ended: when this run's timed run ended (time.monotonic).
+            timed: RunTiming's measured fields (denoise_s, step_ms, total_s, ...), by name.
             counts: the cached/full counts and where they came from.
             ratio: base over this run from the timed pairs (studio.measure.estimate); None: not compared.
             ideal: the cached run's speed-up against its ideal (studio.measure.blocks); None: nothing cached.
-            fields: the rest of the record's fields, by name.
+            cache: RunCache's other fields (the backend's lists, the room), by name.
+            parts: model, preset, request, reloaded, memory, placement and labels.
         """
-        q, fields["batch"] = _judged(image, base_image, fields.get("request") or {})
-        lp, lp_note = lpips_against(image, base_image) if base_image is not None else (None, None)
         age = abs(ended - base_timed_at) if base_timed_at is not None else None
         note = ratio.why_not() if ratio is not None else None
         if note is None and ideal is not None and ideal.against == "base":
             note = ideal.why_impossible()  # over base, a speed-up beyond the ideal is an error, not a result
+        interval = ratio is not None and not note and not ratio.exact
         return cls(
-            denoise_s=denoise_s,
-            step_ms=step_ms,
-            mean_step_ms=(denoise_s / max(1, len(step_ms))) * 1e3,
-            full_steps=counts.full,
-            cached_steps=counts.cached,
-            cached_step_indices=counts.cached_indices,
-            count_source=counts.source,
-            count_check=counts.check,
-            speedup=ratio.point if ratio is not None and not note else None,
-            speedup_lo=ratio.lo if ratio is not None and not note and not ratio.exact else None,
-            speedup_hi=ratio.hi if ratio is not None and not note and not ratio.exact else None,
-            speedup_note=note,
-            timed_pairs=ratio.pairs if ratio is not None else 0,
-            pairs_stop=(ratio.stop or None) if ratio is not None else None,
-            stalled_runs=ratio.stalled if ratio is not None else 0,
-            ideal_speedup=ideal.ideal if ideal else None,
-            cached_share=ideal.price.share if ideal else None,
-            ideal_source=ideal.price.source if ideal else None,
-            of_ideal=ideal.of_ideal if ideal else None,
-            of_ideal_lo=ideal.of_ideal_range[0] if ideal and ideal.of_ideal_range else None,
-            of_ideal_hi=ideal.of_ideal_range[1] if ideal and ideal.of_ideal_range else None,
-            of_ideal_against=ideal.against if ideal else None,
-            ideal_detail=ideal.price.as_dict() if ideal else None,
-            of_ideal_note=ideal.why_impossible() if ideal else None,
-            base_denoise_s=base_denoise_s,
-            base_age_s=age,
-            psnr_db=q.psnr_db if q else None,
-            ssim=q.ssim if q else None,
-            worst_tile_psnr_db=q.worst_tile_psnr_db if q else None,
-            worst_tile_yx=list(q.worst_tile_yx) if q else None,
-            flip=q.flip if q else None,
-            flip_worst_tile=q.flip_worst_tile if q else None,
-            flip_worst_tile_yx=list(q.flip_worst_tile_yx) if q and q.flip_worst_tile_yx else None,
-            lpips=lp,
-            lpips_note=lp_note,
-            hf_ratio=q.hf_ratio if q else None,
-            quality=q.verdict if q else Verdict.NOT_COMPARED,
-            timing=timing.text(age),
+            timing=RunTiming(
+                **timed,
+                mean_step_ms=(timed["denoise_s"] / max(1, len(timed["step_ms"]))) * 1e3,
+                how=timing.text(age),
+                base_age_s=age,
+                speedup=ratio.point if ratio is not None and not note else None,
+                speedup_lo=ratio.lo if interval else None,
+                speedup_hi=ratio.hi if interval else None,
+                speedup_note=note,
+                timed_pairs=ratio.pairs if ratio is not None else 0,
+                pairs_stop=(ratio.stop or None) if ratio is not None else None,
+                stalled_runs=ratio.stalled if ratio is not None else 0,
+            ),
+            cache=RunCache(
+                full_steps=counts.full,
+                cached_steps=counts.cached,
+                cached_step_indices=counts.cached_indices,
+                count_source=counts.source,
+                count_check=counts.check,
+                **_ideal_fields(ideal),
+                **cache,
+            ),
+            quality=_judged(image, base_image, parts.get("request") or {}),
             versions=library_versions(),
-            **fields,
+            **parts,
         )
 
     def as_dict(self) -> dict:
-        d = asdict(self)
-        d["residual_diffs"] = {str(k): v for k, v in self.residual_diffs.items()}
-        d["quality"] = str(self.quality)
+        """The flat form: the parts' fields side by side under the JSON's names (docs/api.md)."""
+        d = {k: v for k, v in asdict(self).items() if k not in PARTS}
+        for name in PARTS:
+            d |= {FLAT_NAMES.get(k, k): v for k, v in asdict(getattr(self, name)).items()}
+        d["residual_diffs"] = {str(k): v for k, v in self.cache.residual_diffs.items()}
+        d["quality"] = str(self.quality.verdict)
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunMetrics:
+        """The record of a flat form (as_dict's inverse; a key it does not know is an error)."""
+        flat = {**d, "quality": Verdict(d.get("quality", Verdict.NOT_COMPARED))}
+        if "residual_diffs" in flat:
+            flat["residual_diffs"] = {int(k): v for k, v in flat["residual_diffs"].items()}
+        back = {v: k for k, v in FLAT_NAMES.items()}
+        parts = {}
+        for name, part in PARTS.items():
+            names = {f.name for f in fields(part)}
+            parts[name] = part(**{back.get(k, k): flat.pop(k) for k in list(flat) if back.get(k, k) in names})
+        return cls(**flat, **parts)
 
     @property
     def broken(self) -> bool:
-        return self.quality is Verdict.BROKEN
+        return self.quality.verdict is Verdict.BROKEN
 
 
-def _judged(image, base_image, request: dict) -> tuple:
-    """(the run's Quality against base or None, the per-picture records of a batch or None)."""
+def _ideal_fields(ideal: IdealCheck | None) -> dict:
+    """RunCache's fields from the ideal check (none where nothing was cached)."""
+    if ideal is None:
+        return {}
+    lo_hi = ideal.of_ideal_range or (None, None)
+    return {
+        "ideal_speedup": ideal.ideal,
+        "cached_share": ideal.price.share,
+        "ideal_source": ideal.price.source,
+        "of_ideal": ideal.of_ideal,
+        "of_ideal_lo": lo_hi[0],
+        "of_ideal_hi": lo_hi[1],
+        "of_ideal_against": ideal.against,
+        "ideal_detail": ideal.price.as_dict(),
+        "of_ideal_note": ideal.why_impossible(),
+    }
+
+
+def _judged(image, base_image, request: dict) -> RunQuality:
+    """The run's picture against base (RunQuality() where there is none); a batch's per picture too."""
     n = request.get("num_images_per_prompt") or 1
-    if n == 1:
-        return (judge(image, base_image) if base_image is not None else None), None
-    q, each = judge_batch(image, base_image, n) if base_image is not None else (None, [None] * n)
-    batch = [
-        {
-            "seed": request["seed"] + i,
-            "psnr_db": e.psnr_db if e else None,
-            "ssim": e.ssim if e else None,
-            "flip": e.flip if e else None,
-            "quality": str(e.verdict if e else Verdict.NOT_COMPARED),
-        }
-        for i, e in enumerate(each)
-    ]
-    return q, batch
+    if base_image is None:
+        return RunQuality(batch=[_picture(request, i, None) for i in range(n)] if n > 1 else None)
+    q, each = (judge(image, base_image), None) if n == 1 else judge_batch(image, base_image, n)
+    lp, lp_note = lpips_against(image, base_image)
+    return RunQuality(
+        verdict=q.verdict,
+        psnr_db=q.psnr_db,
+        ssim=q.ssim,
+        hf_ratio=q.hf_ratio,
+        worst_tile_psnr_db=q.worst_tile_psnr_db,
+        worst_tile_yx=list(q.worst_tile_yx),
+        flip=q.flip,
+        flip_worst_tile=q.flip_worst_tile,
+        flip_worst_tile_yx=list(q.flip_worst_tile_yx) if q.flip_worst_tile_yx else None,
+        lpips=lp,
+        lpips_note=lp_note,
+        batch=[_picture(request, i, e) for i, e in enumerate(each)] if each is not None else None,
+    )
+
+
+def _picture(request: dict, i: int, e) -> dict:
+    """One picture of a batch: its seed, and its figures against the batch's base picture (None: not compared)."""
+    return {
+        "seed": request["seed"] + i,
+        "psnr_db": e.psnr_db if e else None,
+        "ssim": e.ssim if e else None,
+        "flip": e.flip if e else None,
+        "quality": str(e.verdict if e else Verdict.NOT_COMPARED),
+    }
 
 
 @dataclass

@@ -42,17 +42,17 @@ def _lines(lines: list[str], css: str = "") -> str:
 
 def _uncompared(m) -> str:
     """Why a run has no PSNR: compare off, or compare auto without this request's base picture kept."""
-    if m.base_denoise_s is None:
+    if m.timing.base_denoise_s is None:
         return "not compared (compare off)"
     return "not compared: this request's base picture is not kept yet (<b>Compare with base</b> computes it)"
 
 
 def _stack(m) -> str:
     """What ran; where it differs from what the preset asked for, that too, and the parts that differ."""
-    out = f"<code>{html.escape(m.tag)}</code> ({html.escape(m.preset)})"
-    if m.label_changes:
-        diff = html.escape(", ".join(m.label_changes))
-        out += f"<br><small>asked: <code>{html.escape(m.requested_tag)}</code>; ran otherwise: {diff}</small>"
+    out = f"<code>{html.escape(m.labels.tag)}</code> ({html.escape(m.preset)})"
+    if m.labels.label_changes:
+        diff = html.escape(", ".join(m.labels.label_changes))
+        out += f"<br><small>asked: <code>{html.escape(m.labels.requested_tag)}</code>; ran otherwise: {diff}</small>"
     return out
 
 
@@ -71,67 +71,69 @@ def _placement(p: dict) -> str:
 def _room(m) -> str:
     """A step cache's room at these steps where it is little (said before the run: spec.headroom), and why a cache
     that engaged cached nothing; the sentence once where the second repeats the first."""
-    lines = [x for x in (m.cache_headroom, m.cache_idle) if x]
-    if m.cache_headroom and m.cache_idle and m.cache_headroom in m.cache_idle:
-        lines = [m.cache_idle]
+    lines = [x for x in (m.cache.cache_headroom, m.cache.cache_idle) if x]
+    if m.cache.cache_headroom and m.cache.cache_idle and m.cache.cache_headroom in m.cache.cache_idle:
+        lines = [m.cache.cache_idle]
     return _lines(lines, "fallback") if lines else ""
 
 
 def _flip(m) -> str:
     """FLIP's mean error against base and its worst tile (studio.measure.quality)."""
-    tile = fmt.flip_tile(m.flip_worst_tile, m.flip_worst_tile_yx)
-    return f"{fmt.flip(m.flip)} &nbsp; <small>(0: no visible difference; worst {TILE}x{TILE} tile {tile})</small>"
+    tile = fmt.flip_tile(m.quality.flip_worst_tile, m.quality.flip_worst_tile_yx)
+    return (
+        f"{fmt.flip(m.quality.flip)} &nbsp; <small>(0: no visible difference; worst {TILE}x{TILE} tile {tile})</small>"
+    )
 
 
 def _lpips(m) -> str:
     """LPIPS against base (studio.measure.lpips), or why there is none here."""
-    if m.lpips is None:
-        return f"<small>{html.escape(m.lpips_note)}</small>"
-    return f"{fmt.lpips(m.lpips)} &nbsp; <small>(AlexNet v0.1; 0: the same picture)</small>"
+    if m.quality.lpips is None:
+        return f"<small>{html.escape(m.quality.lpips_note)}</small>"
+    return f"{fmt.lpips(m.quality.lpips)} &nbsp; <small>(AlexNet v0.1; 0: the same picture)</small>"
 
 
 def metrics_card(m) -> str:
     """`m` is a RunMetrics."""
-    esc = html.escape
-    steps = fmt.steps(m.cached_steps, m.full_steps)
-    if m.cached_step_indices:
-        steps += f" &nbsp; cached: {m.cached_step_indices}"
-    if m.backend_cfg_cached_steps:
-        steps += f"<br><small>unconditional (CFG) branch cached apart: {m.backend_cfg_cached_steps}</small>"
-    steps += f"<br><small>counted by {esc(m.count_source)}" + (f"; {esc(m.count_check)}" if m.count_check else "")
+    esc, t, c, q = html.escape, m.timing, m.cache, m.quality
+    steps = fmt.steps(c.cached_steps, c.full_steps)
+    if c.cached_step_indices:
+        steps += f" &nbsp; cached: {c.cached_step_indices}"
+    if c.backend_cfg_cached_steps:
+        steps += f"<br><small>unconditional (CFG) branch cached apart: {c.backend_cfg_cached_steps}</small>"
+    steps += f"<br><small>counted by {esc(c.count_source)}" + (f"; {esc(c.count_check)}" if c.count_check else "")
     steps += "</small>"
     room = _room(m)
-    vs = esc(m.speedup_note) if m.speedup_note else fmt.speedup_ci(m.speedup, m.speedup_lo, m.speedup_hi)
-    if m.base_denoise_s is not None:
-        pairs = f", {esc(fmt.pairs(m.timed_pairs, m.pairs_stop, m.stalled_runs))}" if m.timed_pairs else ""
-        vs += f" (base {fmt.denoise(m.base_denoise_s, m.base_priced_s)}{pairs})"
-    if fmt.host_slow(m.base_pace_over) and m.speedup is not None:
-        vs += f"<br><small>{esc(fmt.host_slow(m.base_pace_over))}</small>"
+    vs = esc(t.speedup_note) if t.speedup_note else fmt.speedup_ci(t.speedup, t.speedup_lo, t.speedup_hi)
+    if t.base_denoise_s is not None:
+        pairs = f", {esc(fmt.pairs(t.timed_pairs, t.pairs_stop, t.stalled_runs))}" if t.timed_pairs else ""
+        vs += f" (base {fmt.denoise(t.base_denoise_s, t.base_priced_s)}{pairs})"
+    if fmt.host_slow(t.base_pace_over) and t.speedup is not None:
+        vs += f"<br><small>{esc(fmt.host_slow(t.base_pace_over))}</small>"
     rows = [
         ("stack", _stack(m)),
-        ("denoise", f"{fmt.denoise(m.denoise_s, m.denoise_priced_s)} &nbsp; ({m.mean_step_ms:.1f} ms/step)"),
+        ("denoise", f"{fmt.denoise(t.denoise_s, t.denoise_priced_s)} &nbsp; ({t.mean_step_ms:.1f} ms/step)"),
         ("steps", steps),
         *([("cache room", room)] if room else []),
         ("vs base", vs),
-        ("PSNR / SSIM", f"{fmt.psnr(m.psnr_db)} / {fmt.ssim(m.ssim)}" if m.psnr_db is not None else _uncompared(m)),
-        (f"worst {TILE}x{TILE} tile", fmt.tile(m.worst_tile_psnr_db, m.worst_tile_yx)),
-        *([("FLIP", _flip(m))] if m.flip is not None else []),
-        *([("LPIPS", _lpips(m))] if m.lpips is not None or m.lpips_note else []),
-        ("quality", verdict_flag(m.quality)),
-        *([("batch", esc(fmt.batch_line(m.batch)))] if m.batch else []),
-        *([("of ideal", esc(fmt.ideal_line(m)))] if m.ideal_speedup else []),
-        ("timing", esc(m.timing)),
+        ("PSNR / SSIM", f"{fmt.psnr(q.psnr_db)} / {fmt.ssim(q.ssim)}" if q.psnr_db is not None else _uncompared(m)),
+        (f"worst {TILE}x{TILE} tile", fmt.tile(q.worst_tile_psnr_db, q.worst_tile_yx)),
+        *([("FLIP", _flip(m))] if q.flip is not None else []),
+        *([("LPIPS", _lpips(m))] if q.lpips is not None or q.lpips_note else []),
+        ("quality", verdict_flag(q.verdict)),
+        *([("batch", esc(fmt.batch_line(m.quality.batch)))] if m.quality.batch else []),
+        *([("of ideal", esc(fmt.ideal_line(m)))] if m.cache.ideal_speedup else []),
+        ("timing", esc(m.timing.how)),
     ]
-    if m.compile_s is not None:
-        rows.append(("compile warm-up", f"{fmt.seconds(m.compile_s, 1)} (not in denoise time)"))
-    elif m.warmup_s is not None:
-        rows.append(("warm-up run", f"{fmt.seconds(m.warmup_s, 2)} (not in denoise time)"))
-    rows.append(("engaged", _lines(m.engaged)))
-    if m.fallbacks:
-        rows.append(("fell back", _lines(m.fallbacks, "fallback")))
-    rows.append(("peak memory", esc(fmt.memory_line(m.peak_memory, m.h2d))))
-    if m.placement:
-        rows.append(("placement", esc(_placement(m.placement))))
-    rows.append(("device", f"{esc(m.device)}, {esc(m.dtype)}"))
+    if m.timing.compile_s is not None:
+        rows.append(("compile warm-up", f"{fmt.seconds(m.timing.compile_s, 1)} (not in denoise time)"))
+    elif m.timing.warmup_s is not None:
+        rows.append(("warm-up run", f"{fmt.seconds(m.timing.warmup_s, 2)} (not in denoise time)"))
+    rows.append(("engaged", _lines(m.labels.engaged)))
+    if m.labels.fallbacks:
+        rows.append(("fell back", _lines(m.labels.fallbacks, "fallback")))
+    rows.append(("peak memory", esc(fmt.memory_line(m.memory.peak_memory, m.memory.h2d))))
+    if m.placement.plan:
+        rows.append(("placement", esc(_placement(m.placement.plan))))
+    rows.append(("device", f"{esc(m.placement.device)}, {esc(m.labels.dtype)}"))
     body = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows)
     return f'<div class="metrics-card"><table>{body}</table></div>'

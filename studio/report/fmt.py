@@ -77,13 +77,13 @@ def of_ideal(v: float | None, lo: float | None = None, hi: float | None = None) 
 
 def ideal_line(m) -> str:
     """What a cached run got of what its counts allow (`m` a RunMetrics with an ideal)."""
-    if m.of_ideal_note:
-        return m.of_ideal_note
-    got = "n/a" if m.of_ideal is None else of_ideal(m.of_ideal, m.of_ideal_lo, m.of_ideal_hi)
-    head = f"{got} of the ideal {m.ideal_speedup:.2f}x"
+    if m.cache.of_ideal_note:
+        return m.cache.of_ideal_note
+    got = "n/a" if m.cache.of_ideal is None else of_ideal(m.cache.of_ideal, m.cache.of_ideal_lo, m.cache.of_ideal_hi)
+    head = f"{got} of the ideal {m.cache.ideal_speedup:.2f}x"
     return (
-        f"{head}: a cached step priced at {m.cached_share:.2f} of a full one ({m.ideal_source}), "
-        f"measured against {m.of_ideal_against}"
+        f"{head}: a cached step priced at {m.cache.cached_share:.2f} of a full one ({m.cache.ideal_source}), "
+        f"measured against {m.cache.of_ideal_against}"
     )
 
 
@@ -186,10 +186,12 @@ def stack(tag: str, label_changes) -> str:
 
 def summary_line(m) -> str:
     """One line for a run (the CLI's text output)."""
-    vs = m.speedup_note or speedup_ci(m.speedup, m.speedup_lo, m.speedup_hi) + " vs base"
+    t, c, q = m.timing, m.cache, m.quality
+    vs = t.speedup_note or speedup_ci(t.speedup, t.speedup_lo, t.speedup_hi) + " vs base"
     return (
-        f"{m.preset} [{stack(m.tag, m.label_changes)}] denoise {seconds(m.denoise_s)} ({m.mean_step_ms:.1f} ms/step), "
-        f"{steps(m.cached_steps, m.full_steps)}, {vs}, PSNR {psnr(m.psnr_db)}, SSIM {ssim(m.ssim)} [{m.quality}]"
+        f"{m.preset} [{stack(m.labels.tag, m.labels.label_changes)}] denoise {seconds(t.denoise_s)} "
+        f"({t.mean_step_ms:.1f} ms/step), {steps(c.cached_steps, c.full_steps)}, {vs}, PSNR {psnr(q.psnr_db)}, "
+        f"SSIM {ssim(q.ssim)} [{q.verdict}]"
     )
 
 

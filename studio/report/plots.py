@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from studio.measure.quality import Verdict
+from studio.measure.record import RunMetrics
 from studio.report.table import MatrixRow
 
 
@@ -57,32 +58,30 @@ def plot_steps(metrics, path_or_buf):
 
     `metrics` is a RunMetrics or its as_dict() (the UI keeps the dict)."""
     if isinstance(metrics, dict):
-        from types import SimpleNamespace
-
-        d = dict(metrics)
-        d["residual_diffs"] = {int(k): v for k, v in (d.get("residual_diffs") or {}).items()}
-        metrics = SimpleNamespace(**d)
+        metrics = RunMetrics.from_dict(metrics)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=110)
-    steps = list(range(len(metrics.step_ms)))
-    cached = set(metrics.cached_step_indices)
+    steps = list(range(len(metrics.timing.step_ms)))
+    cached = set(metrics.cache.cached_step_indices)
     colours = ["#ff7f0e" if i in cached else "#1f77b4" for i in steps]
-    ax.bar(steps, metrics.step_ms, color=colours)
+    ax.bar(steps, metrics.timing.step_ms, color=colours)
     ax.set_xlabel("step (orange: served from cache)")
     ax.set_ylabel("step time, ms")
-    if metrics.residual_diffs:
+    if metrics.cache.residual_diffs:
         ax2 = ax.twinx()
-        xs = sorted(metrics.residual_diffs)
-        ax2.plot(xs, [metrics.residual_diffs[i] for i in xs], "k.-", lw=1, label="residual diff")
-        if metrics.cache_threshold is not None:
-            ax2.axhline(metrics.cache_threshold, color="#d62728", ls="--", lw=1, label="threshold")
+        xs = sorted(metrics.cache.residual_diffs)
+        ax2.plot(xs, [metrics.cache.residual_diffs[i] for i in xs], "k.-", lw=1, label="residual diff")
+        if metrics.cache.cache_threshold is not None:
+            ax2.axhline(metrics.cache.cache_threshold, color="#d62728", ls="--", lw=1, label="threshold")
         ax2.set_ylabel("residual diff")
         ax2.legend(fontsize=7, loc="upper right")
-    ax.set_title(f"{metrics.preset}: {metrics.cached_steps} cached / {metrics.full_steps} full", fontsize=10)
+    ax.set_title(
+        f"{metrics.preset}: {metrics.cache.cached_steps} cached / {metrics.cache.full_steps} full", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(path_or_buf, format="png")
     plt.close(fig)

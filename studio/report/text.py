@@ -305,13 +305,14 @@ def doctor_verdict(ok: bool) -> str:
 
 def ideal_worked(m) -> str:
     """The ideal speed-up of one cached run worked through with its own numbers (`m` a RunMetrics)."""
-    d = m.ideal_detail
+    c = m.cache
+    d = c.ideal_detail
     if not d:
         return "ideal: none (nothing was cached, or the blocks' times are unknown)"
     blocks = ", ".join(f"{t:.2f}" for t in d["block_ms"])
     skipped = [i for i in range(len(d["block_ms"])) if i not in d["computed"]]
     sk = " + ".join(f"{d['block_ms'][i]:.2f}" for i in skipped)
-    full, cached, steps = m.full_steps, m.cached_steps, m.full_steps + m.cached_steps
+    full, cached, steps = c.full_steps, c.cached_steps, c.full_steps + c.cached_steps
     ideal_cached = d["full_step_ms"] - d["skipped_ms"]
     lines = [
         f"ideal, worked through ({d['source']}):",
@@ -321,17 +322,18 @@ def ideal_worked(m) -> str:
         f"  full step (median) {d['full_step_ms']:.2f} ms -> ideal cached step {d['full_step_ms']:.2f} - "
         f"{d['skipped_ms']:.2f} = {ideal_cached:.2f} ms = {d['share']:.3f} of a full step",
         f"  {full} full + {cached} cached of {steps}: ideal {steps} / ({full} + {cached} x {d['share']:.3f}) = "
-        f"{m.ideal_speedup:.3f}x",
+        f"{c.ideal_speedup:.3f}x",
     ]
-    if m.of_ideal is not None:
-        vs = m.of_ideal * m.ideal_speedup  # the measured speed-up over its reference
+    if c.of_ideal is not None:
+        vs = c.of_ideal * c.ideal_speedup  # the measured speed-up over its reference
         lines.append(
-            f"  measured {vs:.3f}x against {m.of_ideal_against}: of ideal {vs:.3f} / {m.ideal_speedup:.3f} = "
-            f"{m.of_ideal:.3f}"
+            f"  measured {vs:.3f}x against {c.of_ideal_against}: of ideal {vs:.3f} / {c.ideal_speedup:.3f} = "
+            f"{c.of_ideal:.3f}"
         )
     else:
         lines.append(
-            f"  of ideal: not shown ({m.speedup_note or 'no reliable reading against ' + str(m.of_ideal_against)})"
+            f"  of ideal: not shown "
+            f"({m.timing.speedup_note or 'no reliable reading against ' + str(c.of_ideal_against)})"
         )
     return "\n".join(lines)
 

@@ -91,11 +91,11 @@ def _cache_runs(gen, n: int) -> list[dict]:
         runs.append(
             {
                 "prompt": s.prompt,
-                "cached_steps": m.cached_steps,
-                "full_steps": m.full_steps,
-                "psnr_db": m.psnr_db,
-                "ssim": m.ssim,
-                "quality": str(m.quality),
+                "cached_steps": m.cache.cached_steps,
+                "full_steps": m.cache.full_steps,
+                "psnr_db": m.quality.psnr_db,
+                "ssim": m.quality.ssim,
+                "quality": str(m.quality.verdict),
             }
         )
     return runs

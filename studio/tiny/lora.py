@@ -209,16 +209,16 @@ def numbers(args) -> list[dict]:
                 {
                     "preset": preset.name,
                     "lora": loras[0].label(),
-                    "psnr_vs_base_with_lora_db": m.psnr_db,
+                    "psnr_vs_base_with_lora_db": m.quality.psnr_db,
                     "psnr_vs_plain_base_db": psnr(res.image, plain),
-                    "cached_steps": m.cached_steps,
-                    "full_steps": m.full_steps,
-                    "speedup": m.speedup,
-                    "speedup_lo": m.speedup_lo,
-                    "speedup_hi": m.speedup_hi,
-                    "speedup_note": m.speedup_note,
-                    "compile_s": m.compile_s,
-                    "dtype": m.dtype,
+                    "cached_steps": m.cache.cached_steps,
+                    "full_steps": m.cache.full_steps,
+                    "speedup": m.timing.speedup,
+                    "speedup_lo": m.timing.speedup_lo,
+                    "speedup_hi": m.timing.speedup_hi,
+                    "speedup_note": m.timing.speedup_note,
+                    "compile_s": m.timing.compile_s,
+                    "dtype": m.labels.dtype,
                 }
             )
     finally:

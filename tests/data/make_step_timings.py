@@ -42,7 +42,11 @@ def record(runner, request, rounds: int, stacks=STACKS) -> dict[str, list[dict]]
         for s in stacks:
             m = runner.generate(request, s, compare="off").metrics
             out[s].append(
-                {"step_ms": [round(t, 3) for t in m.step_ms], "cached": m.cached_step_indices, "wall_s": m.denoise_s}
+                {
+                    "step_ms": [round(t, 3) for t in m.timing.step_ms],
+                    "cached": m.cache.cached_step_indices,
+                    "wall_s": m.timing.denoise_s,
+                }
             )
     return out
 
@@ -80,7 +84,7 @@ def main() -> None:
         "command": " ".join(["python tests/data/make_step_timings.py"] + sys.argv[1:]),
         "cpu": cpu_name(),
         "cores": os.cpu_count(),
-        "dtype": runner.generate(request, "base", compare="off").metrics.dtype,
+        "dtype": runner.generate(request, "base", compare="off").metrics.labels.dtype,
         "request": {"prompt": PROMPT, "seed": 7, "steps": request.steps, "size": [request.width, request.height]},
         "stacks": list(stacks),
         "conditions": conditions,
