@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from studio.measure.quality import Flip, flip, flip_error, flip_map, flip_of_batch, judge, judge_batch, worst_flip_tile
+from studio.measure.quality import Flip, flip, flip_error, flip_map, flip_of_batch, highest_tile, judge, judge_batch
 
 quick = pytest.mark.quick  # the one-minute loop: no model loaded (pytest -m quick)
 
@@ -58,7 +58,7 @@ def test_the_worst_flip_tile_is_where_the_picture_changed():
     # tiles by hand: a map with one hot pixel
     err = np.zeros((20, 20))
     err[17, 3] = 0.64
-    assert worst_flip_tile(err) == (pytest.approx(0.64 / 32), (16, 0))  # the edge tile is 4 rows x 8 columns
+    assert highest_tile(err) == (pytest.approx(0.64 / 32), (16, 0))  # the edge tile is 4 rows x 8 columns
 
 
 @quick

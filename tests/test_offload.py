@@ -207,9 +207,12 @@ def test_auto_picks_the_fastest_regime_that_fits_the_free_memory(runner, monkeyp
     runner.manager.ensure(runner.model)
     pipe, cuda = runner.manager.current.pipe, torch.device("cuda")
     spec = OffloadSpec(policy="auto")
-    from studio.engine.offload import ACTIVATION_MARGIN, _needs
+    from studio.engine.offload import _margin
+    from studio.engine.placement import FALLBACK_MARGIN
+    from studio.engine.placement import needs as needs_of
+    from studio.engine.sizes import sizes_of_pipe
 
-    needs = _needs(pipe, spec)
+    needs = needs_of(sizes_of_pipe(pipe), spec, _margin(pipe, None)[0], None)  # the loader's formula, on the pipe
     assert needs["layerwise_offload"] < needs["none"] and needs["model_cpu_offload"] < needs["none"]
     for free, want in ((needs["none"], "none"), (needs["layerwise_offload"], "layerwise_offload"), (0, None)):
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device, free=free: (free, 2 * free))
@@ -218,7 +221,7 @@ def test_auto_picks_the_fastest_regime_that_fits_the_free_memory(runner, monkeyp
             assert policy == min(needs, key=needs.get) and "nothing fits" in why
         else:
             assert policy == want and "GiB free" in why
-    assert ACTIVATION_MARGIN >= 2**30
+    assert FALLBACK_MARGIN >= 2**30
 
 
 def test_whole_model_compile_is_refused_under_a_block_streaming_regime(runner):

@@ -7,18 +7,12 @@ Method (the engine's own loading, timing and measuring; nothing here times anyth
   rows hold medians of repeats, and each speed-up is the one estimator's (studio.measure.estimate) over the rounds:
   each round's runs are a pair (same moment, same load);
 - `base'` is base run a second time in the same rotation: base against itself is the noise floor of a speed-up;
-- a compiled preset is timed beside its eager twin (the same stack without compile, added when not asked for):
-  their PSNR is the noise floor of compile, and the twin's time gives compile's saving per image;
+- a compiled preset is timed beside its eager twin (studio.bench.twins): compile's noise floor and saving per image;
 - with several prompts, each prompt is a rotation of its own; a row's speed-up is the median over prompts (its
   interval the bootstrap's over every prompt's pairs) and its PSNR and FLIP the mean and the worst, so one lucky
   prompt cannot hide a bad stack;
-- with several prompts or seeds, each stack is also read request by request against each request's own base
-  (studio.bench.paired): the paired speed-up with its interval, PSNR and FLIP, wins as N of N, the worst by name;
-- --vs-raw: the plain pipeline's runs and the studio's, paired round by round, through the same estimator, step by
-  step (the plain worker clocks each step with the pipeline's own step callback; its cached steps are cache-dit's
-  own list), so a stall in one run of either side does not move the figure. Base's second run has a plain
-  process of its own: plain base against it is studio/raw's noise floor (two processes of one recipe differ by a
-  few percent, which no pairing removes).
+- with several prompts or seeds, each stack request by request against each request's own base (studio.bench.paired);
+- --vs-raw: the plain pipeline's runs beside the studio's, round by round (studio.bench.raw, studio.bench.vsraw).
 """
 
 from __future__ import annotations

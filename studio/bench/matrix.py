@@ -1,13 +1,8 @@
 """The preset matrix (the UI's Matrix tab and /matrix): every preset side by side on one request.
 
-The bench's own method (studio.bench.bench.run_bench) on one request: medians over repeats taken round-robin (base, A,
-B, ..., base', base, A, B, ..., base'), after the engine's untimed warm-up of each stack, so machine noise hits every
-preset alike; speed-ups are ratios of those medians. Only the presets asked are timed (the bench's twins are left
-out: a Matrix is as many runs as the public limits and the reserved GPU time count). base' (the row `base (again)`)
-is base timed again last in each round: its speed-up against base is the noise floor (on a busy machine a run's slot
-in the round moves it by several percent; this row shows by how much on this run). On ZeroGPU it times exactly the
-rounds asked for: the call's GPU time is reserved for them (app.gpu_time.matrix_s) and a visitor's quota is charged
-for the reservation, so the bench's extra rounds (studio.bench.rotation) would be cut off or charged unasked.
+The bench's own method (studio.bench.bench) on one request, `base (again)` its last row (the noise floor). Only the
+presets asked are timed (no twins: a Matrix is as many runs as the public limits and the reserved GPU time count), and
+on ZeroGPU exactly the rounds asked for (app.gpu_time.matrix_s reserved them; extra rounds would be cut or charged).
 """
 
 from __future__ import annotations

@@ -23,8 +23,6 @@ import sys
 import tempfile
 import time
 
-RAW_WORKER_TIMEOUT_S = 600
-
 
 # ---- the plain recipe (worker side) -------------------------------------------------------------------------------
 def build_pipeline(recipe: dict):

@@ -14,30 +14,14 @@ from studio.spec.ask import Switches
 from studio.spec.checks import ConfigError, fail
 from studio.spec.preset import Preset
 
-# knob -> how a value is read from the command line
+# knob -> (how a value is read from the command line, the values swept by default, its short name in a variant's name)
 KNOBS = {
-    "residual_diff_threshold": float,
-    "Fn_compute_blocks": int,
-    "Bn_compute_blocks": int,
-    "max_continuous_cached_steps": int,
-    "max_warmup_steps": int,
-    "steps_computation_mask": str,
-}
-DEFAULT_VALUES = {
-    "residual_diff_threshold": "0.08,0.12,0.16,0.24,0.32,0.5",
-    "Fn_compute_blocks": "1,2,3",
-    "Bn_compute_blocks": "0,1,2",
-    "max_continuous_cached_steps": "1,2,3,4,6",
-    "max_warmup_steps": "0,2,4,8",
-    "steps_computation_mask": "none,slow,medium,fast",
-}
-SHORT = {
-    "residual_diff_threshold": "R",
-    "Fn_compute_blocks": "F",
-    "Bn_compute_blocks": "B",
-    "max_continuous_cached_steps": "MC",
-    "max_warmup_steps": "W",
-    "steps_computation_mask": "mask-",
+    "residual_diff_threshold": (float, "0.08,0.12,0.16,0.24,0.32,0.5", "R"),
+    "Fn_compute_blocks": (int, "1,2,3", "F"),
+    "Bn_compute_blocks": (int, "0,1,2", "B"),
+    "max_continuous_cached_steps": (int, "1,2,3,4,6", "MC"),
+    "max_warmup_steps": (int, "0,2,4,8", "W"),
+    "steps_computation_mask": (str, "none,slow,medium,fast", "mask-"),
 }
 PSNR_CAP_DB = 100.0  # an identical picture counts as this much when finding the steepest drop
 
@@ -46,10 +30,11 @@ def parse_values(knob: str, text: str | None) -> list:
     if knob not in KNOBS:
         raise ConfigError(f"sweep knob {knob!r} is not one of: {', '.join(KNOBS)}")
     try:
-        return [KNOBS[knob](x.strip()) for x in (text or DEFAULT_VALUES[knob]).split(",") if x.strip()]
+        kind, default, _ = KNOBS[knob]
+        return [kind(x.strip()) for x in (text or default).split(",") if x.strip()]
     except ValueError:
         raise ConfigError(
-            f"sweep values {text!r} for {knob} must be {KNOBS[knob].__name__}s, comma-separated"
+            f"sweep values {text!r} for {knob} must be {KNOBS[knob][0].__name__}s, comma-separated"
         ) from None
 
 
@@ -57,7 +42,8 @@ def variant(p: Preset, knob: str, value, compile_enabled: bool | None = None) ->
     """The preset with one cache knob set (the cache turned on if it was off), compiled or not as the switch says
     (None: as the preset is)."""
     p = Switches(cache=True, compile=compile_enabled).apply(p)  # (the one rule: spec.ask)
-    name = f"{p.name}.{SHORT[knob]}{value:g}" if isinstance(value, float) else f"{p.name}.{SHORT[knob]}{value}"
+    short = KNOBS[knob][2]
+    name = f"{p.name}.{short}{value:g}" if isinstance(value, float) else f"{p.name}.{short}{value}"
     return replace(p, name=name, cache_config=replace(p.cache_config, **{knob: value}))
 
 

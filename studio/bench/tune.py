@@ -34,26 +34,20 @@ from studio.spec.ask import Switches
 from studio.spec.checks import ConfigError, fail
 from studio.spec.preset import CacheSpec, Preset
 
-THRESHOLDS = (0.04, 0.06, 0.08, 0.12, 0.16, 0.2, 0.24, 0.3, 0.36, 0.44, 0.52, 0.64, 0.8, 1.0, 1.5, 2.0)
 CALIBRATORS = {"none": {}, "taylorseer": {"enable_taylorseer": True}, "dmd": {"enable_dmd": True}}
-RUN_CAPS = (3, 5)
-WARMUPS = (4, 2)
-MASKS = ("medium", "fast")
-NON_CACHE = ("base", "compile", "int8", "sage", "sage-int8")
 MARGIN_DB = 3.0  # a non-cache option must keep this much above the floor, to leave room for the cache
 FLIP_MARGIN = 0.5  # ... and at most this share of the FLIP ceiling (FLIP is concave: half leaves the cache room)
-FINALISTS = 3
 
 
 @dataclass(frozen=True)
 class SearchSpace:
-    thresholds: tuple = THRESHOLDS
+    thresholds: tuple = (0.04, 0.06, 0.08, 0.12, 0.16, 0.2, 0.24, 0.3, 0.36, 0.44, 0.52, 0.64, 0.8, 1.0, 1.5, 2.0)
     calibrators: tuple = tuple(CALIBRATORS)
-    run_caps: tuple = RUN_CAPS
-    warmups: tuple = WARMUPS
-    masks: tuple = MASKS
-    non_cache: tuple = NON_CACHE
-    finalists: int = FINALISTS
+    run_caps: tuple = (3, 5)
+    warmups: tuple = (4, 2)
+    masks: tuple = ("medium", "fast")
+    non_cache: tuple = ("base", "compile", "int8", "sage", "sage-int8")
+    finalists: int = 3
     repeats: int = 3
 
 
@@ -150,7 +144,7 @@ class Tuner:
         return cand
 
     def search_threshold(self, stack: Preset, cache: CacheSpec) -> Candidate | None:
-        """The largest threshold of THRESHOLDS that meets the floor (binary search: quality falls as it rises)."""
+        """The largest threshold of the space's that meets the floor (binary search: quality falls as it rises)."""
         ths, sp = self.space.thresholds, self.space
         lo, hi, best = 0, len(ths) - 1, None
         while lo <= hi:

@@ -8,22 +8,18 @@ Imports `measure` and `spec` from the studio, nothing above.
 from studio.engine.baseline import CALLER_TIMES_BASE, Pairing
 from studio.engine.loader import ModelLoadError, ModelManager
 from studio.engine.runner import BASE, RunError, Runner, RunResult
-from studio.engine.stack import STACK_ORDER, AppliedStack, apply_preset
-from studio.engine.state import Engaged, StackState, stack_state
+from studio.engine.stack import STACK_ORDER
+from studio.engine.state import stack_state
 
 __all__ = [
     "BASE",
     "CALLER_TIMES_BASE",
     "Pairing",
     "STACK_ORDER",
-    "AppliedStack",
-    "Engaged",
     "ModelLoadError",
     "ModelManager",
     "RunError",
     "RunResult",
     "Runner",
-    "StackState",
-    "apply_preset",
     "stack_state",
 ]

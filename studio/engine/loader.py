@@ -45,8 +45,6 @@ from studio.spec.settings import Settings
 
 log = logging.getLogger(__name__)
 
-SLOTS_ENV = "STUDIO_TRANSFORMER_SLOTS"
-
 
 @dataclass
 class Variant:

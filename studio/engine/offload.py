@@ -20,17 +20,7 @@ from dataclasses import replace
 import torch
 
 from studio.engine.compile import apply_compile, uncompile
-from studio.engine.placement import (
-    FALLBACK_MARGIN,
-    HOST,
-    decide,
-    device_bytes,
-    free_memory,
-    margin_bytes,
-    needs,
-    pin_reason,
-    place,
-)
+from studio.engine.placement import HOST, decide, device_bytes, free_memory, margin_bytes, pin_reason, place
 from studio.engine.sizes import sizes_of_pipe
 from studio.engine.state import Engaged, stack_state
 from studio.engine.streams import STREAMING, module_bytes, new_log, tally_block, tally_group, tally_prefetch
@@ -40,10 +30,6 @@ from studio.spec.preset import CompileSpec
 
 # diffusers hooks/group_offloading.py: _GROUP_OFFLOADING, _LAYER_EXECUTION_TRACKER, _LAZY_PREFETCH_GROUP_OFFLOADING
 GROUP_HOOKS = ("group_offloading", "layer_execution_tracker", "lazy_prefetch_group_offloading")
-# What `auto` adds to the weights where the model's configs give no activation estimate (engine.placement: the
-# estimate from the VAE's and the transformer's configs at the model's default size; a FLUX-size pipeline's peak is
-# its VAE decode at 1024x1024, about 2.5 GiB in bf16, plus the CUDA allocator's slack).
-ACTIVATION_MARGIN = FALLBACK_MARGIN
 
 
 def _model_offloaded(pipe) -> bool:
@@ -222,9 +208,6 @@ def _group(pipe, spec: OffloadSpec, device: torch.device) -> tuple[bool, str]:
     return True, _engaged_text("group_offload (diffusers block_level", notes, device)
 
 
-CPU_BOTH = "onload and offload device are both the cpu: nothing crosses a bus (the hooks run as on a GPU)"
-
-
 def _engaged_text(head: str, notes: list[str], device: torch.device) -> str:
     """A streaming regime's line: what it does, and on a CPU-only run that nothing crosses a bus."""
     if device.type == "cpu":
@@ -282,12 +265,6 @@ def _model_offload(pipe, spec: OffloadSpec, device: torch.device) -> tuple[bool,
 def _margin(pipe, device: torch.device | None) -> tuple[int, str]:
     elem = next(pipe.transformer.parameters()).element_size()
     return margin_bytes(sizes_of_pipe(pipe), getattr(pipe, "name_or_path", None), elem, device or torch.device("cuda"))
-
-
-def _needs(pipe, spec: OffloadSpec, device: torch.device | None = None) -> dict[str, int]:
-    """Device bytes each policy holds at its peak for this loaded pipeline (engine.placement.needs: the formula the
-    loader applies before loading, here on the loaded modules)."""
-    return needs(sizes_of_pipe(pipe), spec, _margin(pipe, device)[0], device)
 
 
 def _auto(pipe, spec: OffloadSpec, device: torch.device, budget: float | None) -> tuple[str, str]:

@@ -279,12 +279,6 @@ def flip_error(image, base) -> np.ndarray:
     return np.asarray(err, dtype=np.float64)[..., 0]
 
 
-def worst_flip_tile(err: np.ndarray, tile: int = TILE) -> tuple[float, tuple[int, int]]:
-    """The highest mean FLIP error of a `tile` x `tile` tile of the error map, and its top-left pixel (y, x): the
-    same tiles as measure.quality.worst_tile's (`highest_tile`); an identical pair gives (0.0, (0, 0))."""
-    return highest_tile(err, tile)
-
-
 @dataclass(frozen=True)
 class Flip:
     """FLIP of a run's picture against its base: the mean error and the worst tile (value, top-left [y, x])."""
@@ -297,7 +291,7 @@ class Flip:
 def flip(image, base) -> Flip:
     """The mean FLIP error of `image` against `base` and its worst TILE x TILE tile, from one evaluation."""
     err = flip_error(image, base)
-    worst, at = worst_flip_tile(err)
+    worst, at = highest_tile(err)  # the same tiles as worst_tile's
     return Flip(float(err.mean()), worst, at)
 
 

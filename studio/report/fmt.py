@@ -15,17 +15,11 @@ def psnr(v: float | None, unit: str = " dB") -> str:
 
 
 def ssim(v: float | None) -> str:
+    """A score in [0, 1] to four places: SSIM, FLIP's mean error (0: no visible difference), LPIPS (0: the same)."""
     return "n/a" if v is None else f"{v:.4f}"
 
 
-def flip(v: float | None) -> str:
-    """FLIP's mean error (studio.measure.quality): 0 is no visible difference, 1 the most."""
-    return "n/a" if v is None else f"{v:.4f}"
-
-
-def lpips(v: float | None) -> str:
-    """LPIPS (studio.measure.lpips): 0 is the same picture."""
-    return "n/a" if v is None else f"{v:.4f}"
+flip = lpips = ssim
 
 
 def flip_tile(v: float | None, yx) -> str:

@@ -198,12 +198,6 @@ class Matrix:
         note = self.noise_line()
         return "\n".join(lines + (["", note] if note else []))
 
-    @property
-    def base_vs_itself(self) -> float | None:
-        """Base's speed-up over its own second run in the same rounds (1.00 on a quiet machine); None without one."""
-        again = next((r for r in self.rows if r.preset == AGAIN), None)
-        return again.speedup if again else None
-
     def noise_line(self) -> str:
         """How to read the speed-ups: the base-against-itself ratio as a noise floor ('' when not measured)."""
         again = next((r for r in self.rows if r.preset == AGAIN), None)

@@ -1,20 +1,10 @@
 """The app's side of the device worker: it starts the worker (studio.worker.server) as a process of its own, sends
 it one call at a time, and passes the progress the worker streams back to the caller's functions.
 
-When the worker dies under a call (a signal, the OOM killer, an abort in a kernel), a new worker starts and loads
-the model again in the background, so the next request gets the same pixels as before the crash, and the stack it
-was running is remembered. A crash is forgiven once: a generate call whose stack crashed for the first time in a row
-runs once more on the new worker (a status line says so; a transient crash costs a wait, not the request); other
-calls end with one sentence (WorkerCrashed, a RunError: the handlers show it as they show any failed run). A second
-crash of the same stack with no finished run of it between refuses that stack for the rest of this process's life,
-with the reason and how to clear it. A request that arrives while the new worker loads waits for it, with a status
-line. WorkerCrashed names the stack and how
-it died: the CLI's bench and doctor run on without that stack (studio.worker.reruns). Between calls, a worker whose
-resident memory is over `WorkerConfig.max_rss_gb` is restarted the same way. `close()` (also at exit) stops it:
-asked first, then SIGTERM, then SIGKILL.
-
-A caller that stops waiting (a cancelled Gradio event keeps its thread until the call returns) abandons nothing
-half-done: the worker finishes the call, its result is dropped, and the next call waits for it.
+What a crash does (a new worker reloads the model; a generate call's stack forgiven once, refused after a second
+crash in a row; the memory limit; `close()`: asked, then SIGTERM, then SIGKILL) is docs/architecture.md's "Faults and
+crashes", kept here by `_call`, `_died` and `_check_memory`. A caller that stops waiting abandons nothing half-done:
+the worker finishes the call and its result is dropped.
 
 Imports no torch: the app's process stays free of it.
 """
@@ -32,6 +22,7 @@ import threading
 from studio.spec.errors import USER_ERRORS, RunError
 from studio.spec.presets import BASE
 from studio.worker.protocol import (
+    OPS,
     RESTARTING,
     Device,
     WorkerConfig,
@@ -106,16 +97,6 @@ class WorkerClient(Device):
     def pid(self) -> int:
         """The worker process's id."""
         return self._proc.pid
-
-    generate = _remote("generate")
-    matrix = _remote("matrix")
-    tune = _remote("tune")
-    warm_up = _remote("warm_up")
-    export = _remote("export")
-    resolved = _remote("resolved")
-    info = _remote("info")
-    bench = _remote("bench")
-    doctor_family = _remote("doctor_family")
 
     # the worker's life ---------------------------------------------------------------------------------------------
     def _start(self) -> None:
@@ -283,3 +264,7 @@ class WorkerClient(Device):
         self.restarts += 1
         self._start()
         self._reload()
+
+
+for _op in OPS:
+    setattr(WorkerClient, _op, _remote(_op))

@@ -21,16 +21,15 @@ import sys
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
 
-from studio.engine import BASE, ModelManager, Runner
+from studio.engine import BASE, Runner
 from studio.engine.thread import DEVICE_THREAD
 from studio.spec.ask import Switches
 from studio.spec.checks import ConfigError
 from studio.spec.errors import RunError
-from studio.spec.presets import PresetLibrary
 from studio.spec.settings import install
 from studio.worker.protocol import WorkerConfig, crossing, error_message, stack_key
 from studio.worker.quiet import quiet_libraries
-from studio.worker.service import DeviceService
+from studio.worker.service import DeviceService, runner_for
 
 log = logging.getLogger("studio.worker")
 
@@ -88,32 +87,10 @@ class WatchedRunner(Runner):
             if self._running and self.call:  # back to the stack that ran this one
                 self.call.send("running", *self._running[-1])
 
-    def generate(
-        self,
-        request,
-        preset=BASE,
-        *,
-        model=None,
-        cache_enabled=None,
-        cache_threshold=None,
-        compile_enabled=None,
-        progress=None,
-        library=None,
-        **kwargs,
-    ):
-        switches = Switches(cache_enabled, cache_threshold, compile_enabled)
+    def generate(self, request, preset=BASE, *, model=None, library=None, **kwargs):
+        switches = Switches(*(kwargs.get(k) for k in ("cache_enabled", "cache_threshold", "compile_enabled")))
         with self._runs(self._stack(preset, library, model, switches)):
-            return super().generate(
-                request,
-                preset,
-                model=model,
-                cache_enabled=cache_enabled,
-                cache_threshold=cache_threshold,
-                compile_enabled=compile_enabled,
-                progress=progress,
-                library=library,
-                **kwargs,
-            )
+            return super().generate(request, preset, model=model, library=library, **kwargs)
 
     def screen(self, request, preset, model=None):
         with self._runs(self._stack(preset, None, model)):
@@ -171,16 +148,7 @@ def run_hook(spec: str, runner: Runner, service: DeviceService) -> None:
 def serve(conn: Connection, config: WorkerConfig) -> None:
     """The worker's loop: one call at a time until ("stop",) or the app's end closes."""
     install(config.settings)
-    allowed = list(config.allowed) if config.allowed is not None else None
-    manager = ModelManager(config.device, allowed=allowed, settings=config.settings)
-    runner = WatchedRunner(
-        manager,
-        config.presets or PresetLibrary(),
-        model=config.model,
-        max_steps=config.max_steps,
-        max_side=config.max_side,
-    )
-    runner.pairing = config.pairing or runner.pairing
+    runner = runner_for(config, WatchedRunner)
     service = DeviceService(runner)
     if config.settings.worker_hook:
         run_hook(config.settings.worker_hook, runner, service)
@@ -198,7 +166,7 @@ def serve(conn: Connection, config: WorkerConfig) -> None:
     except GONE:
         log.warning("the app's end of the pipe closed: the device worker stops")
     finally:
-        DEVICE_THREAD.call(manager.unload)
+        DEVICE_THREAD.call(runner.manager.unload)
 
 
 def main(argv: list[str] | None = None) -> None:

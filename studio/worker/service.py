@@ -17,7 +17,7 @@ from studio.bench.doctor import DoctorRow, check_family, family_instance
 from studio.bench.matrix import run_matrix
 from studio.bench.records import TuneResult
 from studio.bench.tune import QUICK, tune
-from studio.engine import BASE, Runner, RunResult
+from studio.engine import BASE, ModelManager, Runner, RunResult
 from studio.engine.quantize import exported_quant
 from studio.engine.resolve import resolved
 from studio.engine.thread import DEVICE_THREAD
@@ -26,13 +26,13 @@ from studio.report.table import Matrix
 from studio.spec.export import cache_dit_yaml
 from studio.spec.preset import Preset
 from studio.spec.request import GenerationRequest
-from studio.worker.protocol import Device, crossing
+from studio.worker.protocol import OPS, Device, WorkerConfig, crossing
 
 
 class DeviceService:
     """The studio's device work, named calls over one Runner."""
 
-    OPS = ("generate", "matrix", "tune", "warm_up", "export", "resolved", "info", "bench", "doctor_family")
+    OPS = OPS
 
     def __init__(self, runner: Runner):
         self.runner = runner
@@ -110,6 +110,15 @@ class DeviceService:
         }
 
 
+def runner_for(config: WorkerConfig, cls=Runner) -> Runner:
+    """The engine a WorkerConfig describes: the worker's (`cls`: its WatchedRunner), or the app's own on ZeroGPU."""
+    allowed = list(config.allowed) if config.allowed is not None else None
+    manager = ModelManager(config.device, allowed=allowed, settings=config.settings)
+    runner = cls(manager, config.presets, model=config.model, max_steps=config.max_steps, max_side=config.max_side)
+    runner.pairing = config.pairing or runner.pairing
+    return runner
+
+
 def _on_device_thread(op: str):
     def call(self, *args, **kwargs):
         try:
@@ -147,16 +156,6 @@ class InProcess(Device):
     def keep(self, kept) -> None:
         DEVICE_THREAD.call(self.runner.keep, kept)
 
-    generate = _on_device_thread("generate")
-    matrix = _on_device_thread("matrix")
-    tune = _on_device_thread("tune")
-    warm_up = _on_device_thread("warm_up")
-    export = _on_device_thread("export")
-    resolved = _on_device_thread("resolved")
-    info = _on_device_thread("info")
-    bench = _on_device_thread("bench")
-    doctor_family = _on_device_thread("doctor_family")
-
     def close(self) -> None:
         """Unload the model (parallel workers and a Ray runtime started for them end with it); once."""
         if self._closed:
@@ -168,3 +167,7 @@ class InProcess(Device):
             self.runner.manager.unload()
             return
         done.result()
+
+
+for _op in OPS:
+    setattr(InProcess, _op, _on_device_thread(_op))
