@@ -54,11 +54,11 @@ def progress_bar(desc: str):
 def presets_command(lib, args, settings) -> int:
     """`python -m studio presets list|export`: each preset's asked stack, description and what it becomes here
     (under the `dtype` setting of `settings`, the CLI's edge record)."""
-    from studio.engine.device import default_device
+    from studio.engine.device import profile_here
     from studio.engine.resolve import resolved
     from studio.report.fmt import on_this_machine
 
-    device = default_device()
+    device = profile_here(zerogpu=settings.zerogpu_slice)
     if args.action == "list":
         for name in lib.names():
             p = lib.get(name)
@@ -83,6 +83,30 @@ def presets_command(lib, args, settings) -> int:
     else:
         print(text, end="")
     return 0
+
+
+def plan_command(lib, args, settings) -> int:
+    """`python -m studio plan`: what a preset would run on a device (engine.plan), in words or as JSON."""
+    from studio.engine.plan import make_plan, profile_of
+    from studio.report.plan import plan_table, plan_text
+    from studio.spec.devices import PROFILES
+
+    size = None
+    if args.size:
+        w, _, h = args.size.lower().partition("x")
+        if not (w.isdigit() and h.isdigit()):
+            raise ValueError(f"--size {args.size!r} is not WxH, e.g. 1024x1024")
+        size = (int(w), int(h))
+    budget = args.budget if args.budget is not None else settings.device_memory_gb
+    if args.table:
+        plans = {
+            (d, p): make_plan(PROFILES[d], args.model, lib.get(p), size, budget) for d in PROFILES for p in lib.names()
+        }
+        print(plan_table(plans))
+        return 0
+    plan = make_plan(profile_of(args.device, settings), args.model, lib.get(args.preset), size, budget, settings.dtype)
+    print(json.dumps(plan.as_dict(), indent=1) if args.json else plan_text(plan))
+    return 0 if plan.fits else 1
 
 
 def _doctor(args) -> int:
@@ -328,9 +352,9 @@ def main(argv=None) -> int:
     if args.cmd == "clicks":
         return _clicks(args)
     lib = PresetLibrary(user_dir=getattr(args, "presets_dir", None))
-    if args.cmd == "presets":
+    if args.cmd in ("presets", "plan"):
         try:
-            return presets_command(lib, args, settings)
+            return (presets_command if args.cmd == "presets" else plan_command)(lib, args, settings)
         except (ConfigError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

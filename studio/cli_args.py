@@ -254,6 +254,15 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--no-kernels", action="store_true", help="on a GPU, skip timing a FLUX-sized random transformer")
     d.add_argument("--kernel-stacks", default=None, help="comma-separated subset of sdpa,sage,int8,compile")
     regimes_args(sub)
+    pl = sub.add_parser("plan", help="what a preset would run on a device, part by part, and its memory plan")
+    pl.add_argument("--device", default="here", help="here, or a named profile (spec.devices.PROFILES): h200, t4, ...")
+    pl.add_argument("--model", default="tiny", help="tiny, a local folder, or a family with shipped configs")
+    pl.add_argument("--preset", default="cache-int8-sage")
+    pl.add_argument("--size", default=None, help="WxH (default: the model's)")
+    pl.add_argument("--budget", type=float, default=None, help="device memory budget in GiB")
+    pl.add_argument("--json", action="store_true", help="print one JSON object")
+    pl.add_argument("--table", action="store_true", help="every named profile x every preset (docs/presets.md)")
+    pl.add_argument("--presets-dir", default=None, help="folder of user presets (also STUDIO_PRESETS_DIR)")
     return ap
 
 

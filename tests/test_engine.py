@@ -120,13 +120,14 @@ def test_int8_is_never_stacked_on_int8(runner):
     pipe, _, _ = runner.manager.pipeline(runner.model, runner.presets.get("int8"))
     lin = pipe.transformer.transformer_blocks[0].attn.to_q
     w_before = lin.weight
-    again = apply_quant(pipe, runner.presets.get("int8").quant, compiled=True)  # the preset compiles
+    here, cpu = runner.manager.profile, torch.device("cpu")
+    again = apply_quant(pipe, runner.presets.get("int8").quant, here, cpu, compiled=True)  # the preset compiles
     assert again.engaged and "already applied" in again.detail and lin.weight is w_before
     form = stack_state(pipe.transformer).quantize.mode  # what auto picked for this CPU, compiled (test_quant_forms)
     assert form in ("int8_per_row", "int8_weight_only")
     other = "int8_weight_only" if form == "int8_per_row" else "int8_per_row"
     with pytest.raises(RuntimeError, match="already quantized"):
-        apply_quant(pipe, QuantSpec(quant_type=other))
+        apply_quant(pipe, QuantSpec(quant_type=other), here, cpu)
     assert stack_state(pipe.transformer).quantize.mode == form
     # embedders and the output head stay in full precision
     assert type(pipe.transformer.x_embedder.weight) is torch.nn.Parameter

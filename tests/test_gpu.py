@@ -91,7 +91,7 @@ def test_a_flux_dev_sized_model_loads_and_runs_under_a_24_gb_budget_with_layerwi
     from diffusers import FluxPipeline, FluxTransformer2DModel
 
     from studio.bench.doctor import FLUX_DEV
-    from studio.spec.checks import ConfigError
+    from studio.engine import ModelLoadError
     from studio.tiny.build import EMBEDDED_DIR
 
     folder = tmp_path / "flux-dev-sized"
@@ -110,7 +110,7 @@ def test_a_flux_dev_sized_model_loads_and_runs_under_a_24_gb_budget_with_layerwi
     r = Runner(ModelManager("cuda", settings=card), lib, model=str(folder))
     req = GenerationRequest(prompt="a red circle", seed=3, steps=12, width=512, height=512, max_sequence_length=32)
     try:
-        with pytest.raises(ConfigError, match=r"does not fit the device: none needs ~2\d\.\d+ GiB"):
+        with pytest.raises(ModelLoadError, match=r"does not fit the device: none needs ~2\d\.\d+ GiB"):
             r.generate(req, "base", compare="off")
         torch.cuda.reset_peak_memory_stats()
         res = r.generate(req, "stream", compare="off")

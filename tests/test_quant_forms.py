@@ -8,15 +8,20 @@ from dataclasses import replace
 import pytest
 import torch
 
-from studio.engine.quantize import EAGER_NOTE, quant_form
+from studio.engine.device import profile_here
 from studio.engine.state import stack_state
 from studio.measure.quality import psnr
 from studio.spec import GenerationRequest, PresetLibrary
+from studio.spec.devices import EAGER_NOTE, PROFILES, DeviceProfile, quant_form
 from studio.spec.export import cache_dit_dict, cache_dit_yaml
 from studio.spec.preset import CompileSpec, QuantSpec
 from studio.spec.presets import preset_from_dict
 
-CPU = torch.device("cpu")
+CPU = profile_here("cpu")  # this machine's CPU, as the studio reads it
+
+
+def cpu(*flags: str) -> DeviceProfile:
+    return DeviceProfile("x", "cpu", "a CPU", flags=frozenset(flags))
 
 
 def req(**kw) -> GenerationRequest:
@@ -26,17 +31,27 @@ def req(**kw) -> GenerationRequest:
 def test_auto_picks_the_dynamic_form_only_where_the_stack_is_compiled():
     auto = QuantSpec(quant_type="auto")
     # CPUs: dynamic int8 where AMX-INT8 runs it; elsewhere compiled weight-only measured faster (engine.quantize)
-    form, why = quant_form(auto, CPU, compiled=True, flags=frozenset({"amx_int8", "avx512_vnni"}))
+    form, why = quant_form(auto, cpu("amx_int8", "avx512_vnni"), compiled=True)
     assert (form, why) == ("int8_per_row", "auto: cpu with AMX-INT8, compiled")
-    form, why = quant_form(auto, CPU, compiled=True, flags=frozenset({"avx512_vnni"}))
+    form, why = quant_form(auto, cpu("avx512_vnni"), compiled=True)
     assert form == "int8_weight_only" and why.startswith("auto: cpu with AVX512-VNNI, no AMX: compiled weight-only")
-    assert "without VNNI/AMX" in quant_form(auto, CPU, True, flags=frozenset())[1]
+    assert "without VNNI/AMX" in quant_form(auto, cpu(), True)[1]
     form, why = quant_form(auto, CPU, compiled=False)
     assert form == "int8_weight_only" and EAGER_NOTE in why and "memory option" in why
     # a form the preset names is kept, with the warning where it runs eagerly
     form, why = quant_form(QuantSpec(quant_type="int8_per_row"), CPU, compiled=False)
     assert form == "int8_per_row" and EAGER_NOTE in why
     assert quant_form(QuantSpec(quant_type="int8_weight_only"), CPU, compiled=True)[0] == "int8_weight_only"
+    # GPUs: float8 per-row from sm89, int8 per-row below it (compiled); the named profiles are the table's
+    assert quant_form(auto, PROFILES["l4"], compiled=True) == (
+        "float8_per_row",
+        "auto: sm89 has float8 matmuls, compiled",
+    )
+    assert quant_form(auto, PROFILES["a10g"], compiled=True) == (
+        "int8_per_row",
+        "auto: sm86, int8 tensor cores, compiled",
+    )
+    assert quant_form(auto, PROFILES["t4"], compiled=True)[0] == "int8_per_row"
 
 
 def test_the_studios_earlier_name_reads_as_cache_dits():

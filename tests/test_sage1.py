@@ -230,10 +230,10 @@ def _backends(tr) -> set:
 
 
 def test_preset_sage_on_cpu_runs_sdpa_with_the_reason_and_the_same_picture(pipe):
-    base = attention.apply_attention(pipe, "sdpa")
+    base = attention.apply_attention(pipe, "sdpa", CPU)
     assert base.engaged and base.detail == "attention: sdpa"
     want = _picture(pipe)
-    e = attention.apply_attention(pipe, "sage")
+    e = attention.apply_attention(pipe, "sage", CPU)
     assert not e.engaged and e.fell_back and e.requested == "sage"
     if sage1.installed_version() is None:
         assert e.detail == "sage: unavailable on cpu, using sdpa"
@@ -243,7 +243,7 @@ def test_preset_sage_on_cpu_runs_sdpa_with_the_reason_and_the_same_picture(pipe)
 
 
 def test_preset_sage_on_cpu_says_when_sageattention_1_is_installed(pipe, sage_1_0_6_without_triton):
-    e = attention.apply_attention(pipe, "sage")
+    e = attention.apply_attention(pipe, "sage", CPU)
     assert not e.engaged and e.detail == (
         "sage: unavailable on cpu (sageattention 1.0.6 is installed but does not import: No module named 'triton'), "
         "using sdpa"
@@ -253,7 +253,7 @@ def test_preset_sage_on_cpu_says_when_sageattention_1_is_installed(pipe, sage_1_
 def test_a_tiny_transformer_runs_sage1_as_native_with_the_reference_kernel(pipe):
     """set_attention_backend("sage1") reaches every processor, and a whole denoising run through the wrapper gives
     sdpa's picture (to float error): the wiring holds inside a real model, not only in one call."""
-    attention.apply_attention(pipe, "sdpa")
+    attention.apply_attention(pipe, "sdpa", CPU)
     want = _picture(pipe)
     member = sage1.register()
     pipe.transformer.set_attention_backend("sage1")

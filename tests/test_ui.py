@@ -45,9 +45,9 @@ def _auto_dtype() -> str:
     same settings and resolves it the same way."""
     import torch
 
-    from studio.engine.device import resolve_dtype
+    from studio.engine.device import profile_here, resolve_dtype
 
-    return DTYPE_SHORT[resolve_dtype("auto", torch.device("cpu"), forced=current().dtype).name]
+    return DTYPE_SHORT[resolve_dtype("auto", profile_here(torch.device("cpu")), forced=current().dtype).name]
 
 
 def _auto_q8() -> str:
@@ -544,7 +544,9 @@ def test_a_public_studio_refuses_what_burns_its_gpu_before_any_load(random_model
 
     reserved = []
 
-    def gpu(fn, duration=None):  # as @spaces.GPU: the call runs only once a GPU is reserved for `duration(...)` s
+    def gpu(
+        fn, duration=None, size=None
+    ):  # as @spaces.GPU: the call runs once a GPU is reserved for `duration(...)` s
         def call(*args, **kwargs):
             reserved.append(duration(*args, **kwargs))
             return fn(*args, **kwargs)

@@ -21,6 +21,7 @@ from studio.report import fmt
 from studio.report.card import metrics_card
 from studio.report.table import MatrixRow
 from studio.spec import ConfigError
+from studio.spec.devices import PROFILES, DeviceProfile
 from studio.spec.settings import using
 
 pytestmark = pytest.mark.quick  # the one-minute loop: no model is loaded here (pytest -m quick)
@@ -124,7 +125,9 @@ def test_progress_reporting_is_kept_out_of_denoise_time():
     ],
 )
 def test_dtype_auto_on_cpus(asked, flags, expected):
-    choice = resolve_dtype(asked, CPU, flags=frozenset(flags))  # the rule itself: no dtype setting handed down
+    choice = resolve_dtype(
+        asked, DeviceProfile("x", "cpu", "a CPU", flags=frozenset(flags))
+    )  # the rule itself: no dtype setting handed down
     assert choice.name == expected
     if asked == "auto":
         assert choice.note.startswith(f"auto: {expected}")
@@ -135,19 +138,18 @@ def test_dtype_setting_replaces_auto_only():
     from studio.spec.settings import Settings
 
     forced = Settings.from_env({"STUDIO_DTYPE": "float32"}).dtype  # read at the edge, handed down
-    choice = resolve_dtype("auto", CPU, forced=forced, flags=frozenset({"amx_bf16"}))
+    choice = resolve_dtype("auto", PROFILES["cpu-amx"], forced=forced)
     assert choice.note == "auto: float32 (STUDIO_DTYPE)"
-    assert resolve_dtype("bfloat16", CPU, forced=forced, flags=frozenset()).name == "bfloat16"
+    assert resolve_dtype("bfloat16", PROFILES["cpu"], forced=forced).name == "bfloat16"
     with pytest.raises(ConfigError, match="STUDIO_DTYPE='fp8' is not valid"):  # refused where it is read, at start
         Settings.from_env({"STUDIO_DTYPE": "fp8"})
 
 
 def test_dtype_auto_on_gpus():  # the rule itself: no dtype setting handed down
-    cuda = torch.device("cuda")
-    assert resolve_dtype("auto", cuda, cuda_bf16=True).name == "bfloat16"
-    old = resolve_dtype("auto", cuda, cuda_bf16=False)
-    assert old.name == "float16" and "not supported by this GPU" in old.note
-    assert resolve_dtype("float32", cuda, cuda_bf16=True).name == "float32"
+    assert resolve_dtype("auto", PROFILES["a10g"]).name == "bfloat16"
+    old = resolve_dtype("auto", PROFILES["t4"])  # torch says bf16 is "supported" on a T4: emulated, not native
+    assert old.name == "float16" and "not supported by this GPU (sm_75)" in old.note
+    assert resolve_dtype("float32", PROFILES["h200"]).name == "float32"
 
 
 # ------------------------------------------------------------------------------------------------ report

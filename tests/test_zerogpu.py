@@ -55,6 +55,7 @@ def forked_gpu(monkeypatch):
     reserved, workers = [], []
 
     def schedule(task_id, request=None, duration=None, gpu_size=None):
+        assert gpu_size == "large"  # the slice the studio asks for (STUDIO_ZEROGPU_SIZE's default), reaching spaces
         reserved.append(duration.total_seconds() if duration is not None else None)
         return ScheduleResponse(idle=False, nvidiaIndex=0, nvidiaUUID="no-gpu", allowToken="harness")
 
@@ -76,7 +77,9 @@ def forked_gpu(monkeypatch):
     monkeypatch.setattr(client, "get_duration_seconds", lambda d, size: d.total_seconds() if d else 60.0)
     monkeypatch.setattr(wrappers, "worker_init", worker_init)
     monkeypatch.setattr(wrappers, "Worker", Worker)
-    monkeypatch.setattr(spaces, "GPU", lambda fn, duration=None: wrappers.regular_function_wrapper(fn, duration, None))
+    monkeypatch.setattr(
+        spaces, "GPU", lambda fn, duration=None, size=None: wrappers.regular_function_wrapper(fn, duration, size)
+    )
     yield reserved, workers
     for w in workers:
         w.process.kill()

@@ -206,6 +206,8 @@ class PresetsTab:
     yaml_file: gr.DownloadButton  # the preset's YAML
     export: gr.Button  # make its cache-dit export (cache_dit.load_configs reads it), on the device
     export_file: gr.File
+    plan_on: gr.Dropdown  # the device profile to plan for: here, or a named one (spec.devices.PROFILES)
+    plan: gr.Code  # what the preset would run there for the request's model, and its memory plan (engine.plan)
     new_name: gr.Textbox
     new_yaml: gr.Code
     upload: gr.File

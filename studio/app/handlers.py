@@ -36,6 +36,7 @@ from studio.report.table import MatrixRow
 from studio.report.text import tune_summary
 from studio.spec import PresetLibrary
 from studio.spec.ask import Ask
+from studio.spec.checks import ConfigError
 from studio.spec.presets import MAX_PRESET_BYTES, preset_from_text, preset_to_yaml
 from studio.spec.profiles import shipped_loras
 from studio.worker.protocol import Device
@@ -389,6 +390,16 @@ class Handlers:
         desc = f"**{name}** ({origin}) — asks for `{p.tag()}`\n\n{p.description}\n\n*{self._resolved[p]}*"
         pv, text = self.ui.pv, lib.text(name)
         return {pv.desc: desc, pv.yaml: text, pv.yaml_file: self.studio.write(f"{name}.yaml", text)}
+
+    def show_plan(self, name, device="here", model=None, request: gr.Request = None):
+        """What the preset would run on `device` (here, or a named profile) for the request's model, part by part,
+        and its memory plan (engine.plan, on the device: it reads the model's configs on the meta device)."""
+        with shown():
+            p = self.studio.library(request).get(name)
+        try:
+            return self.studio.device.plan(p, device or "here", model or None)
+        except ConfigError as e:  # a model with no configs to plan from: the pane says so (no toast per change)
+            return f"no plan: {e}"
 
     def export_preset(self, name, steps=None, request: gr.Request = None):
         """The preset as the YAML `cache_dit.load_configs` reads, a step mask sized to the request's `steps`: made by

@@ -11,6 +11,7 @@ from studio.app.history import HISTORY_COLUMNS
 from studio.app.maps import AB_MAP_WHERE, DIFFERENCE, GEN_MAP_WHERE, MAP_INFO, MAP_KINDS, show_map
 from studio.report import fmt
 from studio.report.table import AB_COLUMNS, COLUMNS
+from studio.spec.devices import PROFILES
 from studio.spec.request import COMPARE_MODES, MAX_BATCH
 
 
@@ -252,6 +253,13 @@ def presets_tab(studio: Studio, names: list[str], default_preset: str) -> Preset
                     yaml_file = gr.DownloadButton("Download YAML", value=None, size="sm")
                     export = gr.Button("Export for cache-dit (load_configs)", size="sm")
                 export_file = gr.File(label="cache-dit config (YAML)")
+                plan_on = gr.Dropdown(
+                    label="What it would run on",
+                    choices=["here", *PROFILES],
+                    value="here",
+                    info="this machine, or a named device profile: for the model in the request form",
+                )
+                plan = gr.Code(label="Plan (python -m studio plan)", language=None, interactive=False)
             with gr.Column():
                 new_name = gr.Textbox(label="New preset name")
                 new_yaml = gr.Code(
@@ -270,6 +278,8 @@ def presets_tab(studio: Studio, names: list[str], default_preset: str) -> Preset
         yaml_file=yaml_file,
         export=export,
         export_file=export_file,
+        plan_on=plan_on,
+        plan=plan,
         new_name=new_name,
         new_yaml=new_yaml,
         upload=upload,

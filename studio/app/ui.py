@@ -43,7 +43,9 @@ __all__ = ["CSS", "build_app"]
 def _wire(ui: UI, h: Handlers, demo, described: dict) -> None:
     r, gen, ab, mx, tn, hist = ui.request, ui.gen, ui.ab, ui.mx, ui.tn, ui.hist
     pics = PictureFiles(h.studio.tmpdir / "pictures")  # every picture leaves an event as a file (app.pictures)
-    _gpu = functools.partial(device_event, device=h.studio.device, by_id=components(ui), pictures=pics)
+    _gpu = functools.partial(
+        device_event, device=h.studio.device, by_id=components(ui), pictures=pics, size=current().zerogpu_size
+    )
     private = {"api_visibility": "private"}
     device = {"concurrency_id": "device"}
     hist_in, hist_out = {"history": hist.rows}, [hist.table, hist.rows]
@@ -132,6 +134,8 @@ def _wire_keeping(ui: UI, h: Handlers, demo) -> None:
     preset_out = [pv.desc, pv.yaml, pv.yaml_file]
     pv.name.change(h.show_preset, pv.name, preset_out, **private)
     demo.load(h.show_preset, pv.name, preset_out, **private)
+    for ev in (pv.name.change, pv.plan_on.change, r.model.change):
+        ev(h.show_plan, [pv.name, pv.plan_on, r.model], pv.plan, **private, concurrency_id="device")
     pv.export.click(h.export_preset, [pv.name, r.steps], pv.export_file, **private, concurrency_id="device")
     pv.upload.upload(h.load_upload, pv.upload, [pv.new_yaml, pv.new_name], **private)
     pv.save.click(h.save_preset, [pv.new_name, pv.new_yaml], [pv.msg] + ui.preset_lists(), **private)

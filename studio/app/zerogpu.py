@@ -54,7 +54,7 @@ def _blocks(plain: dict, by_id: dict[int, Block]):
     return {by_id[i]: v for i, v in plain["by_id"].items()}
 
 
-def device_event(fn, duration=None, admit=None, ask=None, *, device=None, by_id=None, pictures=None):
+def device_event(fn, duration=None, admit=None, ask=None, *, device=None, by_id=None, pictures=None, size="large"):
     """`fn` (a device event's handler) as the event runs it: its Ask built once from the event's arguments (`ask`,
     app.admit.Asks), the public limits on it (`admit`, in this process), then `fn` under @spaces.GPU for `duration`
     (a callable of the event's arguments, app.gpu_time) where `spaces` wraps it, the Ask crossing in with the
@@ -64,13 +64,14 @@ def device_event(fn, duration=None, admit=None, ask=None, *, device=None, by_id=
     Args:
         device: the studio's device (studio.worker.Device): its kept() state crosses each GPU call.
         by_id: the laid-out components by id (components(ui)), to turn a crossed result back into components.
+        size: the ZeroGPU slice each call asks for (the `zerogpu_size` setting, STUDIO_ZEROGPU_SIZE).
     """
     run = fn
     if importlib.util.find_spec("spaces") is not None:
         import spaces  # noqa: PLC0415  (optional: installed on a Space)
 
         on_gpu = _in_gpu_process(fn, device)
-        wrapped = spaces.GPU(on_gpu, duration=_without_kept(duration))
+        wrapped = spaces.GPU(on_gpu, duration=_without_kept(duration), size=size)
         if wrapped is not on_gpu:  # a GPU call in another process: the result and the kept state cross it
             run = _crossing(fn, wrapped, device, by_id or {})
     if admit is None and pictures is None and ask is None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from studio.engine import ModelManager, Runner
 from studio.engine.attention import apply_attention
 from studio.engine.compile import apply_compile
+from studio.engine.device import profile_here
 from studio.engine.quantize import apply_quant
 from studio.measure.clock import time_calls
 from studio.measure.quality import Verdict
@@ -232,13 +233,13 @@ def time_kernels(
             tr = FluxTransformer2DModel(**cfg).to(dtype).eval()
         holder = type("Pipe", (), {"transformer": tr})()
         if stack == "sage":
-            e = apply_attention(holder, "sage")
+            e = apply_attention(holder, "sage", device)
         elif stack == "int8":
-            e = apply_quant(holder, QuantSpec(quant_type="int8_weight_only"))
+            e = apply_quant(holder, QuantSpec(quant_type="int8_weight_only"), profile_here(device), device)
         elif stack == "compile":
             e = apply_compile(holder, CompileSpec(enabled=True), cache_engaged=False)
         else:
-            e = apply_attention(holder, "sdpa")
+            e = apply_attention(holder, "sdpa", device)
         ms = _time_calls(tr, inputs, repeats, device) if e.engaged or stack == "sdpa" else None
         base = ms if stack == "sdpa" else base
         rows.append(KernelRow(stack, ms, (base / ms) if ms and base else None, e.detail))

@@ -41,7 +41,7 @@ def recipe(runner, preset: Preset, request, model=None) -> dict:
     # the studio's own thread count: a CPU's reductions split by thread, so the plain run on another count draws
     # other pixels (89 dB, measured: a one-thread test process beside a worker on both cores), timed on more cores
     out["threads"] = torch.get_num_threads()
-    form = exported_quant(preset, torch.device(device)) or "none"  # the form the studio runs here (auto resolved)
+    form = exported_quant(preset, runner.manager.profile) or "none"  # the form the studio runs here (auto resolved)
     if q.enabled:
         out.update(quant_type=form, exclude_layers=list(q.exclude_layers))
     if c.backend == "cache-dit":

@@ -156,8 +156,10 @@ def resolve(name: str, device: torch.device, dtype: torch.dtype, head_dim: int |
     return None, tried
 
 
-def apply_attention(pipe, backend: str) -> Engaged:
-    """Set the transformer's attention backend (`backend` as a preset names it: sdpa, sage, flash, ...)."""
+def apply_attention(pipe, backend: str, device: torch.device) -> Engaged:
+    """Set the transformer's attention backend (`backend` as a preset names it: sdpa, sage, flash, ...), probed on
+    `device`, where the pipeline computes (engine.offload.run_device: under an offload regime the weights wait on
+    the host, so their own device says nothing)."""
     tr = pipe.transformer
     name = ATTENTION_BACKENDS[backend]
     if not hasattr(tr, "set_attention_backend"):
@@ -168,7 +170,6 @@ def apply_attention(pipe, backend: str) -> Engaged:
             f"attention: {type(tr).__name__} has no attention dispatcher, using its default",
             "sdpa" if backend == "sdpa" else "default",
         )
-    device = next(tr.parameters()).device
     form, tried = resolve(name, device, next(tr.parameters()).dtype, _head_dim(tr))
     if form is not None:
         tr.set_attention_backend(form)

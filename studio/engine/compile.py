@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from studio.engine import aot
 from studio.engine.state import CompiledVariant, Engaged, stack_state
+from studio.spec.devices import DeviceProfile
 from studio.spec.errors import OverTime
-from studio.spec.hosting import on_zerogpu
 from studio.spec.preset import CompileSpec
 
 _UNSET = object()  # "forward" was not an instance attribute before compile
@@ -198,21 +198,22 @@ def _switch_on(tr, variant: CompiledVariant) -> None:
     state.compile.running = variant  # counts now come from the cache backend's own record
 
 
-def compiles(spec: CompileSpec, offload=None) -> bool:
-    """Whether a quantized stack with this compile spec (and memory regime, an OffloadSpec) is compiled here: the
-    quantized form follows it (engine.quantize). Not on ZeroGPU (whose ahead-of-time path refuses quantized weights:
-    engine.aot), nor under group offload, where torchao's weights fail to compile
+def compiles(spec: CompileSpec, offload, profile: DeviceProfile) -> bool:
+    """Whether a quantized stack with this compile spec (and memory regime, an OffloadSpec) is compiled on `profile`:
+    the quantized form follows it (engine.quantize). Not on ZeroGPU (whose ahead-of-time path refuses quantized
+    weights: engine.aot), nor under group offload, where torchao's weights fail to compile
     (engine.offload.QUANT_UNDER_GROUP)."""
-    return spec.enabled and not on_zerogpu() and getattr(offload, "policy", "none") != "group_offload"
+    return spec.enabled and profile.zerogpu is None and getattr(offload, "policy", "none") != "group_offload"
 
 
-def apply_compile(pipe, spec: CompileSpec, *, cache_engaged: bool) -> Engaged:
-    """Compile (or switch back on) the transformer as `spec` asks; switch compile off when it is not enabled."""
+def apply_compile(pipe, spec: CompileSpec, *, cache_engaged: bool, ahead_of_time: bool = False) -> Engaged:
+    """Compile (or switch back on) the transformer as `spec` asks; switch compile off when it is not enabled.
+    `ahead_of_time`: the device profile's compile form is ahead of time (ZeroGPU: engine.aot)."""
     tr = pipe.transformer
     uncompile(tr)
     if not spec.enabled:
         return Engaged("compile", "off", False, "compile: off (eager)")
-    if on_zerogpu():
+    if ahead_of_time:
         return _ahead_of_time(tr, spec)
     whole = not (spec.regional and getattr(tr, "_repeated_blocks", None))
     if whole and cache_engaged:

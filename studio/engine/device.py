@@ -9,14 +9,17 @@ where the rule is wrong and for benchmarks that compare dtypes.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
+from studio.measure.pace import cpu_name
+from studio.spec.devices import DeviceProfile, dtype_for, named
+
 DTYPE_ENV = "STUDIO_DTYPE"
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 def default_device() -> torch.device:
@@ -52,32 +55,27 @@ class DtypeChoice:
         return DTYPES[self.name]
 
 
-def resolve_dtype(
-    asked: str,
-    device: torch.device,
-    *,
-    forced: str | None = None,
-    flags: frozenset[str] | None = None,
-    cuda_bf16: bool | None = None,
-) -> DtypeChoice:
-    """The dtype to run in for a preset's `dtype` on `device`.
+def profile_here(device: torch.device | str | None = None, zerogpu: str | None = None) -> DeviceProfile:
+    """The profile of the machine the studio runs on, read once from torch and /proc/cpuinfo.
 
     Args:
-        forced: what `auto` becomes instead (the `dtype` setting, STUDIO_DTYPE; validated where it was read).
-        flags: CPU feature flags (read from /proc/cpuinfo when not given; tests inject them).
-        cuda_bf16: whether the GPU supports bf16 (asked of torch when not given).
+        device: the device the model is placed on (default: CUDA where present).
+        zerogpu: the ZeroGPU slice (large | xlarge) where the app runs on ZeroGPU: there torch reports the whole card
+            in the app's process (spaces emulates it), so the slice's profile is the named one.
     """
-    if asked == "auto" and forced:
-        return DtypeChoice(forced, f"auto: {forced} ({DTYPE_ENV})")
-    if device.type == "cuda":
-        bf16 = torch.cuda.is_bf16_supported() if cuda_bf16 is None else cuda_bf16
-        if asked in ("auto", "bfloat16") and not bf16:
-            return DtypeChoice("float16", "bfloat16 not supported by this GPU, using float16")
-        return DtypeChoice("bfloat16" if asked == "auto" else asked, None)
-    if asked != "auto":
-        return DtypeChoice(asked, None)
-    flags = cpu_flags() if flags is None else flags
-    native = [f for f in NATIVE_BF16_FLAGS if f in flags]
-    if device.type == "cpu" and native:
-        return DtypeChoice("bfloat16", f"auto: bfloat16 (CPU has native bf16: {', '.join(native)})")
-    return DtypeChoice("float32", f"auto: float32 (no native bf16 on this {device.type}: bf16 would be emulated)")
+    if zerogpu:
+        return named("zerogpu" if zerogpu == "large" else "zerogpu-xlarge")
+    device = torch.device(device) if device is not None else default_device()
+    if device.type != "cuda":
+        flags = cpu_flags()
+        return DeviceProfile("here", "cpu", cpu_name() or "cpu", flags=flags)
+    props = torch.cuda.get_device_properties(device)
+    cap = (props.major, props.minor)
+    triton = cap >= (8, 0) and importlib.util.find_spec("triton") is not None
+    return DeviceProfile("here", "cuda", props.name, cap, int(props.total_memory), triton=triton)
+
+
+def resolve_dtype(asked: str, profile: DeviceProfile, *, forced: str | None = None) -> DtypeChoice:
+    """The dtype to run in for a preset's `dtype` on `profile` (spec.devices.dtype_for); `forced`: what `auto`
+    becomes instead (the `dtype` setting, STUDIO_DTYPE; validated where it was read)."""
+    return DtypeChoice(*dtype_for(asked, profile, forced))

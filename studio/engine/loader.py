@@ -26,17 +26,27 @@ import torch
 
 from studio.engine.cache import remove_cache
 from studio.engine.compile import compiles
-from studio.engine.device import DtypeChoice, default_device, resolve_dtype
+from studio.engine.device import DtypeChoice, default_device, profile_here, resolve_dtype
 from studio.engine.lora import fuse_loras
 from studio.engine.offload import placed_for
 from studio.engine.parallel import remove_parallel
-from studio.engine.placement import Plan, decide, describe, device_bytes, free_memory, gib, margin_bytes
-from studio.engine.quantize import quant_form
+from studio.engine.placement import (
+    Free,
+    Plan,
+    decide,
+    describe,
+    device_bytes,
+    free_memory,
+    gib,
+    margin_bytes,
+    profile_free,
+)
 from studio.engine.sizes import ModelSizes, read_sizes, sizes_of_pipe
 from studio.engine.stack import AppliedStack, apply_preset
 from studio.engine.state import stack_state
 from studio.engine.tasks import task_pipe
 from studio.spec.checks import ConfigError
+from studio.spec.devices import DeviceProfile, quant_form
 from studio.spec.errors import ModelLoadError
 from studio.spec.offload import OffloadSpec
 from studio.spec.preset import Preset, QuantSpec
@@ -99,6 +109,7 @@ class ModelManager:
         device: torch.device | str | None = None,
         allowed: list[str] | None = None,
         settings: Settings | None = None,
+        profile: DeviceProfile | None = None,
     ):
         """
         Args:
@@ -107,9 +118,14 @@ class ModelManager:
             settings: the engine's settings (spec.settings), read at the edge that builds the engine (app.py, the
                 CLI, the device worker, the tests' conftest) and handed down; nothing below reads the environment or
                 the process's record. None: the defaults.
+            profile: the device profile every device decision reads (spec.devices), read here once. None: this
+                machine's (engine.device.profile_here; on ZeroGPU the slice's). A named GPU profile on a CPU
+                simulates that GPU: the model is placed as on that card (its memory, its regimes) and every decision
+                is the profile's, while the run computes on `device`.
         """
         self.settings = settings or Settings()
         self.device = torch.device(device) if device is not None else default_device()
+        self.profile = profile or profile_here(self.device, self.settings.zerogpu_slice)
         self.allowed = None if allowed is None else {resolve_model(m) for m in allowed} | {resolve_model(None)}
         self.current: Loaded | None = None
         self.lock = threading.RLock()
@@ -140,13 +156,20 @@ class ModelManager:
         return pipe  # on the host: the loader places it (load)
 
     def resolve_dtype(self, asked: str) -> DtypeChoice:
-        return resolve_dtype(asked, self.device, forced=self.settings.dtype)
+        return resolve_dtype(asked, self.profile, forced=self.settings.dtype)
 
     def _plan(self, sizes: ModelSizes, spec: OffloadSpec, source: str, dtype: DtypeChoice, releasable: int) -> Plan:
-        """engine.placement.decide for this device, with `releasable` device bytes given back first."""
-        margin = margin_bytes(sizes, source, dtype.torch.itemsize, self.device)
-        free = free_memory(self.device, 0, releasable, self.settings.device_memory_gb)
-        return decide(sizes, spec, self.device, free, margin)
+        """engine.placement.decide for the profile's device, with `releasable` device bytes given back first."""
+        device = torch.device(self.profile.kind)
+        margin = margin_bytes(sizes, source, dtype.torch.itemsize, device)
+        return decide(sizes, spec, device, self._room(0, releasable), margin)
+
+    def _room(self, held: int, releasable: int = 0) -> Free:
+        """The device memory the studio may fill: this machine's (placement.free_memory), or a named profile's (a
+        ZeroGPU slice: torch there reports the whole card)."""
+        if self.profile.name != "here":
+            return profile_free(self.profile, held, self.settings.device_memory_gb)
+        return free_memory(self.device, held, releasable, self.settings.device_memory_gb)
 
     def _held(self) -> int:
         """Device bytes the loaded model keeps there between uses (its placement; on a CPU budget, logical)."""
@@ -173,7 +196,7 @@ class ModelManager:
             if plan is not None and not plan.fits:
                 raise ModelLoadError(plan.refusal(name))  # before loading: the loaded model stays
             # both would not fit: the old one lets go of the device (and of its host copy) before the new one is read
-            free_now = free_memory(self.device, self._held(), budget=self.settings.device_memory_gb)
+            free_now = self._room(self._held())
             evicted = plan is not None and self.current is not None and free_now.bytes is not None
             evicted = evicted and plan.need > free_now.bytes
             if evicted:
@@ -340,7 +363,8 @@ class ModelManager:
             plan = self._fits(cur, preset)  # before anything moves: a regime that does not fit is refused
             quant = preset.quantize_config if preset.quantize_config.enabled else QuantSpec()
             if quant.enabled:  # weights are keyed by the form that runs (`auto` resolved, engine.quantize)
-                form = quant_form(quant, self.device, compiles(preset.compile, preset.offload_config))[0]
+                compiled = compiles(preset.compile, preset.offload_config, self.profile)
+                form = quant_form(quant, self.profile, compiled)[0]
                 quant = replace(quant, quant_type=form) if form != quant.quant_type else quant
             fused = preset.loras if quant.enabled else ()  # fused before quantization (engine.lora)
             loaded = self._switch_variant(cur, (dtype.name, quant, fused), on_status, plan is None or plan.resident)
@@ -358,6 +382,7 @@ class ModelManager:
                 applied=variant.stack,
                 source=cur.source,
                 settings=self.settings,
+                profile=self.profile,
             )
             if stack.workers is None:  # parallel workers leave the main process's own stack as it was
                 variant.stack = stack

@@ -319,14 +319,14 @@ QUANT_UNDER_GROUP = (
 )
 
 
-def compile_under_offload(pipe, spec: CompileSpec, *, cache_engaged: bool) -> Engaged:
+def compile_under_offload(pipe, spec: CompileSpec, *, cache_engaged: bool, ahead_of_time: bool = False) -> Engaged:
     """engine.compile's apply_compile, under the regime on `pipe`: a block-streaming regime's hooks move weights
     inside every block call, and both libraries mark them torch.compiler.disable: regional graphs with fullgraph off
     around them (measured: fullgraph=True fails, "Skip inlining torch.compiler.disable()d function
     ModuleGroup.onload_"; fullgraph=False compiles and matches eager within 2e-6), never a whole-transformer graph."""
     state = stack_state(pipe.transformer)
     if state.offloading.regime not in STREAMING or not spec.enabled:
-        return apply_compile(pipe, spec, cache_engaged=cache_engaged)
+        return apply_compile(pipe, spec, cache_engaged=cache_engaged, ahead_of_time=ahead_of_time)
     if not (spec.regional and getattr(pipe.transformer, "_repeated_blocks", None)):
         uncompile(pipe.transformer)
         return Engaged(
@@ -340,7 +340,7 @@ def compile_under_offload(pipe, spec: CompileSpec, *, cache_engaged: bool) -> En
     if state.offloading.regime == "group_offload" and state.quantize.mode != "none":
         uncompile(pipe.transformer)
         return Engaged("compile", "on", False, f"compile: skipped, {QUANT_UNDER_GROUP}; running eager")
-    out = apply_compile(pipe, replace(spec, fullgraph=False), cache_engaged=cache_engaged)
+    out = apply_compile(pipe, replace(spec, fullgraph=False), cache_engaged=cache_engaged, ahead_of_time=ahead_of_time)
     if out.engaged and spec.fullgraph is not False and not cache_engaged:
         out = replace(
             out, detail=f"{out.detail} (fullgraph off: {state.offloading.regime} moves weights between graphs)"

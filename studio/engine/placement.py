@@ -23,6 +23,7 @@ import torch
 from studio.engine.sizes import ModelSizes
 from studio.engine.streams import tensor_bytes
 from studio.measure.blocks import block_names
+from studio.spec.devices import DeviceProfile
 from studio.spec.offload import AUTO_ORDER, OffloadSpec
 from studio.spec.profiles import profile_for
 
@@ -138,6 +139,16 @@ def free_memory(device: torch.device, held: int = 0, releasable: int = 0, budget
     if not parts:
         return Free(None, f"{device.type}: no device-memory budget ({BUDGET_ENV} unset)")
     return Free(*min(parts))
+
+
+def profile_free(profile: DeviceProfile, held: int = 0, budget: float | None = None) -> Free:
+    """A named profile's memory less `held`, under the budget (GiB): a fresh card of that kind."""
+    parts = []
+    if profile.memory_bytes is not None:
+        parts.append((profile.memory_bytes - held, f"the {profile.name} profile's {gib(profile.memory_bytes)}"))
+    if budget is not None:
+        parts.append((int(budget * GIB) - held, f"{BUDGET_ENV}={budget:g}"))
+    return Free(*min(parts)) if parts else Free(None, f"{profile.name}: no device-memory budget ({BUDGET_ENV} unset)")
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,9 @@ from __future__ import annotations
 import torch
 
 from studio.engine.compile import compiles
-from studio.engine.device import cpu_flags
 from studio.engine.state import Engaged, stack_state
-from studio.spec.preset import DYNAMIC_FORMS, QUANT_SHORT, QuantSpec
-
-EAGER_NOTE = "dynamic-activation quantization is slower than bf16 without compile"
+from studio.spec.devices import DeviceProfile, float8_reason, quant_form
+from studio.spec.preset import QUANT_SHORT, QuantSpec
 
 
 def _torchao_config(form: str):
@@ -42,65 +40,23 @@ def _torchao_config(form: str):
     return Int8WeightOnlyConfig()
 
 
-def float8_reason(device: torch.device) -> str | None:
-    """Why float8 matmuls cannot run on `device`, or None when they can (torchao: CUDA sm89+)."""
-    if device.type != "cuda":
-        return f"float8 matmuls need a CUDA GPU of sm89 or newer; this is {device.type}"
-    major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < (8, 9):
-        return f"float8 matmuls need sm89 or newer; this GPU is sm{major}{minor}"
-    return None
-
-
-def _int8_hardware(device: torch.device, flags: frozenset[str] | None) -> str:
-    if device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(device)
-        return f"sm{major}{minor}, int8 tensor cores"
-    flags = cpu_flags() if flags is None else flags
-    for flag, name in (("amx_int8", "AMX-INT8"), ("avx512_vnni", "AVX512-VNNI"), ("avx_vnni", "AVX-VNNI")):
-        if flag in flags:
-            return f"{device.type} with {name}"
-    return f"{device.type} without VNNI/AMX: int8 matmuls run at fp32 speed at best"
-
-
-def quant_form(
-    spec: QuantSpec, device: torch.device, compiled: bool, flags: frozenset[str] | None = None
-) -> tuple[str, str]:
-    """(the form that runs, why) for `spec` on `device`. Deterministic, so the model manager keys weights by it.
-
-    Args:
-        compiled: the stack is compiled here (a dynamic-activation form pays only then).
-        flags: CPU feature flags (read from /proc/cpuinfo when not given; tests inject them).
-    """
-    q = spec.quant_type
-    if q != "auto":
-        why = f"{q} as the preset names it"
-        if q in DYNAMIC_FORMS and not compiled:
-            why += f"; eager: {EAGER_NOTE}"
-        return q, why
-    if not compiled:
-        return "int8_weight_only", f"auto, eager: {EAGER_NOTE}, so weight-only (a memory option: half the weights)"
-    if float8_reason(device) is None:
-        return "float8_per_row", f"auto: {_int8_hardware(device, flags).split(',')[0]} has float8 matmuls, compiled"
-    hw = _int8_hardware(device, flags)
-    if device.type == "cpu" and "AMX-INT8" not in hw:
-        return "int8_weight_only", f"auto: {hw}, no AMX: compiled weight-only is the faster form here (measured)"
-    return "int8_per_row", f"auto: {hw}, compiled"
-
-
-def exported_quant(preset, device: torch.device) -> str | None:
-    """The form `preset` runs on `device` (what an exported cache-dit config should name), None when unquantized."""
+def exported_quant(preset, profile: DeviceProfile) -> str | None:
+    """The form `preset` runs on `profile` (what an exported cache-dit config should name), None when unquantized."""
     if not preset.quant.enabled:
         return None
-    return quant_form(preset.quant, device, compiles(preset.compile, preset.offload_config))[0]
+    return quant_form(preset.quant, profile, compiles(preset.compile, preset.offload_config, profile))[0]
 
 
 def quantized_mode(transformer) -> str:
     return stack_state(transformer).quantize.mode
 
 
-def apply_quant(pipe, spec: QuantSpec, compiled: bool = False) -> Engaged:
-    """Quantize `pipe.transformer`'s Linear layers in place, skipping names containing any of `spec.exclude`.
+def apply_quant(
+    pipe, spec: QuantSpec, profile: DeviceProfile, device: torch.device, compiled: bool = False
+) -> Engaged:
+    """Quantize `pipe.transformer`'s Linear layers in place, skipping names containing any of `spec.exclude`, in the
+    form `profile` decides (spec.devices.quant_form); `device`: where it computes (engine.offload.run_device: under
+    an offload regime the weights wait on the host, so their own device says nothing).
 
     A transformer that is already quantized is never quantized again: the model manager reloads weights when
     the form changes (it keys them by quant_form), so reaching here with a different mark is a wiring bug and raises.
@@ -111,16 +67,15 @@ def apply_quant(pipe, spec: QuantSpec, compiled: bool = False) -> Engaged:
         if current != "none":
             raise RuntimeError(f"transformer is quantized ({current}); reload its weights before running unquantized")
         return Engaged("quantize", "none", False, "quantize: off (full-precision weights)")
-    device = next(tr.parameters()).device
-    form, why = quant_form(spec, device, compiled)
+    form, why = quant_form(spec, profile, compiled)
     if current == form:
         detail = f"quantize: torchao {form} (already applied; {why})"
         return Engaged("quantize", spec.quant_type, True, detail, QUANT_SHORT[form])
     if current != "none":
         raise RuntimeError(f"transformer is already quantized ({current}); reload before applying {form}")
-    if form == "float8_per_row" and float8_reason(device) is not None:
-        reason = f"quantize: {form}: {float8_reason(device)}, using full precision"
-        return Engaged("quantize", spec.quant_type, False, reason)
+    if form == "float8_per_row" and (float8_reason(profile) or device.type != "cuda"):
+        why = float8_reason(profile) or f"{profile.name} decides float8, but this run computes on {device.type}"
+        return Engaged("quantize", spec.quant_type, False, f"quantize: {form}: {why}, using full precision")
     try:
         from torchao.quantization import quantize_
     except ImportError as e:  # torchao missing or broken: run in full precision, say so

@@ -24,6 +24,7 @@ import json
 import re
 import struct
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -176,3 +177,67 @@ def sizes_of_pipe(pipe) -> ModelSizes:
         blocks = {b: sum(tensor_bytes(p) for p in tr.get_submodule(b).parameters()) for b in block_names(tr)}
     configs = {n: dict(c.config) for n, c in comps.items() if isinstance(getattr(c, "config", None), dict)}
     return ModelSizes(components, blocks, "the loaded modules", configs)
+
+
+QUANT_BYTES = 1  # an 8-bit form's weight element; each quantized row also keeps a float32 scale
+SCALE_BYTES = 4
+
+
+def sizes_from_configs(folder: Path, dtype: torch.dtype, quantized: tuple[str, ...] | None = None) -> ModelSizes:
+    """The same record counted from a pipeline's configs alone, on the meta device (no weights: `plan` works offline):
+    every component's parameters and persistent buffers in `dtype` (the modules its class keeps in float32 at 4
+    bytes). `quantized`: the transformer's Linear weights in an 8-bit form, skipping names that contain any of these
+    strings (engine.quantize's filter), at one byte an element plus a float32 scale per row."""
+    index = json.loads((folder / "model_index.json").read_text())
+    size = torch.empty((), dtype=dtype).element_size()
+    components, blocks, configs = {}, {}, {}
+    for name, entry in index.items():
+        if name.startswith("_") or not isinstance(entry, list) or None in entry or len(entry) != 2:
+            continue
+        if not (folder / name / "config.json").is_file() or name.startswith("scheduler"):
+            continue
+        keep = _keep_fp32(entry[0], entry[1], dtype)
+        total = 0
+        for t in _meta_tensors(str(folder / name), entry[0], entry[1]):
+            if quantized is not None and name == "transformer" and t.rows and not any(x in t.name for x in quantized):
+                b = t.numel * QUANT_BYTES + t.rows * SCALE_BYTES
+            else:
+                b = t.numel * (4 if keep and any(k in t.name.split(".") for k in keep) else size)
+            total += b
+            m = _BLOCK.match(t.name)
+            if name == "transformer" and m:
+                blocks[f"{m.group(1)}.{m.group(2)}"] = blocks.get(f"{m.group(1)}.{m.group(2)}", 0) + b
+        components[name] = total
+        configs[name] = json.loads((folder / name / "config.json").read_text())
+    return ModelSizes(components, blocks, "configs on the meta device", configs)
+
+
+@dataclass(frozen=True)
+class MetaTensor:
+    name: str
+    numel: int
+    rows: int  # a Linear layer's weight: its rows (out_features), each with a scale when quantized; else 0
+
+
+@lru_cache(maxsize=16)
+def _meta_tensors(folder: str, library: str, cls_name: str) -> tuple[MetaTensor, ...]:
+    """The tensors a component's checkpoint holds (its parameters, tied ones once, and persistent buffers), built
+    from its config on the meta device."""
+    from accelerate import init_empty_weights
+
+    cls = getattr(importlib.import_module(library), cls_name)
+    with init_empty_weights():
+        if library == "diffusers":
+            module = cls.from_config(json.loads((Path(folder) / "config.json").read_text()))
+        else:
+            from transformers import AutoConfig
+
+            module = cls._from_config(AutoConfig.from_pretrained(folder))
+            module.tie_weights()  # init_empty_weights leaves tied embeddings apart (T5: +131.6M counted twice)
+    rows = {f"{n}.weight": m.out_features for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)}
+    seen, out = set(), []
+    for name, t in module.state_dict(keep_vars=True).items():
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append(MetaTensor(name, t.numel(), rows.get(name, 0)))
+    return tuple(out)

@@ -20,10 +20,12 @@ from typing import NamedTuple
 from studio.engine.attention import apply_attention
 from studio.engine.cache import apply_cache, remove_cache
 from studio.engine.compile import compiles, uncompile
+from studio.engine.device import profile_here
 from studio.engine.offload import apply_offload, compile_under_offload, offload_changed, rewraps_with_cache, run_device
 from studio.engine.parallel import apply_parallel, remove_parallel, unavailable_reason, wanted, workers
 from studio.engine.quantize import apply_quant
 from studio.engine.state import Engaged, ParallelState, stack_state
+from studio.spec.devices import DeviceProfile
 from studio.spec.preset import MIN_CACHE_STEPS, CacheSpec, ParallelSpec, Preset
 from studio.spec.settings import Settings
 
@@ -114,8 +116,7 @@ def _parallel(pipe, preset: Preset, steps, separate_cfg, source, settings: Setti
     if want is None:
         return None
     par = preset.parallelism_config
-    device = next(pipe.transformer.parameters()).device
-    reason = unavailable_reason(par, pipe, device, settings.parallel)
+    reason = unavailable_reason(par, pipe, run_device(pipe), settings.parallel)
     reason = reason or (None if source else "no model source to load workers from")
     if reason is not None:
         return AppliedStack(
@@ -146,8 +147,9 @@ def apply_preset(
     applied: AppliedStack | None = None,
     source: str | None = None,
     settings: Settings | None = None,
+    profile: DeviceProfile | None = None,
 ) -> AppliedStack:
-    """Apply `preset` to `pipe` in STACK_ORDER.
+    """Apply `preset` to `pipe` in STACK_ORDER, every device decision from `profile`.
 
     Args:
         steps: the coming run's step count (a run too short to gain runs uncached; step masks are sized by it).
@@ -157,8 +159,11 @@ def apply_preset(
         source: where the model came from (a parallel preset's workers load it from there).
         settings: the engine's settings (spec.settings; the model manager's): the device-memory budget `auto`
             places against, whether parallel workers may start, a Ray cluster to join. None: the defaults.
+        profile: the device profile the model manager read where it placed the model (spec.devices); None: this
+            machine's, for where `pipe` computes.
     """
     settings = settings or Settings()
+    profile = profile or profile_here(run_device(pipe))
     par = _parallel(pipe, preset, steps, separate_cfg, source, settings)
     if par is not None and par.preset is not None:
         return par
@@ -170,19 +175,20 @@ def apply_preset(
             separate_cfg=separate_cfg,
             applied=applied,
             settings=settings,
+            profile=profile,
         )
         out.preset = preset
         out.engaged["parallel"] = par.engaged["parallel"]
         return out
     prev = applied or AppliedStack()
     out = AppliedStack(preset=preset, engaged={k: v for k, v in prev.engaged.items() if k != "parallel"})
-    compiled = compiles(preset.compile, preset.offload_config)  # the quantized form follows it (engine.quantize)
-    out.engaged["quantize"] = apply_quant(pipe, preset.quantize_config, compiled=compiled)
+    compiled = compiles(preset.compile, preset.offload_config, profile)  # the 8-bit form follows it
+    device = run_device(pipe)
+    out.engaged["quantize"] = apply_quant(pipe, preset.quantize_config, profile, device, compiled=compiled)
     if applied is None:
         out.order.append("quantize")
     state = stack_state(pipe.transformer)
     key = cache_key(preset.cache_config, state.quantize.mode, steps, separate_cfg)
-    device = run_device(pipe)
     recache = applied is None or key != prev.cache
     # (under accelerate's model offload cache-dit's disable_cache drops accelerate's hook: the regime goes on again)
     regime = recache and rewraps_with_cache(pipe) or offload_changed(pipe, preset.offload_config, device)
@@ -200,12 +206,13 @@ def apply_preset(
         out.order.append("cache")
     out.cache = key
     if applied is None or preset.attention_backend != prev.attention:
-        out.engaged["attention"] = apply_attention(pipe, preset.attention_backend)
+        out.engaged["attention"] = apply_attention(pipe, preset.attention_backend, device)
         out.order.append("attention")
     out.attention = preset.attention_backend
     if state.compile.running is None:
         cached = state.step_cache.backend != "none"
-        out.engaged["compile"] = compile_under_offload(pipe, preset.compile, cache_engaged=cached)
+        aot = profile.zerogpu is not None
+        out.engaged["compile"] = compile_under_offload(pipe, preset.compile, cache_engaged=cached, ahead_of_time=aot)
         out.order.append("compile")
     compiled = state.compile.running.key if state.compile.running is not None else None
     out.signature = Signature(

@@ -66,6 +66,9 @@ class Settings:
     pace_file: str | None = None
     hub_offline: bool = False  # HF_HUB_OFFLINE: the Hub is not reached (a load error says so)
     zerogpu: bool = False  # a ZeroGPU Space: `spaces` installed and SPACES_ZERO_GPU set
+    # STUDIO_ZEROGPU_SIZE: the slice every GPU call asks for, large (half a card) or xlarge (all of it, twice the
+    # quota); the device profile (spec.devices: zerogpu, zerogpu-xlarge) and spaces.GPU(size=...) read it
+    zerogpu_size: str = "large"
     # the app's
     model: str = "tiny"  # STUDIO_MODEL
     models: tuple = ()  # STUDIO_MODELS: more models for the picker (in public mode the only ones that load)
@@ -94,6 +97,11 @@ class Settings:
     # Space, where downloads work and the card otherwise says "no weights here"; off elsewhere (offline machines)
     lpips_fetch: bool = False
 
+    @property
+    def zerogpu_slice(self) -> str | None:
+        """The ZeroGPU slice the device profile is (None: not on ZeroGPU)."""
+        return self.zerogpu_size if self.zerogpu else None
+
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
         """The record from an environment (os.environ at an edge); a bad value raises ConfigError naming it."""
@@ -114,6 +122,7 @@ class Settings:
             pace_file=env.get("STUDIO_PACE_FILE", "").strip() or None,
             hub_offline=_flag(env, "HF_HUB_OFFLINE", False),
             zerogpu=zerogpu,
+            zerogpu_size=_choice(env, "STUDIO_ZEROGPU_SIZE", ("large", "xlarge")) or cls.zerogpu_size,
             model=model,
             models=(model,) + more,
             preset=env.get("STUDIO_PRESET", "").strip() or cls.preset,

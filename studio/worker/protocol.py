@@ -138,7 +138,7 @@ def retry_sentence(crash: str, name: str) -> str:
 
 
 # The device calls, each a method of studio.worker.service.DeviceService; the Device subclasses serve each by name.
-OPS = ("generate", "matrix", "tune", "warm_up", "export", "resolved", "info", "bench", "doctor_family")
+OPS = ("generate", "matrix", "tune", "warm_up", "export", "resolved", "plan", "info", "bench", "doctor_family")
 RESTARTING = "the device worker is starting again (after a crash, or over its memory limit): this request waits for it"
 
 

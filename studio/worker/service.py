@@ -18,11 +18,14 @@ from studio.bench.matrix import run_matrix
 from studio.bench.records import TuneResult
 from studio.bench.tune import QUICK, tune
 from studio.engine import BASE, ModelManager, Runner, RunResult
+from studio.engine.plan import make_plan
 from studio.engine.quantize import exported_quant
 from studio.engine.resolve import resolved
 from studio.engine.thread import DEVICE_THREAD
 from studio.report.fmt import on_this_machine
+from studio.report.plan import plan_text
 from studio.report.table import Matrix
+from studio.spec.devices import named
 from studio.spec.export import cache_dit_yaml
 from studio.spec.preset import Preset
 from studio.spec.request import GenerationRequest
@@ -83,14 +86,22 @@ class DeviceService:
     def export(self, preset: Preset, steps: int | None = None) -> str:
         """The preset as the YAML cache_dit.load_configs reads (spec.export: built through cache-dit's own config
         objects, which load torch: so here, not in the app's process)."""
-        device = self.runner.manager.device
-        here = on_this_machine(resolved(preset, device, self.runner.manager.settings.dtype))
-        return cache_dit_yaml(preset, steps, exported_quant(preset, device), here)
+        profile = self.runner.manager.profile
+        here = on_this_machine(resolved(preset, profile, self.runner.manager.settings.dtype))
+        return cache_dit_yaml(preset, steps, exported_quant(preset, profile), here)
 
     def resolved(self, preset: Preset) -> str:
         """What the preset's device-dependent parts (dtype, 8-bit form, attention) become on this device, in words."""
         manager = self.runner.manager
-        return on_this_machine(resolved(preset, manager.device, manager.settings.dtype))
+        return on_this_machine(resolved(preset, manager.profile, manager.settings.dtype))
+
+    def plan(self, preset: Preset, device: str, model: str | None = None) -> str:
+        """What `preset` would run on `device` (`here` or a named profile) for `model`, part by part with the
+        reasons, and its memory plan (engine.plan), in words."""
+        manager = self.runner.manager
+        profile = manager.profile if device == "here" else named(device)
+        plan = make_plan(profile, model or self.runner.model, preset, None, manager.settings.device_memory_gb)
+        return plan_text(plan)
 
     def warm_up(self, request: GenerationRequest, presets: list[str], model: str | None = None) -> list[float]:
         """Load the model and run the untimed warm-ups (Runner.warm_up) of the presets this runner knows."""

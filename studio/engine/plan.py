@@ -1,0 +1,215 @@
+"""What a preset would run on a device, part by part with the reason, and its memory plan: `python -m studio plan`.
+
+Every part comes from the code a run applies, fed the device profile (spec.devices): the dtype and 8-bit form from
+its rules, the attention kernel probed here or judged by its requirements on a named profile (engine.resolve), the
+compile form from engine.compile's rules, and the offload regime from engine.placement.decide against the profile's
+memory (or a budget). The sizes are counted from the model's configs on the meta device, in the dtype and 8-bit form
+that would run (engine.sizes.sizes_from_configs): the families the studio names ship their configs
+(studio/models/configs), so a plan reads no weights and needs no network.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from studio.engine.device import profile_here, resolve_dtype
+from studio.engine.offload import QUANT_UNDER_GROUP
+from studio.engine.placement import (
+    CUDA_SLACK,
+    Free,
+    activation_bytes,
+    decide,
+    free_memory,
+    gib,
+    profile_free,
+    unavailable,
+)
+from studio.engine.resolve import resolved
+from studio.engine.sizes import ModelSizes, sizes_from_configs
+from studio.engine.streams import STREAMING
+from studio.spec.checks import ConfigError
+from studio.spec.devices import DeviceProfile, named
+from studio.spec.offload import AUTO_ORDER
+from studio.spec.preset import Preset
+from studio.spec.profiles import EMBEDDED_DIR, HUB_PROFILES, profile_for, resolve_model
+
+CONFIGS = Path(__file__).resolve().parent.parent / "models" / "configs"
+
+
+@dataclass
+class DevicePlan:
+    """A preset on a device: each part that would run (`reasons`: part -> why), and the memory plan."""
+
+    device: str  # the profile's name and what it is
+    model: str
+    preset: str
+    size: tuple[int, int]
+    dtype: str
+    quantize: str  # the 8-bit form that would run, or none
+    attention: str
+    compile: str  # off | regional | whole | ahead-of-time
+    offload: str  # the regime; none when resident
+    peak_bytes: int  # the estimate the regime is chosen by: weights kept on the device + activations
+    fits: bool
+    reasons: dict = field(default_factory=dict)
+    components: dict = field(default_factory=dict)  # name -> {"bytes": ..., "where": ...}
+    activation_bytes: int = 0
+    free: str = ""  # what the plan was placed against, in words
+    refusal: str | None = None  # the sentence when it does not fit: what it needs, and what would
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def model_folder(model: str | None) -> Path:
+    """The folder whose configs describe `model`: the embedded model, a local folder, or the shipped configs of a
+    family the studio names (by Hub id or by its short name, e.g. FLUX.1-dev)."""
+    source = resolve_model(model)
+    if Path(source).expanduser().is_dir():
+        return Path(source).expanduser()
+    hub = next((h for h, p in HUB_PROFILES.items() if source in (h, p.name)), source)
+    folder = CONFIGS / hub.replace("/", "--")
+    if not (folder / "model_index.json").is_file():
+        shipped = ", ".join(sorted(p.name.replace("--", "/") for p in CONFIGS.iterdir() if p.is_dir()))
+        raise ConfigError(f"plan: no configs for model {model!r}: use a local folder, `tiny`, or one of {shipped}")
+    return folder
+
+
+def profile_of(device: str, settings) -> DeviceProfile:
+    """`here` (this machine, as the model manager reads it) or a named profile."""
+    if device == "here":
+        return profile_here(zerogpu=settings.zerogpu_slice)
+    return named(device)
+
+
+def make_plan(
+    profile: DeviceProfile,
+    model: str | None,
+    preset: Preset,
+    size: tuple[int, int] | None = None,
+    budget: float | None = None,
+    forced_dtype: str | None = None,
+) -> DevicePlan:
+    """What `preset` would run on `profile` for `model` at `size` (default: the model's), under a device-memory
+    budget in GiB (None: the profile's memory)."""
+    folder = model_folder(model)
+    hub = next((h for h, p in HUB_PROFILES.items() if folder.name == h.replace("/", "--")), str(folder))
+    mprof = profile_for(hub)
+    w, h = size or (mprof.width, mprof.height)
+    parts = resolved(preset, profile, forced_dtype)
+    dtype = resolve_dtype(preset.dtype, profile, forced=forced_dtype)
+    q = parts.get("quantize", ("none", "quantize: off (full-precision weights)"))
+    sizes = sizes_from_configs(folder, dtype.torch, preset.quant.exclude_layers if preset.quant.enabled else None)
+    device = torch.device(profile.kind)
+    act = activation_bytes(sizes.configs, w, h, mprof.max_sequence_length or 512, dtype.torch.itemsize)
+    act = act if act is not None else 0
+    margin = (act + (CUDA_SLACK if profile.gpu else 0), f"activations ~{gib(act)} at {w}x{h}")
+    free = _free(profile, budget)
+    place = decide(sizes, preset.offload_config, device, free, margin)
+    compile_form, compile_why = compile_plan(preset, profile, place.policy, preset.quant.enabled, folder)
+    name = f"{'the embedded model' if folder == EMBEDDED_DIR else hub} in {dtype.name} under preset {preset.name!r}"
+    plan = DevicePlan(
+        device=f"{profile.name}: {profile.describe()}",
+        model=hub if folder != EMBEDDED_DIR else "tiny",
+        preset=preset.name,
+        size=(w, h),
+        dtype=dtype.name,
+        quantize=q[0],
+        attention=parts.get("attention", ("sdpa", ""))[0],
+        compile=compile_form,
+        offload=place.policy,
+        peak_bytes=place.need,
+        fits=place.fits,
+        activation_bytes=act,
+        free=f"{gib(free.bytes)} ({free.source})" if free.bytes is not None else free.source,
+        components=_where(sizes, place.policy),
+    )
+    plan.reasons = {
+        "dtype": dtype.note or f"{dtype.name} as the preset asks",
+        "quantize": q[1],
+        "attention": parts.get("attention", ("sdpa", "PyTorch's scaled_dot_product_attention"))[1],
+        "compile": compile_why,
+        "offload": place.why + (f" ({place.cannot})" if place.cannot else ""),
+    }
+    if preset.wants_workers:
+        n = preset.parallelism_config.world_size
+        one = profile.gpu and profile.name != "here"  # a named profile is one card; a cluster: STUDIO_RAY_ADDRESS
+        plan.reasons["parallel"] = (
+            f"{n} workers need {n} GPUs, a {profile.name} is one (a Ray cluster of them: RAY_ADDRESS); one process"
+            if one
+            else f"{n} workers (cache-dit on Ray), each placed as above (engine.parallel decides at run time)"
+        )
+    if not place.fits:
+        plan.refusal = f"{place.refusal(name)}; {_what_fits(place.needs, device, free)}"
+    return plan
+
+
+def _free(profile: DeviceProfile, budget: float | None) -> Free:
+    if profile.name == "here" and profile.gpu:
+        return free_memory(torch.device("cuda"), 0, 0, budget)
+    return profile_free(profile, 0, budget)
+
+
+def _what_fits(needs: dict, device: torch.device, free: Free) -> str:
+    """What would fit `free`: the regimes that do, or how much the least hungry one needs."""
+    runnable = [p for p in AUTO_ORDER if unavailable(p, device) is None]
+    ok = [p for p in runnable if needs[p] <= free.bytes]
+    if ok:
+        return "these would fit: " + ", ".join(f"{p} (~{gib(needs[p])})" for p in ok)
+    least = min(runnable, key=needs.get)
+    return f"no regime fits: the least, {least}, needs ~{gib(needs[least])}"
+
+
+def _where(sizes: ModelSizes, regime: str) -> dict:
+    """Each component's bytes and where it stays between uses under `regime`."""
+    out = {}
+    for name, b in sizes.components.items():
+        if regime == "none":
+            where = "device"
+        elif regime == "model_cpu_offload":
+            where = "host, moved to the device for its turn"
+        elif name == "transformer":
+            where = f"host, its blocks streamed ({regime})"
+        else:
+            where = "device"
+        out[name] = {"bytes": b, "where": where}
+    return out
+
+
+def compile_plan(preset: Preset, profile: DeviceProfile, regime: str, quantized: bool, folder: Path) -> tuple:
+    """(the compile form, why) by engine.compile's and engine.offload's rules (apply_compile,
+    compile_under_offload, aot.refusal), for the regime the plan chose."""
+    spec = preset.compile
+    if not spec.enabled:
+        return "off", "eager, as the preset asks"
+    repeated = _repeated_blocks(folder)
+    if profile.zerogpu:
+        if quantized:
+            return "off", "ZeroGPU compiles ahead of time only, which refuses 8-bit weights here (engine.aot)"
+        if not (spec.regional and repeated):
+            return "off", "ahead of time compiles per block: set compile.regional: true on a model with blocks"
+        return "ahead-of-time", "ZeroGPU has no JIT: the repeated blocks are exported and compiled ahead of time"
+    regional = spec.regional and repeated
+    if regime in STREAMING and not regional:
+        return "off", f"a whole-transformer graph would hold {regime}'s weight moves; set compile.regional: true"
+    if regime == "group_offload" and quantized:
+        return "off", QUANT_UNDER_GROUP
+    if not regional and preset.cache.enabled:
+        return "off", "a whole-transformer graph bypasses the step cache; set compile.regional: true"
+    full = spec.effective_fullgraph(preset.cache.enabled) and regime not in STREAMING
+    what = "the repeated blocks" if regional else "the whole transformer"
+    return ("regional" if regional else "whole"), f"torch.compile (JIT) of {what}, fullgraph={full}"
+
+
+def _repeated_blocks(folder: Path) -> bool:
+    """Whether the model's transformer class names repeated blocks (regional compile compiles those)."""
+    index = json.loads((folder / "model_index.json").read_text())
+    library, cls = index.get("transformer", [None, None])
+    if library is None:
+        return False
+    return bool(getattr(getattr(importlib.import_module(library), cls, None), "_repeated_blocks", None))
