@@ -6,6 +6,7 @@ with a sentence, not ignored."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from conftest import plain_ui
@@ -122,10 +123,15 @@ def _matrix(tiny_runner, **switches) -> dict:
 
 
 def test_matrix_on_zerogpu_times_only_the_rounds_its_gpu_time_was_reserved_for(tiny_runner):
-    from studio.spec.settings import using
-
-    with using(zerogpu=True):  # app.gpu_time.matrix_s reserves (presets + 1) x repeats runs: no extra rounds
+    # app.gpu_time.matrix_s reserves (presets + 1) x repeats runs: no extra rounds. The engine reads the setting it
+    # was handed (the model manager's record), so the ZeroGPU record is handed to it here; the process's record
+    # (`using`) alone does not reach it, and the rounds would then follow how noisy this machine is.
+    settings = tiny_runner.manager.settings
+    tiny_runner.manager.settings = replace(settings, zerogpu=True)
+    try:
         rows = _matrix(tiny_runner, cache="unset", threshold=None, compile="false")
+    finally:
+        tiny_runner.manager.settings = settings
     assert {n: r["timed_pairs"] for n, r in rows.items() if n not in ("runs", "base")} == {
         "cache": 1,
         "sage": 1,

@@ -21,6 +21,7 @@ from studio.engine.device import profile_here, resolve_dtype
 from studio.engine.offload import QUANT_UNDER_GROUP
 from studio.engine.placement import (
     CUDA_SLACK,
+    FALLBACK_MARGIN,
     Free,
     activation_bytes,
     decide,
@@ -107,8 +108,10 @@ def make_plan(
     sizes = sizes_from_configs(folder, dtype.torch, preset.quant.exclude_layers if preset.quant.enabled else None)
     device = torch.device(profile.kind)
     act = activation_bytes(sizes.configs, w, h, mprof.max_sequence_length or 512, dtype.torch.itemsize)
-    act = act if act is not None else 0
-    margin = (act + (CUDA_SLACK if profile.gpu else 0), f"activations ~{gib(act)} at {w}x{h}")
+    how = f"activations ~{gib(act)} at {w}x{h}" if act is not None else ""
+    if act is None:  # a VAE config the estimate cannot read (Qwen-Image's): the loader's fallback, said
+        act, how = FALLBACK_MARGIN, f"activations ~{gib(FALLBACK_MARGIN)} (no VAE config to estimate from)"
+    margin = (act + (CUDA_SLACK if profile.gpu else 0), how)
     free = _free(profile, budget)
     place = decide(sizes, preset.offload_config, device, free, margin)
     compile_form, compile_why = compile_plan(preset, profile, place.policy, preset.quant.enabled, folder)
