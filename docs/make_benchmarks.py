@@ -383,14 +383,12 @@ def load_record(name: str) -> dict | None:
 
 def auto_forms() -> str:
     """The `--auto-forms` command: what the engine's resolver picks on this CPU (no model runs)."""
-    import torch
-
     from studio.engine.compile import compiles
-    from studio.engine.device import resolve_dtype
-    from studio.engine.quantize import quant_form
+    from studio.engine.device import profile_here, resolve_dtype
+    from studio.spec.devices import DeviceProfile, quant_form
     from studio.spec.preset import QuantSpec
 
-    cpu, lib = torch.device("cpu"), _library()
+    cpu, lib = profile_here("cpu"), _library()
     out = [
         f"CPU: {machine_text(machine())}",
         "",
@@ -400,7 +398,7 @@ def auto_forms() -> str:
     for name in lib.names():
         p = lib.get(name)
         if p.quant.enabled:
-            compiled = compiles(p.compile, p.offload_config)
+            compiled = compiles(p.compile, p.offload_config, cpu)
             form, why = quant_form(p.quant, cpu, compiled)
             out.append(f"| {name} | {p.quant.quant_type} | {'yes' if compiled else 'no'} | {form} | {why} |")
     out += [
@@ -412,7 +410,8 @@ def auto_forms() -> str:
     ]
     for flags in (("amx_int8", "avx512_vnni"), ("avx512_vnni",), ("avx_vnni",), ()):
         for compiled in (True, False):
-            form, _ = quant_form(QuantSpec(quant_type="auto"), cpu, compiled, frozenset(flags))
+            other = DeviceProfile("other", "cpu", "a CPU", flags=frozenset(flags))
+            form, _ = quant_form(QuantSpec(quant_type="auto"), other, compiled)
             out.append(f"| {' '.join(flags) or '(no VNNI, no AMX)'} | {'yes' if compiled else 'no'} | {form} |")
     d = resolve_dtype("auto", cpu)
     out += ["", f"dtype `auto` here: {d.name} ({d.note})"]

@@ -52,6 +52,7 @@ def test_the_named_full_stack_on_a_cpu_has_no_sage_in_its_label(runner):
     m = runner.generate(REQ, "cache-int8-sage", compare=False).metrics
     form = "int8dq" if "amx_int8" in open("/proc/cpuinfo").read() else "int8wo"
     assert m.labels.tag.split("+")[1:] == [form, "DBCache_F1B0W4R0.24MC3", "sdpa", "compile"], m.labels.tag
-    assert m.labels.requested_tag == "auto+q8+DBCache_F1B0W4R0.24MC3+sage+compile" and m.labels.label_changes == [
-        "sage->sdpa"
-    ]
+    assert (
+        m.labels.requested_tag == "auto+q8+offload-auto+DBCache_F1B0W4R0.24MC3+sage+compile"
+        and m.labels.label_changes == ["sage->sdpa"]
+    )

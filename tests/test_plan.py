@@ -33,8 +33,11 @@ def test_the_full_stack_on_the_named_gpus_is_each_ones_form():
     lib = PresetLibrary()
     rtx = make_plan(named("rtx4090"), FLUX, lib.get(FULL))
     assert (rtx.dtype, rtx.quantize, rtx.attention, rtx.compile) == ("bfloat16", "float8_per_row", "sage", "regional")
-    # FLUX.1-dev with T5-XXL in bf16 is ~25.8 GiB resident: over the card, refused with what would fit instead
-    assert not rtx.fits and "these would fit: layerwise_offload" in rtx.refusal
+    # FLUX.1-dev with T5-XXL in bf16 is ~25.8 GiB resident: over the card, so `auto` streams the blocks
+    assert rtx.fits and rtx.offload == "layerwise_offload" and rtx.peak_bytes < 24 * 2**30
+    assert rtx.components["transformer"]["where"].startswith("host") and "of 24 GiB free" in rtx.reasons["offload"]
+    resident = make_plan(named("rtx4090"), FLUX, replace(lib.get(FULL), offload_config=OffloadSpec(policy="none")))
+    assert not resident.fits and "these would fit: layerwise_offload" in resident.refusal  # and says what would
     assert rtx.components["transformer"]["bytes"] < rtx.components["text_encoder_2"]["bytes"] * 1.5  # 8-bit counted
     t4 = make_plan(named("t4"), FLUX, lib.get(FULL))
     assert (t4.dtype, t4.quantize, t4.attention) == ("float16", "int8_per_row", "sdpa")
@@ -45,9 +48,8 @@ def test_the_full_stack_on_the_named_gpus_is_each_ones_form():
     zero = make_plan(named("zerogpu"), FLUX, lib.get(FULL))  # what runs today: the AoT path refuses 8-bit weights
     assert zero.compile == "off" and "ahead of time" in zero.reasons["compile"] and zero.fits
     assert make_plan(named("zerogpu"), FLUX, lib.get("compile")).compile == "ahead-of-time"
-    on_budget = make_plan(named("rtx4090"), FLUX, replace(lib.get(FULL), offload_config=OffloadSpec(policy="auto")))
-    assert on_budget.fits and on_budget.offload == "layerwise_offload" and on_budget.peak_bytes < 24 * 2**30
-    assert on_budget.components["transformer"]["where"].startswith("host")
+    tight = make_plan(named("h200"), FLUX, lib.get(FULL), budget=12)  # a budget below the streamed peak: refused
+    assert not tight.fits and "no regime fits" in tight.refusal
 
 
 def test_a_model_that_fits_no_regime_is_refused_before_any_weight_is_read():

@@ -80,9 +80,9 @@ def test_shipped_stacks():
     assert full.quant.enabled and full.cache.enabled and full.attention_backend == "sage"
     assert lib.get("cache").tag("bfloat16") == "bf16+DBCache_F1B0W4R0.24MC3+sdpa"
     assert lib.get("cache").tag() == "auto+DBCache_F1B0W4R0.24MC3+sdpa"
-    assert full.tag("float32") == "fp32+q8+DBCache_F1B0W4R0.24MC3+sage+compile"
+    assert full.tag("float32") == "fp32+q8+offload-auto+DBCache_F1B0W4R0.24MC3+sage+compile"
     # what ran is labelled by the same function from the run's own tokens, the parts that fell back marked
-    ran = {**full.label_parts("float32"), "quantize": "int8dq", "attention": "sdpa"}
+    ran = {**full.label_parts("float32"), "quantize": "int8dq", "attention": "sdpa", "offload": ""}  # (auto: resident)
     assert join_label(ran) == "fp32+int8dq+DBCache_F1B0W4R0.24MC3+sdpa+compile"
     assert changes(full.label_parts(), ran, {"attention"}) == ["sage->sdpa"]
     assert changes(full.label_parts(), {**ran, "compile": ""}, {"compile"}) == ["compile->eager"]

@@ -145,7 +145,9 @@ def dtype_for(asked: str, profile: DeviceProfile, forced: str | None = None) -> 
     if profile.gpu:
         if asked in ("auto", "bfloat16") and not profile.bf16:
             return "float16", f"bfloat16 not supported by this GPU ({profile.sm}), using float16"
-        return ("bfloat16" if asked == "auto" else asked), None
+        if asked == "auto":
+            return "bfloat16", f"auto: bfloat16 ({profile.sm} has native bf16)"
+        return asked, None
     if asked != "auto":
         return asked, None
     native = [f for f in NATIVE_BF16_FLAGS if f in profile.flags]
