@@ -12,6 +12,9 @@ from studio.measure.lpips import (
     BACKBONE,
     CHANNELS,
     HEADS,
+    HEADS_MEMBER,
+    HEADS_SHA256,
+    HEADS_URL,
     NO_WEIGHTS,
     alexnet_features,
     default_checkpoints,
@@ -81,22 +84,41 @@ def test_fetched_once_whole_and_checked(tmp_path, monkeypatch):
     one its name carries is not kept, and an unreachable site raises urllib's error (app.fetch_lpips logs it)."""
     import hashlib
     import urllib.error
+    import zipfile
 
     src = tmp_path / "site"
     src.mkdir()
     _weights(src)
-    urls = {name: (src / name).as_uri() for name in (BACKBONE, HEADS)}
+    # the heads' site is a mirror of PyPI's layout: lpips' wheel, the heads at their path inside it
+    wheel = src / HEADS_URL.rsplit("/", 1)[1]
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("lpips/__init__.py", "")
+        z.write(src / HEADS, HEADS_MEMBER)
+    heads_sha = (
+        hashlib.sha256(wheel.read_bytes()).hexdigest(),
+        hashlib.sha256((src / HEADS).read_bytes()).hexdigest(),
+    )
+    urls = {BACKBONE: (src / BACKBONE).as_uri(), HEADS: wheel.as_uri()}
     sha = hashlib.sha256((src / BACKBONE).read_bytes()).hexdigest()[:8]
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     dest = default_checkpoints()
     assert dest == tmp_path / "torch" / "hub" / "checkpoints"
-    w = fetch_weights(urls=urls, backbone_sha256=sha)
+    w = fetch_weights(urls=urls, backbone_sha256=sha, heads_sha256=heads_sha)
     assert w == find_weights([dest]) and w.backbone.read_bytes() == (src / BACKBONE).read_bytes()
-    assert sorted(p.name for p in dest.iterdir()) == sorted([BACKBONE, HEADS])  # no .part left
+    assert sorted(p.name for p in dest.iterdir()) == sorted([BACKBONE, HEADS])  # no .part, no wheel left
+    assert w.heads.read_bytes() == (src / HEADS).read_bytes()  # the heads as the wheel carries them
+    with pytest.raises(ValueError, match=r"lpips/weights/v0.1/alex.pth in file:.* has SHA-256 .*, not 000000000000"):
+        fetch_weights(tmp_path / "wrong", urls=urls, backbone_sha256=sha, heads_sha256=(heads_sha[0], "0" * 64))
+    assert sorted(p.name for p in (tmp_path / "wrong").iterdir()) == [BACKBONE]  # nothing of the heads kept
+    # the real source: a content-addressed PyPI file of lpips 0.1.4, its wheel and heads both pinned by SHA-256
+    assert HEADS_URL.startswith("https://files.pythonhosted.org/packages/") and HEADS_URL.endswith(
+        "/lpips-0.1.4-py3-none-any.whl"
+    )
+    assert [len(h) for h in HEADS_SHA256] == [64, 64] and HEADS_URL in NO_WEIGHTS
     a, b = _noise(1), _noise(2)
     assert distance(a, b, w) == distance(a, b, find_weights([src]))  # the same network
     (src / BACKBONE).unlink()  # the site is gone: what is there already is not fetched again
-    assert fetch_weights(urls=urls, backbone_sha256=sha) == w
+    assert fetch_weights(urls=urls, backbone_sha256=sha, heads_sha256=heads_sha) == w
     _weights(src)  # the site has it again; but a hash that is not the one asked for
     with pytest.raises(ValueError, match=r"not 00000000\.\.\. as alexnet-owt-7be5be79\.pth says; not kept"):
         fetch_weights(tmp_path / "other", urls=urls, backbone_sha256="00000000")

@@ -23,6 +23,7 @@ import hashlib
 import importlib.util
 import os
 import urllib.request
+import zipfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -33,7 +34,18 @@ BACKBONE = "alexnet-owt-7be5be79.pth"  # torchvision's file name for its ImageNe
 HEADS = "alex.pth"  # lpips' linear heads, v0.1 (lpips/weights/v0.1/alex.pth)
 BACKBONE_SHA256_PREFIX = BACKBONE.split("-")[-1].split(".")[0]  # "7be5be79": torchvision names files by their hash
 BACKBONE_URL = "https://download.pytorch.org/models/alexnet-owt-7be5be79.pth"
-HEADS_URL = "https://github.com/richzhang/PerceptualSimilarity/raw/v0.1/lpips/weights/v0.1/alex.pth"
+# lpips' heads come from lpips 0.1.4's wheel on PyPI (a content-addressed URL: a PyPI file never changes), read as a
+# zip; the wheel and the heads inside it are both checked by SHA-256. (The URL used before named a git ref `v0.1` that
+# richzhang/PerceptualSimilarity does not have: LPIPS never showed on a Space.)
+HEADS_URL = (
+    "https://files.pythonhosted.org/packages/9b/13/1df50c7925d9d2746702719f40e864f51ed66f307b20ad32392f1ad2bb87/"
+    "lpips-0.1.4-py3-none-any.whl"
+)
+HEADS_MEMBER = "lpips/weights/v0.1/alex.pth"
+HEADS_SHA256 = (
+    "fd537af5828b69d2e6ffc0a397bd506dbc28ca183543617690844c08e102ec5e",  # the wheel (PyPI's listed digest)
+    "df73285e35b22355a2df87cdb6b70b343713b667eddbda73e1977e0c860835c0",  # lpips/weights/v0.1/alex.pth in it
+)
 STAGES = ((0, 2), (2, 5), (5, 8), (8, 10), (10, 12))  # lpips' slices of AlexNet's features: relu1 .. relu5
 CHANNELS = (64, 192, 384, 256, 256)
 SHIFT = (-0.030, -0.088, -0.188)  # lpips' ScalingLayer: inputs in [-1, 1], then (x - shift) / scale
@@ -83,23 +95,46 @@ def default_checkpoints() -> Path:
 
 
 def fetch_weights(
-    dest: str | Path | None = None, urls: dict | None = None, backbone_sha256: str = BACKBONE_SHA256_PREFIX
+    dest: str | Path | None = None,
+    urls: dict | None = None,
+    backbone_sha256: str = BACKBONE_SHA256_PREFIX,
+    heads_sha256: tuple[str, str] = HEADS_SHA256,
 ) -> Weights:
     """Download both files into `dest` (default: torch's hub cache, where find_weights looks), each only if it is not
     there yet; a file appears only whole (written beside, then renamed), the backbone only if its SHA-256 starts
-    with the prefix its name carries (torchvision's convention). Without network this raises urllib's own error.
+    with the prefix its name carries (torchvision's convention), the heads read out of lpips' wheel only if the
+    wheel's and the heads' SHA-256 are the ones named. Without network this raises urllib's own error.
 
     Args:
-        urls: {file name: url} in place of BACKBONE_URL and HEADS_URL (tests: file:// URLs).
+        urls: {file name: url} in place of BACKBONE_URL and HEADS_URL (a wheel; tests: file:// URLs of a mirror).
         backbone_sha256: the prefix the backbone's SHA-256 must start with (tests: their own file's).
+        heads_sha256: the wheel's and the heads file's SHA-256 (tests: their own mirror's).
     """
     urls = {BACKBONE: BACKBONE_URL, HEADS: HEADS_URL} | (urls or {})
     folder = Path(dest) if dest else default_checkpoints()
     folder.mkdir(parents=True, exist_ok=True)
-    for name in (BACKBONE, HEADS):
-        if not (folder / name).is_file():
-            _download(urls[name], folder / name, backbone_sha256 if name == BACKBONE else None)
+    if not (folder / BACKBONE).is_file():
+        _download(urls[BACKBONE], folder / BACKBONE, backbone_sha256)
+    if not (folder / HEADS).is_file():
+        _heads_from_wheel(urls[HEADS], folder / HEADS, heads_sha256)
     return Weights(folder / BACKBONE, folder / HEADS)
+
+
+def _heads_from_wheel(url: str, path: Path, sha256: tuple[str, str]) -> None:
+    """lpips' heads read out of its wheel at `url` (HEADS_MEMBER), both checked (`sha256`: the wheel's, the heads')."""
+    wheel = path.with_name("lpips-heads.whl")
+    _download(url, wheel, sha256[0])
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            data = z.read(HEADS_MEMBER)
+    finally:
+        wheel.unlink()
+    got = hashlib.sha256(data).hexdigest()
+    if got != sha256[1]:
+        raise ValueError(f"LPIPS weights: {HEADS_MEMBER} in {url} has SHA-256 {got[:12]}..., not {sha256[1][:12]}...")
+    part = path.with_name(path.name + ".part")
+    part.write_bytes(data)
+    part.replace(path)
 
 
 def _download(url: str, path: Path, sha256_prefix: str | None) -> None:
