@@ -263,3 +263,26 @@ def test_a_history_kept_in_a_browser_is_read_back_checked():
     assert restored({"rows": []}).rows == [] and restored(None).rows == []
     many = [[i] + row[1:] for i in range(1, HISTORY_MAX + 20)]
     assert [r[0] for r in restored(many).rows][:1] == [20] and len(restored(many).rows) == HISTORY_MAX
+
+
+def test_a_body_over_the_cap_is_refused_413_unread_on_every_route(served):
+    """STUDIO_MAX_BODY_MB (16 by default) caps every request's body before a route reads it: by its Content-Length
+    at once, and a chunked one as it is counted; the studio serves on afterwards."""
+    import httpx
+
+    url = served[1]
+    big = b"x" * (16 * 2**20 + 1)
+    for path in ("v1/images/generations", "gradio_api/upload"):
+        r = httpx.post(url + path, content=big, headers={"content-type": "application/json"}, timeout=60)
+        assert r.status_code == 413, (path, r.status_code, r.text[:200])
+        msg = r.json()["error"]["message"]
+        assert msg.startswith("request body of 16.0 MiB is over this studio's limit of 16 MiB (STUDIO_MAX_BODY_MB)")
+
+    def chunks():  # no Content-Length: counted as it arrives
+        for _ in range(17):
+            yield b"y" * 2**20
+
+    r = httpx.post(url + "v1/images/generations", content=chunks(), timeout=60)
+    assert r.status_code == 413 and "over this studio's limit of 16 MiB" in r.json()["error"]["message"]
+    small = httpx.post(url + "v1/images/generations", json={"model": "tiny", "prompt": " "}, timeout=60)
+    assert small.status_code == 400 and "prompt is empty" in small.json()["error"]["message"]  # still serving

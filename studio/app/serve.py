@@ -1,4 +1,5 @@
-"""Serving the studio: gradio's server with the OpenAI images API on the same port, and the MCP server.
+"""Serving the studio: gradio's server with the OpenAI images API on the same port, the MCP server, and the cap on a
+request's body (app.bounds).
 
 gradio builds its FastAPI app inside `launch`; FastAPI's own `routes` argument (through gradio's documented
 `app_kwargs`) puts the OpenAI routes (app.openai_api) on that app before gradio's, so they share the server, the
@@ -8,7 +9,9 @@ port, and the queue they call through.
 from __future__ import annotations
 
 import gradio as gr
+from starlette.middleware import Middleware
 
+from studio.app.bounds import MB, BodyCap
 from studio.report.card import CSS
 from studio.spec.settings import current
 
@@ -18,5 +21,6 @@ def launch(demo: gr.Blocks, *, mcp: bool | None = None, **kwargs):
     server when `mcp` (None: the settings' STUDIO_MCP, off on a public studio unless the operator turns it on)."""
     mcp = current().mcp if mcp is None else mcp
     kwargs.setdefault("css", CSS)
-    app_kwargs = {"routes": demo.studio_api.routes(), **kwargs.pop("app_kwargs", {})}
+    cap = Middleware(BodyCap, max_bytes=int(current().max_body_mb * MB))  # before any route reads a body
+    app_kwargs = {"routes": demo.studio_api.routes(), "middleware": [cap], **kwargs.pop("app_kwargs", {})}
     return demo.launch(app_kwargs=app_kwargs, mcp_server=mcp, **kwargs)

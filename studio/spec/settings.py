@@ -88,6 +88,7 @@ class Settings:
     # thread probes live in tests/worker_hooks.py). None: none.
     worker_hook: str | None = None
     queue_size: int = 32  # STUDIO_QUEUE_SIZE
+    max_body_mb: float = 16.0  # STUDIO_MAX_BODY_MB: a request body over this is answered 413 unread (app.bounds)
     prewarm: bool = True  # STUDIO_PREWARM=0: no warm-up at start (off by default on ZeroGPU)
     api_key: str | None = None  # STUDIO_API_KEY: the OpenAI images endpoint wants `Authorization: Bearer <it>`
     # STUDIO_MCP: the endpoints as MCP tools (gradio's MCP server). Off on a public studio unless the operator says
@@ -136,6 +137,7 @@ class Settings:
             worker_max_rss_gb=_number(env, "STUDIO_WORKER_MAX_RSS_GB", float, 0.1, 10_000),
             worker_hook=env.get("STUDIO_WORKER_HOOK", "").strip() or None,
             queue_size=_number(env, "STUDIO_QUEUE_SIZE", int, 1, 10_000) or cls.queue_size,
+            max_body_mb=_number(env, "STUDIO_MAX_BODY_MB", float, 0.01, 100_000) or cls.max_body_mb,
             # not on ZeroGPU: the app's process has no GPU outside a GPU call, and a warm-up is a fact about the
             # process that ran it (each call's forked process warms its stack again)
             prewarm=_flag(env, "STUDIO_PREWARM", not zerogpu),
