@@ -491,8 +491,8 @@ def test_compare_auto_on_a_known_shape_runs_the_stack_once_and_no_base(runner):
     else:  # the kept base floor over this run's floor price, unscaled: what scaling by the run's own steps corrects
         kept = runner.shapes.get(next(iter(runner.shapes._entries)))
         naive = (
-            len(kept.timing.step_ms)
-            * min(kept.timing.step_ms)
+            len(kept.step_ms)
+            * min(kept.step_ms)
             / price_ms([Run.of(slow.timing.step_ms, slow.cache.cached_step_indices)])
         )
         assert naive < 0.75 * slow.timing.speedup, (naive, slow.timing.speedup)  # the slowdown is there, and taken out

@@ -336,7 +336,7 @@ def test_a_stall_injected_into_one_base_run_gives_the_quiet_ratio_or_the_unrelia
     finally:
         handle.remove()
     assert judged(few) in ("within bound", "flagged")
-    assert few.stalled_runs >= 1 and "stalled: " in metrics_card(few)
+    assert few.timing.stalled_runs >= 1 and "stalled: " in metrics_card(few)
     # every step of one base run 5x slower: the bootstrap's draws of that pair widen the interval, so more pairs are
     # timed (the floor itself is the clean runs'), or the number is withheld
     handle = _stall_base_run(runner, which=2, seconds=4 * step)
@@ -346,7 +346,9 @@ def test_a_stall_injected_into_one_base_run_gives_the_quiet_ratio_or_the_unrelia
         handle.remove()
     verdict = judged(whole)
     if verdict == "within bound":
-        assert whole.timed_pairs >= 2 and f"{whole.timed_pairs} timed pairs, stopped: " in metrics_card(whole)
+        assert whole.timing.timed_pairs >= 2 and f"{whole.timing.timed_pairs} timed pairs, stopped: " in metrics_card(
+            whole
+        )
 
 
 def test_a_card_keeps_its_base_floor_in_the_machines_record_and_reads_its_pace_against_it(runner, settings, tmp_path):
