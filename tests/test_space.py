@@ -133,17 +133,29 @@ def test_the_space_front_matter_matches_what_runs():
 
 
 @pytest.mark.quick
-def test_a_visitor_is_an_address_and_x_forwarded_for_counts_only_behind_the_hosts_proxy():
+def test_a_visitor_is_the_address_the_last_trusted_proxy_wrote():
+    """Behind N trusted proxies that append, the visitor is X-Forwarded-For's N-th entry from the right; what a
+    client writes left of it (a first hop rotated per request) never makes a new visitor."""
     from studio.app.limits import visitor
+    from studio.spec.settings import Settings
 
-    fwd = {"x-forwarded-for": "203.0.113.7, 10.0.0.1"}
-    assert visitor("10.0.0.1", fwd, "s1", trust_forwarded=True) == "address 203.0.113.7"  # a Space: the first hop
-    assert (
-        visitor("10.0.0.1", fwd, "s1", trust_forwarded=False) == "address 10.0.0.1"
-    )  # elsewhere: any client writes it
-    assert visitor("10.0.0.1", {}, "s1", trust_forwarded=True) == "address 10.0.0.1"
-    assert visitor(None, None, "s1", trust_forwarded=True) == "session s1"  # no address known: the session
-    assert visitor(None, None, None, trust_forwarded=False) == "anonymous"
+    # the client wrote 198.51.100.1; the Space's proxy appended the address it was reached from
+    for forged in ("198.51.100.1", "198.51.100.2, 192.0.2.9"):
+        fwd = {"x-forwarded-for": f"{forged}, 203.0.113.7"}
+        assert visitor("10.0.0.1", fwd, "s1", proxy_hops=1) == "address 203.0.113.7"
+    two = {"x-forwarded-for": "198.51.100.1, 203.0.113.7, 10.9.0.2"}  # two proxies: a load balancer, then another
+    assert visitor("10.0.0.1", two, "s1", proxy_hops=2) == "address 203.0.113.7"
+    assert visitor("10.0.0.1", {"x-forwarded-for": "203.0.113.7"}, "s1", proxy_hops=2) == "address 10.0.0.1"
+    assert visitor("10.0.0.1", two, "s1", proxy_hops=0) == "address 10.0.0.1"  # no proxy of ours: the header is theirs
+    assert visitor("10.0.0.1", {}, "s1", proxy_hops=1) == "address 10.0.0.1"
+    assert visitor(None, None, "s1", proxy_hops=1) == "session s1"  # no address known: the session
+    assert visitor(None, None, None, proxy_hops=0) == "anonymous"
+    # the setting: 1 on a Space, 1 behind the operator's proxy (STUDIO_TRUST_FORWARDED=1 keeps its meaning), else 0
+    assert Settings.from_env({"SPACE_ID": "a/b"}).proxy_hops == 1 and Settings.from_env({}).proxy_hops == 0
+    assert Settings.from_env({"STUDIO_TRUST_FORWARDED": "1"}).proxy_hops == 1
+    assert Settings.from_env({"SPACE_ID": "a/b", "STUDIO_PROXY_HOPS": "2"}).proxy_hops == 2
+    with pytest.raises(ValueError, match="STUDIO_PROXY_HOPS"):
+        Settings.from_env({"STUDIO_PROXY_HOPS": "many"})
 
 
 @pytest.mark.quick

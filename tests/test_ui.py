@@ -566,7 +566,7 @@ def test_a_public_studio_refuses_what_burns_its_gpu_before_any_load(random_model
     real_load = runner.manager.load
     runner.manager.load = lambda *a, **k: loads.append(a) or real_load(*a, **k)
     limits = PublicLimits(max_matrix_runs=4, requests_per_minute=3, compiled_shapes=1)
-    with using(trust_forwarded=True):  # as on a Space: the visitor is X-Forwarded-For's first hop
+    with using(proxy_hops=1):  # as on a Space: the visitor is the X-Forwarded-For entry its proxy wrote
         demo, url = _launch(runner, public=True, limits=limits)
     try:
         c = Client(url, verbose=False)
@@ -584,7 +584,7 @@ def test_a_public_studio_refuses_what_burns_its_gpu_before_any_load(random_model
         with pytest.raises(AppError, match="at most 3 requests a minute per visitor"):  # a new client, same address
             Client(url, verbose=False).predict(**common, preset="base", api_name="/generate")
         assert loads == [] and reserved == []  # nothing above loaded a model or reserved a GPU
-        other = Client(url, verbose=False, headers={"X-Forwarded-For": "203.0.113.7, 10.0.0.1"})  # another visitor
+        other = Client(url, verbose=False, headers={"X-Forwarded-For": "198.51.100.1, 203.0.113.7"})  # another visitor
         ok = other.predict(**common, preset="base", api_name="/generate")
         assert ok[-1]["psnr_db"] == "inf" and len(loads) == 1 and len(reserved) == 1
     finally:

@@ -77,7 +77,7 @@ class Studio:
             getattr(client, "host", None),
             getattr(request, "headers", None),
             getattr(request, "session_hash", None),
-            self.guard.trust_forwarded if self.guard is not None else False,
+            self.guard.proxy_hops if self.guard is not None else 0,
         )
 
     def library(self, request=None) -> PresetLibrary:

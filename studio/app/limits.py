@@ -8,9 +8,9 @@ the form and the preset alone, before any model work or load, and refused with a
   (`compiled_shape`: size, batch, an edit model's reference picture), not the steps, seed or true CFG;
 - a Matrix is at most `max_matrix_runs` timed runs (presets + 1 for `base (again)`, times repeats);
 - each visitor may start at most `requests_per_minute` device events in any 60 s. A visitor is an address
-  (`visitor`): X-Forwarded-For's first hop where a proxy of the host's writes it (on a Space), the connection's
-  address elsewhere, the session only when neither is known; a script that opens a new client per request is the
-  same visitor;
+  (`visitor`): the X-Forwarded-For entry the last trusted proxy wrote (STUDIO_PROXY_HOPS from the right; on a
+  Space 1), the connection's address elsewhere, the session only when neither is known; a script that opens a new
+  client per request, or writes its own X-Forwarded-For, is the same visitor;
 - a request (one Generate, A/B, Matrix or tuner's search) stops between two denoising steps once it has run
   `request_s` seconds, with a sentence (engine.run.Deadline: the only limit that is checked while it runs).
 
@@ -54,18 +54,20 @@ def internal_visitor(headers, host: str | None) -> str | None:
     return None
 
 
-def visitor(host: str | None, headers, session: str | None, trust_forwarded: bool) -> str:
+def visitor(host: str | None, headers, session: str | None, proxy_hops: int) -> str:
     """Who a request comes from, for the per-visitor rate: `headers` a mapping (case-insensitive, as gradio's
-    request's; or plain lower-case keys). X-Forwarded-For is read only where the host's own proxy writes it
-    (`trust_forwarded`: on a Space); elsewhere any client could write one per request. The app's own calls to itself
+    request's; or plain lower-case keys). Behind `proxy_hops` trusted proxies that each append the address they were
+    reached from, the visitor is X-Forwarded-For's `proxy_hops`-th entry from the right: the one the last trusted
+    proxy wrote. Every entry left of it is the client's own writing (a client can rotate a first hop per request),
+    so none of them is read; with 0 hops (not behind a trusted proxy) nor is the header. The app's own calls to itself
     say whom they act for (`internal_visitor`)."""
     inside = internal_visitor(headers, host)
     if inside:
         return inside
-    if trust_forwarded and headers is not None:
-        hops = str(headers.get("x-forwarded-for") or "").split(",")
-        if hops[0].strip():
-            return "address " + hops[0].strip()
+    if proxy_hops and headers is not None:
+        hops = [h.strip() for h in str(headers.get("x-forwarded-for") or "").split(",") if h.strip()]
+        if len(hops) >= proxy_hops:
+            return "address " + hops[-proxy_hops]
     if host:
         return "address " + str(host)
     return "session " + str(session) if session else "anonymous"
@@ -116,7 +118,7 @@ class PublicGuard:
     """The limits and what they count: the sessions' recent events and the shapes compiled stacks have met."""
 
     limits: PublicLimits = field(default_factory=PublicLimits)
-    trust_forwarded: bool = False  # X-Forwarded-For is the host's proxy's (spec.settings: on a Space)
+    proxy_hops: int = 0  # trusted proxies in front that append to X-Forwarded-For (spec.settings: 1 on a Space)
     _events: dict = field(default_factory=dict)  # visitor -> deque of event start times (monotonic)
     _shapes: set = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)

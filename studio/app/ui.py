@@ -194,7 +194,7 @@ def build_app(
     presets = device.presets
     if presets.user_dir is None:
         presets = presets.with_user_dir(Path(tempfile.gettempdir()) / "dit-speed-studio-presets")
-    guard = PublicGuard(limits or PublicLimits(), current().trust_forwarded) if public else None
+    guard = PublicGuard(limits or PublicLimits(), current().proxy_hops) if public else None
     if time_limit_s is None and guard is not None:
         time_limit_s = guard.limits.request_s
     studio = Studio(device, models or [device.model], presets, public=public, guard=guard, time_limit_s=time_limit_s)

@@ -47,6 +47,13 @@ def _choice(env: Mapping, name: str, allowed: tuple) -> str | None:
     return raw or None
 
 
+def _proxy_hops(env: Mapping) -> int:
+    hops = _number(env, "STUDIO_PROXY_HOPS", int, 0, 16)
+    if hops is not None:
+        return hops
+    return 1 if env.get("SPACE_ID") or _flag(env, "STUDIO_TRUST_FORWARDED", False) else 0
+
+
 @dataclass(frozen=True)
 class Settings:
     """The environment's word on how this studio runs (README: the settings table). Defaults: a plain local run."""
@@ -74,9 +81,10 @@ class Settings:
     models: tuple = ()  # STUDIO_MODELS: more models for the picker (in public mode the only ones that load)
     preset: str = "cache"  # STUDIO_PRESET: the Generate tab's default
     public: bool = False  # STUDIO_PUBLIC=1, or on a Space (SPACE_ID)
-    # the visitor's address is X-Forwarded-For's first hop: on a Space (SPACE_ID: its proxy sets it), or
-    # STUDIO_TRUST_FORWARDED=1 behind a proxy of the operator's; elsewhere a client could write it (app.limits)
-    trust_forwarded: bool = False
+    # STUDIO_PROXY_HOPS: trusted proxies in front of the studio that append to X-Forwarded-For; the visitor is the
+    # entry the last of them wrote (app.limits.visitor). Default 1 on a Space (SPACE_ID; docs/deploy.md says why),
+    # 1 with STUDIO_TRUST_FORWARDED=1 (a proxy of the operator's), else 0: the header is the client's to write
+    proxy_hops: int = 0
     compare: str | None = None  # STUDIO_COMPARE: on | auto | off (None: on, auto in public mode)
     device: str | None = None  # STUDIO_DEVICE: cpu or cuda
     max_steps: int | None = None  # STUDIO_MAX_STEPS
@@ -128,7 +136,7 @@ class Settings:
             models=(model,) + more,
             preset=env.get("STUDIO_PRESET", "").strip() or cls.preset,
             public=public,
-            trust_forwarded=bool(env.get("SPACE_ID")) or _flag(env, "STUDIO_TRUST_FORWARDED", False),
+            proxy_hops=_proxy_hops(env),
             compare=_choice(env, "STUDIO_COMPARE", COMPARE_MODES),
             device=_choice(env, "STUDIO_DEVICE", ("cpu", "cuda")),
             max_steps=_number(env, "STUDIO_MAX_STEPS", int, 1, 10_000),
