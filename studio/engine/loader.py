@@ -25,28 +25,18 @@ from pathlib import Path
 import torch
 
 from studio.engine.cache import remove_cache
-from studio.engine.compile import compiles
 from studio.engine.device import DtypeChoice, default_device, profile_here, resolve_dtype
 from studio.engine.lora import fuse_loras
 from studio.engine.offload import placed_for
 from studio.engine.parallel import remove_parallel
-from studio.engine.placement import (
-    Free,
-    Plan,
-    decide,
-    describe,
-    device_bytes,
-    free_memory,
-    gib,
-    margin_bytes,
-    profile_free,
-)
+from studio.engine.placement import Free, Plan, decide, describe, device_bytes, free_on, gib, margin_bytes
+from studio.engine.quantize import preset_form
 from studio.engine.sizes import ModelSizes, read_sizes, sizes_of_pipe
 from studio.engine.stack import AppliedStack, apply_preset
 from studio.engine.state import stack_state
 from studio.engine.tasks import task_pipe
 from studio.spec.checks import ConfigError
-from studio.spec.devices import DeviceProfile, quant_form
+from studio.spec.devices import DeviceProfile
 from studio.spec.errors import ModelLoadError
 from studio.spec.offload import OffloadSpec
 from studio.spec.preset import Preset, QuantSpec
@@ -165,11 +155,8 @@ class ModelManager:
         return decide(sizes, spec, device, self._room(0, releasable), margin)
 
     def _room(self, held: int, releasable: int = 0) -> Free:
-        """The device memory the studio may fill: this machine's (placement.free_memory), or a named profile's (a
-        ZeroGPU slice: torch there reports the whole card)."""
-        if self.profile.name != "here":
-            return profile_free(self.profile, held, self.settings.device_memory_gb)
-        return free_memory(self.device, held, releasable, self.settings.device_memory_gb)
+        """The device memory the studio may fill on its profile (placement.free_on), under its budget."""
+        return free_on(self.profile, self.device, held, releasable, self.settings.device_memory_gb)
 
     def _held(self) -> int:
         """Device bytes the loaded model keeps there between uses (its placement; on a CPU budget, logical)."""
@@ -363,8 +350,7 @@ class ModelManager:
             plan = self._fits(cur, preset)  # before anything moves: a regime that does not fit is refused
             quant = preset.quantize_config if preset.quantize_config.enabled else QuantSpec()
             if quant.enabled:  # weights are keyed by the form that runs (`auto` resolved, engine.quantize)
-                compiled = compiles(preset.compile, preset.offload_config, self.profile)
-                form = quant_form(quant, self.profile, compiled)[0]
+                form = preset_form(preset, self.profile)[0]
                 quant = replace(quant, quant_type=form) if form != quant.quant_type else quant
             fused = preset.loras if quant.enabled else ()  # fused before quantization (engine.lora)
             loaded = self._switch_variant(cur, (dtype.name, quant, fused), on_status, plan is None or plan.resident)

@@ -141,6 +141,14 @@ def free_memory(device: torch.device, held: int = 0, releasable: int = 0, budget
     return Free(*min(parts))
 
 
+def free_on(profile: DeviceProfile, device, held: int = 0, releasable: int = 0, budget: float | None = None) -> Free:
+    """The device memory the studio may fill on `profile`: this machine's (`here`: free_memory on `device`), or a
+    named profile's (profile_free: a ZeroGPU slice, whose whole card torch reports, or a simulated card)."""
+    if profile.name != "here":
+        return profile_free(profile, held, budget)
+    return free_memory(device, held, releasable, budget)
+
+
 def profile_free(profile: DeviceProfile, held: int = 0, budget: float | None = None) -> Free:
     """A named profile's memory less `held`, under the budget (GiB): a fresh card of that kind."""
     parts = []

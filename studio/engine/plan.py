@@ -25,9 +25,8 @@ from studio.engine.placement import (
     Free,
     activation_bytes,
     decide,
-    free_memory,
+    free_on,
     gib,
-    profile_free,
     unavailable,
 )
 from studio.engine.resolve import resolved
@@ -70,15 +69,20 @@ class DevicePlan:
 def model_folder(model: str | None) -> Path:
     """The folder whose configs describe `model`: the embedded model, a local folder, or the shipped configs of a
     family the studio names (by Hub id or by its short name, e.g. FLUX.1-dev)."""
+    return _source(model)[0]
+
+
+def _source(model: str | None) -> tuple[Path, str]:
+    """(model_folder's folder, the model as the plan names it: its Hub id, or its folder)."""
     source = resolve_model(model)
     if Path(source).expanduser().is_dir():
-        return Path(source).expanduser()
+        return Path(source).expanduser(), source
     hub = next((h for h, p in HUB_PROFILES.items() if source in (h, p.name)), source)
     folder = CONFIGS / hub.replace("/", "--")
     if not (folder / "model_index.json").is_file():
         shipped = ", ".join(sorted(p.name.replace("--", "/") for p in CONFIGS.iterdir() if p.is_dir()))
         raise ConfigError(f"plan: no configs for model {model!r}: use a local folder, `tiny`, or one of {shipped}")
-    return folder
+    return folder, hub
 
 
 def profile_of(device: str, settings) -> DeviceProfile:
@@ -98,8 +102,7 @@ def make_plan(
 ) -> DevicePlan:
     """What `preset` would run on `profile` for `model` at `size` (default: the model's), under a device-memory
     budget in GiB (None: the profile's memory)."""
-    folder = model_folder(model)
-    hub = next((h for h, p in HUB_PROFILES.items() if folder.name == h.replace("/", "--")), str(folder))
+    folder, hub = _source(model)
     mprof = profile_for(hub)
     w, h = size or (mprof.width, mprof.height)
     parts = resolved(preset, profile, forced_dtype)
@@ -112,7 +115,7 @@ def make_plan(
     if act is None:  # a VAE config the estimate cannot read (Qwen-Image's): the loader's fallback, said
         act, how = FALLBACK_MARGIN, f"activations ~{gib(FALLBACK_MARGIN)} (no VAE config to estimate from)"
     margin = (act + (CUDA_SLACK if profile.gpu else 0), how)
-    free = _free(profile, budget)
+    free = free_on(profile, device, budget=budget)
     place = decide(sizes, preset.offload_config, device, free, margin)
     compile_form, compile_why = compile_plan(preset, profile, place.policy, preset.quant.enabled, folder)
     name = f"{'the embedded model' if folder == EMBEDDED_DIR else hub} in {dtype.name} under preset {preset.name!r}"
@@ -150,12 +153,6 @@ def make_plan(
     if not place.fits:
         plan.refusal = f"{place.refusal(name)}; {_what_fits(place.needs, device, free)}"
     return plan
-
-
-def _free(profile: DeviceProfile, budget: float | None) -> Free:
-    if profile.name == "here" and profile.gpu:
-        return free_memory(torch.device("cuda"), 0, 0, budget)
-    return profile_free(profile, 0, budget)
 
 
 def _what_fits(needs: dict, device: torch.device, free: Free) -> str:

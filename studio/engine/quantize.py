@@ -40,11 +40,15 @@ def _torchao_config(form: str):
     return Int8WeightOnlyConfig()
 
 
+def preset_form(preset, profile: DeviceProfile) -> tuple[str, str]:
+    """(the 8-bit form `preset` runs on `profile`, why): its quant spec, compiled or not as the stack is there (the
+    model manager keys weights by it; the presets list, the export and `plan` say it)."""
+    return quant_form(preset.quant, profile, compiles(preset.compile, preset.offload_config, profile))
+
+
 def exported_quant(preset, profile: DeviceProfile) -> str | None:
     """The form `preset` runs on `profile` (what an exported cache-dit config should name), None when unquantized."""
-    if not preset.quant.enabled:
-        return None
-    return quant_form(preset.quant, profile, compiles(preset.compile, preset.offload_config, profile))[0]
+    return preset_form(preset, profile)[0] if preset.quant.enabled else None
 
 
 def quantized_mode(transformer) -> str:

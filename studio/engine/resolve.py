@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 
 from studio.engine.attention import refusal, resolve
-from studio.engine.compile import compiles
 from studio.engine.device import resolve_dtype
-from studio.spec.devices import DeviceProfile, attention_for, quant_form
+from studio.engine.quantize import preset_form
+from studio.spec.devices import DeviceProfile, attention_for
 from studio.spec.preset import ATTENTION_BACKENDS, Preset
 
 
@@ -22,7 +22,7 @@ def resolved(preset: Preset, profile: DeviceProfile, forced_dtype: str | None = 
     dtype = resolve_dtype(preset.dtype, profile, forced=forced_dtype)
     out = {"dtype": (dtype.name, dtype.note or "")}  # a note names the dtype and says why; none: as the preset asks
     if preset.quant.enabled:
-        out["quantize"] = quant_form(preset.quant, profile, compiles(preset.compile, preset.offload_config, profile))
+        out["quantize"] = preset_form(preset, profile)
     name = ATTENTION_BACKENDS[preset.attention_backend]
     if name == "native":
         return out
