@@ -102,7 +102,9 @@ def test_a_simulated_gpu_profile_places_and_decides_as_that_gpu_on_this_cpu(rand
     CPU's choice), the regime is placed against the T4's memory and runs with the weights on the host, the run
     device marked; the attention probe runs where the pipeline computes (here: sdpa, with the reason)."""
     t4 = PROFILES["t4"]
-    r = one_pair(Runner(ModelManager("cpu", settings=current(), profile=t4), PresetLibrary(), model=random_model_dir))
+    # the profile's own rule for `auto`: no STUDIO_DTYPE handed down (it would replace `auto` on any profile)
+    settings = replace(current(), dtype=None)
+    r = one_pair(Runner(ModelManager("cpu", settings=settings, profile=t4), PresetLibrary(), model=random_model_dir))
     try:
         stack = replace(r.presets.get(FULL), offload_config=OffloadSpec(policy="group_offload"))
         m = r.generate(req(), stack, compare="off").metrics
