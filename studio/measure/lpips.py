@@ -52,8 +52,8 @@ SHIFT = (-0.030, -0.088, -0.188)  # lpips' ScalingLayer: inputs in [-1, 1], then
 SCALE = (0.458, 0.448, 0.450)
 NO_WEIGHTS = (
     f"LPIPS: no weights here (how to add them: put torchvision's AlexNet {BACKBONE} ({BACKBONE_URL}) and lpips' "
-    f"v0.1 heads {HEADS} ({HEADS_URL}) in torch's hub cache, <hub dir>/checkpoints, e.g. ~/.cache/torch/hub/"
-    "checkpoints; or `pip install lpips` for the heads; on a Space the studio fetches both once at start, elsewhere "
+    f"v0.1 heads {HEADS} (in lpips' wheel at {HEADS_MEMBER}: {HEADS_URL}) in torch's hub cache, "
+    "<hub dir>/checkpoints, e.g. ~/.cache/torch/hub/checkpoints; or `pip install lpips` for the heads; on a Space the studio fetches both once at start, elsewhere "
     "STUDIO_LPIPS_FETCH=1 does)"
 )
 
