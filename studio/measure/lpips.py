@@ -53,8 +53,8 @@ SCALE = (0.458, 0.448, 0.450)
 NO_WEIGHTS = (
     f"LPIPS: no weights here (how to add them: put torchvision's AlexNet {BACKBONE} ({BACKBONE_URL}) and lpips' "
     f"v0.1 heads {HEADS} (in lpips' wheel at {HEADS_MEMBER}: {HEADS_URL}) in torch's hub cache, "
-    "<hub dir>/checkpoints, e.g. ~/.cache/torch/hub/checkpoints; or `pip install lpips` for the heads; on a Space the studio fetches both once at start, elsewhere "
-    "STUDIO_LPIPS_FETCH=1 does)"
+    "<hub dir>/checkpoints, e.g. ~/.cache/torch/hub/checkpoints; or `pip install lpips` for the heads; on a Space "
+    "the studio fetches both once at start, elsewhere STUDIO_LPIPS_FETCH=1 does)"
 )
 
 
