@@ -3,13 +3,14 @@ the cores this process's threads needed, and the card that withholds its number 
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import time
 
 import pytest
 
-from studio.measure.crowding import CROWDED, CoreWatch, Crowding
+from studio.measure.crowding import CROWDED, MIN_SPAN_S, CoreWatch, Crowding
 from studio.measure.estimate import Estimate
 
 HOG = "while True: pass"
@@ -146,12 +147,19 @@ def test_the_card_withholds_its_number_while_programs_hold_the_cores_and_keeps_n
     import os
     from dataclasses import replace
 
-    from studio.engine.baseline import Pairing
+    from studio.engine.baseline import BaseStore, Kept, Pairing
     from studio.report.card import metrics_card
     from studio.spec import GenerationRequest
 
-    runner.pairing = Pairing()  # the app's: 3 pairs while base is cheap (the watch reads spans over MIN_SPAN_S)
+    runner.pairing = Pairing()  # the app's: 3 pairs while base is cheap
     r = GenerationRequest(prompt="a blue square", seed=5, steps=20, width=64, height=64, max_sequence_length=32)
+    # the watch reads spans over MIN_SPAN_S: the steps are set so that one quiet pair's denoising alone (base and
+    # stack) takes twice that here, and the first pair beside the programs is read on a fast machine too (a CI run
+    # on one timed 3 pairs before the watch could read any). The probe also loads and warms up, which are not watched.
+    probe = runner.generate(replace(r, prompt="a probe"), "cache", cache_threshold=0.5).metrics.timing
+    pair_s = probe.denoise_s + probe.base_denoise_s
+    r = replace(r, steps=max(r.steps, min(200, math.ceil(r.steps * 2 * MIN_SPAN_S / pair_s))))
+    runner.keep(Kept(BaseStore(), BaseStore(), BaseStore()))  # nothing of the probe's is kept
     hogs = _hogs(os.cpu_count() or 1)
     try:
         m = runner.generate(r, "cache", cache_threshold=0.5).metrics  # the load and warm-up are not watched

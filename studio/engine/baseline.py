@@ -240,9 +240,11 @@ def side_by_side(
         # pairs always timed: an expensive base (by its floor, which a stall cannot lift) is timed once
         first = pairing.cheap_pairs if pairing.cheap(price_ms([bases[0].timed]) / 1e3) else 1
         est = speedup([x.timed for x in bases], [x.timed for x in runs])
-        why = pairing.stop(est, len(runs), first, spent, stack_s)
-        if not why and crowded is not None and crowded():
+        # the crowding first: an interval that looks tight while other programs hold the cores shows no number
+        if crowded is not None and crowded():
             why = "other programs hold the cores (more pairs would not show a number)"
+        else:
+            why = pairing.stop(est, len(runs), first, spent, stack_s)
         if why:
             break
     base = store.put(key, replace(entry_of(median_run(bases)), runs=tuple(x.timed for x in bases)))
