@@ -32,14 +32,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(device, **kw):
+def _serve(device, bind: str = "127.0.0.1", reach: str = "127.0.0.1", **kw):
+    """The app launched bound to `bind`, and its URL at `reach`."""
     from studio.app.serve import launch
     from studio.app.ui import build_app
 
     demo = build_app(device, **kw)
     port = _free_port()
-    launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, mcp=True)
-    return demo, f"http://127.0.0.1:{port}/"
+    launch(demo, server_name=bind, server_port=port, prevent_thread_lock=True, quiet=True, mcp=True)
+    return demo, f"http://{reach}:{port}/"
+
+
+def _own_address() -> str | None:
+    """This machine's address on its default route (a Space pod's, as its proxy reaches it); None without one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.123", 9))  # a UDP connect sends nothing: it only picks the route
+        except OSError:
+            return None
+        host = s.getsockname()[0]
+    return None if host.startswith("127.") or host == "0.0.0.0" else host
 
 
 @pytest.fixture(scope="module")
@@ -104,15 +116,7 @@ def test_openai_errors_come_in_openais_shape_and_leave_the_studio_serving_the_sa
         with pytest.raises(kind) as e:
             oai.images.generate(**kwargs)
         assert set(e.value.body) == {"message", "type", "param", "code"} and sentence in e.value.body["message"]
-    served[0].studio_api.api_key = "s3cret"  # as STUDIO_API_KEY=s3cret
-    try:
-        with pytest.raises(openai.AuthenticationError, match="wants its API key"):
-            oai.images.generate(**ask)
-        keyed = oai.with_options(api_key="s3cret")
-        after = _picture(keyed.images.generate(**ask).data[0])
-    finally:
-        served[0].studio_api.api_key = None
-    assert np.array_equal(before, after)
+    assert np.array_equal(before, _picture(oai.images.generate(**ask).data[0]))  # the refusals changed nothing
     # a URL in place of the picture, served by the same server
     url = oai.images.generate(**dict(ask, response_format="url")).data[0].url
     fetched = np.asarray(Image.open(io.BytesIO(httpx.get(url, timeout=30).content)).convert("RGB"))
@@ -184,6 +188,121 @@ def test_a_public_visitor_is_the_same_visitor_through_the_openai_endpoint(tmp_pa
         runner.manager.unload()
 
 
+@pytest.mark.parametrize("reach", ["127.0.0.2", "own address"])
+def test_openai_callers_behind_a_proxy_keep_their_own_limit_whatever_address_the_server_is_bound_to(
+    tmp_path, random_model_dir, reach, settings
+):
+    """The OpenAI endpoint calls /images back through gradio's queue, on behalf of the caller. Bound to 0.0.0.0 (as
+    on a Space) and reached on another loopback address or on the machine's own (as a Space's proxy reaches the pod),
+    each caller is still the visitor the trusted proxy named: one caller's limit refuses that caller only. (Calling
+    back at the pod's address had made every caller one visitor, "address <pod>", one bucket for all.)"""
+    import openai
+
+    from studio.app.limits import PublicLimits
+    from studio.engine import ModelManager, Runner
+
+    host = _own_address() if reach == "own address" else reach
+    if host is None:
+        pytest.skip("this machine has no address on a default route")
+    runner = Runner(ModelManager("cpu", settings=current()), PresetLibrary(user_dir=tmp_path), model=random_model_dir)
+    settings(proxy_hops=1)  # one proxy in front, as on a Space
+    limits = PublicLimits(requests_per_minute=1)
+    demo, url = _serve(runner, bind="0.0.0.0", reach=host, public=True, limits=limits, models=[random_model_dir])
+
+    def caller(address: str, first_hop: str = ""):  # the proxy appends the address it was reached from
+        hops = f"{first_hop}, {address}" if first_hop else address
+        headers = {"x-forwarded-for": hops}
+        return openai.OpenAI(base_url=url + "v1", api_key="-", max_retries=0, timeout=300, default_headers=headers)
+
+    ask = dict(model=random_model_dir, prompt=PROMPT, extra_body={"preset": "base", "compare": "off"})
+    try:
+        assert _picture(caller("203.0.113.7").images.generate(**ask).data[0]).shape[2] == 3
+        # another caller is served: not "address <the pod>", one bucket for every caller
+        assert _picture(caller("203.0.113.8").images.generate(**ask).data[0]).shape[2] == 3
+        # the first caller, again, with a first hop of its own writing: its own limit
+        with pytest.raises(openai.RateLimitError, match="at most 1 requests a minute per visitor"):
+            caller("203.0.113.7", first_hop="198.51.100.99").images.generate(**ask)
+    finally:
+        demo.close()
+        runner.manager.unload()
+
+
+def _mcp_picture(url: str, headers: dict, gen: dict) -> np.ndarray:
+    """The `images` tool's picture for `gen`'s request, called by the `mcp` package's client with `headers`."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamablehttp_client
+
+    args = {k: v for k, v in gen.items() if k != "api_name"}
+
+    async def go():
+        async with streamablehttp_client(url + "gradio_api/mcp/", headers=headers) as (read, write, _):
+            async with ClientSession(read, write) as s:
+                await s.initialize()
+                return await s.call_tool("images", args, progress_callback=lambda *a: asyncio.sleep(0))
+
+    res = asyncio.run(go())
+    assert not res.isError, res.content
+    png = next(c for c in res.content if c.type == "image").data
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(png))).convert("RGB"))
+
+
+@pytest.mark.parametrize("open_page", [False, True])
+def test_with_an_api_key_every_way_in_asks_for_it_and_the_page_only_where_the_operator_opened_it(
+    tmp_path, random_model_dir, settings, open_page
+):
+    """STUDIO_API_KEY set: the page, gradio's API (gradio_client), the OpenAI endpoint and MCP each answer 401 with
+    the sentence without the key, and serve with it (a Bearer token; a browser's Basic sign-in, any user name). With
+    STUDIO_OPEN_PAGE=1 the page and its gradio events are open, and `/v1` and MCP still ask."""
+    import openai
+    from gradio_client import Client
+    from gradio_client.exceptions import AuthenticationError
+
+    from studio.engine import ModelManager, Runner
+
+    settings(api_key="s3cret", open_page=open_page)
+    runner = Runner(ModelManager("cpu", settings=current()), PresetLibrary(user_dir=tmp_path), model=random_model_dir)
+    demo, url = _serve(runner, models=[random_model_dir])
+    ask = dict(
+        model=random_model_dir,
+        prompt=PROMPT,
+        size="64x64",
+        extra_body={"preset": "base", "compare": "off", "seed": 3, "num_inference_steps": 4},
+    )
+    gen = dict(prompt=PROMPT, model=random_model_dir, preset="base", compare="off", seed=3, steps=4, width=64)
+    gen.update(height=64, api_name="/generate")
+    try:
+        page = httpx.get(url, timeout=30)
+        mcp = httpx.post(url + "gradio_api/mcp/", json={}, timeout=30)
+        models = httpx.get(url + "v1/models", timeout=30)
+        for answer in [mcp, models] + ([] if open_page else [page]):
+            assert answer.status_code == 401, (answer.request.url, answer.status_code)
+            assert "this studio wants its API key (the operator's STUDIO_API_KEY)" in answer.json()["error"]["message"]
+            assert answer.headers["www-authenticate"].startswith("Basic ")  # a browser asks for the key
+        signed_in = httpx.get(url, auth=("anyone", "s3cret"), timeout=30)
+        assert signed_in.status_code == 200 and "<html" in signed_in.text.lower()
+        assert httpx.get(url, auth=("anyone", "wrong"), timeout=30).status_code == (200 if open_page else 401)
+        assert page.status_code == (200 if open_page else 401)
+        oai = openai.OpenAI(base_url=url + "v1", api_key="wrong", max_retries=0, timeout=300)
+        with pytest.raises(openai.AuthenticationError, match="wants its API key"):
+            oai.images.generate(**ask)
+        keyed = oai.with_options(api_key="s3cret")  # its call back through gradio's queue passes the gate too
+        by_key = _picture(keyed.images.generate(**ask).data[0])
+        with_key = Client(url, verbose=False, headers={"authorization": "Bearer s3cret"})
+        k = by_key.shape[0]  # the Generate tab shows a small picture enlarged by a whole factor, pixel for pixel
+        shown = np.asarray(Image.open(with_key.predict(**gen)[0]).convert("RGB"))
+        by_client = shown[:: shown.shape[0] // k, :: shown.shape[1] // k]
+        assert np.array_equal(by_key, by_client)  # the same request, the same pixels, whichever way in
+        assert np.array_equal(by_key, _mcp_picture(url, {"authorization": "Bearer s3cret"}, gen))  # MCP too
+        if open_page:  # the page's events are gradio's API: open to a program that calls them as the page does
+            assert Client(url, verbose=False, download_files=False).predict(**gen)[0]
+        else:
+            with pytest.raises(AuthenticationError, match="credentials were not provided"):
+                Client(url, verbose=False, download_files=False)
+    finally:
+        demo.close()
+        runner.manager.unload()
+
+
 # ------------------------------------------------------------------------------------------------- no server
 @pytest.mark.quick
 def test_a_body_is_read_in_the_studios_terms_and_refused_by_field():
@@ -241,9 +360,35 @@ def test_the_internal_visitor_header_is_believed_only_from_this_process():
     from studio.app.limits import INTERNAL_TOKEN, visitor
 
     signed = {"x-studio-visitor": f"{INTERNAL_TOKEN} address 203.0.113.5"}
-    assert visitor("127.0.0.1", signed, "s", False) == "address 203.0.113.5"
-    assert visitor("198.51.100.1", signed, "s", False) == "address 198.51.100.1"  # not from this machine
+    assert visitor("127.0.0.1", signed, "s", 0) == "address 203.0.113.5"
+    assert visitor("127.0.0.2", signed, "s", 0) == "address 203.0.113.5"  # all of 127/8 is this machine
+    assert visitor("::1", signed, "s", 0) == "address 203.0.113.5"
+    assert visitor("198.51.100.1", signed, "s", 0) == "address 198.51.100.1"  # not from this machine
+    # a call from this machine to its own address (a Space's pod): the connection left from the address it reached
+    assert visitor("10.0.0.7", signed, "s", 1, local="10.0.0.7") == "address 203.0.113.5"
+    assert visitor("10.0.0.8", signed, "s", 0, local="10.0.0.7") == "address 10.0.0.8"  # the Space's proxy
     assert visitor("127.0.0.1", {"x-studio-visitor": "guess address 1.2.3.4"}, "s", False) == "address 127.0.0.1"
+
+
+@pytest.mark.quick
+def test_the_key_is_read_from_a_bearer_token_or_a_browsers_sign_in_and_mcp_reads_only_from_this_machine():
+    from studio.app.access import carries_key, mcp_reading, open_to_all
+
+    basic = lambda user_key: "Basic " + base64.b64encode(user_key.encode()).decode()  # noqa: E731
+    assert carries_key("Bearer k3y", "k3y") and carries_key("bearer  k3y ", "k3y")
+    assert carries_key(basic("anyone:k3y"), "k3y") and carries_key(basic(":k3y"), "k3y")
+    for wrong in ("Bearer k3", "k3y", "Token k3y", basic("k3y:"), basic("anyone:k3yy"), "Basic !!!", ""):
+        assert not carries_key(wrong, "k3y"), wrong
+    get = {"method": "GET", "headers": [(b"x-gradio-user", b"mcp")], "server": ("10.0.0.7", 7860)}
+    assert mcp_reading(dict(get, client=("127.0.0.1", 5)))
+    assert mcp_reading(dict(get, client=("10.0.0.7", 5)))  # from this machine to its own address
+    assert not mcp_reading(dict(get, client=("10.0.0.8", 5)))  # from elsewhere (a Space's proxy): the header is theirs
+    assert not mcp_reading(dict(get, method="POST", client=("127.0.0.1", 5)))  # a submit carries the caller's key
+    assert not mcp_reading(dict(get, headers=[], client=("127.0.0.1", 5)))
+    assert open_to_all("/gradio_api/startup-events", False)  # gradio's launch starts its queue with it
+    assert not open_to_all("/", False) and open_to_all("/", True) and open_to_all("/gradio_api/queue/join", True)
+    for program in ("/v1/models", "/v1/images/generations", "/gradio_api/mcp", "/gradio_api/mcp/sse"):
+        assert not open_to_all(program, True), program
 
 
 @pytest.mark.quick

@@ -78,6 +78,7 @@ class Studio:
             getattr(request, "headers", None),
             getattr(request, "session_hash", None),
             self.guard.proxy_hops if self.guard is not None else 0,
+            local=reached(request),
         )
 
     def library(self, request=None) -> PresetLibrary:
@@ -89,6 +90,15 @@ class Studio:
             return self.presets.with_user_dir(None)
         safe = "".join(c for c in str(session) if c.isalnum())[:64] or "anonymous"
         return self.presets.with_user_dir(self.tmpdir / "sessions" / safe)
+
+
+def reached(request) -> str | None:
+    """The address `request`'s connection reached on this machine (ASGI's `server`), from a starlette request or a
+    gr.Request around one; None where it is not known (a gr.Request rebuilt in a ZeroGPU call)."""
+    inner = request.__dict__.get("request") if hasattr(request, "__dict__") else None  # gr.Request's, not its getattr
+    scope = getattr(inner if inner is not None else request, "scope", None)
+    server = scope.get("server") if isinstance(scope, dict) else None
+    return str(server[0]) if server else None
 
 
 class Handlers:

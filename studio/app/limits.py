@@ -20,6 +20,7 @@ Not gradio: the handlers call these and turn a refusal into the page's error.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import secrets
 import threading
 import time
@@ -42,26 +43,39 @@ class RateLimited(Refused):
 # the visitor they act for in this header, signed with a token of this process: a client cannot write it.
 VISITOR_HEADER = "x-studio-visitor"
 INTERNAL_TOKEN = secrets.token_urlsafe(24)
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
-def internal_visitor(headers, host: str | None) -> str | None:
-    """The visitor an internal call acts for (VISITOR_HEADER, from this machine, with this process's token)."""
+def from_this_machine(host: str | None, local: str | None = None) -> bool:
+    """Whether a connection from `host` comes from this machine: a loopback address (any of 127/8, ::1), or the
+    address the connection reached (`local`: a call from this machine to its own address leaves from it; a Space's
+    proxy reaches the pod's address from another)."""
+    if not host:
+        return False
+    if host == "localhost" or (local is not None and host == local):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def internal_visitor(headers, host: str | None, local: str | None = None) -> str | None:
+    """The visitor an internal call acts for (VISITOR_HEADER with this process's token, from this machine)."""
     said = str(headers.get(VISITOR_HEADER) or "") if headers is not None else ""
     token, _, who = said.partition(" ")
-    if host in LOOPBACK and who and hmac.compare_digest(token.encode(), INTERNAL_TOKEN.encode()):
+    if who and from_this_machine(host, local) and hmac.compare_digest(token.encode(), INTERNAL_TOKEN.encode()):
         return who
     return None
 
 
-def visitor(host: str | None, headers, session: str | None, proxy_hops: int) -> str:
+def visitor(host: str | None, headers, session: str | None, proxy_hops: int, local: str | None = None) -> str:
     """Who a request comes from, for the per-visitor rate: `headers` a mapping (case-insensitive, as gradio's
     request's; or plain lower-case keys). Behind `proxy_hops` trusted proxies that each append the address they were
     reached from, the visitor is X-Forwarded-For's `proxy_hops`-th entry from the right: the one the last trusted
     proxy wrote. Every entry left of it is the client's own writing (a client can rotate a first hop per request),
     so none of them is read; with 0 hops (not behind a trusted proxy) nor is the header. The app's own calls to itself
-    say whom they act for (`internal_visitor`)."""
-    inside = internal_visitor(headers, host)
+    say whom they act for (`internal_visitor`; `local` the address the connection reached)."""
+    inside = internal_visitor(headers, host, local)
     if inside:
         return inside
     if proxy_hops and headers is not None:

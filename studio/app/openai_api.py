@@ -9,16 +9,14 @@ whichever way they come, and ZeroGPU's `x-ip-token` so a Space bills the caller'
 Answers follow OpenAI's shapes: `{"created", "data": [{"b64_json" | "url", "revised_prompt", "studio"}]}` with the
 studio's numbers per picture in `studio` (app.values.image_numbers); errors as `{"error": {"message", "type",
 "param", "code"}}` with the studio's sentence, and the HTTP status OpenAI uses for the kind (400 a bad request, 401
-a wrong key, 404 an unknown model, 429 the rate, 500 a failed run, 503 a full queue). With STUDIO_API_KEY set, both
-routes want `Authorization: Bearer <key>`.
+a wrong key, 404 an unknown model, 429 the rate, 500 a failed run, 503 a full queue). With STUDIO_API_KEY set,
+app.access's gate asks for the key before these routes are reached, as before every other way in.
 """
 
 from __future__ import annotations
 
 import base64
-import hmac
 import json
-import logging
 import time
 from pathlib import Path
 
@@ -31,11 +29,9 @@ from gradio_client.utils import QueueError
 from httpx import HTTPError
 from starlette.concurrency import run_in_threadpool
 
-from studio.app.limits import INTERNAL_TOKEN, LOOPBACK, VISITOR_HEADER
+from studio.app.limits import INTERNAL_TOKEN, VISITOR_HEADER
 from studio.spec.checks import ConfigError
 from studio.spec.images_api import ImagesRequest, Served, UnknownModel
-
-log = logging.getLogger("studio")
 
 # The status and OpenAI error type of each kind of error the studio says (app.errors.TITLES' titles).
 STATUS = {
@@ -46,6 +42,15 @@ STATUS = {
     "Over the time limit": (500, "server_error"),
     "The run failed": (500, "server_error"),
 }
+
+
+def self_url(request: Request) -> str:
+    """Where this server answers a call from this process: the address and port the caller's connection reached (the
+    server surely listens there, whatever it is bound to; a call to it comes from this machine, which
+    app.limits.from_this_machine knows), loopback where the server did not say."""
+    host, port = request.scope.get("server") or ("127.0.0.1", 7860)
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "", None) else host  # noqa: S104 (reading, not binding)
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
 class ApiFailure(Exception):
@@ -76,7 +81,6 @@ class ImagesEndpoint:
     # --------------------------------------------------------------------------------------------- the routes
     async def generations(self, request: Request) -> JSONResponse:
         try:
-            self._auth(request)
             try:
                 body = json.loads(await request.body() or b"null")
             except ValueError as e:
@@ -86,10 +90,6 @@ class ImagesEndpoint:
             return f.response()
 
     async def models(self, request: Request) -> JSONResponse:
-        try:
-            self._auth(request)
-        except ApiFailure as f:
-            return f.response()
         served = self.served()
         data = [
             {"id": m, "object": "model", "created": 0, "owned_by": "dit-speed-studio", "presets": list(served.presets)}
@@ -101,19 +101,6 @@ class ImagesEndpoint:
     def served(self) -> Served:
         names = tuple(self.studio.library().names())
         return Served(tuple(self.studio.models), names, self.default_preset, self.compare)
-
-    def _auth(self, request: Request) -> None:
-        if not self.api_key:
-            return
-        given = request.headers.get("authorization", "")
-        scheme, _, key = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.api_key.encode()):
-            raise ApiFailure(
-                401,
-                "this studio's images endpoint wants its API key: send `Authorization: Bearer <key>` (the "
-                "operator's STUDIO_API_KEY)",
-                code="invalid_api_key",
-            )
 
     def _size_rule(self, model: str):
         p = self.studio.device.profile(model)
@@ -158,17 +145,15 @@ class ImagesEndpoint:
 
     def _call(self, request: Request, params: dict) -> tuple[list, list]:
         """/images through gradio's queue, on behalf of the caller."""
-        host, port = request.scope.get("server") or ("127.0.0.1", 7860)
-        host = "127.0.0.1" if host in ("0.0.0.0", "::", "", None) else host  # noqa: S104 (reading, not binding)
         headers = {VISITOR_HEADER: f"{INTERNAL_TOKEN} {self.studio.visitor(request)}"}
+        if self.api_key:  # the caller passed app.access's gate with it; the call back passes the same gate
+            headers["authorization"] = f"Bearer {self.api_key}"
         if request.headers.get("x-ip-token"):  # ZeroGPU: the caller's quota, as gradio's own calls carry it
             headers["x-ip-token"] = request.headers["x-ip-token"]
-        if host not in LOOPBACK:
-            log.warning("the images endpoint calls /images at %s, not a loopback address", host)
         client = None
         try:
             client = Client(
-                f"http://{host}:{port}/", headers=headers, verbose=False, download_files=False, analytics_enabled=False
+                self_url(request), headers=headers, verbose=False, download_files=False, analytics_enabled=False
             )
             _, pictures, numbers = client.predict(api_name="/images", **params)
             return pictures, numbers

@@ -1,5 +1,5 @@
-"""Serving the studio: gradio's server with the OpenAI images API on the same port, the MCP server, and the cap on a
-request's body (app.bounds).
+"""Serving the studio: gradio's server with the OpenAI images API on the same port, the MCP server, the cap on a
+request's body (app.bounds) and the API key's one rule (app.access).
 
 gradio builds its FastAPI app inside `launch`; FastAPI's own `routes` argument (through gradio's documented
 `app_kwargs`) puts the OpenAI routes (app.openai_api) on that app before gradio's, so they share the server, the
@@ -11,6 +11,7 @@ from __future__ import annotations
 import gradio as gr
 from starlette.middleware import Middleware
 
+from studio.app.access import KeyGate
 from studio.app.bounds import MB, BodyCap
 from studio.report.card import CSS
 from studio.spec.settings import current
@@ -21,6 +22,8 @@ def launch(demo: gr.Blocks, *, mcp: bool | None = None, **kwargs):
     server when `mcp` (None: the settings' STUDIO_MCP, off on a public studio unless the operator turns it on)."""
     mcp = current().mcp if mcp is None else mcp
     kwargs.setdefault("css", CSS)
-    cap = Middleware(BodyCap, max_bytes=int(current().max_body_mb * MB))  # before any route reads a body
-    app_kwargs = {"routes": demo.studio_api.routes(), "middleware": [cap], **kwargs.pop("app_kwargs", {})}
+    settings = current()
+    gate = Middleware(KeyGate, key=settings.api_key, open_page=settings.open_page)  # the first: before any reading
+    cap = Middleware(BodyCap, max_bytes=int(settings.max_body_mb * MB))  # before any route reads a body
+    app_kwargs = {"routes": demo.studio_api.routes(), "middleware": [gate, cap], **kwargs.pop("app_kwargs", {})}
     return demo.launch(app_kwargs=app_kwargs, mcp_server=mcp, **kwargs)

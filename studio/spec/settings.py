@@ -98,7 +98,9 @@ class Settings:
     queue_size: int = 32  # STUDIO_QUEUE_SIZE
     max_body_mb: float = 16.0  # STUDIO_MAX_BODY_MB: a request body over this is answered 413 unread (app.bounds)
     prewarm: bool = True  # STUDIO_PREWARM=0: no warm-up at start (off by default on ZeroGPU)
-    api_key: str | None = None  # STUDIO_API_KEY: the OpenAI images endpoint wants `Authorization: Bearer <it>`
+    # STUDIO_API_KEY: every request to the server asks for it (app.access: Bearer, or a browser's sign-in)
+    api_key: str | None = None
+    open_page: bool = False  # STUDIO_OPEN_PAGE=1: with a key, the page and its gradio events stay open (app.access)
     # STUDIO_MCP: the endpoints as MCP tools (gradio's MCP server). Off on a public studio unless the operator says
     # so: an agent calls in loops, and every tool call is a generation on the host's device
     mcp: bool = True
@@ -150,6 +152,7 @@ class Settings:
             # process that ran it (each call's forked process warms its stack again)
             prewarm=_flag(env, "STUDIO_PREWARM", not zerogpu),
             api_key=env.get("STUDIO_API_KEY", "").strip() or None,
+            open_page=_flag(env, "STUDIO_OPEN_PAGE", False),
             mcp=_flag(env, "STUDIO_MCP", not public),
             lpips_fetch=_flag(env, "STUDIO_LPIPS_FETCH", bool(env.get("SPACE_ID"))),
         )

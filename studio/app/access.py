@@ -1,0 +1,109 @@
+"""One access rule for every way in: with STUDIO_API_KEY set, every request to the studio's server asks for the key.
+
+`KeyGate` is an ASGI middleware on the studio's server (app.serve), in front of every route: the page and its
+assets, gradio's events and API (what gradio_client calls), the OpenAI images endpoint (`/v1`) and gradio's MCP
+server. A request passes with `Authorization: Bearer <key>` (gradio_client's `headers=`, the OpenAI SDK's
+`api_key`, an MCP client's headers) or `Authorization: Basic <user:key>` (a browser: it asks for a user name, any,
+and the key as the password, once per session, then sends it with every request of the page). Anything else is
+answered 401 with the sentence in OpenAI's error shape, and `WWW-Authenticate` so a browser asks.
+
+The page is excepted only when the operator says so (STUDIO_OPEN_PAGE=1): then the page and the gradio events it
+calls are open, and so, to a program that calls them as the page does, is gradio's API (the same events; each under
+the public limits); `/v1` and MCP still ask for the key. No key set: nothing is asked, anywhere.
+
+The key is compared in constant time; it never appears in an answer or a log line.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+
+from studio.app.limits import from_this_machine
+
+# The paths that ask for the key even when the page is open: the ways in that are not the page's.
+PROGRAM_ONLY = ("/v1/", "/gradio_api/mcp")
+# Gradio's launch calls this itself, without headers, to start the queue: it does once what launch does (a second
+# call does nothing) and makes no picture, so it is open to all.
+ALWAYS_OPEN = ("/gradio_api/startup-events",)
+
+
+def needs_key(path: str) -> str:
+    """The sentence a request without the key is answered with (its path says which client it likely is)."""
+    how = (
+        "send `Authorization: Bearer <key>` (gradio_client: headers=; the OpenAI SDK: api_key=; an MCP client: its "
+        "headers), or open the page and sign in with any user name and the key as the password"
+    )
+    return f"this studio wants its API key (the operator's STUDIO_API_KEY) for {path}: {how}"
+
+
+def carries_key(authorization: str, key: str) -> bool:
+    """Whether an Authorization header carries `key`: as a Bearer token, or as Basic's password (any user)."""
+    scheme, _, given = authorization.strip().partition(" ")
+    given = given.strip()
+    if scheme.lower() == "basic":
+        try:
+            given = base64.b64decode(given, validate=True).decode("utf-8").partition(":")[2]
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+    elif scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(given.encode(), key.encode())
+
+
+def mcp_reading(scope) -> bool:
+    """Whether the request is gradio's MCP server reading the app through its own client, from this machine: gradio
+    6.31's MCP server makes that client with one header of its own (`x-gradio-user: mcp`) and forwards the caller's
+    headers, the key among them, only when it submits a call (docs/library-behaviour.md). Its reads (the config, the
+    API's description, a submitted call's results) are let through; what it submits carries the caller's key."""
+    headers = dict(scope.get("headers") or [])
+    client, server = scope.get("client") or (None,), scope.get("server") or (None,)
+    return (
+        scope.get("method") == "GET"
+        and headers.get(b"x-gradio-user") == b"mcp"
+        and from_this_machine(client[0], server[0])
+    )
+
+
+def open_to_all(path: str, open_page: bool) -> bool:
+    """Whether `path` is open without the key: the page and its events, where the operator opened the page."""
+    if path in ALWAYS_OPEN:
+        return True
+    return open_page and not any(path == p.rstrip("/") or path.startswith(p) for p in PROGRAM_ONLY)
+
+
+class KeyGate:
+    """ASGI middleware: 401 for a request without `key` (None: every request passes; module doc)."""
+
+    def __init__(self, app, key: str | None, open_page: bool = False):
+        self.app, self.key, self.open_page = app, key, open_page
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket") or not self.key:
+            return await self.app(scope, receive, send)
+        path = scope.get("root_path", "") + scope.get("path", "")
+        authorization = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+        if (
+            open_to_all(scope.get("path", ""), self.open_page)
+            or carries_key(authorization, self.key)
+            or mcp_reading(scope)
+        ):
+            return await self.app(scope, receive, send)
+        if scope["type"] == "websocket":  # close before accepting (the client sees 403)
+            return await send({"type": "websocket.close", "code": 1008, "reason": "this studio wants its API key"})
+        await _refuse(send, needs_key(path))
+
+
+async def _refuse(send, sentence: str) -> None:
+    body = json.dumps(
+        {"error": {"message": sentence, "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}
+    ).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"www-authenticate", b'Basic realm="DiT Speed Studio", charset="UTF-8"'),
+    ]
+    await send({"type": "http.response.start", "status": 401, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
