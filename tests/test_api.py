@@ -400,14 +400,14 @@ def test_mcp_is_off_on_a_public_studio_unless_the_operator_turns_it_on():
 
 @pytest.mark.quick
 def test_a_history_kept_in_a_browser_is_read_back_checked():
-    from studio.app.history import HISTORY_COLUMNS, HISTORY_MAX, restored
+    from studio.app.history import HISTORY_COLUMNS, history_max, restored
 
     row = [1, "a prompt", 7, 28, "64x64"] + ["x"] * (len(HISTORY_COLUMNS) - 5)
     kept = [row, [2] + row[1:], "junk", [3, "short"], [True] + row[1:], [4] + row[1:-1] + [{"a": 1}]]
     assert restored(kept).rows == [row, [2] + row[1:]] and restored(kept).thumbs == []
     assert restored({"rows": []}).rows == [] and restored(None).rows == []
-    many = [[i] + row[1:] for i in range(1, HISTORY_MAX + 20)]
-    assert [r[0] for r in restored(many).rows][:1] == [20] and len(restored(many).rows) == HISTORY_MAX
+    many = [[i] + row[1:] for i in range(1, history_max() + 20)]
+    assert [r[0] for r in restored(many).rows][:1] == [20] and len(restored(many).rows) == history_max()
 
 
 def test_a_body_over_the_cap_is_refused_413_unread_on_every_route(served):

@@ -481,21 +481,21 @@ def test_preset_files_are_bounded_and_written_whole(tmp_path):
 
 
 def test_history_is_bounded_per_session():
-    from studio.app.history import HISTORY_COLUMNS, HISTORY_MAX, THUMBS_MAX, record
+    from studio.app.history import HISTORY_COLUMNS, THUMBS_MAX, history_max, record
     from studio.engine.runner import RunResult
     from studio.spec import GenerationRequest
 
     img = np.zeros((8, 8, 3), np.uint8)
     big = np.zeros((1024, 768, 3), np.uint8)
     hist = None
-    for i in range(HISTORY_MAX + 5):
+    for i in range(history_max() + 5):
         hist = record(
             hist, GenerationRequest(prompt="p" * 1500), [RunResult(big if i % 2 else img, img, make_metrics())]
         )
     rows, thumbs = hist.rows, hist.thumbs
-    assert len(rows) == HISTORY_MAX and rows[-1][0] == HISTORY_MAX + 5 and len(rows[-1][1]) == 200
+    assert len(rows) == history_max() and rows[-1][0] == history_max() + 5 and len(rows[-1][1]) == 200
     # thumbnails: the newest THUMBS_MAX, newest first, the longer side 128 px (8 px enlarged x16, 1024 reduced x8)
-    assert len(thumbs) == THUMBS_MAX and thumbs[0][1].startswith(f"#{HISTORY_MAX + 5} ")
+    assert len(thumbs) == THUMBS_MAX and thumbs[0][1].startswith(f"#{history_max() + 5} ")
     assert thumbs[0][0].shape == (128, 128, 3) and thumbs[1][0].shape == (128, 96, 3)
     assert len(HISTORY_COLUMNS) == len(rows[-1])
 

@@ -1,4 +1,5 @@
-"""Bounds on what a request may bring: the size of a request's body, checked before any route reads it.
+"""Bounds on what a request may bring: the size of a request's body, checked before any route reads it, and the
+uploads a visitor sends (each a file written into gradio's cache), counted against their writes a minute.
 
 A public Space takes requests from anyone; a route that reads a body whole (the OpenAI endpoint's JSON, gradio's
 uploads) would hold whatever it is sent. `BodyCap` is an ASGI middleware on the studio's server (app.serve): a body
@@ -11,7 +12,10 @@ from __future__ import annotations
 
 import json
 
+from studio.app.limits import Refused
+
 MB = 2**20
+UPLOAD_ROUTES = ("/gradio_api/upload", "/upload")  # gradio's: each POST writes the files it carries to its cache
 
 
 class BodyTooLarge(Exception):
@@ -62,10 +66,34 @@ class BodyCap:
             await _refuse(send, seen, self.max_bytes)
 
 
+class UploadCount:
+    """ASGI middleware: each upload (a POST to gradio's upload route) is a writing event of its visitor, counted by
+    `count(scope)` (app.handlers.Studio.wrote_scope: Refused over the visitor's writes a minute) and answered 429
+    with the sentence when over, before the body is read. `count` None: nothing counted (not a public studio)."""
+
+    def __init__(self, app, count=None):
+        self.app, self.count = app, count
+
+    async def __call__(self, scope, receive, send):
+        if (
+            self.count is not None
+            and scope["type"] == "http"
+            and scope.get("method") == "POST"
+            and scope.get("path", "").rstrip("/") in UPLOAD_ROUTES
+        ):
+            try:
+                self.count(scope)
+            except Refused as e:
+                return await _answer(send, 429, str(e), "rate_limit_error")
+        return await self.app(scope, receive, send)
+
+
 async def _refuse(send, size: int, cap: int) -> None:
-    body = json.dumps(
-        {"error": {"message": too_large(size, cap), "type": "invalid_request_error", "param": None, "code": "413"}}
-    ).encode()
+    await _answer(send, 413, too_large(size, cap), "invalid_request_error")
+
+
+async def _answer(send, status: int, sentence: str, kind: str) -> None:
+    body = json.dumps({"error": {"message": sentence, "type": kind, "param": None, "code": str(status)}}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -10,6 +10,7 @@ takes its form's values by name (app.forms: the API's parameter names) and build
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -23,6 +24,7 @@ from studio.app.errors import shown
 from studio.app.forms import UI, TuneForm
 from studio.app.gpu_time import Durations
 from studio.app.history import History, history_csv, record, restored
+from studio.app.keep import FileKeeper
 from studio.app.limits import PublicGuard, visitor
 from studio.app.maps import AB_MAP_WHERE, GEN_MAP_WHERE, compared
 from studio.app.progress import progress_hooks
@@ -39,6 +41,7 @@ from studio.spec.ask import Ask
 from studio.spec.checks import ConfigError
 from studio.spec.presets import MAX_PRESET_BYTES, preset_from_text, preset_to_yaml
 from studio.spec.profiles import shipped_loras
+from studio.spec.settings import current
 from studio.worker.protocol import Device
 
 CACHE_CHOICES = [("follow preset", "unset"), ("on", "true"), ("off", "false")]
@@ -60,15 +63,48 @@ class Studio:
     guard: PublicGuard | None = None  # a public studio's limits (app.limits); None: none
     time_limit_s: float | None = None  # seconds a request may run on the device (app.limits: request_s); None: none
     tmpdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="studio-")))
+    keeper: FileKeeper | None = None  # the pictures and downloads within STUDIO_MAX_FILES_MB (app.keep)
+
+    def __post_init__(self):
+        if self.keeper is None:
+            self.keeper = FileKeeper([self.pictures_dir, self.tmpdir / "downloads"], current().max_files_mb)
+
+    @property
+    def pictures_dir(self) -> Path:
+        return self.tmpdir / "pictures"
 
     def write(self, name: str, text: str) -> str:
-        """Write a download under `name` in a folder of its own (two visitors' downloads of the same name never
-        meet), atomically (a crash leaves no half of one)."""
-        path = Path(tempfile.mkdtemp(dir=self.tmpdir, prefix="dl-")) / name
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        """Write a download under `name`, in a folder named by its content (two visitors' downloads of the same name
+        never meet; the same download twice is one file), atomically (a crash leaves no half of one)."""
+        data = text.encode()
+        path = self.tmpdir / "downloads" / hashlib.sha256(data).hexdigest()[:24] / name
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, staging = tempfile.mkstemp(dir=path.parent, prefix=".download-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(staging, path)
+            self.keeper.noted()
         return str(path)
+
+    def wrote(self, request) -> None:
+        """Count an event that writes a file against its visitor (public: app.limits.PublicGuard.write)."""
+        if self.guard is not None:
+            self.guard.write(self.visitor(request))
+
+    def wrote_scope(self, scope) -> None:
+        """`wrote` for a request that is not an event (an upload: app.bounds.UploadCount), from its ASGI scope."""
+        if self.guard is None:
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+        client, server = scope.get("client") or (None,), scope.get("server") or (None,)
+        self.guard.write(visitor(client[0], headers, None, self.guard.proxy_hops, local=server[0]))
+
+    def saving(self, request, lib: PresetLibrary, name: str) -> None:
+        """A visitor is about to save preset `name` in `lib` (public: within app.limits' counts of presets)."""
+        if self.guard is not None and lib.user_dir is not None:
+            in_all = sum(1 for _ in (self.tmpdir / "sessions").glob("*/*.yaml"))
+            self.guard.saving(self.visitor(request), lib.user_dir / f"{name}.yaml", in_all)
 
     def visitor(self, request) -> str:
         """Who `request` (a gr.Request) comes from, for the public limits (app.limits.visitor)."""
@@ -331,7 +367,9 @@ class Handlers:
             return {self.ui.mx.steps_plot: None}
         return {self.ui.mx.steps_plot: png(lambda buf: plot_steps(runs[name], buf))}
 
-    def export_history(self, hist):
+    def export_history(self, hist, request: gr.Request = None):
+        with shown():
+            self.studio.wrote(request)
         return {self.ui.hist.file: self.studio.write("history.csv", history_csv(hist))}
 
     @staticmethod
@@ -415,6 +453,7 @@ class Handlers:
         """The preset as the YAML `cache_dit.load_configs` reads, a step mask sized to the request's `steps`: made by
         the device (cache-dit's own config objects load torch, which the app's process does not)."""
         with shown():
+            self.studio.wrote(request)
             p = self.studio.library(request).get(name)
             text = self.studio.device.export(p, int(steps) if steps else None)
         return {self.ui.pv.export_file: self.studio.write(f"{name}.cache-dit.yaml", text)}
@@ -436,6 +475,8 @@ class Handlers:
             lib = self.studio.library(request)
             if self.studio.guard is not None:  # checked before the file is written
                 self.studio.guard.preset(preset_from_text(text or "", name), builtin=False)
+            self.studio.wrote(request)
+            self.studio.saving(request, lib, name)
             p = lib.add(name, text or "")
         choices = lib.names()
         pv = self.ui.pv

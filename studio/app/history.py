@@ -19,9 +19,16 @@ from dataclasses import dataclass, field
 
 from studio.report.images import thumbnail
 from studio.report.table import COLUMNS, MatrixRow
+from studio.spec.settings import current
 
 HISTORY_COLUMNS = ["#", "prompt", "seed", "steps", "size"] + list(COLUMNS)
-HISTORY_MAX = 200  # rows kept per session: a visitor's history never grows without bound
+
+
+def history_max() -> int:
+    """Rows kept per session (STUDIO_HISTORY_ROWS, default 200): a visitor's history never grows without bound."""
+    return current().history_rows
+
+
 THUMBS_MAX = 48  # thumbnails kept per session (the newest)
 
 
@@ -36,7 +43,7 @@ def history_rows(hist: list, req, results) -> list:
         number = hist[-1][0] + 1 if hist else 1
         row = [number, req.prompt[:200], req.seed, req.steps, f"{req.width}x{req.height}"]
         hist = hist + [row + MatrixRow.from_metrics(res.metrics).cells()]
-    return hist[-HISTORY_MAX:]
+    return hist[-history_max() :]
 
 
 def record(hist: History | None, req, results) -> History:
@@ -55,14 +62,14 @@ def _cell(c) -> bool:
 
 def restored(saved) -> History:
     """The History a browser kept (its rows; no thumbnails): rows of the table's shape, numbered, of plain cells, at
-    most HISTORY_MAX; anything else in `saved` is left out."""
+    most history_max(); anything else in `saved` is left out."""
     rows = saved if isinstance(saved, list) else []
     ok = [
         list(r)
         for r in rows
         if isinstance(r, list) and len(r) == len(HISTORY_COLUMNS) and isinstance(r[0], int) and all(map(_cell, r))
     ]
-    return History(ok[-HISTORY_MAX:], [])
+    return History(ok[-history_max() :], [])
 
 
 def caption(row: list) -> str:

@@ -87,6 +87,20 @@ def visitor(host: str | None, headers, session: str | None, proxy_hops: int, loc
     return "session " + str(session) if session else "anonymous"
 
 
+def _count(log: dict, lock, who: str | None, n: int, now: float | None, limit: str) -> None:
+    """One event of `who` in `log` (visitor -> deque of times); RateLimited when there were `n` in the last 60 s."""
+    now = time.monotonic() if now is None else now
+    with lock:
+        seen = log.setdefault(who or "anonymous", deque())
+        while seen and now - seen[0] >= 60.0:
+            seen.popleft()
+        if len(seen) >= n:
+            raise RateLimited(f"this public studio {limit}: try again in {60.0 - (now - seen[0]):.0f} s")
+        seen.append(now)
+        if len(log) > 10_000:  # visitors that left: the oldest go first
+            log.pop(next(iter(log)))
+
+
 def compiled_shape(model: str, request, edits: bool = False) -> tuple:
     """What a compiled stack's graphs depend on in a request (Dynamo guards on tensor shapes): the latent size and
     the batch, and for a model that edits (`edits`: Kontext, Qwen-Image-Edit) its reference picture's size (its
@@ -115,16 +129,33 @@ class PublicLimits:
     requests_per_minute: int = 12  # device events per visitor (an address), in any 60 s
     compiled_shapes: int = 4  # distinct shapes (compiled_shape) compiled stacks may meet per process
     request_s: int = 300  # seconds one request may run on the device (STUDIO_MAX_REQUEST_S)
+    writes_per_minute: int = 30  # events that write a file (a preset saved or exported, an upload), per visitor
+    presets_per_visitor: int = 20  # presets one visitor may save (over all their sessions)
+    presets_in_all: int = 500  # presets all visitors may save together
 
     def __post_init__(self):
-        for name, lo in (
-            ("max_matrix_runs", 2),
-            ("max_repeats", 1),
-            ("requests_per_minute", 1),
-            ("compiled_shapes", 1),
-            ("request_s", 1),
+        for name, lo, hi in (
+            ("max_matrix_runs", 2, 100_000),
+            ("max_repeats", 1, 100_000),
+            ("requests_per_minute", 1, 100_000),
+            ("compiled_shapes", 1, 100_000),
+            ("request_s", 1, 100_000),
+            ("writes_per_minute", 1, 100_000),
+            ("presets_per_visitor", 1, 100_000),
+            ("presets_in_all", 1, 10_000_000),
         ):
-            check_int("limits", name, getattr(self, name), lo, 100_000)
+            check_int("limits", name, getattr(self, name), lo, hi)
+
+    @classmethod
+    def from_settings(cls, s) -> PublicLimits:
+        """The limits an operator set in the environment (spec.settings.Settings); the rest as they are."""
+        kw = dict(
+            requests_per_minute=s.requests_per_minute,
+            writes_per_minute=s.writes_per_minute,
+            presets_per_visitor=s.presets_per_visitor,
+            presets_in_all=s.presets_in_all,
+        )
+        return cls(**kw, **({"request_s": int(s.max_request_s)} if s.max_request_s else {}))
 
 
 @dataclass
@@ -134,26 +165,43 @@ class PublicGuard:
     limits: PublicLimits = field(default_factory=PublicLimits)
     proxy_hops: int = 0  # trusted proxies in front that append to X-Forwarded-For (spec.settings: 1 on a Space)
     _events: dict = field(default_factory=dict)  # visitor -> deque of event start times (monotonic)
+    _writes: dict = field(default_factory=dict)  # visitor -> deque of writing events' times (monotonic)
+    _saved: dict = field(default_factory=dict)  # visitor -> the preset files they saved (a name saved again: one)
     _shapes: set = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def rate(self, who: str | None, now: float | None = None) -> None:
         """Count one device event of visitor `who` (`visitor`); Refused when it would be over the per-minute
         limit."""
-        now = time.monotonic() if now is None else now
         n = self.limits.requests_per_minute
+        _count(self._events, self._lock, who, n, now, f"runs at most {n} requests a minute per visitor")
+
+    def write(self, who: str | None, now: float | None = None) -> None:
+        """Count one event of visitor `who` that writes a file (a preset saved or exported, an upload, a history
+        exported); Refused over `writes_per_minute`."""
+        n = self.limits.writes_per_minute
+        _count(self._writes, self._lock, who, n, now, f"writes at most {n} files a minute per visitor")
+
+    def saving(self, who: str | None, path, saved_in_all: int) -> None:
+        """Visitor `who` saves a preset at `path` while `saved_in_all` visitors' presets are on disk: Refused over
+        `presets_per_visitor` (counted over all their sessions) or `presets_in_all`; a name saved again is free."""
         with self._lock:
-            seen = self._events.setdefault(who or "anonymous", deque())
-            while seen and now - seen[0] >= 60.0:
-                seen.popleft()
-            if len(seen) >= n:
-                wait = 60.0 - (now - seen[0])
-                raise RateLimited(
-                    f"this public studio runs at most {n} requests a minute per visitor: try again in {wait:.0f} s"
-                )
-            seen.append(now)
-            if len(self._events) > 10_000:  # visitors that left: the oldest go first
-                self._events.pop(next(iter(self._events)))
+            self._saving(self._saved.setdefault(who or "anonymous", set()), str(path), saved_in_all)
+
+    def _saving(self, mine: set, path: str, saved_in_all: int) -> None:
+        if path in mine:
+            return
+        if len(mine) >= self.limits.presets_per_visitor:
+            raise Refused(
+                f"you have saved {len(mine)} presets on this public studio, its limit per visitor: save over one of "
+                "yours (the same name), or run the studio yourself to keep more"
+            )
+        if saved_in_all >= self.limits.presets_in_all:
+            raise Refused(
+                f"this public studio keeps {saved_in_all} visitors' presets, its limit: save over one of yours (the "
+                "same name), or run the studio yourself"
+            )
+        mine.add(path)
 
     def event(
         self, who: str | None, switch: bool | None, presets: list, model: str, request, edits: bool = False

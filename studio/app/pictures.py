@@ -24,14 +24,18 @@ import gradio as gr
 import numpy as np
 from PIL import Image
 
+from studio.app.keep import FileKeeper
+
 DIGITS = 24  # hex digits of the content's sha256 in a picture's file name
 
 
 @dataclass(frozen=True)
 class PictureFiles:
-    """Writes the pictures an event returns into `folder` and gives gradio their paths."""
+    """Writes the pictures an event returns into `folder` and gives gradio their paths; `keeper` (app.keep) keeps the
+    folder within its cap."""
 
     folder: Path
+    keeper: FileKeeper | None = None
 
     def file(self, picture):
         """A uint8 array or a PIL image as the path of its PNG (the same picture: the same path, not written again);
@@ -52,6 +56,8 @@ class PictureFiles:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             os.replace(staging, path)  # readers see the whole file or none
+            if self.keeper is not None:
+                self.keeper.noted()
         return str(path)
 
     def value(self, component, value):

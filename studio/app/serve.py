@@ -12,7 +12,7 @@ import gradio as gr
 from starlette.middleware import Middleware
 
 from studio.app.access import KeyGate
-from studio.app.bounds import MB, BodyCap
+from studio.app.bounds import MB, BodyCap, UploadCount
 from studio.report.card import CSS
 from studio.spec.settings import current
 
@@ -25,5 +25,9 @@ def launch(demo: gr.Blocks, *, mcp: bool | None = None, **kwargs):
     settings = current()
     gate = Middleware(KeyGate, key=settings.api_key, open_page=settings.open_page)  # the first: before any reading
     cap = Middleware(BodyCap, max_bytes=int(settings.max_body_mb * MB))  # before any route reads a body
-    app_kwargs = {"routes": demo.studio_api.routes(), "middleware": [gate, cap], **kwargs.pop("app_kwargs", {})}
+    studio = demo.studio_api.studio
+    uploads = Middleware(UploadCount, count=studio.wrote_scope if studio.guard is not None else None)
+    middleware = [gate, cap, uploads]
+    app_kwargs = {"routes": demo.studio_api.routes(), "middleware": middleware, **kwargs.pop("app_kwargs", {})}
+    kwargs.setdefault("state_session_capacity", settings.sessions)  # sessions whose state stays in memory
     return demo.launch(app_kwargs=app_kwargs, mcp_server=mcp, **kwargs)

@@ -42,7 +42,9 @@ __all__ = ["CSS", "build_app"]
 
 def _wire(ui: UI, h: Handlers, demo, described: dict) -> None:
     r, gen, ab, mx, tn, hist = ui.request, ui.gen, ui.ab, ui.mx, ui.tn, ui.hist
-    pics = PictureFiles(h.studio.tmpdir / "pictures")  # every picture leaves an event as a file (app.pictures)
+    pics = PictureFiles(
+        h.studio.pictures_dir, h.studio.keeper
+    )  # every picture leaves an event as a file (app.pictures)
     _gpu = functools.partial(
         device_event, device=h.studio.device, by_id=components(ui), pictures=pics, size=current().zerogpu_size
     )
@@ -194,13 +196,14 @@ def build_app(
     presets = device.presets
     if presets.user_dir is None:
         presets = presets.with_user_dir(Path(tempfile.gettempdir()) / "dit-speed-studio-presets")
-    guard = PublicGuard(limits or PublicLimits(), current().proxy_hops) if public else None
+    guard = PublicGuard(limits or PublicLimits.from_settings(current()), current().proxy_hops) if public else None
     if time_limit_s is None and guard is not None:
         time_limit_s = guard.limits.request_s
     studio = Studio(device, models or [device.model], presets, public=public, guard=guard, time_limit_s=time_limit_s)
     names = studio.library().names()
     default_preset = default_preset if default_preset in names else ("cache" if "cache" in names else BASE)
-    with gr.Blocks(title="DiT Speed Studio") as demo:
+    age = current().cache_age_s  # gradio's cached files (pictures, uploads) older than this go, checked this often
+    with gr.Blocks(title="DiT Speed Studio", delete_cache=(min(600, age), age) if age else None) as demo:
         gr.Markdown(
             "# DiT Speed Studio\nPick a speed/quality preset, generate, and see what it bought (denoise time, "
             "cached steps, speed-up) and what it cost (PSNR/SSIM against the `base` image of the same request)."

@@ -10,9 +10,9 @@ import numpy as np
 
 from studio.spec.checks import ConfigError, Record, check_int, fail
 from studio.spec.lora import MAX_LORAS, LoraSpec, parse_loras  # noqa: F401  (re-exported: the request's own)
+from studio.spec.settings import current
 
 MAX_BATCH = 4  # pictures per request (num_images_per_prompt)
-MAX_PROMPT_CHARS = 2000  # far past any DiT's text window (FLUX: 512 T5 tokens); refuses junk before model work
 # What each scale may be, and what its lowest value means. A negative or non-finite scale is refused, never dropped:
 # a caller that sends guidance=-5 to a model without guidance is told so (check_scale), not answered silently.
 SCALES = {"guidance": (0.0, 50.0, "0: no guidance"), "true_cfg_scale": (1.0, 50.0, "1: no true CFG")}
@@ -70,18 +70,20 @@ class GenerationRequest(Record):
         o = "request"
         if not isinstance(self.prompt, str) or not self.prompt.strip():
             fail(o, "prompt", self.prompt, "write a prompt (it is empty)")
-        if len(self.prompt) > MAX_PROMPT_CHARS:  # the message does not echo a huge prompt back
+        most = current().max_prompt_chars
+        if len(self.prompt) > most:  # the message does not echo a huge prompt back
             raise ConfigError(
-                f"request.prompt is {len(self.prompt)} characters long: at most {MAX_PROMPT_CHARS} are allowed"
+                f"request.prompt is {len(self.prompt)} characters long: at most {most} are allowed "
+                "(STUDIO_MAX_PROMPT_CHARS)"
             )
         for name in ("negative_prompt",):
             v = getattr(self, name)
-            if not isinstance(v, str) or len(v) > MAX_PROMPT_CHARS:
+            if not isinstance(v, str) or len(v) > most:
                 fail(
                     o,
                     name,
                     v if isinstance(v, str) and len(v) < 80 else type(v).__name__,
-                    f"a string of at most {MAX_PROMPT_CHARS} characters",
+                    f"a string of at most {most} characters",
                 )
         check_int(o, "seed", self.seed, 0, 2**63 - 1)
         check_int(o, "steps", self.steps, 1, 200)

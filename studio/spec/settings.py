@@ -97,6 +97,17 @@ class Settings:
     worker_hook: str | None = None
     queue_size: int = 32  # STUDIO_QUEUE_SIZE
     max_body_mb: float = 16.0  # STUDIO_MAX_BODY_MB: a request body over this is answered 413 unread (app.bounds)
+    # what the studio keeps (docs/deploy.md: public mode's bounds)
+    max_prompt_chars: int = 2000  # STUDIO_MAX_PROMPT_CHARS: a longer prompt (or negative prompt) is refused
+    max_files_mb: float = 512.0  # STUDIO_MAX_FILES_MB: the pictures and downloads kept, oldest pruned (app.keep)
+    cache_age_s: int | None = None  # STUDIO_CACHE_AGE_S: gradio's cached files older than this go (None: kept)
+    sessions: int = 10_000  # STUDIO_SESSIONS: the sessions whose state (history, last pictures) stays in memory
+    history_rows: int = 200  # STUDIO_HISTORY_ROWS: the rows a session's history keeps (app.history)
+    # a public studio's per-visitor limits (app.limits.PublicLimits.from_settings)
+    requests_per_minute: int = 12  # STUDIO_REQUESTS_PER_MINUTE: device events per visitor in any 60 s
+    writes_per_minute: int = 30  # STUDIO_WRITES_PER_MINUTE: events that write files (a preset saved, an upload)
+    presets_per_visitor: int = 20  # STUDIO_PRESETS_PER_VISITOR: presets one visitor may save
+    presets_in_all: int = 500  # STUDIO_PRESETS_IN_ALL: presets all visitors may save together
     prewarm: bool = True  # STUDIO_PREWARM=0: no warm-up at start (off by default on ZeroGPU)
     # STUDIO_API_KEY: every request to the server asks for it (app.access: Bearer, or a browser's sign-in)
     api_key: str | None = None
@@ -148,6 +159,15 @@ class Settings:
             worker_hook=env.get("STUDIO_WORKER_HOOK", "").strip() or None,
             queue_size=_number(env, "STUDIO_QUEUE_SIZE", int, 1, 10_000) or cls.queue_size,
             max_body_mb=_number(env, "STUDIO_MAX_BODY_MB", float, 0.01, 100_000) or cls.max_body_mb,
+            max_prompt_chars=_number(env, "STUDIO_MAX_PROMPT_CHARS", int, 1, 1_000_000) or cls.max_prompt_chars,
+            max_files_mb=_number(env, "STUDIO_MAX_FILES_MB", float, 1, 10_000_000) or cls.max_files_mb,
+            cache_age_s=_number(env, "STUDIO_CACHE_AGE_S", int, 60, 10_000_000) or (3600 if public else None),
+            sessions=_number(env, "STUDIO_SESSIONS", int, 1, 1_000_000) or (64 if public else cls.sessions),
+            history_rows=_number(env, "STUDIO_HISTORY_ROWS", int, 1, 100_000) or cls.history_rows,
+            requests_per_minute=_number(env, "STUDIO_REQUESTS_PER_MINUTE", int, 1, 100_000) or cls.requests_per_minute,
+            writes_per_minute=_number(env, "STUDIO_WRITES_PER_MINUTE", int, 1, 100_000) or cls.writes_per_minute,
+            presets_per_visitor=_number(env, "STUDIO_PRESETS_PER_VISITOR", int, 1, 100_000) or cls.presets_per_visitor,
+            presets_in_all=_number(env, "STUDIO_PRESETS_IN_ALL", int, 1, 10_000_000) or cls.presets_in_all,
             # not on ZeroGPU: the app's process has no GPU outside a GPU call, and a warm-up is a fact about the
             # process that ran it (each call's forked process warms its stack again)
             prewarm=_flag(env, "STUDIO_PREWARM", not zerogpu),

@@ -1,0 +1,181 @@
+"""Bounds on what a public studio keeps (app.keep, app.limits, the settings): files by total size, gradio's cache by
+age, sessions by count, presets per visitor and in all, writing events a minute, each a setting with its default."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from conftest import plain_ui
+
+from studio.app.keep import MB, FileKeeper, prune
+from studio.app.limits import PublicGuard, PublicLimits, RateLimited, Refused
+from studio.spec.checks import ConfigError
+from studio.spec.settings import Settings, current
+
+
+def _file(path, size: int, age_s: float):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x" * size)
+    t = time.time() - age_s
+    os.utime(path, (t, t))
+    return path
+
+
+@pytest.mark.quick
+def test_prune_drops_the_oldest_files_past_the_cap_and_never_a_young_one(tmp_path):
+    pics, dls = tmp_path / "pictures", tmp_path / "downloads"
+    oldest = _file(pics / "a.png", 400_000, 3000)
+    old_dl = _file(dls / "h1" / "metrics.json", 300_000, 2000)
+    mid = _file(pics / "b.png", 300_000, 1000)
+    young = _file(pics / "c.png", 500_000, 5)  # an event's result gradio may still be copying
+    done = prune([pics, dls], cap_bytes=900_000, grace_s=60)
+    # 1.5 MB kept: the two oldest go (0.8 MB left); the folder a download sat in goes with it
+    assert (done.removed, done.freed_bytes, done.kept_bytes) == (2, 700_000, 800_000)
+    assert not oldest.exists() and not old_dl.exists() and not old_dl.parent.exists() and dls.exists()
+    assert mid.exists() and young.exists()
+    done = prune([pics, dls], cap_bytes=100_000, grace_s=60)  # over the cap, but the young file stays
+    assert (done.removed, done.kept_bytes) == (1, 500_000) and young.exists() and not mid.exists()
+    assert prune([tmp_path / "none"], 0, 0).removed == 0  # a folder not made yet
+
+
+@pytest.mark.quick
+def test_the_keeper_prunes_at_most_once_every_few_seconds(tmp_path):
+    keeper = FileKeeper([tmp_path], cap_mb=0.5, grace_s=0, every_s=5)
+    _file(tmp_path / "a.png", int(0.4 * MB), 20)
+    _file(tmp_path / "b.png", int(0.4 * MB), 10)
+    assert keeper.noted(now=100.0).removed == 1
+    _file(tmp_path / "c.png", int(0.4 * MB), 0)
+    assert keeper.noted(now=103.0) is None and len(list(tmp_path.iterdir())) == 2  # not due
+    assert keeper.noted(now=105.5).removed == 1 and {p.name for p in tmp_path.iterdir()} == {"c.png"}
+
+
+@pytest.mark.quick
+def test_writing_events_and_saved_presets_count_per_visitor_with_sentences():
+    guard = PublicGuard(PublicLimits(writes_per_minute=2, presets_per_visitor=2, presets_in_all=3))
+    guard.write("address 1", now=0.0)
+    guard.write("address 1", now=1.0)
+    with pytest.raises(RateLimited, match="writes at most 2 files a minute per visitor: try again in 58 s"):
+        guard.write("address 1", now=1.5)
+    guard.write("address 2", now=1.5)  # another visitor's own count
+    guard.write("address 1", now=60.5)  # the first write is a minute old
+    # presets: a visitor's count is over all their sessions; a name saved again is free
+    guard.saving("address 1", "/s/one/a.yaml", saved_in_all=0)
+    guard.saving("address 1", "/s/two/b.yaml", saved_in_all=1)
+    guard.saving("address 1", "/s/two/b.yaml", saved_in_all=2)
+    with pytest.raises(Refused, match="you have saved 2 presets on this public studio, its limit per visitor"):
+        guard.saving("address 1", "/s/three/c.yaml", saved_in_all=2)
+    with pytest.raises(Refused, match="this public studio keeps 3 visitors' presets, its limit"):
+        guard.saving("address 2", "/s/four/d.yaml", saved_in_all=3)
+    with pytest.raises(ConfigError, match="writes_per_minute"):
+        PublicLimits(writes_per_minute=0)
+
+
+@pytest.mark.quick
+def test_every_bound_is_a_setting_with_a_default_a_free_space_survives():
+    local, space = Settings.from_env({}), Settings.from_env({"SPACE_ID": "a/b"})
+    assert (local.cache_age_s, local.sessions) == (None, 10_000)  # a local studio keeps gradio's ways
+    assert (space.cache_age_s, space.sessions, space.max_files_mb, space.history_rows) == (3600, 64, 512.0, 200)
+    assert (space.max_body_mb, space.max_prompt_chars, space.requests_per_minute, space.writes_per_minute) == (
+        16.0,
+        2000,
+        12,
+        30,
+    )
+    env = {
+        "STUDIO_MAX_FILES_MB": "64",
+        "STUDIO_CACHE_AGE_S": "600",
+        "STUDIO_SESSIONS": "8",
+        "STUDIO_HISTORY_ROWS": "50",
+        "STUDIO_MAX_PROMPT_CHARS": "500",
+        "STUDIO_REQUESTS_PER_MINUTE": "4",
+        "STUDIO_WRITES_PER_MINUTE": "6",
+        "STUDIO_PRESETS_PER_VISITOR": "3",
+        "STUDIO_PRESETS_IN_ALL": "40",
+        "STUDIO_MAX_REQUEST_S": "90",
+    }
+    s = Settings.from_env(env)
+    assert (s.max_files_mb, s.cache_age_s, s.sessions, s.history_rows, s.max_prompt_chars) == (64, 600, 8, 50, 500)
+    limits = PublicLimits.from_settings(s)
+    assert (limits.requests_per_minute, limits.writes_per_minute, limits.presets_per_visitor) == (4, 6, 3)
+    assert (limits.presets_in_all, limits.request_s) == (40, 90)
+    with pytest.raises(ConfigError, match=r"STUDIO_SESSIONS='0' is not valid: a whole number from 1 to 1000000"):
+        Settings.from_env({"STUDIO_SESSIONS": "0"})
+
+
+def _visit(session: str, address: str):
+    import gradio as gr
+
+    return gr.Request(session_hash=session, client={"host": address}, headers={})
+
+
+PRESET = "cache_config:\n  residual_diff_threshold: 0.1\n"
+
+
+@pytest.mark.quick
+def test_a_visitor_saves_presets_within_their_count_whichever_session_they_open(tmp_path):
+    """A new session gets a new preset folder; the count per visitor is over all of them, and a name saved again
+    is free. Saving and exporting are writing events, counted a minute."""
+    import gradio as gr
+
+    from studio.app.handlers import Handlers, Studio
+    from studio.spec import PresetLibrary
+
+    guard = PublicGuard(PublicLimits(presets_per_visitor=2, presets_in_all=3, writes_per_minute=5))
+    studio = Studio(None, ["m"], PresetLibrary(), public=True, guard=guard, tmpdir=tmp_path)
+    h = Handlers(studio, plain_ui())
+    h.save_preset("mine-1", PRESET, _visit("s1", "203.0.113.1"))
+    h.save_preset("mine-2", PRESET, _visit("s2", "203.0.113.1"))  # a new session: the same visitor
+    h.save_preset("mine-2", PRESET, _visit("s2", "203.0.113.1"))  # saved again: free
+    with pytest.raises(gr.Error, match="you have saved 2 presets on this public studio, its limit per visitor"):
+        h.save_preset("mine-3", PRESET, _visit("s3", "203.0.113.1"))
+    h.save_preset("theirs-1", PRESET, _visit("s4", "203.0.113.2"))
+    with pytest.raises(gr.Error, match="this public studio keeps 3 visitors' presets, its limit"):
+        h.save_preset("theirs-2", PRESET, _visit("s4", "203.0.113.2"))
+    assert len(list((tmp_path / "sessions").glob("*/*.yaml"))) == 3  # what was refused was not written
+    # that visitor's writing events this minute: 4 saves (the refused one was counted before its count was read)
+    h.export_history([], _visit("s9", "203.0.113.1"))  # the 5th
+    with pytest.raises(gr.Error, match="writes at most 5 files a minute per visitor"):
+        h.export_history([], _visit("s9", "203.0.113.1"))
+
+
+def test_a_served_public_studio_counts_uploads_and_keeps_its_files_and_sessions_within_their_bounds(
+    tmp_path, random_model_dir, settings
+):
+    """On the running app: an upload is a writing event (429 with the sentence past the visitor's count, before
+    its body is read); a run's pictures and downloads prune the oldest files past STUDIO_MAX_FILES_MB; gradio's cache
+    and sessions are bounded as the settings say."""
+    import httpx
+    from gradio_client import Client
+    from test_api import _serve
+
+    from studio.engine import ModelManager, Runner
+    from studio.spec import PresetLibrary
+
+    settings(max_files_mb=1, cache_age_s=900, sessions=5, proxy_hops=1)
+    runner = Runner(ModelManager("cpu", settings=current()), PresetLibrary(user_dir=tmp_path), model=random_model_dir)
+    limits = PublicLimits(writes_per_minute=2)
+    demo, url = _serve(runner, public=True, limits=limits, models=[random_model_dir])
+    studio = demo.studio_api.studio
+    try:
+        assert demo.delete_cache == (600, 900) and demo.state_session_capacity == 5
+        stale = [_file(studio.pictures_dir / f"old-{i}.png", 400_000, 3600 + i) for i in range(3)]  # 1.2 MB, old
+        studio.keeper.grace_s = 0  # (the run's own files are seconds old: a test that waits two minutes is not run)
+        c = Client(url, verbose=False, headers={"x-forwarded-for": "203.0.113.9"})
+        c.predict(prompt="a blue square", model=random_model_dir, preset="base", compare="off", api_name="/generate")
+        kept = sum(p.stat().st_size for p in studio.pictures_dir.rglob("*") if p.is_file())
+        kept += sum(p.stat().st_size for p in (studio.tmpdir / "downloads").rglob("*") if p.is_file())
+        assert kept <= MB and not stale[-1].exists(), kept  # the oldest went first
+        files = {"files": ("p.yaml", b"cache_config: {}\n", "application/x-yaml")}
+        up = [
+            httpx.post(url + "gradio_api/upload", files=files, headers={"x-forwarded-for": "203.0.113.5"})
+            for _ in "123"
+        ]
+        assert [r.status_code for r in up] == [200, 200, 429], [r.text for r in up]
+        assert "this public studio writes at most 2 files a minute per visitor" in up[2].json()["error"]["message"]
+        other = httpx.post(url + "gradio_api/upload", files=files, headers={"x-forwarded-for": "203.0.113.6"})
+        assert other.status_code == 200  # another visitor's own count
+    finally:
+        demo.close()
+        runner.manager.unload()
