@@ -24,7 +24,8 @@ Environment (read once, here, into studio.spec.settings.Settings; a bad value st
     STUDIO_WORKER_MAX_RSS_GB  restart the device worker between requests once its resident memory is over this many
                         GB (default: no limit; off ZeroGPU only), so a long-running Space does not creep into the OOM
                         killer
-    STUDIO_API_KEY      the OpenAI images endpoint (/v1/images/generations, same port) wants this bearer key
+    STUDIO_API_KEY      every way in (the page, gradio's API, /v1, MCP) asks for this key (STUDIO_OPEN_PAGE=1:
+                        not the page and its events); docs/api.md
     STUDIO_MCP          1: the endpoints as MCP tools at /gradio_api/mcp/ (default: on, off on a public studio)
     STUDIO_LPIPS_FETCH  1: fetch LPIPS' weights (AlexNet, 233 MB, and lpips' heads) once at start into torch's hub
                         cache, so the card shows LPIPS (default: on on a Space, off elsewhere)

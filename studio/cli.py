@@ -1,5 +1,5 @@
-"""Command line: python -m studio generate|bench|sweep|tune|busy|clicks|presets|doctor|regimes (text: studio.report;
-the arguments: studio.cli_args).
+"""Command line: python -m studio generate|bench|sweep|tune|busy|clicks|soak|presets|doctor|regimes (text:
+studio.report; the arguments: studio.cli_args).
 
 python -m studio generate --preset cache --prompt "a red circle in the center, blue background" --json
 python -m studio generate --preset cache --compile true --json
@@ -323,6 +323,21 @@ def _clicks(args) -> int:
     return 0 if rep.passed else 1
 
 
+def _soak(args) -> int:
+    from studio.bench.soak import SoakPlan
+    from studio.bench.visitors import run_soak
+    from studio.report.soak import soak_text
+
+    try:
+        plan = SoakPlan(minutes=args.minutes, visitors=args.visitors, hostile=args.hostile)
+    except ValueError as e:  # (ConfigError too) a value out of range, named
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rep = run_soak(plan, progress=lambda m: print(m, file=sys.stderr))
+    print(json.dumps(rep.as_dict(), indent=1) if args.json else soak_text(rep))
+    return 0 if rep.passed else 1
+
+
 def _make_parents(args) -> None:
     """--out and --plot may name files in folders that do not exist yet."""
     for name in ("out", "plot"):
@@ -340,6 +355,8 @@ def main(argv=None) -> int:
         return 2
     _make_parents(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.cmd == "soak":  # drives an app of its own over HTTP: nothing of the engine here
+        return _soak(args)
     if args.cmd in ("bench", "sweep", "tune", "regimes"):
         quiet_libraries()
     from studio.engine import ModelLoadError, ModelManager, RunError, Runner
