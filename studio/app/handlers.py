@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import gradio as gr
+from starlette.requests import Request as StarletteRequest
 
 from studio.app.admit import Admission, Asks
 from studio.app.errors import shown
@@ -94,11 +95,7 @@ class Studio:
 
     def wrote_scope(self, scope) -> None:
         """`wrote` for a request that is not an event (an upload: app.bounds.UploadCount), from its ASGI scope."""
-        if self.guard is None:
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
-        client, server = scope.get("client") or (None,), scope.get("server") or (None,)
-        self.guard.write(visitor(client[0], headers, None, self.guard.proxy_hops, local=server[0]))
+        self.wrote(StarletteRequest(scope))
 
     def saving(self, request, lib: PresetLibrary, name: str) -> None:
         """A visitor is about to save preset `name` in `lib` (public: within app.limits' counts of presets)."""
