@@ -123,6 +123,26 @@ def test_openai_errors_come_in_openais_shape_and_leave_the_studio_serving_the_sa
     assert url.startswith(served[1]) and np.array_equal(fetched, before)
 
 
+def test_the_openai_endpoints_calls_back_leave_no_thread_behind(served, oai):
+    """Each /v1 call goes through gradio's queue over plain HTTP: no client, session or heartbeat thread outlives it
+    (a gradio_client per call left its heartbeat thread and connection behind, each: a public Space's memory grew
+    with every call). A refusal said inside gradio comes back with its sentence and OpenAI's status."""
+    import threading
+
+    import openai
+
+    ask = dict(model="tiny", prompt=PROMPT, size="64x64", extra_body={"preset": "base", "seed": 2, "compare": "off"})
+    oai.images.generate(**ask)  # the pool threads a call uses, started once
+    before = {t.ident for t in threading.enumerate()}
+    for _ in range(3):
+        with pytest.raises(openai.BadRequestError) as e:
+            oai.images.generate(**dict(ask, prompt="x" * 2001))  # refused by gradio's admission, not by /v1's reading
+        assert "request.prompt is 2001 characters long: at most 2000 are allowed" in e.value.body["message"]
+        assert len(oai.images.generate(**ask).data) == 1
+    left = [t.name for t in threading.enumerate() if t.ident not in before and not t.name.startswith("AnyIO")]
+    assert left == []
+
+
 def test_mcp_clients_list_the_studios_tools_and_generate_on_the_embedded_model(served):
     """An MCP client (the `mcp` package's, over gradio's streamable HTTP transport) finds the endpoints as tools with
     descriptions naming the presets and the numbers, and `images` returns the picture as an image with its numbers,

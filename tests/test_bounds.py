@@ -94,8 +94,10 @@ def test_every_bound_is_a_setting_with_a_default_a_free_space_survives():
         "STUDIO_PRESETS_PER_VISITOR": "3",
         "STUDIO_PRESETS_IN_ALL": "40",
         "STUDIO_MAX_REQUEST_S": "90",
+        "STUDIO_WAITING_PER_VISITOR": "3",
     }
     s = Settings.from_env(env)
+    assert (space.waiting_per_visitor, s.waiting_per_visitor) == (4, 3)
     assert (s.max_files_mb, s.cache_age_s, s.sessions, s.history_rows, s.max_prompt_chars) == (64, 600, 8, 50, 500)
     limits = PublicLimits.from_settings(s)
     assert (limits.requests_per_minute, limits.writes_per_minute, limits.presets_per_visitor) == (4, 6, 3)
@@ -176,6 +178,59 @@ def test_a_served_public_studio_counts_uploads_and_keeps_its_files_and_sessions_
         assert "this public studio writes at most 2 files a minute per visitor" in up[2].json()["error"]["message"]
         other = httpx.post(url + "gradio_api/upload", files=files, headers={"x-forwarded-for": "203.0.113.6"})
         assert other.status_code == 200  # another visitor's own count
+    finally:
+        demo.close()
+        runner.manager.unload()
+
+
+def test_one_visitors_burst_waits_within_its_count_and_leaves_the_queue_to_the_others(
+    tmp_path, random_model_dir, settings
+):
+    """The rate is read when an event runs; before that, a visitor's burst of concurrent requests would take every
+    place in the queue and every other visitor would be refused "queue full". At the door (app.bounds.WaitingCap) a
+    visitor has at most STUDIO_WAITING_PER_VISITOR requests waiting: past it a join is answered 429 with the sentence,
+    and another visitor still finds a place. The queue here has 3 places, the count is 2."""
+    import concurrent.futures
+
+    import httpx
+    from test_api import _serve
+
+    from studio.engine import ModelManager, Runner
+    from studio.spec import PresetLibrary
+
+    settings(proxy_hops=1, waiting_per_visitor=2)
+    runner = Runner(ModelManager("cpu", settings=current()), PresetLibrary(user_dir=tmp_path), model=random_model_dir)
+    many = PublicLimits(requests_per_minute=100)  # the rate is not what this test reads
+    demo, url = _serve(runner, public=True, limits=many, models=[random_model_dir], queue_size=3)
+    route = url + "gradio_api/call/v2/generate"
+    ask = dict(prompt="a blue square", model=random_model_dir, preset="base", compare="off", width=64, height=64)
+
+    def join(address: str, steps: int) -> httpx.Response:
+        return httpx.post(route, json=ask | {"steps": steps}, headers={"x-forwarded-for": address}, timeout=60)
+
+    def outcome(answer: httpx.Response) -> str:
+        with httpx.stream("GET", f"{route}/{answer.json()['event_id']}", timeout=300) as events:
+            lines = events.iter_lines()
+            for line in lines:
+                if line in ("event: complete", "event: error"):
+                    return line[7:] + ("" if line.endswith("complete") else ": " + next(lines))
+
+    try:
+        first = join("198.51.100.7", 100)  # another visitor's long run holds the device...
+        end = time.monotonic() + 30
+        while len(demo._queue) and time.monotonic() < end:  # ...once it has left the queue to run
+            time.sleep(0.02)
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            burst = list(pool.map(lambda _: join("203.0.113.66", 2), range(8)))
+        other = join("198.51.100.7", 2)
+        codes = [r.status_code for r in burst]
+        assert set(codes) <= {200, 429} and codes.count(429) >= 8 - 2 - 1, codes  # (one may have started running)
+        refused = [r.json()["error"]["message"] for r in burst if r.status_code == 429]
+        assert all("keeps at most 2 of a visitor's requests waiting" in m for m in refused), refused
+        assert other.status_code == 200, other.text  # the queue kept a place for the others
+        served = [first, other] + [r for r in burst if r.status_code == 200]
+        outcomes = [outcome(r) for r in served]
+        assert outcomes == ["complete"] * len(served), outcomes
     finally:
         demo.close()
         runner.manager.unload()

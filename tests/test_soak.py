@@ -13,6 +13,7 @@ from studio.report.soak import soak_text
 
 ATTACKS = {
     "burst over the rate",
+    "crowd at once",
     "oversize body",
     "oversize prompt",
     "steps over",
@@ -43,11 +44,13 @@ def test_a_one_minute_soak_serves_every_honest_visitor_and_refuses_every_attack_
     tried = {k for (w, k, _) in rep.counts if w == "hostile"}
     refused = {k for (w, k, o) in rep.counts if w == "hostile" and o == "refused with its sentence"}
     assert tried == ATTACKS, text  # every attack, at least once
-    # each attack but the burst is past its limit on every try; a burst of sequential requests is past the rate only
-    # where they come faster than the rate (a machine busy with other tests may answer slower): either way, none was
-    # answered otherwise (the target above)
-    assert refused >= ATTACKS - {"burst over the rate"}, text
+    # each attack but the burst and the crowd is past its limit on every try; a burst of sequential requests is past
+    # the rate only where they come faster than the rate (a machine busy with other tests may answer slower), a crowd
+    # sent at once past the waiting a visitor may have only while the device is busy: either way, none was answered
+    # otherwise (the target above)
+    assert refused >= ATTACKS - {"burst over the rate", "crowd at once"}, text
     served_bursts = rep.counts.get(("hostile", "burst over the rate", "served within the limits"), 0)
+    served_bursts += rep.counts.get(("hostile", "crowd at once", "served within the limits"), 0)
     assert served_bursts <= 2 * rep.plan.requests_per_minute * 2, text  # a rotated first hop bought no more
     end = rep.snapshot("end")
     assert end.app_rss_mb > 50 and end.worker_rss_mb > 50, text  # both measured (the worker: a child of the app)

@@ -6,16 +6,22 @@ uploads) would hold whatever it is sent. `BodyCap` is an ASGI middleware on the 
 whose Content-Length says it is over the cap is answered 413 at once, unread; one sent without a length (chunked) is
 counted as it is read and answered 413 once it passes the cap, before its route answers. The answer is OpenAI's
 error shape with the sentence, so the images endpoint's callers read it as they read every other refusal.
+
+`WaitingCap` bounds a public visitor's requests waiting in gradio's queue: the rate is read when an event runs, inside
+the queue, so a burst of concurrent requests from one visitor would otherwise take every place in it
+(STUDIO_QUEUE_SIZE) before its rate is read, and every other visitor would be refused "queue full" meanwhile.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 from studio.app.limits import Refused
 
 MB = 2**20
 UPLOAD_ROUTES = ("/gradio_api/upload", "/upload")  # gradio's: each POST writes the files it carries to its cache
+JOIN_ROUTES = ("/gradio_api/queue/join", "/gradio_api/call/")  # gradio's: each POST puts one event in its queue
 
 
 class BodyTooLarge(Exception):
@@ -86,6 +92,42 @@ class UploadCount:
             except Refused as e:
                 return await _answer(send, 429, str(e), "rate_limit_error")
         return await self.app(scope, receive, send)
+
+
+class WaitingCap:
+    """ASGI middleware: at most `most` (STUDIO_WAITING_PER_VISITOR) of a visitor's requests wait in gradio's queue.
+    A POST that would join one more (gradio's queue join and its call routes) is answered 429 with the sentence before
+    its body is read. `who(scope)` is the request's visitor (app.handlers.Studio.visitor_scope), `queued(visitor)` how
+    many of their events wait in the queue now (app.serve reads gradio's queue); the joins on their way in are counted
+    here, so a burst that arrives at once is counted before any of it reaches the queue. `who` None: nothing counted
+    (not a public studio)."""
+
+    def __init__(self, app, who=None, queued=None, most: int = 4):
+        self.app, self.who, self.queued, self.most = app, who, queued, most
+        self.joining: Counter = Counter()  # visitor -> joins passed on and not yet answered
+
+    async def __call__(self, scope, receive, send):
+        if (
+            self.who is None
+            or scope["type"] != "http"
+            or scope.get("method") != "POST"
+            or not scope.get("path", "").startswith(JOIN_ROUTES)
+        ):
+            return await self.app(scope, receive, send)
+        me = self.who(scope)
+        if self.joining[me] + self.queued(me) >= self.most:
+            sentence = (
+                f"this public studio keeps at most {self.most} of a visitor's requests waiting in its queue "
+                "(STUDIO_WAITING_PER_VISITOR): send the next when one has finished"
+            )
+            return await _answer(send, 429, sentence, "rate_limit_error")
+        self.joining[me] += 1  # no await between the count and this: the event loop runs one request here at a time
+        try:
+            return await self.app(scope, receive, send)
+        finally:
+            self.joining[me] -= 1
+            if not self.joining[me]:
+                del self.joining[me]
 
 
 async def _refuse(send, size: int, cap: int) -> None:

@@ -97,6 +97,10 @@ class Studio:
         """`wrote` for a request that is not an event (an upload: app.bounds.UploadCount), from its ASGI scope."""
         self.wrote(StarletteRequest(scope))
 
+    def visitor_scope(self, scope) -> str:
+        """`visitor` for a request seen at the ASGI door (app.bounds), from its scope."""
+        return self.visitor(StarletteRequest(scope))
+
     def saving(self, request, lib: PresetLibrary, name: str) -> None:
         """A visitor is about to save preset `name` in `lib` (public: within app.limits' counts of presets)."""
         if self.guard is not None and lib.user_dir is not None:

@@ -20,18 +20,17 @@ import json
 import time
 from pathlib import Path
 
+import httpx
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from gradio_client import Client
-from gradio_client.exceptions import AppError
-from gradio_client.utils import QueueError
-from httpx import HTTPError
 from starlette.concurrency import run_in_threadpool
 
 from studio.app.limits import INTERNAL_TOKEN, VISITOR_HEADER
 from studio.spec.checks import ConfigError
 from studio.spec.images_api import ImagesRequest, Served, UnknownModel
+
+READ_S = 120.0  # the longest silence of a call back's event stream (app.openai_api.ImagesEndpoint.http)
 
 # The status and OpenAI error type of each kind of error the studio says (app.errors.TITLES' titles).
 STATUS = {
@@ -42,6 +41,30 @@ STATUS = {
     "Over the time limit": (500, "server_error"),
     "The run failed": (500, "server_error"),
 }
+
+
+def _detail(answer: httpx.Response) -> str:
+    """The sentence of an HTTP error answer from gradio (FastAPI's `detail`), or its first characters."""
+    try:
+        said = answer.json()
+        return str(said.get("detail") or said.get("error", {}).get("message") or answer.text[:200])
+    except (ValueError, AttributeError):  # not JSON, or not an object
+        return answer.text[:200] or f"HTTP {answer.status_code}"
+
+
+def _outcome(http: httpx.Client, url: str, headers: dict) -> tuple[str, object]:
+    """The last event of a gradio event stream (`complete` or `error`) and its data, read as JSON."""
+    event = None
+    with http.stream("GET", url, headers=headers) as answer:
+        if answer.status_code != 200:
+            answer.read()
+            raise ApiFailure(503, f"the studio's event stream answered: {_detail(answer)}", "server_error")
+        for line in answer.iter_lines():
+            if line.startswith("event:"):
+                event = line.split(":", 1)[1].strip()
+            elif line.startswith("data:") and event in ("complete", "error"):
+                return event, json.loads(line.split(":", 1)[1])
+    raise ApiFailure(503, "the studio's event stream ended before the run did: try again", "server_error")
 
 
 def self_url(request: Request) -> str:
@@ -70,6 +93,9 @@ class ImagesEndpoint:
 
     def __init__(self, studio, default_preset: str, compare: str, api_key: str | None = None):
         self.studio, self.default_preset, self.compare, self.api_key = studio, default_preset, compare, api_key
+        # calls back to this server: a read waits at most READ_S between two messages (gradio's queue sends a
+        # heartbeat every 15 s while an event waits or runs)
+        self.http = httpx.Client(timeout=httpx.Timeout(READ_S, connect=10.0))
 
     def routes(self) -> list[APIRoute]:
         """For FastAPI's `routes` (app.serve passes them to gradio's app before its own routes)."""
@@ -144,27 +170,33 @@ class ImagesEndpoint:
         return {"created": int(time.time()), "data": data, "studio": {"ignored": list(ask.ignored)}}
 
     def _call(self, request: Request, params: dict) -> tuple[list, list]:
-        """/images through gradio's queue, on behalf of the caller."""
+        """/images through gradio's queue, on behalf of the caller: gradio's keyword route (`/call/v2/images`, then
+        its event stream). Plain HTTP with the caller's headers on each call: no client, session or heartbeat thread
+        outlives the call (a gradio_client per call left a heartbeat thread and its connection behind, each)."""
         headers = {VISITOR_HEADER: f"{INTERNAL_TOKEN} {self.studio.visitor(request)}"}
         if self.api_key:  # the caller passed app.access's gate with it; the call back passes the same gate
             headers["authorization"] = f"Bearer {self.api_key}"
         if request.headers.get("x-ip-token"):  # ZeroGPU: the caller's quota, as gradio's own calls carry it
             headers["x-ip-token"] = request.headers["x-ip-token"]
-        client = None
+        route = f"{self_url(request)}gradio_api/call/v2/images"
         try:
-            client = Client(
-                self_url(request), headers=headers, verbose=False, download_files=False, analytics_enabled=False
-            )
-            _, pictures, numbers = client.predict(api_name="/images", **params)
+            joined = self.http.post(route, json=params, headers=headers)
+            if joined.status_code == 429:  # the visitor's requests waiting (app.bounds.WaitingCap)
+                raise ApiFailure(429, _detail(joined), "rate_limit_error")
+            if joined.status_code != 200:  # the queue full (503), the server stopping
+                said = _detail(joined)
+                raise ApiFailure(503, f"the studio could not take the request now ({said}): try again", "server_error")
+            event, data = _outcome(self.http, f"{route}/{joined.json()['event_id']}", headers)
+        except httpx.HTTPError as e:  # the server stopping, or silent past the read limit
+            raise ApiFailure(
+                503, f"the studio could not take the request now ({e!r}): try again", "server_error"
+            ) from e
+        if event == "complete":
+            _, pictures, numbers = data
             return pictures, numbers
-        except AppError as e:
-            status, kind = STATUS.get(e.title, (500, "server_error"))
-            raise ApiFailure(status, e.message or "the run failed (the server logged why)", kind) from None
-        except (QueueError, HTTPError) as e:  # the queue full, the server stopping
-            raise ApiFailure(503, f"the studio could not take the request now ({e}): try again", "server_error") from e
-        finally:
-            if client is not None:
-                client.close()  # its heartbeat thread
+        said = data if isinstance(data, dict) else {"error": data}  # an unexpected error sends its sentence alone
+        status, kind = STATUS.get(said.get("title"), (500, "server_error"))
+        raise ApiFailure(status, said.get("error") or "the run failed (the server logged why)", kind)
 
     @staticmethod
     def _picture(request: Request, item: dict, fmt: str) -> dict:

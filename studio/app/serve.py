@@ -12,7 +12,7 @@ import gradio as gr
 from starlette.middleware import Middleware
 
 from studio.app.access import KeyGate
-from studio.app.bounds import MB, BodyCap, UploadCount
+from studio.app.bounds import MB, BodyCap, UploadCount, WaitingCap
 from studio.report.card import CSS
 from studio.spec.settings import current
 
@@ -27,7 +27,21 @@ def launch(demo: gr.Blocks, *, mcp: bool | None = None, **kwargs):
     cap = Middleware(BodyCap, max_bytes=int(settings.max_body_mb * MB))  # before any route reads a body
     studio = demo.studio_api.studio
     uploads = Middleware(UploadCount, count=studio.wrote_scope if studio.guard is not None else None)
-    middleware = [gate, cap, uploads]
+    public = studio.guard is not None
+    waiting = Middleware(
+        WaitingCap,
+        who=studio.visitor_scope if public else None,
+        queued=lambda who: queued(demo, studio, who),
+        most=settings.waiting_per_visitor,
+    )
+    middleware = [gate, cap, uploads, waiting]
     app_kwargs = {"routes": demo.studio_api.routes(), "middleware": middleware, **kwargs.pop("app_kwargs", {})}
     kwargs.setdefault("state_session_capacity", settings.sessions)  # sessions whose state stays in memory
     return demo.launch(app_kwargs=app_kwargs, mcp_server=mcp, **kwargs)
+
+
+def queued(demo: gr.Blocks, studio, who: str) -> int:
+    """How many events of visitor `who` wait in `demo`'s queue now (gradio's Queue: its events per concurrency id,
+    each with the request that joined it; app.bounds.WaitingCap)."""
+    waiting = demo._queue.event_queue_per_concurrency_id.values()
+    return sum(1 for line in waiting for event in line.queue if studio.visitor(event.request) == who)

@@ -10,7 +10,8 @@ address, last (STUDIO_PROXY_HOPS=1). Then, for `minutes`:
   Each should be served; one refused with the rate's sentence while it had asked less than the rate in the last
   60 s was refused by another visitor's limit (a key that is not theirs);
 - H hostile visitors go round attacks, each past one limit: a burst over the rate with a new first X-Forwarded-For
-  hop on every request (a client's own writing), an oversize body, an oversize prompt, steps, a size and a batch
+  hop on every request (a client's own writing), a crowd sent at once (past the requests a visitor may have waiting
+  in the queue), an oversize body, an oversize prompt, steps, a size and a batch
   over the limits, and uploads (writing events) in a loop. An attempt within the limits is served; one past a limit
   must be refused with that limit's sentence (or the rate's, once the visitor spent it).
 

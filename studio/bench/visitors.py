@@ -23,6 +23,7 @@ from gradio_client.exceptions import AppError
 from studio.bench.soak import BODY_MB, KINDS, PROMPTS, App, SoakPlan, SoakReport, Tally, percentile
 
 MODEL = "tiny"
+WAITING = 4  # STUDIO_WAITING_PER_VISITOR, its default (the soak leaves it)
 
 
 def first_hop() -> str:
@@ -128,7 +129,7 @@ class Visitors:
         attempts, rounds = 0, 0
         while (rounds == 0 or time.monotonic() < deadline) and attempts < self.plan.max_attempts:
             # every attack at least once, however slow the machine; the cheap ones (no device time) first
-            for attack in (self._body, self._over, self._uploads, self._burst):
+            for attack in (self._body, self._over, self._uploads, self._burst, self._crowd):
                 if rounds and time.monotonic() >= deadline:
                     break
                 attempts += attack(gc, oai, address)
@@ -144,6 +145,22 @@ class Visitors:
             ask = dict(prompt=PROMPTS[i % 2], seed=random.randint(0, 2**31), num_inference_steps=4)
             outcome, said = self.call("v1", gc, oai, headers=spoofed, **ask)
             self.judge("burst over the rate", outcome, said, (self.rate,), may_serve=True)
+        return n
+
+    def _crowd(self, gc, oai, address: str) -> int:
+        """Requests sent all at once, twice the waiting a visitor may have: to take the queue's places before the
+        rate is read (each has its own first hop)."""
+        n = 2 * WAITING
+        sentences = (self.rate, f"keeps at most {WAITING} of a visitor's requests waiting")
+
+        def one(i: int) -> tuple[str, str]:
+            spoofed = {"x-forwarded-for": f"{first_hop()}, {address}"}
+            ask = dict(prompt=PROMPTS[i % 2], seed=random.randint(0, 2**31), num_inference_steps=4)
+            return self.call("v1", gc, oai, headers=spoofed, **ask)
+
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            for outcome, said in pool.map(one, range(n)):
+                self.judge("crowd at once", outcome, said, sentences, may_serve=True)
         return n
 
     def _body(self, gc, oai, address: str) -> int:
@@ -227,6 +244,14 @@ class Visitors:
         say(f"{sum(t.is_alive() for t in threads)} visitor threads still running at the end")
 
 
+def _sample(app: App, snaps: list, every_s: float, t0: float, done: threading.Event, say) -> None:
+    """A snapshot every `every_s` (a tenth of the run) while the visitors run: whether memory levels off or climbs."""
+    while not done.wait(every_s):
+        snap = app.snapshot(f"at {(time.monotonic() - t0) / 60:.1f} min")
+        snaps.append(snap)
+        say(f"{snap.when}: app {snap.app_rss_mb:.0f} MiB, worker {snap.worker_rss_mb:.0f} MiB")
+
+
 def run_soak(plan: SoakPlan, progress=None) -> SoakReport:
     """Start the app, warm it up, drive it with the plan's visitors for its minutes, stop it (studio.bench.soak)."""
     say = progress or (lambda m: None)
@@ -242,7 +267,14 @@ def run_soak(plan: SoakPlan, progress=None) -> SoakReport:
         snaps.append(app.snapshot("after warm-up"))
         say(f"driving {plan.visitors} honest and {plan.hostile} hostile visitors for {plan.minutes:g} min")
         t0 = time.monotonic()
-        visitors.drive(t0 + plan.minutes * 60, say)
+        done = threading.Event()
+        sampler = threading.Thread(target=_sample, args=(app, snaps, plan.minutes * 6, t0, done, say))
+        sampler.start()
+        try:
+            visitors.drive(t0 + plan.minutes * 60, say)
+        finally:
+            done.set()
+            sampler.join()
         minutes_run = (time.monotonic() - t0) / 60
         snaps.append(app.snapshot("end"))
     finally:

@@ -1,5 +1,6 @@
 """The soak's report in words (studio.bench.soak): what each visitor got, the honest wall times, memory and disk at
-three moments, the requests lost or hung, and the targets with whether each held."""
+the start, after a warm-up, every tenth of the run and at the end, the requests lost or hung, and the targets with
+whether each held."""
 
 from __future__ import annotations
 

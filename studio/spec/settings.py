@@ -106,6 +106,7 @@ class Settings:
     # a public studio's per-visitor limits (app.limits.PublicLimits.from_settings)
     requests_per_minute: int = 12  # STUDIO_REQUESTS_PER_MINUTE: device events per visitor in any 60 s
     writes_per_minute: int = 30  # STUDIO_WRITES_PER_MINUTE: events that write files (a preset saved, an upload)
+    waiting_per_visitor: int = 4  # STUDIO_WAITING_PER_VISITOR: a visitor's requests waiting in the queue (app.bounds)
     presets_per_visitor: int = 20  # STUDIO_PRESETS_PER_VISITOR: presets one visitor may save
     presets_in_all: int = 500  # STUDIO_PRESETS_IN_ALL: presets all visitors may save together
     prewarm: bool = True  # STUDIO_PREWARM=0: no warm-up at start (off by default on ZeroGPU)
@@ -166,6 +167,7 @@ class Settings:
             history_rows=_number(env, "STUDIO_HISTORY_ROWS", int, 1, 100_000) or cls.history_rows,
             requests_per_minute=_number(env, "STUDIO_REQUESTS_PER_MINUTE", int, 1, 100_000) or cls.requests_per_minute,
             writes_per_minute=_number(env, "STUDIO_WRITES_PER_MINUTE", int, 1, 100_000) or cls.writes_per_minute,
+            waiting_per_visitor=_number(env, "STUDIO_WAITING_PER_VISITOR", int, 1, 10_000) or cls.waiting_per_visitor,
             presets_per_visitor=_number(env, "STUDIO_PRESETS_PER_VISITOR", int, 1, 100_000) or cls.presets_per_visitor,
             presets_in_all=_number(env, "STUDIO_PRESETS_IN_ALL", int, 1, 10_000_000) or cls.presets_in_all,
             # not on ZeroGPU: the app's process has no GPU outside a GPU call, and a warm-up is a fact about the
