@@ -4,13 +4,14 @@ the cores this process's threads needed, and the card that withholds its number 
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 import time
 
 import pytest
 
-from studio.measure.crowding import CROWDED, MIN_SPAN_S, CoreWatch, Crowding
+from studio.measure.crowding import CROWDED, MIN_SPAN_S, Cgroup, CoreWatch, Crowding, ProcStat, Reading, accounting
 from studio.measure.estimate import Estimate
 
 HOG = "while True: pass"
@@ -20,8 +21,8 @@ def _watch_read(threads, cores, busy_s, cap_s, mine_s, wall_s):
     """A watch over made-up readings: the kernel counted `busy_s` busy core-seconds of `cap_s`, this process used
     `mine_s` of them, over `wall_s`."""
     w = CoreWatch(threads, cores=cores, path="/nonexistent")
-    w._stat, w._mine, w._t0 = (100.0, 1000.0), 50.0, 0.0
-    return w.read((100.0 + busy_s, 1000.0 + cap_s), 50.0 + mine_s, wall_s)
+    w._stat, w._mine, w._t0 = Reading(100.0, 1000.0, 0.0), 50.0, 0.0
+    return w.read(Reading(100.0 + busy_s, 1000.0 + cap_s, 0.0), 50.0 + mine_s, wall_s)
 
 
 @pytest.mark.quick
@@ -65,6 +66,88 @@ def test_a_crowded_estimate_is_withheld_whatever_its_interval_and_says_what_took
     assert crowded.why_not().startswith("timing too noisy to show: the machine was busy (other programs took 36%")
     assert "a quieter machine would help" in crowded.why_not()
     assert not Estimate(1.0, 1.0, 1.0, 3, exact=True, crowded=words).useless  # base against itself: no reading
+
+
+def _stat_line(user, system, idle, steal) -> str:
+    return f"cpu  {user} 0 {system} {idle} 0 0 0 {steal} 0 0\ncpu0 ...\n"
+
+
+@pytest.mark.quick
+def test_a_vms_steal_is_the_hosts_share_said_apart_and_never_counted_as_other_programs(tmp_path):
+    """/proc/stat's steal column is time the hypervisor gave this machine's cores to other machines: said as "the
+    host was slow", not as other programs (it used to be counted with them, and withheld numbers for it)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"
+    stat.write_text(_stat_line(0, 0, 0, 0))
+    w = CoreWatch(2, cores=2, path=str(stat))
+    w.__enter__()
+    # 10 s on 2 cores (20 core-seconds): this process ran 13 of them, the hypervisor took 6, 1 was idle
+    stat.write_text(_stat_line(13 * hz, 0, 1 * hz, 6 * hz))
+    w._t0 -= 10
+    c = w.read(w.source.read(), w._mine + 13.0, w._t0 + 10)
+    assert c.others == pytest.approx(0.0) and c.taken == pytest.approx(0.0) and not c.crowded
+    assert c.host == pytest.approx(0.3) and c.source == "/proc/stat"
+    assert c.words() == (
+        "other programs took 0% of the cores its 2 threads needed over 10.0 s; the host was slow: its hypervisor "
+        "gave 30% of the cores' time to other machines"
+    )
+    # another program's 7 core-seconds beside 2 of steal: its share alone is taken
+    stat.write_text(_stat_line(20 * hz, 0, 0, 2 * hz))
+    c = w.read(w.source.read(), w._mine + 13.0, w._t0 + 10)
+    assert c.others == pytest.approx(7 / 22) and c.host == pytest.approx(2 / 22)
+
+
+def _cgroup_v2(folder, usage_s: float, waited_s: float, quota: str = "200000 100000") -> None:
+    folder.mkdir(exist_ok=True)
+    (folder / "cpu.max").write_text(quota + "\n")
+    (folder / "cpu.stat").write_text(f"usage_usec {int(usage_s * 1e6)}\nuser_usec 0\nsystem_usec 0\n")
+    total = int(waited_s * 1e6)
+    (folder / "cpu.pressure").write_text(
+        f"some avg10=0.00 avg60=0.00 avg300=0.00 total={total}\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
+
+
+@pytest.mark.quick
+def test_inside_a_container_its_own_cgroup_is_read_not_the_hosts_counters(tmp_path):
+    """In a container /proc/stat and the core count are the host's (other tenants' work in them): the container's
+    cgroup is read instead, its CPU time over the cores its quota gives, and its tasks' waits for a CPU as the host's
+    share. One whose counters cannot be read says so, and reads nothing."""
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/\n")
+    root = tmp_path / "fs"
+    _cgroup_v2(root, 100.0, 5.0, quota="200000 100000")  # a quota of 2 cores
+    clock = [1000.0]
+    src = accounting(str(proc), str(root))
+    assert isinstance(src, Cgroup) and src.name.startswith("cgroup v2") and src.cores == min(2, src.cores)
+    src.clock = lambda: clock[0]
+    src.cores = 2  # (the quota's, whatever this machine's CPUs are)
+    w = CoreWatch(2, source=src)
+    w.__enter__()
+    # 10 s: the container ran 19 core-seconds, this process 13 of them (another program in the container: 6 of 20),
+    # and its tasks waited 3 s for a CPU (the host's neighbours)
+    clock[0] += 10
+    _cgroup_v2(root, 119.0, 8.0)
+    c = w.read(src.read(), w._mine + 13.0, w._t0 + 10)
+    assert c.others == pytest.approx(0.3) and c.taken == pytest.approx(0.3) and c.crowded
+    assert (
+        c.host == pytest.approx(0.3) and "this container's tasks waited for a CPU 30% of the time" in c.words()
+    )
+    # v2 named from the host's root; no quota: the CPUs this process may run on
+    proc.write_text("0::/kubepods/pod1\n")
+    _cgroup_v2(root / "kubepods", 0, 0)
+    (root / "cpu.max").unlink()
+    _cgroup_v2(root / "kubepods" / "pod1", 0, 0, quota="max 100000")
+    src = accounting(str(proc), str(root))
+    assert isinstance(src, Cgroup) and src.folder.endswith("pod1") and src.cores == len(os.sched_getaffinity(0))
+    # v1 without readable counters: blind, and said
+    proc.write_text("3:cpu,cpuacct:/docker/abc\n2:memory:/docker/abc\n")
+    blind = accounting(str(proc), str(tmp_path / "nothing"))
+    with CoreWatch(1, source=blind) as w:
+        pass
+    assert w.result.taken is None and "its neighbours are not seen" in w.result.note
+    # a machine's own: /proc/stat
+    proc.write_text("1:cpu:/\n0::/\n")
+    assert isinstance(accounting(str(proc), str(tmp_path / "nothing")), ProcStat)
 
 
 def _hogs(n: int) -> list[subprocess.Popen]:

@@ -353,6 +353,9 @@ def run_bench(
         "eager_twins": twins,
         "cache_twins": refs,
         "vs_raw": vs_raw,
+        # what other programs and the host took of the cores over the rounds (measure.crowding; None: not read)
+        "cores_taken": crowding.taken if crowding is not None else None,
+        "cores_host": crowding.host if crowding is not None else None,
     }
     pairs = paired(rots, names, floor_db, max_flip, crowded) if len(rots) > 1 else []
     noise = _noise(rots, names, twins)

@@ -196,6 +196,7 @@ class Paired:
             "denoise_priced_s": price_ms(self.stack_runs) / 1e3 if self.stack_runs else None,
             "base_priced_s": price_ms(base_runs) / 1e3 if base_runs else None,
             "cores_taken": self.crowding.taken if self.crowding is not None else None,
+            "cores_host": self.crowding.host if self.crowding is not None else None,
         }
 
 

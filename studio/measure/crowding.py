@@ -16,8 +16,18 @@ CROWDED or more the number is withheld and the card says so, whatever the interv
 measured: the hog took 36-44% and moved the readings; a headless Chromium drawing the app on the same two cores took
 16% in a first click, and its readings of four requests held (3 of 4 intervals holding the same requests' readings
 through the API, the fourth 1% short). Linux only: elsewhere (and for spans too short for the kernel's 10 ms ticks)
-nothing is read and the estimate stands as it is. A busy HOST (a VM's neighbours) is not seen here: its time is not
-another program's in this machine's accounting; the pace record (studio.measure.pace) is what catches that.
+nothing is read and the estimate stands as it is.
+
+The host's share and the neighbours' share are read apart (`Accounting`, chosen once per process):
+- on a machine (a VM) the kernel's /proc/stat: its `steal` column, the time the hypervisor gave this machine's cores to
+  other machines, is the HOST's share, said as "the host was slow" and not counted as other programs (it used to be);
+- inside a container (a Space's pod) /proc/stat and the core count are the host's, other tenants' work included: the
+  container's own cgroup is read instead, its CPU time (cgroup v2 `cpu.stat` usage_usec; v1 `cpuacct.usage`) over the
+  cores it may use (`cpu.max`, v1 `cpu.cfs_quota_us`, else the CPUs this process may run on), and as the host's share
+  the time its tasks waited for a CPU (v2 `cpu.pressure`, "some") or were throttled by the quota (v1);
+- a container whose cgroup cannot be read is said ("neighbours are not seen") and nothing is read.
+A slow host withholds nothing here: it is said beside the number (the pace record, studio.measure.pace, reads it
+against the machine's quiet floor, which is what decides how far off a reading may be).
 """
 
 from __future__ import annotations
@@ -28,7 +38,9 @@ from dataclasses import dataclass
 
 CROWDED = 0.25  # other programs took 25% or more of the cores this process needed: the speed-up is not read
 MIN_SPAN_S = 0.5  # shorter spans are a few kernel ticks: not read
+HOST_SAID = 0.05  # the host took 5% or more: said beside the number
 STAT = "/proc/stat"
+CGROUP = "/sys/fs/cgroup"
 
 
 @dataclass(frozen=True)
@@ -41,34 +53,157 @@ class Crowding:
     threads: int
     cores: int
     note: str = ""  # why it was not read
+    host: float | None = None  # the host's share of the cores (a VM's steal; a container's waits for a CPU)
+    source: str = ""  # what was read (Accounting.name)
 
     @property
     def crowded(self) -> bool:
         return self.taken is not None and self.taken >= CROWDED
 
     def words(self) -> str:
-        """What the programs took, in words ('' when not read)."""
+        """What the programs took, and the host where it took HOST_SAID or more, in words ('' when not read)."""
         if self.taken is None:
             return ""
-        return (
+        said = (
             f"other programs took {self.taken * 100:.0f}% of the cores its {self.threads} "
             f"thread{'s' if self.threads != 1 else ''} needed over {self.seconds:.1f} s"
         )
+        return said + (f"; {self.host_words()}" if self.host_words() else "")
+
+    def host_words(self) -> str:
+        """The host's share in words, where it took HOST_SAID or more ('' otherwise)."""
+        if self.host is None or self.host < HOST_SAID:
+            return ""
+        share = f"{self.host * 100:.0f}%"
+        if self.source == "/proc/stat":
+            return f"the host was slow: its hypervisor gave {share} of the cores' time to other machines"
+        return f"the host was slow: this container's tasks waited for a CPU {share} of the time"
 
 
-def _busy_s(path: str) -> tuple[float, float] | None:
-    """(seconds of busy time summed over every core, seconds of all time summed over every core) since boot, from the
-    first line of /proc/stat; None where there is none (not Linux)."""
+@dataclass(frozen=True)
+class Reading:
+    """One read of an accounting: core-seconds since some origin."""
+
+    busy_s: float  # every program's CPU time (this machine's, or this container's)
+    cap_s: float  # the core-seconds there were
+    host_s: float  # what the host took (a VM's steal; a container's waits for a CPU, times its cores)
+
+
+class Accounting:
+    """Where other programs' CPU time is read: `read()` a Reading or None, `cores` the cores it counts over, `name`,
+    `blind` a sentence where nothing can be read."""
+
+    name, cores, blind = "", 1, ""
+
+    def read(self) -> Reading | None:
+        return None
+
+
+def _ints(path: str) -> list[int]:
+    with open(path) as f:
+        return [int(x) for x in f.read().split() if x.lstrip("-").isdigit()]
+
+
+def _keyed(path: str) -> dict[str, int]:
+    """`key value` lines (cgroup's cpu.stat) or `some avg10=.. total=N` (a pressure file: `some` -> N)."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 2 and parts[1].isdigit():
+                out[parts[0]] = int(parts[1])
+            elif parts and parts[-1].startswith("total="):
+                out[parts[0]] = int(parts[-1][6:])
+    return out
+
+
+def _affinity() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class ProcStat(Accounting):
+    """A machine's (a VM's) own counters: the first line of /proc/stat."""
+
+    name = "/proc/stat"
+
+    def __init__(self, path: str = STAT, cores: int | None = None):
+        self.path, self.cores = path, cores or os.cpu_count() or 1
+
+    def read(self) -> Reading | None:
+        try:
+            with open(self.path) as f:
+                fields = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+        except (OSError, ValueError):
+            return None
+        if len(fields) < 5:
+            return None
+        hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        steal = fields[7] if len(fields) > 7 else 0
+        total = sum(fields)
+        return Reading((total - fields[3] - fields[4] - steal) / hz, total / hz, steal / hz)
+
+
+class Cgroup(Accounting):
+    """A container's own counters (cgroup v2, or v1's cpu and cpuacct controllers), over the cores it may use; the
+    cap is the wall clock times those cores (the kernel keeps no per-container total)."""
+
+    def __init__(self, folder: str, v1_cpu: str | None = None, clock=time.monotonic):
+        self.folder, self.v1_cpu, self.clock = folder, v1_cpu, clock
+        self.name = f"cgroup {'v1' if v1_cpu else 'v2'} {folder}"
+        self.cores = min(_affinity(), self._quota() or _affinity())
+
+    def _quota(self) -> float | None:
+        try:
+            if self.v1_cpu is None:
+                with open(os.path.join(self.folder, "cpu.max")) as f:
+                    quota, period = f.read().split()[:2]
+                return None if quota == "max" else max(1, round(int(quota) / int(period)))
+            quota = _ints(os.path.join(self.v1_cpu, "cpu.cfs_quota_us"))[0]
+            period = _ints(os.path.join(self.v1_cpu, "cpu.cfs_period_us"))[0]
+            return None if quota <= 0 else max(1, round(quota / period))
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def read(self) -> Reading | None:
+        now = self.clock()
+        try:
+            if self.v1_cpu is None:
+                busy = _keyed(os.path.join(self.folder, "cpu.stat"))["usage_usec"] / 1e6
+                try:  # the time some task of the container waited for a CPU (wall seconds)
+                    waited = _keyed(os.path.join(self.folder, "cpu.pressure")).get("some", 0) / 1e6
+                except OSError:
+                    waited = 0.0  # a kernel without pressure stall information: the host's share reads 0
+            else:
+                busy = _ints(os.path.join(self.folder, "cpuacct.usage"))[0] / 1e9
+                waited = _keyed(os.path.join(self.v1_cpu, "cpu.stat")).get("throttled_time", 0) / 1e9
+        except (OSError, ValueError, IndexError, KeyError):
+            return None
+        return Reading(busy, now * self.cores, waited * self.cores)
+
+
+def accounting(proc: str = "/proc/self/cgroup", root: str = CGROUP) -> Accounting:
+    """This process's accounting: its container's cgroup where it is in one (a cgroup that limits its CPU, or one
+    of its own), else the machine's /proc/stat. A container whose counters cannot be read is blind, and says so."""
     try:
-        with open(path) as f:
-            fields = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
-    except (OSError, ValueError):
-        return None
-    if len(fields) < 5:
-        return None
-    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    total = sum(fields)
-    return (total - fields[3] - fields[4]) / hz, total / hz
+        with open(proc) as f:
+            lines = [line.strip().split(":", 2) for line in f if line.count(":") >= 2]
+    except OSError:
+        return ProcStat()
+    v1 = {c: path for _, ctrls, path in lines for c in ctrls.split(",") if ctrls}
+    if not v1:  # v2: inside a cgroup of its own (namespaced: it is the root here), or one named from the host's root
+        own = next((path for _, ctrls, path in lines if not ctrls), "/")
+        for folder in (root, os.path.join(root, own.lstrip("/"))):
+            if os.path.exists(os.path.join(folder, "cpu.max")):
+                return Cgroup(folder)
+    if v1.get("cpuacct", "/") != "/" or v1.get("cpu", "/") != "/":  # v1, inside a container's cgroup
+        for acct, cpu in (("cpu,cpuacct", "cpu,cpuacct"), ("cpuacct", "cpu")):
+            folder = os.path.join(root, acct)
+            if os.path.exists(os.path.join(folder, "cpuacct.usage")):
+                return Cgroup(folder, v1_cpu=os.path.join(root, cpu))
+        blind = Accounting()
+        blind.blind = "inside a container whose CPU accounting cannot be read: its neighbours are not seen"
+        return blind
+    return ProcStat()
 
 
 COMPILERS = frozenset({"cc", "c++", "gcc", "g++", "cc1", "cc1plus", "as", "ld", "collect2", "clang", "clang++"})
@@ -143,20 +278,21 @@ def own_cpu_s(helpers=()) -> float:
 class CoreWatch:
     """`with CoreWatch(threads) as w: ...` then `w.result`: a Crowding over the block (module doc)."""
 
-    def __init__(self, threads: int, cores: int | None = None, path: str = STAT, helpers=None):
+    def __init__(self, threads: int, cores: int | None = None, path: str | None = None, helpers=None, source=None):
         """
         Args:
+            path: a /proc/stat to read (tests); None: this process's accounting (`accounting()`), or `source`.
             helpers: a callable returning the pids of processes that work for this timing, read at both ends (one
                 started in between counts from its start).
         """
         self.helpers = helpers or (lambda: ())
         self.threads = max(1, int(threads))
-        self.cores = cores or os.cpu_count() or 1
-        self.path = path
+        self.source = source or (ProcStat(path, cores) if path else accounting())
+        self.cores = cores or self.source.cores
         self.result: Crowding | None = None
 
     def __enter__(self) -> CoreWatch:
-        self._stat = _busy_s(self.path)
+        self._stat = self.source.read()
         self._mine = own_cpu_s(self.helpers())
         self._t0 = time.monotonic()
         return self
@@ -166,21 +302,24 @@ class CoreWatch:
 
     def peek(self) -> Crowding:
         """What other programs have taken since the watch began (the result so far)."""
-        return self.read(_busy_s(self.path), own_cpu_s(self.helpers()), time.monotonic())
+        return self.read(self.source.read(), own_cpu_s(self.helpers()), time.monotonic())
 
-    def read(self, stat_end, mine_end: float, t_end: float) -> Crowding:
+    def read(self, end: Reading | None, mine_end: float, t_end: float) -> Crowding:
         wall = t_end - self._t0
-        said = dict(seconds=wall, threads=self.threads, cores=self.cores)
-        if self._stat is None or stat_end is None:
-            return Crowding(None, None, note=f"{self.path} could not be read (not Linux?)", **said)
+        said = dict(seconds=wall, threads=self.threads, cores=self.cores, source=self.source.name)
+        if self.source.blind:
+            return Crowding(None, None, note=self.source.blind, **said)
+        if self._stat is None or end is None:
+            return Crowding(None, None, note=f"{self.source.name or 'the CPU accounting'} could not be read", **said)
         if wall < MIN_SPAN_S:
             return Crowding(None, None, note=f"{wall:.2f} s is too short to read", **said)
-        busy = stat_end[0] - self._stat[0]
-        cap = stat_end[1] - self._stat[1]  # core-seconds the kernel counted (its ticks, not our clock)
+        busy = end.busy_s - self._stat.busy_s
+        cap = end.cap_s - self._stat.cap_s  # core-seconds the kernel counted (its ticks, not our clock)
         if cap <= 0:
             return Crowding(None, None, note="the kernel counted no time", **said)
         others_s = max(0.0, busy - (mine_end - self._mine))
         others = min(1.0, others_s / cap)
         free = max(0, self.cores - self.threads)  # cores this process's threads leave to others
         taken = max(0.0, others * self.cores - free) / min(self.threads, self.cores)
-        return Crowding(min(1.0, taken), others, **said)
+        host = min(1.0, max(0.0, end.host_s - self._stat.host_s) / cap)
+        return Crowding(min(1.0, taken), others, host=host, **said)

@@ -85,6 +85,9 @@ class RunTiming:
     # the share of the cores this process's threads needed that other programs took while the pairing ran
     # (studio.measure.crowding; None: not read, off the CPU or on parallel workers): CROWDED or more withholds
     cores_taken: float | None = None
+    # the host's share of the cores meanwhile (a VM's steal, a container's waits for a CPU; studio.measure.crowding):
+    # said beside the number from HOST_SAID on, not withheld; None: not read
+    cores_host: float | None = None
     # base's floor per step over the fastest this machine has run the same request shape (studio.measure.pace; 0.27 =
     # 27% slower; None: no record, or base not timed in this call): over CARD_SLACK the host was slow, and a step
     # cache's speed-up reads off then (said on the card, not withheld: docs/measuring.md)

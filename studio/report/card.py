@@ -109,6 +109,8 @@ def metrics_card(m) -> str:
         vs += f" (base {fmt.denoise(t.base_denoise_s, t.base_priced_s)}{pairs})"
     if fmt.host_slow(t.base_pace_over) and t.speedup is not None:
         vs += f"<br><small>{esc(fmt.host_slow(t.base_pace_over))}</small>"
+    if fmt.host_took(t.cores_host) and t.speedup is not None:
+        vs += f"<br><small>{esc(fmt.host_took(t.cores_host))}</small>"
     rows = [
         ("stack", _stack(m)),
         ("denoise", f"{fmt.denoise(t.denoise_s, t.denoise_priced_s)} &nbsp; ({t.mean_step_ms:.1f} ms/step)"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from studio.measure.crowding import HOST_SAID
 from studio.measure.pace import CARD_SLACK
 from studio.measure.quality import TILE, Verdict
 
@@ -62,6 +63,17 @@ def host_slow(over: float | None) -> str:
     return (
         f"host slow: base ran {over * 100:.0f}% over its fastest here (quiet within {CARD_SLACK * 100:.0f}%); "
         "a speed-up may read off while it is"
+    )
+
+
+def host_took(share: float | None) -> str:
+    """The host's share of the cores while a speed-up was timed (studio.measure.crowding), in words; '' under
+    HOST_SAID or not read."""
+    if share is None or share < HOST_SAID:
+        return ""
+    return (
+        f"the host was slow: it took {share * 100:.0f}% of the cores' time while this was timed (a VM's steal, a "
+        "container's waits for a CPU); a speed-up may read off while it is"
     )
 
 

@@ -156,6 +156,8 @@ def bench_markdown(rep) -> str:
     """A BenchReport: the stack table, its noise floor, over several requests the paired figures, and with compiled
     presets compile's cost."""
     noise = [pace_line(p) for p in rep.pace] + noise_lines(rep.noise)
+    host = fmt.host_took(rep.meta.get("cores_host"))  # a VM's steal, a container's waits (measure.crowding)
+    noise += [host] if host else []
     parts = [rep.matrix.markdown(), "", "Noise floor:"] + [f"- {x}" for x in noise]
     if rep.paired:
         parts += ["", paired_markdown(rep.paired)]
