@@ -133,3 +133,77 @@ def test_over_several_prompts_the_point_is_the_median_of_theirs():
     points = sorted(speedup(b, r).point for b, r in groups)
     e = speedup_over(groups)
     assert e.point == pytest.approx(points[1]) and e.pairs == 9 and e.lo <= e.point <= e.hi
+
+
+# -- one rule for every speed-up shown ------------------------------------------------------------------------------
+# Every module that turns an estimate into a speed-up a person reads, with what it prints. A new one must go through
+# `shown` and be listed here.
+SHOWS = {
+    "studio/measure/record.py": "the card, A/B, the matrix, the API's numbers (RunMetrics.timing)",
+    "studio/bench/bench.py": "a bench's rows (and tune's, which reads them)",
+    "studio/bench/paired.py": "a bench's paired figures, prompt by prompt",
+    "studio/bench/regimes.py": "python -m studio regimes",
+}
+
+
+def test_every_place_that_prints_a_speed_up_withholds_by_the_one_rule():
+    """`shown` decides: the listed callers, and no other module of the studio reads an estimate's point or interval
+    into a printed figure on its own (bench's noise floor, base against its own second run, and the raw-diffusers
+    ratio are readings of the noise, not speed-ups: named below)."""
+    import ast
+
+    root = Path(__file__).parent.parent
+    callers, readers = set(), set()
+    for path in sorted((root / "studio").rglob("*.py")):
+        rel = str(path.relative_to(root))
+        tree = ast.parse(path.read_text())
+        called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}  # x.point(): a method, not a figure
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "studio.measure.estimate":
+                if any(a.name == "shown" for a in node.names):
+                    callers.add(rel)
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in ("point", "lo", "hi")
+                and rel != "studio/measure/estimate.py"
+                and id(node) not in called
+            ):
+                readers.add(rel)
+    assert callers == set(SHOWS)
+    noise = {"studio/bench/bench.py": "noise floor and studio/raw", "studio/measure/blocks.py": "of ideal's error"}
+    assert readers - set(noise) <= set(SHOWS), readers
+
+
+def test_shown_withholds_a_useless_or_crowded_interval_and_shows_base_against_itself_as_exact():
+    from studio.measure.estimate import shown
+
+    s = shown(Estimate(1.70, 1.60, 1.80, 3))
+    assert (s.point, s.lo, s.hi, s.note) == (1.70, 1.60, 1.80, None)
+    w = shown(Estimate(1.70, 1.20, 2.30, 1), helps="a run of more steps")
+    assert (w.point, w.lo, w.hi) == (None, None, None) and "a run of more steps would help" in w.note
+    busy = shown(Estimate(1.9, 1.85, 1.95, 3, crowded="other programs took 40% of the cores"))
+    assert busy.point is None and "the machine was busy (other programs took 40%" in busy.note
+    assert shown(exact_one(3)) == type(s)(1.0, None, None, None) and shown(None).note is None
+
+
+def test_regimes_withholds_a_speed_up_whose_one_run_a_side_says_nothing():
+    """`regimes` times one run a side: its interval comes from the steps. Where it is useless the row shows no
+    number and says why (it showed the point and interval whatever they were)."""
+    from studio.bench.regimes import RegimeRow, add_speedups
+    from studio.report.regimes import _vs_base
+
+    def row(stack: str, step_ms: list) -> RegimeRow:
+        return RegimeRow(stack, "resident", ms_per_step=sum(step_ms) / len(step_ms), step_ms=step_ms)
+
+    steady = [row("base", [10.0] * 20), row("int8", [6.0] * 20)]
+    ragged = [row("base", [10.0] * 20), row("int8", [5.0] + [12.0] * 19)]  # its floor: one lucky step of 20
+    add_speedups(steady)
+    add_speedups(ragged)
+    assert steady[1].speedup == pytest.approx(10 / 6) and steady[1].speedup_note is None
+    assert steady[0].speedup == 1.0 and _vs_base(steady[0]) == "1.00x (base)"
+    assert ragged[1].speedup is None and ragged[1].speedup_lo is None
+    assert (
+        "timing too noisy to show" in ragged[1].speedup_note
+        and "a run of more steps would help" in ragged[1].speedup_note
+    )
+    assert _vs_base(ragged[1]).startswith("withheld: timing too noisy to show")

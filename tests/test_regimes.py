@@ -98,7 +98,9 @@ def test_a_cached_step_is_cheaper_than_a_full_one(table):
     for (stack, regime), r in rows.items():
         if "cache" in stack.split("+") and r["ms_per_step"] is not None:
             assert r["cached_step_ms"] < r["full_step_ms"], (stack, regime)
-            assert r["speedup"] is not None and r["speedup_lo"] <= r["speedup"] <= r["speedup_hi"]
+            # shown with its interval, or withheld with the one rule's sentence (studio.measure.estimate.shown)
+            shown = r["speedup"] is not None and r["speedup_lo"] <= r["speedup"] <= r["speedup_hi"]
+            assert shown or (r["speedup"] is None and "timing too noisy to show" in r["speedup_note"]), r
     assert rows[("cache", "resident")]["cached_step_ms"] < base["full_step_ms"]
 
 
@@ -147,7 +149,8 @@ def test_a_failing_row_costs_that_row_only(monkeypatch):
     rep = rg.run_table(bench, rg.plan("base,cache,int8", "resident"), "python -m studio regimes")
     assert [r.stack for r in rep.rows] == ["base", "cache", "int8"]
     assert rep.rows[1].error == "RuntimeError: CUDA out of memory (planted)" and rep.rows[1].ms_per_step is None
-    assert rep.rows[0].timed and rep.rows[2].timed and rep.rows[2].speedup is not None
+    assert rep.rows[0].timed and rep.rows[2].timed  # int8's number is shown, or withheld by the one rule with its why
+    assert rep.rows[2].speedup is not None or "timing too noisy to show" in rep.rows[2].speedup_note
     assert markdown(rep).count("| error |") == 1
 
 

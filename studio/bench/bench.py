@@ -31,7 +31,7 @@ from studio.engine.device import cpu_threads
 from studio.measure import pace as machine_pace
 from studio.measure.blocks import CachedStepPrice, IdealCheck
 from studio.measure.crowding import CoreWatch
-from studio.measure.estimate import price_ms, speedup_over
+from studio.measure.estimate import price_ms, shown, speedup_over
 from studio.measure.quality import GOOD_DB, psnr
 from studio.measure.record import library_versions
 from studio.report.table import AGAIN, Matrix, MatrixRow
@@ -133,9 +133,9 @@ def row(
     row.speedup_lo, row.speedup_hi, row.timed_pairs = est.lo, est.hi, est.pairs
     if name == base_name:  # base against itself, the same runs: exact
         row.speedup_lo = row.speedup_hi = None
-    elif est.useless and name != AGAIN:  # base against its second run IS the noise floor: always shown
-        row.speedup, row.speedup_lo, row.speedup_hi = None, None, None
-        row.speedup_note = replace(est, helps="more --repeats").why_not()
+    elif name != AGAIN:  # base against its second run IS the noise floor, not a speed-up: always shown
+        s = shown(est, helps="more --repeats")
+        row.speedup, row.speedup_lo, row.speedup_hi, row.speedup_note = s.point, s.lo, s.hi, s.note
     row.worst_psnr_db = min(psnrs) if psnrs else None
     flips = [m.quality.flip for m in ms if m.quality.flip is not None]
     row.flip, row.worst_flip = (statistics.mean(flips), max(flips)) if flips else (None, None)

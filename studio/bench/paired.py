@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from studio.bench.rotation import Rotation
 from studio.engine import BASE
+from studio.measure.estimate import shown
 from studio.report.table import AGAIN
 
 
@@ -103,22 +104,22 @@ def _figures(
     est = replace(rot.ratio(BASE, name), crowded=crowded)  # programs on the cores: withheld (measure.crowding)
     again = replace(rot.ratio(AGAIN, name), crowded=crowded) if AGAIN in rot.runs else None
     m = rot.last[name].metrics
-    shown = not est.useless
+    s = shown(est)
     above = m.quality.psnr_db is not None and m.quality.psnr_db >= floor_db
     if max_flip is not None:
         above = above and m.quality.flip is not None and m.quality.flip <= max_flip
     return PromptFigures(
         label,
-        est.point if shown else None,
-        est.lo if shown else None,
-        est.hi if shown else None,
+        s.point,
+        s.lo,
+        s.hi,
         m.quality.psnr_db,
         m.quality.flip,
         m.cache.cached_steps,
-        faster=shown and est.lo > 1.0 and (again is None or (not again.useless and again.lo > 1.0)),
+        faster=s.lo is not None and s.lo > 1.0 and (again is None or (not again.useless and again.lo > 1.0)),
         vs_again=again.point if again is not None else None,
         above_floor=above,
-        note=est.why_not(),
+        note=s.note,
     )
 
 

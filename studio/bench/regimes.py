@@ -17,7 +17,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
-from studio.measure.estimate import Run, speedup
+from studio.measure.estimate import Run, shown, speedup
 from studio.spec.preset import CacheSpec
 
 # FLUX.1-dev's transformer is studio.bench.doctor.FLUX_DEV (imported when built: it pulls in the engine and torch).
@@ -155,6 +155,7 @@ class RegimeRow:
     speedup: float | None = None  # the same regime's base total over this total
     speedup_lo: float | None = None  # its interval (studio.measure.estimate, from both runs' steps)
     speedup_hi: float | None = None
+    speedup_note: str | None = None  # why the speed-up is withheld (studio.measure.estimate.shown)
     cached_steps: int | None = None  # by cache-dit's own summary
     full_steps: int | None = None
     cached_at: list[int] = field(default_factory=list)  # the cached steps' indices
@@ -312,7 +313,8 @@ def add_speedups(rows: list[RegimeRow]) -> None:
             row.speedup = 1.0
             continue
         est = speedup([Run.of(base.step_ms, base.cached_at)], [Run.of(row.step_ms, row.cached_at)])
-        row.speedup, row.speedup_lo, row.speedup_hi = est.point, est.lo, est.hi
+        s = shown(est, helps="a quieter machine, or a run of more steps")  # one run a side: its steps' interval
+        row.speedup, row.speedup_lo, row.speedup_hi, row.speedup_note = s.point, s.lo, s.hi, s.note
 
 
 def plan(stacks: str | None, regimes: str) -> list[tuple[Stack, str]]:

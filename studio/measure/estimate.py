@@ -118,6 +118,33 @@ class Estimate:
         )
 
 
+@dataclass(frozen=True)
+class Shown:
+    """A speed-up as every place that prints or records one shows it (`shown`): the point and interval, or None and
+    the sentence that says why not."""
+
+    point: float | None
+    lo: float | None
+    hi: float | None
+    note: str | None  # why the number is withheld, and what would help (None: shown)
+
+
+def shown(est: Estimate | None, helps: str = "") -> Shown:
+    """THE rule every speed-up the studio prints goes through (the card, the bench's rows and paired figures, A/B,
+    the matrix, tune, regimes; tests/test_estimate.py lists the callers): withheld with its sentence when its interval
+    is useless or other programs held the cores (`Estimate.useless`); base against itself is 1.00 with no interval.
+    `helps`: what would help, said by the caller that can act on it ("more --repeats"). None: not compared."""
+    if est is None:
+        return Shown(None, None, None, None)
+    if helps and not est.helps:
+        est = replace(est, helps=helps)
+    if est.exact:
+        return Shown(est.point, None, None, None)
+    if est.useless:
+        return Shown(None, None, None, est.why_not())
+    return Shown(est.point, est.lo, est.hi, None)
+
+
 def exact_one(runs: int) -> Estimate:
     """Base against itself, the same runs: 1.00x by construction, not a measurement."""
     return Estimate(1.0, 1.0, 1.0, runs, exact=True)

@@ -12,7 +12,7 @@ from importlib import metadata
 import numpy as np
 
 from studio.measure.blocks import IdealCheck
-from studio.measure.estimate import Estimate
+from studio.measure.estimate import Estimate, shown
 from studio.measure.lpips import lpips_against
 from studio.measure.quality import Verdict, judge, judge_batch
 from studio.measure.timing import StepCounts
@@ -236,19 +236,19 @@ class RunMetrics:
             parts: model, preset, request, reloaded, memory, placement and labels.
         """
         age = abs(ended - base_timed_at) if base_timed_at is not None else None
-        note = ratio.why_not() if ratio is not None else None
+        s = shown(ratio)
+        note = s.note
         if note is None and ideal is not None and ideal.against == "base":
             note = ideal.why_impossible()  # over base, a speed-up beyond the ideal is an error, not a result
-        interval = ratio is not None and not note and not ratio.exact
         return cls(
             timing=RunTiming(
                 **timed,
                 mean_step_ms=(timed["denoise_s"] / max(1, len(timed["step_ms"]))) * 1e3,
                 how=timing.text(age),
                 base_age_s=age,
-                speedup=ratio.point if ratio is not None and not note else None,
-                speedup_lo=ratio.lo if interval else None,
-                speedup_hi=ratio.hi if interval else None,
+                speedup=s.point if not note else None,
+                speedup_lo=s.lo if not note else None,
+                speedup_hi=s.hi if not note else None,
                 speedup_note=note,
                 timed_pairs=ratio.pairs if ratio is not None else 0,
                 pairs_stop=(ratio.stop or None) if ratio is not None else None,

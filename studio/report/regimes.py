@@ -40,7 +40,7 @@ REFERENCE = (
 
 def _vs_base(r) -> str:
     if r.speedup is None:
-        return "n/a"
+        return f"withheld: {r.speedup_note}" if getattr(r, "speedup_note", None) else "n/a"
     if r.stack == "base":
         return f"{fmt.speedup(r.speedup)} (base)"
     return fmt.speedup_ci(r.speedup, r.speedup_lo, r.speedup_hi)
