@@ -129,9 +129,7 @@ def test_inside_a_container_its_own_cgroup_is_read_not_the_hosts_counters(tmp_pa
     _cgroup_v2(root, 119.0, 8.0)
     c = w.read(src.read(), w._mine + 13.0, w._t0 + 10)
     assert c.others == pytest.approx(0.3) and c.taken == pytest.approx(0.3) and c.crowded
-    assert (
-        c.host == pytest.approx(0.3) and "this container's tasks waited for a CPU 30% of the time" in c.words()
-    )
+    assert c.host == pytest.approx(0.3) and "this container's tasks waited for a CPU 30% of the time" in c.words()
     # v2 named from the host's root; no quota: the CPUs this process may run on
     proc.write_text("0::/kubepods/pod1\n")
     _cgroup_v2(root / "kubepods", 0, 0)

@@ -113,7 +113,7 @@ def _run(step_ms: float, steps: int = 20, stall_ms: float = 0.0):
 def _pair(bases: list, stacks: list, **pairing):
     from studio.engine.baseline import BaseStore, Pairing, side_by_side
 
-    pairing.setdefault("budget_runs", 1e9)  # instant fake runs: the time budget is tested on its own below
+    pairing.setdefault("budget_pairs", 1e9)  # instant fake runs: the time budget is tested on its own below
     b, s = iter(bases), iter(stacks)
     store = BaseStore()
     out = side_by_side(Pairing(**pairing), store, ("k",), lambda: next(b), lambda: next(s))
@@ -178,17 +178,22 @@ def test_pairs_that_never_settle_stop_at_the_cap_and_say_so():
     assert out.runs == 4 and out.ratio.stop == "at most 4 pairs" and out.ratio.point == pytest.approx(10 / 6)
 
 
-def test_the_time_budget_stops_pairs_that_would_cost_more_than_a_few_runs():
+def test_the_time_budget_counts_pairs_so_a_fast_stack_with_a_wide_interval_times_more():
+    """The budget is `budget_pairs` times the fastest pair: quiet pairs of a fast stack go on to the cap (counted in
+    runs of the stack, a 2x stack's pair costs 3 of them, and every stack over about 1.5x stopped at its first 3
+    pairs whatever its interval); pairs a stall slowed stop earlier."""
     from studio.engine.baseline import Pairing
     from studio.measure.estimate import Estimate
 
-    wide = Estimate(1.7, 1.4, 2.0, 2)
-    p = Pairing(budget_runs=6.0)  # a budget of 6 runs of the stack; 2 pairs first (given below)
-    assert p.stop(wide, 1, 2, spent_s=0.3, run_s=0.1) is None  # the first pairs are always timed
-    assert p.stop(wide, 2, 2, spent_s=0.3, run_s=0.1) is None  # 3 pairs at 0.15 s a pair: 0.45 <= 0.6
-    why = p.stop(wide, 2, 2, spent_s=0.6, run_s=0.1)  # 3 pairs at 0.3 s: 0.9 > 0.6
-    assert why == "another pair would pass the time budget (6x one run of the stack)"
-    assert p.stop(Estimate(1.7, 1.65, 1.75, 2), 2, 2, 0.6, 0.1) == "the interval is within ±5% of its point"
+    wide = Estimate(2.4, 1.7, 3.1, 3)  # +-29%: more pairs would help
+    p = Pairing()  # the app's: 3 pairs first, up to 4 more, a budget of 7 of the fastest pair
+    # a 3x stack: base 0.3 s, stack 0.1 s, each pair 0.4 s
+    assert [p.stop(wide, n, 3, spent_s=0.4 * n, pair_s=0.4) for n in range(3, 7)] == [None] * 4
+    assert p.stop(wide, 7, 3, spent_s=2.8, pair_s=0.4) == "at most 7 pairs"
+    # the same pairs, three of them slowed 3x by a stall: 1.2 + 3 x 1.2 = 4.8 s spent, over 7 x 0.4 with the next
+    why = p.stop(wide, 6, 3, spent_s=4.8, pair_s=0.4)
+    assert why == "another pair would pass the time budget (7x the fastest pair)"
+    assert p.stop(Estimate(2.4, 2.35, 2.45, 3), 3, 3, 1.2, 0.4) == "the interval is within ±5% of its point"
 
 
 def test_an_expensive_base_is_kept_alone_only_when_no_stall_hit_it():

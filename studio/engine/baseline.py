@@ -11,8 +11,11 @@ The method (the numbers are the product):
   at least `cheap_pairs` pairs while a base run is cheap (denoise under `retime_under_s`, 5 s: one pair's interval
   comes only from its steps, which cannot see a whole run slowed, measured on 2 cores), one for an expensive base.
   Then more pairs while the interval is wider than +-5% of its point, at most `max_extra_pairs` of them, and only
-  while the next pair fits the time budget: `budget_runs` times what one run of the stack took (a click costs a few
-  images, whatever the device). The record says how many pairs ran and why they stopped. Both sides have the same
+  while the next pair fits the time budget: `budget_pairs` times what the fastest pair so far took. The budget
+  counts pairs, not runs of the stack: counted in runs of the stack, a pair of a 2x stack costs 3 of them, and any
+  stack over about 1.5x stopped after its first 3 pairs however wide its interval. Quiet pairs reach the cap;
+  slowed ones (a stall lifts what they took, not the fastest) stop earlier. The record says how many pairs ran and
+  why they stopped. Both sides have the same
   number of runs, timed in the same moments: a floor over more runs is lower (the fastest of more tries, and of
   other moments' load), so base runs kept from earlier calls never join a new pairing (measured: they read a quiet
   stack at 0.75x where its own pairs read 1.14x). A kept base timing is reused alone for an expensive base while
@@ -142,7 +145,7 @@ class Pairing:
     cheap_pairs: int = 3
     caller_times_base: bool = False  # the caller times base in its own rotation: use the kept base as it is
     max_extra_pairs: int = 4  # pairs timed beyond the first ones while the interval is not tight...
-    budget_runs: float = 10.0  # ...and while the pairs so far and the next fit in this many runs of the stack
+    budget_pairs: float = 7.0  # ...and while the pairs so far and the next fit in this many of the fastest pair
     shape_max_age_s: float = 120.0  # compare `auto`: a kept timing of the shape divides runs while younger than this
 
     def reusable(self, entry: BaseEntry, now: float | None = None) -> bool:
@@ -156,9 +159,9 @@ class Pairing:
     def cheap(self, denoise_s: float) -> bool:
         return not self.caller_times_base and denoise_s < self.retime_under_s
 
-    def stop(self, est: Estimate, pairs: int, first: int, spent_s: float, run_s: float) -> str | None:
-        """Why the pairing stops after `pairs` pairs (None: time another): `spent_s` on them so far, `run_s` one run
-        of the stack."""
+    def stop(self, est: Estimate, pairs: int, first: int, spent_s: float, pair_s: float) -> str | None:
+        """Why the pairing stops after `pairs` pairs (None: time another): `spent_s` on them so far, `pair_s` what
+        the fastest of them took (base and stack)."""
         if pairs < first:
             return None
         if est.tight:
@@ -166,8 +169,8 @@ class Pairing:
         if pairs >= first + self.max_extra_pairs:
             cap = first + self.max_extra_pairs
             return f"at most {cap} pair{'s' if cap != 1 else ''}"
-        if spent_s * (pairs + 1) / pairs > self.budget_runs * run_s:
-            return f"another pair would pass the time budget ({self.budget_runs:g}x one run of the stack)"
+        if spent_s + pair_s > self.budget_pairs * pair_s:
+            return f"another pair would pass the time budget ({self.budget_pairs:g}x the fastest pair)"
         return None
 
 
@@ -227,7 +230,7 @@ def side_by_side(
     if kept is not None and pairing.reusable(kept):
         run = time_stack()
         return Paired(kept, run, 1, False, speedup(kept.runs, [run.timed]), stack_runs=(run.timed,))
-    bases, runs, spent, stack_s, why = [], [], 0.0, 0.0, ""
+    bases, runs, spent, fastest, why = [], [], 0.0, float("inf"), ""
     while True:
         if on_status:
             new = kept is None and not bases
@@ -235,7 +238,7 @@ def side_by_side(
         (b, tb), (r, ts) = _timed(time_base), _timed(time_stack)
         bases.append(b)
         runs.append(r)
-        spent, stack_s = spent + tb + ts, stack_s or ts
+        spent, fastest = spent + tb + ts, min(fastest, tb + ts)
         if pairing.caller_times_base:
             break
         # pairs always timed: an expensive base (by its floor, which a stall cannot lift) is timed once
@@ -245,7 +248,7 @@ def side_by_side(
         if crowded is not None and crowded():
             why = "other programs hold the cores (more pairs would not show a number)"
         else:
-            why = pairing.stop(est, len(runs), first, spent, stack_s)
+            why = pairing.stop(est, len(runs), first, spent, fastest)
         if why:
             break
     base = store.put(key, replace(entry_of(median_run(bases)), runs=tuple(x.timed for x in bases)))
