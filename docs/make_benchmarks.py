@@ -39,6 +39,7 @@ EPOCH_WHY = {
     1: "measured before the 8-bit forms (float8 and int8 picked per device, compiled), memory offload and Sage 1 "
     "(commit 0d42907): the named 8-bit presets then ran INT8 weight-only eagerly"
 }
+MEASURING = ("studio/measure", "studio/bench")  # the code a number is measured with: a record names its hash
 TRACKED = ("studio", "presets", "docs/make_benchmarks.py", "docs/bench/forms", "docs/prompts-heldout.txt")
 FLAGS = (("amx_int8", "AMX-INT8"), ("avx512_bf16", "avx512_bf16"), ("avx512_vnni", "AVX512-VNNI"))
 DERIVED = ("-eager", "-nocache")  # the twins a bench adds under a preset's name (studio/bench/twins.py)
@@ -76,6 +77,15 @@ SECTIONS = [
         "docs/make_benchmarks.py --auto-forms",
     ),
     Section(
+        "interval",
+        "What the speed-up's interval holds",
+        "Every speed-up is shown with {interval}. How often each interval shape held the 10-pair quiet point over "
+        "windows of k consecutive pairs of runs recorded quiet and beside a CPU hog (tests/data/step_timings.json, "
+        "no model runs), and the studio's shape's coverage, which the "
+        "label above is made from (studio/measure/estimate.py: COVERAGE; a test recomputes it).",
+        "tests/data/compare_estimators.py --intervals",
+    ),
+    Section(
         "forms",
         "The 8-bit forms side by side",
         "The named 8-bit stacks ({p:int8}, {p:cache-int8-sage}) run `quant_type: auto`, compiled: the form the "
@@ -101,8 +111,8 @@ SECTIONS = [
         "Every shipped one-process preset, one request",
         "Every shipped preset that runs in one process (`python -m studio presets` lists them all; the parallel ones "
         "are in their own section below) on the embedded model, timed round-robin after each stack's warm-up, median "
-        "of the command's repeats. `vs base` is the median of the rounds' ratios (each run priced by its median full "
-        "and cached steps) with half their range. `of ideal` is a cached preset's speed-up over its non-cache twin "
+        "of the command's repeats. `vs base` is {estimator}. `of ideal` is a cached preset's speed-up over its "
+        "non-cache twin "
         "(the same stack without the cache, timed in the same rounds: {p:cache} over {p:base}, {p:cache-compile} "
         "over {p:compile}) divided by the ideal its counts allow (the ideal's sections below): what the cache's own "
         "decision and bookkeeping cost.",
@@ -201,7 +211,7 @@ How to read it:
 - **denoise / per-step**: the denoising loop only (first transformer call to the end of the last step), median of the
   round-robin repeats after each stack's untimed warm-up. **vs base**: the one estimator's (docs/measuring.md): base's
   floor over the row's (each kind of step's fastest over the repeats, times its count), each round a pair, with its
-  95% interval, `1.74x (1.68-1.80)`.
+  interval, `1.74x (1.68-1.80)`: {interval}.
 - **Noise floor**: `base` timed a second time in every rotation: base against itself tells how far from 1.00x a
   speed-up must be to mean anything on the machine that ran it. Compile vs eager PSNR is the picture's noise floor
   under torch.compile (rounding in fused kernels; never bitwise).
@@ -292,8 +302,12 @@ def known_presets(presets_dirs: list[str]) -> set[str]:
 
 
 def text_of(section_text: str) -> str:
-    """A section's text with its preset marks written out (--check says when a mark names no preset)."""
-    return PRESET_MARK.sub(lambda m: f"`{m.group(1)}`", section_text)
+    """A section's text with its preset marks written out (--check says when a mark names no preset), and the
+    estimator's method and interval in the words of the code that measures them (studio.measure.estimate)."""
+    from studio.measure.estimate import interval_words, method_words
+
+    said = section_text.replace("{estimator}", method_words()).replace("{interval}", interval_words())
+    return PRESET_MARK.sub(lambda m: f"`{m.group(1)}`", said)
 
 
 def text_presets(section_text: str) -> list[str]:
@@ -355,6 +369,18 @@ def run(args: str) -> str:
     return p.stdout
 
 
+def measuring_hash() -> str:
+    """A hash of the measuring code (MEASURING's Python files, by path and content): a stored output made with other
+    code is stale (`stale_reasons`)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for folder in MEASURING:
+        for f in sorted((ROOT / folder).rglob("*.py")):
+            h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def run_section(s: Section) -> dict:
     """Run one section's command here and store its output with the machine, date and commit."""
     m = machine()
@@ -369,6 +395,7 @@ def run_section(s: Section) -> dict:
         "commit": commit(),
         "machine": m,
         "presets": preset_tags(s.command),
+        "measuring": measuring_hash(),
     }
     rec["output"] = run(s.command).rstrip()
     RUNS.mkdir(parents=True, exist_ok=True)
@@ -472,6 +499,10 @@ def stale_reasons(rec: dict, command: str | None) -> list[str]:
         why.append(f"its command was `python {rec['command']}`; the section's is now another")
     if rec.get("epoch", 0) < EPOCH:
         why.append(EPOCH_WHY.get(rec.get("epoch", 0), "measured under an older epoch of the generator"))
+    if "measuring" not in rec:
+        why.append("made before the measuring code's hash was recorded (studio/measure, studio/bench)")
+    elif rec["measuring"] != measuring_hash():
+        why.append(f"the measuring code (studio/measure, studio/bench) changed since it ran ({rec['commit']})")
     then = rec.get("presets")
     if then is None:
         why.append("the stacks its presets ran were not recorded")
@@ -602,7 +633,9 @@ def gpu_records() -> list[tuple[dict, str]]:
 
 
 def gpu_stale(fields: dict) -> list[str]:
-    rec = {"command": "", "epoch": int(fields.get("epoch", "0") or 0), "presets": None}
+    rec = {"command": "", "epoch": int(fields.get("epoch", "0") or 0), "presets": None, "commit": fields.get("commit")}
+    if fields.get("measuring", "").strip():
+        rec["measuring"] = fields["measuring"].strip()
     if fields.get("presets", "").strip() and "=" in fields["presets"]:
         rec["presets"] = dict(p.split("=", 1) for p in fields["presets"].split())
     why = stale_reasons(rec, None)
@@ -753,8 +786,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="the sections and their stored records")
     ap.add_argument("--auto-forms", action="store_true", help="print what quant_type auto picks on this CPU")
     ap.add_argument("--epoch", action="store_true", help="print the generator's epoch (for .ci/gpu-check)")
+    ap.add_argument("--measuring", action="store_true", help="print the measuring code's hash (for .ci/gpu-check)")
     ap.add_argument("--presets-line", action="store_true", help="print name=tag for every shipped preset")
     a = ap.parse_args(argv)
+    if a.measuring:
+        print(measuring_hash())
+        return 0
     if a.epoch or a.presets_line or a.auto_forms:
         lib = _library()
         print(

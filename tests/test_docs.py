@@ -79,7 +79,10 @@ def test_gpu_section_shows_only_a_current_gpu_check_record(mb, tmp_path, monkeyp
     assert mb.render_gpu()[0] == f"## On a GPU — {mb.GPU_MISSING}"  # no record at all
     lib = mb._library()
     presets = " ".join(f"{n}={lib.get(n).tag()}" for n in lib.names())
-    head = f"# gpu-check record\ndate: 2030-01-02\ngpu: X\ncommit: abc\nepoch: {mb.EPOCH}\npresets: {presets}\n\n"
+    head = (
+        f"# gpu-check record\ndate: 2030-01-02\ngpu: X\ncommit: abc\nepoch: {mb.EPOCH}\n"
+        f"measuring: {mb.measuring_hash()}\npresets: {presets}\n\n"
+    )
     table = "| family | preset | verdict |\n|---|---|---|\n| flux | {} | good |\n"
     (tmp_path / "gpu-check-2030-01-02.md").write_text(head + "### doctor\n\n" + table.format("cache"))
     lines = mb.render_gpu()
@@ -91,7 +94,23 @@ def test_gpu_section_shows_only_a_current_gpu_check_record(mb, tmp_path, monkeyp
 
 def test_a_record_of_another_command_is_stale(mb):
     rec = json.loads((mb.RUNS / "forms.json").read_text())
+    rec["measuring"] = mb.measuring_hash()  # as if made with today's measuring code
     section = next(s for s in mb.SECTIONS if s.name == "forms")
     assert mb.stale_reasons(rec, section.command) == []
     rec["command"] = rec["command"].replace("--repeats 3", "--repeats 2")
     assert "its command was" in mb.stale_reasons(rec, section.command)[0]
+
+
+def test_a_record_made_with_other_measuring_code_is_stale(mb):
+    """A stored output names the hash of the code that measured it (studio/measure, studio/bench): made with other
+    code, or before the hash was kept, it is stale and says why."""
+    rec = json.loads((mb.RUNS / "forms.json").read_text())
+    section = next(s for s in mb.SECTIONS if s.name == "forms")
+    rec["measuring"] = mb.measuring_hash()
+    assert mb.stale_reasons(rec, section.command) == []
+    rec["measuring"] = "0" * 16
+    assert mb.stale_reasons(rec, section.command) == [
+        f"the measuring code (studio/measure, studio/bench) changed since it ran ({rec['commit']})"
+    ]
+    del rec["measuring"]
+    assert "before the measuring code's hash was recorded" in mb.stale_reasons(rec, section.command)[0]

@@ -234,7 +234,7 @@ def _pace(runner: Runner, rots: list[Rotation], model: str, crowding=None) -> li
         key = machine_pace.pace_key(
             device=str(m.device), threads=torch.get_num_threads(), model=model, dtype=dtype, work=work
         )
-        agree = speedup_over([rot.pair(BASE, AGAIN) for rot in group]).half_width
+        agree = speedup_over([rot.pair(BASE, AGAIN) for rot in group]).spread
         taken = crowding.taken if crowding is not None else None
         out.append(machine_pace.record(runner.manager.settings.pace_file, key, per_step, agree, taken))
     return out

@@ -136,7 +136,7 @@ def base_disagrees(rot: Rotation) -> float | None:
     """The half-width of base against its own second run in these rounds, where wider than AGREE; None otherwise."""
     if rot.rounds == 0 or AGAIN not in rot.runs:
         return None
-    hw = rot.ratio(BASE, AGAIN).half_width
+    hw = rot.ratio(BASE, AGAIN).spread
     return hw if hw > AGREE else None
 
 

@@ -12,7 +12,7 @@ from importlib import metadata
 import numpy as np
 
 from studio.measure.blocks import IdealCheck
-from studio.measure.estimate import Estimate, shown
+from studio.measure.estimate import Estimate, interval_level, shown
 from studio.measure.lpips import lpips_against
 from studio.measure.quality import Verdict, judge, judge_batch
 from studio.measure.timing import StepCounts
@@ -72,8 +72,9 @@ class RunTiming:
     base_denoise_s: float | None = None
     base_age_s: float | None = None  # seconds between the end of the base timing and the end of this run's
     speedup: float | None = None
-    speedup_lo: float | None = None  # the speed-up's interval (studio.measure.estimate: a 95% bootstrap)
+    speedup_lo: float | None = None  # the speed-up's interval (studio.measure.estimate: a bootstrap, symmetric)
     speedup_hi: float | None = None
+    interval_level: float | None = None  # what that interval held on recorded runs (estimate.COVERAGE, quiet)
     speedup_note: str | None = None  # why there is no speed-up (a useless interval; a measurement error), in words
     timed_pairs: int = 0  # base/stack pairs the speed-up came from
     pairs_stop: str | None = None  # why the pairing stopped where it did
@@ -249,6 +250,7 @@ class RunMetrics:
                 speedup=s.point if not note else None,
                 speedup_lo=s.lo if not note else None,
                 speedup_hi=s.hi if not note else None,
+                interval_level=interval_level() if s.lo is not None and not note else None,
                 speedup_note=note,
                 timed_pairs=ratio.pairs if ratio is not None else 0,
                 pairs_stop=(ratio.stop or None) if ratio is not None else None,

@@ -7,10 +7,13 @@ numbers it returns mean.
 
 from __future__ import annotations
 
+from studio.measure.estimate import interval_words
+
 NUMBERS = (
     "Numbers: `tag` is what ran (never only what was asked; `label_changes` lists parts that fell back), `denoise_s` "
-    "the denoising loop's time, `speedup` the speed-up over the `base` preset with its 95% interval `speedup_lo`-"
-    "`speedup_hi` from `timed_pairs` timed pairs (null with `speedup_note` saying why when the timing cannot be "
+    "the denoising loop's time, `speedup` the speed-up over the `base` preset with its interval `speedup_lo`-"
+    f"`speedup_hi` ({interval_words()}; `interval_level`) from `timed_pairs` timed pairs (null with "
+    "`speedup_note` saying why when the timing cannot be "
     "trusted), `cached_steps`/`full_steps` the steps the cache skipped and ran, `psnr_db`/`ssim` the picture against "
     "base's picture of the same request (30 dB and up: close; under 20 dB: a different or broken picture; `quality` "
     "says which)."

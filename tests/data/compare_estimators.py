@@ -1,6 +1,11 @@
-"""The table in docs/measuring.md: candidate speed-up estimators compared on the recorded runs.
+"""The tables in docs/measuring.md: candidate speed-up estimators, then interval shapes, on the recorded runs.
 
-    python tests/data/compare_estimators.py
+    python tests/data/compare_estimators.py              (both tables)
+    python tests/data/compare_estimators.py --intervals  (the interval shapes and their coverage only)
+
+The interval table: how often each shape's interval over a window of k consecutive pairs holds the 10-pair quiet
+point, and the coverage over the windows of 3 and 5 pairs that studio.measure.estimate.COVERAGE names (a test
+recomputes it with `coverage`).
 
 For each estimator and stack (cache, cache-int8-sage), over tests/data/step_timings.json: the median difference
 between the points of two disjoint random sets of k quiet pairs (200 splits, seed 0), and between k busy pairs and
@@ -77,17 +82,24 @@ def main() -> None:
 
 
 def interval_shapes(point: float, draws: np.ndarray) -> dict[str, tuple[float, float]]:
-    """Three ways to read the bootstrap's draws of the floor ratio as a 95% interval."""
+    """Ways to read the bootstrap's draws of the floor ratio as an interval."""
+    from studio.measure import estimate as E
+
     qlo, qmed, qhi = np.percentile(draws, [2.5, 50, 97.5])
     return {
-        "percentile, widened to hold the point (the studio's)": (min(qlo, point), max(qhi, point)),
+        "percentile, widened to hold the point (before)": (min(qlo, point), max(qhi, point)),
         "basic (2 x point - the draws' quantiles)": (2 * point - qhi, 2 * point - qlo),
         "percentile moved so its median is the point": (qlo * point / qmed, qhi * point / qmed),
+        "percentile widened, then symmetric around the point (the studio's)": E.symmetric(point, qlo, qhi),
     }
 
 
-def intervals() -> None:
-    """How often each interval shape holds the 10-pair quiet point, over every window of k consecutive pairs."""
+CASES = (("quiet", 2), ("quiet", 3), ("quiet", 5), ("busy", 3), ("busy", 5))
+COUNTED = (3, 5)  # the windows COVERAGE counts: the pairs a cheap base is timed (3), and more
+
+
+def _held() -> tuple[dict, dict]:
+    """{shape: {(stack, cond, k): (held, windows)}} and {shape: half-widths of quiet 3-pair windows of cache, %}."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -96,34 +108,53 @@ def intervals() -> None:
     def as_runs(cond, stack):
         return [E.Run.of(r["step_ms"], r["cached"]) for r in DATA["conditions"][cond][stack]]
 
-    cases = (("quiet", 2), ("quiet", 3), ("quiet", 5), ("busy", 3), ("busy", 5))
-    print("| interval | " + " | ".join(f"{c}, {k} pairs" for c, k in cases) + " | median half-width (quiet, 3) |")
-    print("|---|" + "---|" * (len(cases) + 1))
-    rows: dict[str, list[str]] = {}
+    held: dict[str, dict] = {}
     widths: dict[str, list[float]] = {}
     for stack in ("cache", "cache-int8-sage"):
         truth = E.speedup(as_runs("quiet", "base"), as_runs("quiet", stack)).point
-        for cond, k in cases:
+        for cond, k in CASES:
             b, s = as_runs(cond, "base"), as_runs(cond, stack)
-            held: dict[str, int] = {}
             windows = [list(range(i, i + k)) for i in range(len(b) - k + 1)]
             for w in windows:
                 point, draws = E._group(
                     [b[i] for i in w], [s[i] for i in w], None, None, np.random.default_rng(0), 400
                 )
                 for name, (lo, hi) in interval_shapes(point, draws).items():
-                    held[name] = held.get(name, 0) + (lo <= truth <= hi)
-                    if (cond, k) == ("quiet", 3):
+                    n, total = held.setdefault(name, {}).get((stack, cond, k), (0, 0))
+                    held[name][(stack, cond, k)] = (n + (lo <= truth <= hi), total + 1)
+                    if (cond, k) == ("quiet", 3) and stack == "cache":
                         widths.setdefault(name, []).append((hi - lo) / 2 / point * 100)
-            for name, n in held.items():
-                rows.setdefault(name, []).append(f"{n}/{len(windows)}")
-    for name, cells in rows.items():
-        half = len(cells) // 2  # the first half is cache's, the second cache-int8-sage's
-        joined = " | ".join(f"{a} / {b}" for a, b in zip(cells[:half], cells[half:], strict=True))
-        print(f"| {name} | {joined} | ±{np.median(widths[name]):.1f}% |")
+    return held, widths
+
+
+def coverage(held: dict) -> dict[str, tuple[int, int]]:
+    """{cond: (held, windows)} over both stacks' windows of COUNTED pairs."""
+    out = {}
+    for cond in ("quiet", "busy"):
+        cells = [v for (_, c, k), v in held.items() if c == cond and k in COUNTED]
+        out[cond] = (sum(n for n, _ in cells), sum(t for _, t in cells))
+    return out
+
+
+def intervals() -> None:
+    """The interval shapes' table: how often each holds the 10-pair quiet point, `cache` / `cache-int8-sage`."""
+    held, widths = _held()
+    head = " | ".join(f"{c}, {k} pairs" for c, k in CASES)
+    print(f"| interval | {head} | quiet, 3 and 5 pairs | busy, 3 and 5 pairs | median half-width (quiet, 3) |")
+    print("|---|" + "---|" * (len(CASES) + 3))
+    for name, cells in held.items():
+        joined = " | ".join(
+            " / ".join("{}/{}".format(*cells[(st, c, k)]) for st in ("cache", "cache-int8-sage")) for c, k in CASES
+        )
+        cov = coverage(cells)
+        shares = " | ".join(f"{n}/{t} ({n / t:.0%})" for n, t in (cov["quiet"], cov["busy"]))
+        print(f"| {name} | {joined} | {shares} | ±{np.median(widths[name]):.1f}% |")
 
 
 if __name__ == "__main__":
-    main()
-    print()
+    import sys
+
+    if "--intervals" not in sys.argv:
+        main()
+        print()
     intervals()
