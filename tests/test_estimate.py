@@ -234,3 +234,23 @@ def test_the_interval_is_named_by_the_coverage_the_recorded_runs_give_it():
     # symmetric around its point, in ratio: the farther edge mirrored
     e = speedup([flat(10.0)] * 2, [flat(6.0), flat(5.0)])
     assert e.point / e.lo == pytest.approx(e.hi / e.point)
+
+
+def test_an_of_ideal_over_its_ideal_is_not_shown_and_says_why():
+    """`of ideal` is the measured speed-up over the ideal its counts allow: a point over 1.05x of it (First-Block-
+    Cache read 2.84x against an ideal of 2.52x) is no share of the ideal; withheld with the reason, as a whole
+    interval over it is a measurement error."""
+    from studio.measure.blocks import CachedStepPrice, IdealCheck
+
+    price = CachedStepPrice(0.29, 20.0, 14.2, "this run's blocks")
+    within = IdealCheck(2.52, Estimate(2.30, 2.10, 2.50, 3), "base", price)
+    assert within.of_ideal == pytest.approx(2.30 / 2.52) and within.why_not_shown() is None
+    over = IdealCheck(2.52, Estimate(2.84, 2.40, 3.28, 3), "base", price)
+    assert over.of_ideal is None and not over.impossible
+    assert over.why_not_shown() == (
+        "not shown: 2.84x (2.40-3.28) over base is over the ideal its counts allow (2.52x, a cached step priced at "
+        "0.29 of a full one, this run's blocks); the ideal is no bound for this run, so no share of it is read"
+    )
+    wrong = IdealCheck(2.52, Estimate(3.20, 3.00, 3.40, 3), "base", price)
+    assert wrong.impossible and wrong.why_not_shown().startswith("measurement error: 3.20x (3.00-3.40) over base")
+    assert IdealCheck(2.52, None, "base", price).why_not_shown() is None

@@ -224,6 +224,22 @@ class IdealCheck:
         """The whole interval over IMPOSSIBLE x the ideal: the counts cannot give that; a measurement error."""
         return self.measured is not None and self.measured.lo > IMPOSSIBLE * self.ideal
 
+    def why_not_shown(self) -> str | None:
+        """Why `of_ideal` is not shown where there is a reading: the whole interval over the ideal (a measurement
+        error, `why_impossible`), or its point over it while the interval reaches below: the ideal is not a bound for
+        this run, and a ratio over 1 would read as a cache that beat its own skipped work. None: shown (or no
+        reading at all)."""
+        if self.measured is None or self.of_ideal is not None:
+            return None
+        if self.impossible:
+            return self.why_impossible()
+        m = self.measured
+        return (
+            f"not shown: {m.point:.2f}x ({m.lo:.2f}-{m.hi:.2f}) over {self.against} is over the ideal its counts "
+            f"allow ({self.ideal:.2f}x, a cached step priced at {self.price.share:.2f} of a full one, "
+            f"{self.price.source}); the ideal is no bound for this run, so no share of it is read"
+        )
+
     def why_impossible(self) -> str | None:
         if not self.impossible:
             return None

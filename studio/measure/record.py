@@ -311,7 +311,7 @@ def _ideal_fields(ideal: IdealCheck | None) -> dict:
         "of_ideal_hi": lo_hi[1],
         "of_ideal_against": ideal.against,
         "ideal_detail": ideal.price.as_dict(),
-        "of_ideal_note": ideal.why_impossible(),
+        "of_ideal_note": ideal.why_not_shown(),
     }
 
 
