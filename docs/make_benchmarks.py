@@ -130,7 +130,7 @@ SECTIONS = [
         "one recipe differ by a few percent even on a quiet machine (each floor is one step's fastest of a few "
         "hundred), which no pairing removes: base's second run has a plain process of its own, and the noise "
         "floor's `plain base against a second plain process` line is how far studio/raw can sit from 1.00 by that "
-        "alone.",
+        "alone, and the line after it reads each row against it: within that noise, or by how much outside it.",
         "-m studio bench --presets base,cache,int8 --repeats 9 --vs-raw --out docs/bench/vs-raw.json",
     ),
     Section(

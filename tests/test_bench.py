@@ -312,3 +312,25 @@ def test_extra_rounds_run_while_a_shown_speed_up_is_wider_than_ten_percent():
     assert why_stop(rot, repeats=2, extra=4, tighten=False).startswith("every speed-up's interval is usable after 2")
     rot.rounds = 6
     assert why_stop(rot, repeats=2, extra=4) == "at most 4 extra rounds; still wider than ±10%: cache"
+
+
+@pytest.mark.quick
+def test_vs_raw_is_read_against_two_plain_processes_noise_row_by_row():
+    """--vs-raw, accepted as measured (issue 46's decision, option a): each row's studio/raw is said within the noise
+    floor of two plain processes measured in the same run, or by how much its interval sits outside it."""
+    from studio.bench.bench import NoiseFloor
+    from studio.report.table import MatrixRow
+    from studio.report.text import raw_verdict
+
+    def row(name, v, lo, hi):
+        r = MatrixRow(name, "-", 1.0, 10.0, None, None, None, 0, 28, "good")
+        r.studio_over_raw, r.studio_over_raw_lo, r.studio_over_raw_hi = v, lo, hi
+        return r
+
+    noise = NoiseFloor(1.0, plain_vs_plain=1.01, plain_vs_plain_lo=0.98, plain_vs_plain_hi=1.02)  # 1.00 +-2%
+    rows = [row("base", 1.012, 0.995, 1.03), row("cache", 1.06, 1.045, 1.08), row("int8", None, None, None)]
+    assert raw_verdict(rows, noise) == (
+        "studio/raw against two plain processes' noise (1.00 ±2.0%): base 1.012 within the noise; "
+        "cache 1.060 2.5% outside it"
+    )
+    assert raw_verdict(rows, NoiseFloor(1.0)) is None  # no --vs-raw

@@ -85,6 +85,27 @@ def noise_lines(noise) -> list[str]:
     return out
 
 
+def raw_verdict(rows, noise) -> str | None:
+    """--vs-raw, read against the noise floor of two plain processes measured in the same run (the decision on
+    issue 46: accepted as measured, option a): each row's studio/raw within that noise, or by how much outside it.
+    None without --vs-raw."""
+    pp = noise.plain_vs_plain
+    if pp is None:
+        return None
+    off = max(abs(v - 1) for v in (pp, noise.plain_vs_plain_lo, noise.plain_vs_plain_hi) if v is not None)
+    cells = []
+    for r in rows:
+        if r.studio_over_raw is None:
+            continue
+        lo, hi = r.studio_over_raw_lo or r.studio_over_raw, r.studio_over_raw_hi or r.studio_over_raw
+        outside = max(0.0, lo - (1 + off), (1 - off) - hi)  # how far its interval sits outside 1.00 +- the noise
+        said = "within the noise" if outside == 0 else f"{outside * 100:.1f}% outside it"
+        cells.append(f"{r.preset} {r.studio_over_raw:.3f} {said}")
+    if not cells:
+        return None
+    return f"studio/raw against two plain processes' noise (1.00 ±{off * 100:.1f}%): " + "; ".join(cells)
+
+
 def pace_line(p) -> str:
     """A bench's base floor against the fastest this machine has run it (studio.measure.pace), in words."""
     out = f"pace: base's floor {p.floor_ms:.2f} ms a step"
@@ -156,6 +177,8 @@ def bench_markdown(rep) -> str:
     """A BenchReport: the stack table, its noise floor, over several requests the paired figures, and with compiled
     presets compile's cost."""
     noise = [pace_line(p) for p in rep.pace] + noise_lines(rep.noise)
+    raw = raw_verdict(rep.matrix.rows, rep.noise)
+    noise += [raw] if raw else []
     host = fmt.host_took(rep.meta.get("cores_host"))  # a VM's steal, a container's waits (measure.crowding)
     noise += [host] if host else []
     parts = [rep.matrix.markdown(), "", "Noise floor:"] + [f"- {x}" for x in noise]
