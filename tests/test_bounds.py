@@ -234,3 +234,54 @@ def test_one_visitors_burst_waits_within_its_count_and_leaves_the_queue_to_the_o
     finally:
         demo.close()
         runner.manager.unload()
+
+
+def test_the_queue_outlives_thousands_of_sessions_while_an_old_one_waits(tmp_path, random_model_dir):
+    """gradio keeps each session's messages in an LRU of 2,000 (here cut to 4) ordered by when a session was FIRST
+    seen, and dropped the oldest, busy or not: an old session's waiting event then crashed the queue's loop
+    (KeyError sending it its place in line) and no request was served again. app.serve.SessionQueues drops the
+    oldest idle session instead: the old session's event completes while new sessions keep coming."""
+    import concurrent.futures
+
+    import httpx
+    from gradio_client import Client
+    from test_api import _serve
+
+    from studio.engine import ModelManager, Runner
+    from studio.spec import PresetLibrary
+
+    runner = Runner(ModelManager("cpu"), PresetLibrary(user_dir=tmp_path), model=random_model_dir)
+    demo, url = _serve(runner, models=[random_model_dir])
+    sessions = demo._queue.pending_messages_per_session
+    sessions.max_size = 4
+    route = url + "gradio_api/call/v2/generate"
+    ask = dict(prompt="a blue square", model=random_model_dir, preset="base", compare="off", width=64, height=64)
+
+    def join(steps: int) -> str:  # each call of this route is a session of its own
+        answer = httpx.post(route, json=ask | {"steps": steps}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        return answer.json()["event_id"]
+
+    def outcome(event_id: str) -> str:
+        with httpx.stream("GET", f"{route}/{event_id}", timeout=60) as events:
+            return next((x for x in events.iter_lines() if x in ("event: complete", "event: error")), "ended")
+
+    old = Client(url, verbose=False, download_files=False)
+    try:
+        old.predict(**ask, steps=2, api_name="/generate")  # the oldest session, idle now
+        assert outcome(join(2)) == "event: complete"  # a second one, idle too
+        running = join(100)  # a third: its long run holds the device...
+        end = time.monotonic() + 30
+        while len(demo._queue) and time.monotonic() < end:
+            time.sleep(0.02)
+        waiting = old.submit(**ask, steps=2, api_name="/generate")  # ...while the oldest session's event waits
+        newer = [join(2), join(2)]  # two new sessions: past the 4, one session must go
+        assert len(sessions) == 4
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            got = list(pool.map(outcome, [running, *newer]))
+        assert got == ["event: complete"] * 3, got
+        assert len(waiting.result(timeout=240)) > 0  # the old session's event was served
+    finally:
+        old.close()
+        demo.close()
+        runner.manager.unload()

@@ -9,6 +9,7 @@ port, and the queue they call through.
 from __future__ import annotations
 
 import gradio as gr
+from gradio.utils import LRUCache
 from starlette.middleware import Middleware
 
 from studio.app.access import KeyGate
@@ -37,6 +38,7 @@ def launch(demo: gr.Blocks, *, mcp: bool | None = None, **kwargs):
     middleware = [gate, cap, uploads, waiting]
     app_kwargs = {"routes": demo.studio_api.routes(), "middleware": middleware, **kwargs.pop("app_kwargs", {})}
     kwargs.setdefault("state_session_capacity", settings.sessions)  # sessions whose state stays in memory
+    keep_waiting_sessions(demo)
     return demo.launch(app_kwargs=app_kwargs, mcp_server=mcp, **kwargs)
 
 
@@ -45,3 +47,39 @@ def queued(demo: gr.Blocks, studio, who: str) -> int:
     each with the request that joined it; app.bounds.WaitingCap)."""
     waiting = demo._queue.event_queue_per_concurrency_id.values()
     return sum(1 for line in waiting for event in line.queue if studio.visitor(event.request) == who)
+
+
+class SessionQueues(LRUCache):
+    """gradio's message queue of each session (`Queue.pending_messages_per_session`, an LRU of 2,000) that drops the
+    oldest IDLE session when full, never one with an event still pending (`Queue.pending_event_ids_session`).
+
+    gradio's own drops the oldest by when the session was first seen, busy or not, and a session seen again keeps
+    its old place: after 2,000 newer sessions (each OpenAI call, each gradio_client, each page load is one) a
+    long-open session with an event waiting loses its queue, the queue's loop raises KeyError sending it its place
+    in line (`broadcast_estimations`), and that loop, which runs every event, is gone: every later request waits
+    or is refused "queue full" until the server restarts (seen in the 30-minute soak at 23 minutes). Dropping an
+    idle session also drops its empty entry of pending events, which gradio otherwise keeps for every session
+    ever seen."""
+
+    def __init__(self, queue, max_size: int):
+        super().__init__(max_size)
+        self.queue = queue
+
+    def __setitem__(self, key, value) -> None:
+        if key not in self and len(self) >= self.max_size:
+            pending = self.queue.pending_event_ids_session
+            idle = next((k for k in self if not pending.get(k)), None)
+            if idle is not None:  # otherwise every session is busy: gradio's rule (the oldest) decides
+                del self[idle]
+                pending.pop(idle, None)
+        super().__setitem__(key, value)
+
+
+def keep_waiting_sessions(demo: gr.Blocks) -> None:
+    """Put SessionQueues in place of the queue's per-session message queues (before it serves: none is lost)."""
+    q = demo._queue
+    if isinstance(q.pending_messages_per_session, SessionQueues):
+        return
+    kept = SessionQueues(q, q.pending_messages_per_session.max_size)
+    kept.update(q.pending_messages_per_session)
+    q.pending_messages_per_session = kept

@@ -19,6 +19,7 @@ import httpx
 import openai
 from gradio_client import Client
 from gradio_client.exceptions import AppError
+from gradio_client.utils import QueueError
 
 from studio.bench.soak import BODY_MB, KINDS, PROMPTS, App, SoakPlan, SoakReport, Tally, percentile
 
@@ -71,6 +72,8 @@ class Visitors:
             return "served", ""
         except (AppError, openai.APIStatusError) as e:
             return "refused", getattr(e, "message", None) or str(e)
+        except QueueError as e:  # gradio's queue full: an answer of the app's (a refusal no limit of the visitor's)
+            return "refused", f"the queue was full ({e})"
         except (TimeoutError, concurrent.futures.TimeoutError, openai.APITimeoutError) as e:
             return "hung", repr(e)
         except (openai.APIConnectionError, httpx.HTTPError, ConnectionError) as e:
