@@ -24,6 +24,38 @@ def edge_environ(env: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
+APP_ARENAS = 2  # malloc arenas of the app's process (the soak's figures: docs/deploy.md)
+
+
+def cap_malloc_arenas(env: Mapping[str, str], arenas: int = APP_ARENAS) -> str:
+    """Cap glibc's malloc arenas in this process at `arenas`, before it starts threads; what was done, in words.
+
+    glibc gives a thread that allocates while another holds an arena an arena of its own, up to 8 per core, and
+    keeps what each one freed. The app's process runs each event and each call back on a short-lived thread (anyio's
+    pool of up to 40, gradio's own), so its resident memory climbed with the arenas: in the soak, +138 MiB in 6
+    minutes uncapped against +39 MiB with 2 arenas (docs/deploy.md). An operator's MALLOC_ARENA_MAX (which glibc reads
+    itself) is left as it is; elsewhere than glibc nothing is done."""
+    if env.get("MALLOC_ARENA_MAX"):
+        return f"malloc arenas: MALLOC_ARENA_MAX={env['MALLOC_ARENA_MAX']} (the operator's)"
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        mallopt = (
+            getattr(libc, "mallopt", None) if libc is not None and hasattr(libc, "gnu_get_libc_version") else None
+        )
+    except OSError as e:  # no C library to load: nothing capped, and said
+        return f"malloc arenas: not capped ({e})"
+    if mallopt is None:
+        return "malloc arenas: not capped (not glibc)"
+    if mallopt(M_ARENA_MAX, arenas) != 1:
+        return "malloc arenas: not capped (mallopt refused)"
+    return f"malloc arenas: capped at {arenas}"
+
+
 def on_zerogpu() -> bool:
     """ZeroGPU Spaces (`spaces` installed and SPACES_ZERO_GPU set): the GPU is attached per call to a process that
     `spaces` forks for the handler, and run-time compilation is not available."""
