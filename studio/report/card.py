@@ -105,12 +105,11 @@ def metrics_card(m) -> str:
     steps += "</small>"
     room = _room(m)
     vs = esc(t.speedup_note) if t.speedup_note else fmt.speedup_ci(t.speedup, t.speedup_lo, t.speedup_hi)
-    if t.speedup_lo is not None:  # the interval named by what it held (studio.measure.estimate)
-        vs = f'<span title="{esc(interval_words())}">{vs}</span>'
-
     if t.base_denoise_s is not None:
         pairs = f", {esc(fmt.pairs(t.timed_pairs, t.pairs_stop, t.stalled_runs))}" if t.timed_pairs else ""
         vs += f" (base {fmt.denoise(t.base_denoise_s, t.base_priced_s)}{pairs})"
+    if t.speedup_lo is not None:  # the interval named by what it held (studio.measure.estimate), on hover
+        vs = f'<span title="{esc(interval_words())}">{vs}</span>'
     if fmt.host_slow(t.base_pace_over) and t.speedup is not None:
         vs += f"<br><small>{esc(fmt.host_slow(t.base_pace_over))}</small>"
     if fmt.host_took(t.cores_host) and t.speedup is not None:
