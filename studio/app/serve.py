@@ -27,8 +27,8 @@ def launch(demo: gr.Blocks, *, mcp: bool | None = None, **kwargs):
     gate = Middleware(KeyGate, key=settings.api_key, open_page=settings.open_page)  # the first: before any reading
     cap = Middleware(BodyCap, max_bytes=int(settings.max_body_mb * MB))  # before any route reads a body
     studio = demo.studio_api.studio
-    uploads = Middleware(UploadCount, count=studio.wrote_scope if studio.guard is not None else None)
-    public = studio.guard is not None
+    public = studio.guard is not None  # a public studio counts what its visitors do
+    uploads = Middleware(UploadCount, count=studio.wrote_scope if public else None)
     waiting = Middleware(
         WaitingCap,
         who=studio.visitor_scope if public else None,

@@ -189,8 +189,9 @@ def _of_ideal(row: MatrixRow, ms: list, rots: list[Rotation], name: str, ref: st
     check = IdealCheck(row.ideal_speedup, measured, ref, _price(ms[0]))
     row.of_ideal, row.of_ideal_against = check.of_ideal, ref
     row.of_ideal_lo, row.of_ideal_hi = check.of_ideal_range or (None, None)
-    if check.why_not_shown():
-        row.fallbacks.append(f"of ideal: {check.why_not_shown()}")
+    why = check.why_not_shown()
+    if why:
+        row.fallbacks.append(f"of ideal: {why}")
 
 
 def _price(m) -> CachedStepPrice:
