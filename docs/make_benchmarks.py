@@ -108,6 +108,16 @@ SECTIONS = [
         needs="amx_int8",
     ),
     Section(
+        "processes",
+        "Compiled rows from process to process (`--processes 2`)",
+        "A compiled stack's speed is a property of the process that compiled it, which no pairing inside one process "
+        "removes. `--processes 2` times each compiled stack (with base and its twins) again in a fresh device "
+        "worker and says how far apart the two processes read it; the largest spread is kept in this machine's "
+        "record and every later bench with a compiled row states it under its table (the `compiled rows` line): two "
+        "benches' compiled rows within that agree as well as two processes can. Eager rows are held to 10%.",
+        "-m studio bench --presets base,compile,cache-compile,cache-int8-sage --repeats 5 --processes 2",
+    ),
+    Section(
         "bench-all",
         "Every shipped one-process preset, one request",
         "Every shipped preset that runs in one process (`python -m studio presets` lists them all; the parallel ones "

@@ -186,32 +186,28 @@ def _prompt_requests(runner, req, args, examples: bool = True) -> list:
 def _bench(runner, req, args) -> int:
     from studio.report.plots import plot_paired, plot_tradeoff
     from studio.report.text import bench_header, bench_markdown
-    from studio.worker import reruns
+    from studio.spec import ConfigError
+    from studio.spec.checks import check_int
     from studio.worker.service import InProcess
 
+    check_int("bench", "processes", args.processes, lo=1)
+    if args.processes > 1 and args.in_process:
+        raise ConfigError("bench: --processes needs a fresh device worker per process; leave out --in-process")
     names = args.presets.split(",") if args.presets else None
+    requests = _prompt_requests(runner, req, args, examples=False)
+    kw = dict(
+        model=args.model,
+        repeats=args.repeats,
+        cache_enabled=args.cache,
+        compile_enabled=args.compile,
+        vs_raw=args.vs_raw,
+        extra_rounds=args.extra_rounds,
+        floor_db=args.min_psnr,
+        max_flip=args.max_flip,
+    )
     # in the device worker, each stack's native crash costs its own row (studio.worker.reruns); --in-process: here
-    device = InProcess(runner) if args.in_process else device_worker(args, runner.presets)
-    tick, close = progress_bar("bench")
-    try:
-        rep = reruns.bench(
-            device,
-            _prompt_requests(runner, req, args, examples=False),
-            names,
-            on_status=lambda msg: print(msg, file=sys.stderr),
-            model=args.model,
-            repeats=args.repeats,
-            progress=tick,
-            cache_enabled=args.cache,
-            compile_enabled=args.compile,
-            vs_raw=args.vs_raw,
-            extra_rounds=args.extra_rounds,
-            floor_db=args.min_psnr,
-            max_flip=args.max_flip,
-        )
-    finally:
-        close()
-        device.close()
+    rep = _bench_in(InProcess(runner) if args.in_process else device_worker(args, runner.presets), requests, names, kw)
+    _processes(runner, rep, args, requests, kw)
     if args.json:
         print(json.dumps(rep.as_dict(), indent=1))
     elif args.csv:
@@ -226,6 +222,49 @@ def _bench(runner, req, args) -> int:
     if args.plot:  # over several requests, one point per request (studio.bench.paired); else one per stack
         plot_paired(rep.paired, args.plot) if rep.paired else plot_tradeoff(rep.matrix.rows, args.plot)
     return 0
+
+
+def _bench_in(device, requests: list, names, kw: dict, desc: str = "bench"):
+    """One bench in `device` (a device worker, or InProcess), closed after it."""
+    from studio.worker import reruns
+
+    tick, close = progress_bar(desc)
+    try:
+        return reruns.bench(
+            device, requests, names, on_status=lambda m: print(m, file=sys.stderr), progress=tick, **kw
+        )
+    finally:
+        close()
+        device.close()
+
+
+def _processes(runner, rep, args, requests: list, kw: dict) -> None:
+    """--processes N: each compiled row timed again in N-1 fresh device workers (studio.bench.processes), the
+    spread kept for this machine; then, with or without it, the spread this machine has measured (rep's fields)."""
+    import datetime
+    import shlex
+
+    from studio.bench import processes
+    from studio.measure import pace
+
+    compiled = processes.compiled_rows(rep)
+    if args.processes > 1 and not compiled:
+        print("--processes: no compiled stack in this bench, so nothing was timed again", file=sys.stderr)
+    elif args.processes > 1:
+        reports = [rep]
+        for i in range(2, args.processes + 1):
+            device = device_worker(args, runner.presets)
+            again = {**kw, "vs_raw": False}  # the plain-diffusers side is the first process's
+            reports.append(_bench_in(device, requests, compiled, again, desc=f"process {i} of {args.processes}"))
+        rep.processes = processes.readings(reports)
+        command = "python -m studio " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        lost = processes.keep(
+            runner.manager.settings.pace_file, reports, rep.processes, command, str(datetime.date.today())
+        )
+        if lost:
+            print(f"--processes: {lost}", file=sys.stderr)
+    if compiled:
+        rep.process_spread = pace.spread_seen(runner.manager.settings.pace_file, rep.meta["machine"])
 
 
 def _sweep(runner, req, args) -> int:

@@ -89,6 +89,10 @@ class BenchReport:
     # per request shape, base's floor against the fastest this machine has run it (was the machine quiet?)
     pace: list[machine_pace.Pace] = field(default_factory=list)
     paired: list[Paired] = field(default_factory=list)  # over several requests: each stack request by request
+    # --processes N: each compiled row in each process (studio.bench.processes.ProcessReading)
+    processes: list = field(default_factory=list)
+    # the compiled rows' process-to-process spread this machine has measured (studio.measure.pace.SpreadSeen)
+    process_spread: machine_pace.SpreadSeen | None = None
 
     def as_dict(self) -> dict:
         return {
@@ -99,6 +103,8 @@ class BenchReport:
             "compile_cost": [c.__dict__ for c in self.cost],
             "crashed": dict(self.crashed),
             "pace": [p.as_dict() for p in self.pace],
+            "processes": [p.as_dict() for p in self.processes],
+            "process_spread": self.process_spread.as_dict() if self.process_spread else None,
         }
 
 
@@ -241,6 +247,14 @@ def _pace(runner: Runner, rots: list[Rotation], model: str, crowding=None) -> li
     return out
 
 
+def _machine(runner: Runner, model: str, dtype: str) -> str:
+    import torch
+
+    return machine_pace.machine_key(
+        device=str(runner.manager.device), threads=torch.get_num_threads(), model=model, dtype=dtype
+    )
+
+
 def _cost(rots: list[Rotation], twins: dict[str, str]) -> list[CostRow]:
     out = []
     for c, t in twins.items():
@@ -340,10 +354,13 @@ def run_bench(
     names = [p.name for p in resolved]
     rows = [row(n, rots, ref=refs.get(n), crowded=crowded) for n in names]
     mat = Matrix(requests[0], model or runner.model, rows, rots[0].last, repeats)
+    dtype = rots[0].last[BASE].metrics.labels.dtype
     meta = {
         "model": model or runner.model,
         "device": str(runner.manager.device),
-        "dtype": rots[0].last[BASE].metrics.labels.dtype,
+        "dtype": dtype,
+        # what two benches must share to be compared (measure.pace: the record of this machine)
+        "machine": _machine(runner, model or runner.model, dtype),
         "versions": library_versions(),
         "repeats": repeats,
         "rounds": [r.rounds for r in rots],  # per prompt: the repeats and any extra rounds (studio.bench.rotation)

@@ -89,10 +89,15 @@ def cpu_name(path: str = "/proc/cpuinfo") -> str:
     return ""
 
 
+def machine_key(*, device: str, threads: int, model: str, dtype: str) -> str:
+    """The machine (CPU, device, threads) with the model and dtype: what two benches must share to be compared."""
+    return f"{cpu_name()}|{device}|{threads} threads|{model}|{dtype}"
+
+
 def pace_key(*, device: str, threads: int, model: str, dtype: str, work: str) -> str:
-    """What must match for two benches' base floors to be compared: the machine (CPU, device, threads), the model
-    and dtype, and `work`, what one step of the request does (its shape, steps, calls per step)."""
-    return f"{cpu_name()}|{device}|{threads} threads|{model}|{dtype}|{work}"
+    """What must match for two benches' base floors to be compared: the machine (`machine_key`), and `work`, what
+    one step of the request does (its shape, steps, calls per step)."""
+    return f"{machine_key(device=device, threads=threads, model=model, dtype=dtype)}|{work}"
 
 
 def work_of(request, calls: int) -> str:
@@ -142,3 +147,57 @@ def record(
     data[key] = {"best_ms": floor_ms if best is None else min(best, floor_ms), "benches": seen + 1}
     lost = "; ".join(x for x in (lost, _write(p, data)) if x)
     return Pace(key, floor_ms, best, seen, str(p), lost, agree, taken)
+
+
+# -- compiled rows, process to process (studio.bench.processes) ------------------------------------------------------
+SPREAD_SUFFIX = "|compiled rows, process to process"
+SPREAD_KEPT = 20  # measurements kept per machine (the newest)
+
+
+@dataclass(frozen=True)
+class SpreadSeen:
+    """What `bench --processes N` has measured on this machine: how far apart the processes read a compiled row."""
+
+    apart: float  # the largest spread of the quiet measurements (0.05 = 5%); of all of them when none was quiet
+    quiet: bool  # whether `apart` comes from measurements on a quiet machine (studio.measure.pace.Pace.quiet)
+    measurements: int  # how many `apart` is the largest of
+    command: str  # the command of the measurement `apart` comes from
+    date: str  # its date (YYYY-MM-DD)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def keep_spread(path: str | Path | None, key: str, apart: float, quiet: bool, command: str, date: str) -> str:
+    """Keep one measurement of the compiled rows' process-to-process spread (`key`: `machine_key`) in the record at
+    `path` (None: DEFAULT_FILE), the newest SPREAD_KEPT of them; what was lost, '' when nothing."""
+    p = Path(path) if path else DEFAULT_FILE
+    data, lost = _load(p)
+    entries = data.get(key + SPREAD_SUFFIX)
+    entries = [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+    entries.append({"apart": apart, "quiet": quiet, "command": command, "date": date})
+    data[key + SPREAD_SUFFIX] = entries[-SPREAD_KEPT:]
+    return "; ".join(x for x in (lost, _write(p, data)) if x)
+
+
+def spread_seen(path: str | Path | None, key: str) -> SpreadSeen | None:
+    """The compiled rows' spread this machine has measured (`keep_spread`), None when it has measured none."""
+    data, _lost = _load(Path(path) if path else DEFAULT_FILE)  # unreadable: nothing measured, the bench says so
+    entries = data.get(key + SPREAD_SUFFIX)
+    ok = [e for e in entries if _spread_entry(e)] if isinstance(entries, list) else []
+    if not ok:
+        return None
+    quiet = [e for e in ok if e["quiet"]]
+    pool = quiet or ok
+    top = max(pool, key=lambda e: e["apart"])
+    return SpreadSeen(float(top["apart"]), bool(quiet), len(pool), str(top["command"]), str(top["date"]))
+
+
+def _spread_entry(e) -> bool:
+    return (
+        isinstance(e, dict)
+        and isinstance(e.get("apart"), (int, float))
+        and e["apart"] >= 0
+        and isinstance(e.get("quiet"), bool)
+        and all(isinstance(e.get(k), str) for k in ("command", "date"))
+    )

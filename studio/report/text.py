@@ -106,6 +106,43 @@ def raw_verdict(rows, noise) -> str | None:
     return f"studio/raw against two plain processes' noise (1.00 ±{off * 100:.1f}%): " + "; ".join(cells)
 
 
+def process_lines(rep) -> list[str]:
+    """A bench's compiled rows against other processes (studio.bench.processes): each row in each process with how
+    far apart they read (--processes N), then the spread this machine has measured for compiled rows, or that it
+    has measured none and the command that would. [] for a bench without a compiled row."""
+    compiled = list(rep.twins)
+    if not compiled:
+        return []
+    out = []
+    if rep.processes:
+        cells = []
+        for g in rep.processes:
+            each = " / ".join(
+                fmt.speedup_ci(p, lo, hi) if p is not None else f"none ({note})"
+                for p, lo, hi, note in zip(g.points, g.los, g.his, g.notes)
+            )
+            apart = "not two readings to compare" if g.apart is None else f"{g.apart * 100:.1f}% apart"
+            cells.append(f"{g.preset} {each}, {apart}")
+        out.append(
+            f"compiled rows in {len(rep.processes[0].points)} processes (a fresh worker each): " + "; ".join(cells)
+        )
+    seen = rep.process_spread
+    if seen is None:
+        names = ",".join(["base"] + compiled)
+        out.append(
+            "compiled rows: a compiled stack's speed differs from process to process, and this machine has not "
+            f"measured by how much (`python -m studio bench --presets {names} --processes 2` measures it)"
+        )
+    else:
+        busy = "" if seen.quiet else ", measured while the machine was busy"
+        out.append(
+            f"compiled rows: processes on this machine read a compiled stack up to {seen.apart * 100:.1f}% apart "
+            f"(the largest of {seen.measurements}{busy}: `{seen.command}`, {seen.date}); two benches' compiled rows "
+            "within that agree as well as two processes can"
+        )
+    return out
+
+
 def pace_line(p) -> str:
     """A bench's base floor against the fastest this machine has run it (studio.measure.pace), in words."""
     out = f"pace: base's floor {p.floor_ms:.2f} ms a step"
@@ -181,6 +218,7 @@ def bench_markdown(rep) -> str:
     noise += [raw] if raw else []
     host = fmt.host_took(rep.meta.get("cores_host"))  # a VM's steal, a container's waits (measure.crowding)
     noise += [host] if host else []
+    noise += process_lines(rep)
     parts = [rep.matrix.markdown(), "", "Noise floor:"] + [f"- {x}" for x in noise]
     if rep.paired:
         parts += ["", paired_markdown(rep.paired)]
