@@ -78,6 +78,30 @@ def test_step_masks_as_cache_dit_reads_them():
 
 
 @pytest.mark.quick
+def test_what_is_said_before_the_run():
+    """The bound as the API returns it before a run, and the warning of a tight one: `cache` at 8 steps computes 5
+    (4 warm-up, then 3 cached, then 1), so no cached step, however cheap, makes it more than 8/5 = 1.60x."""
+    room = headroom(CACHE, 8)
+    assert room.at_most == pytest.approx(1.6)
+    d = room.as_dict()
+    assert (d["skippable"], d["steps"], d["first_cacheable"], d["tight"]) == (3, 8, 4, True)
+    assert d["warning"] == (
+        "little room for this cache: at 8 steps with 4 warm-up steps and at most 3 cached in a row, this cache can "
+        "skip at most 3 of 8 steps, so the run is at most 1.60x faster than the same stack without it, even were a "
+        "cached step free"
+    )
+    assert (
+        headroom(CACHE, 4)
+        .before_run(model_steps=4)
+        .startswith(
+            "this cache will cache nothing here (this model is a few-step one: its schedule is 4 steps): at 4 steps"
+        )
+    )
+    long = headroom(CACHE, 28).as_dict(model_steps=28)
+    assert (long["tight"], long["warning"], long["at_most"]) == (False, None, pytest.approx(28 / 10))
+
+
+@pytest.mark.quick
 def test_first_block_cache_and_no_cache():
     fb = headroom(CacheSpec(backend="fbcache"), 8)
     assert (fb.skippable, fb.tight) == (7, False)

@@ -95,16 +95,18 @@ def _args(**kw):
     return a
 
 
-def test_api_has_the_five_named_endpoints_with_their_parameters(client):
+def test_api_has_the_six_named_endpoints_with_their_parameters(client):
     api = client.view_api(print_info=False, return_format="dict")
     endpoints = api["named_endpoints"]
-    assert set(endpoints) == {"/generate", "/images", "/compare", "/matrix", "/tune"}  # Enter adds no endpoint
+    # Enter adds no endpoint; /headroom answers before a run (app.room)
+    assert set(endpoints) == {"/generate", "/images", "/compare", "/matrix", "/tune", "/headroom"}
     assert not api["unnamed_endpoints"]
     request = ["prompt", "model", "seed", "steps", "width", "height", "guidance", "negative_prompt", "true_cfg_scale"]
     request += ["num_images_per_prompt", "image", "mask_image", "strength", "loras"]
     expected = {
         "/generate": request + ["preset", "cache", "threshold", "compile", "compare"],
         "/images": request + ["preset", "cache", "threshold", "compile", "compare"],
+        "/headroom": request + ["preset", "cache", "threshold", "compile", "compare"],
         "/compare": request + ["preset_a", "preset_b", "cache", "threshold", "compile"],
         "/matrix": request + ["presets", "repeats", "cache", "threshold", "compile", "prompts_text"],
         "/tune": request + ["floor", "prompts_text", "size", "max_flip"],
@@ -113,6 +115,34 @@ def test_api_has_the_five_named_endpoints_with_their_parameters(client):
         # "request", "progress" and "history" are filled in by gradio (or the session), not API parameters
         assert [p["parameter_name"] for p in endpoints[name]["parameters"]] == params, name
         assert all(p["parameter_has_default"] for p in endpoints[name]["parameters"]), name
+
+
+def test_a_few_step_request_is_flagged_before_the_run(client, app, tmp_path):
+    """/headroom reads the Generate form as /generate would (the preset switched, the steps that would run) and
+    says, without a run, what the step cache can skip; a masked preset's mask is built by the device."""
+    from studio.spec.cachedit import step_mask
+    from studio.spec.headroom import headroom
+    from studio.spec.presets import preset_from_text
+
+    few = client.predict(**_args(steps=8, prompt=""), preset="cache", api_name="/headroom")  # any prompt: same bound
+    assert (few["preset"], few["cache"], few["steps"], few["skippable"], few["tight"]) == ("cache", True, 8, 3, True)
+    assert few["at_most"] == pytest.approx(1.6) and few["warning"].startswith("little room for this cache: at 8 ")
+    long = client.predict(**_args(steps=28), preset="cache", api_name="/headroom")
+    assert (long["skippable"], long["tight"], long["warning"]) == (18, False, None)
+    for kw in (dict(preset="cache", cache="false"), dict(preset="base")):  # no step cache: nothing to say
+        off = client.predict(**_args(steps=8), **kw, api_name="/headroom")
+        assert off["cache"] is False and off["warning"] is None
+    # img2img at strength 0.5 of 20 steps runs 10: the bound is of the steps that run (4 warm-up, 6 more: 5 cached)
+    from gradio_client import handle_file
+
+    Image.fromarray(np.full((64, 64, 3), 120, np.uint8)).save(tmp_path / "in.png")
+    i2i = dict(image=handle_file(str(tmp_path / "in.png")), strength=0.5)
+    got = client.predict(**_args(steps=20, **i2i), preset="cache", api_name="/headroom")
+    assert (got["steps"], got["skippable"]) == (10, 5)
+    device, _ = app
+    masked = preset_from_text("cache_config: {steps_computation_mask: fast}\n", "masked")
+    c = masked.cache_config
+    assert device.headroom(masked, 28) == headroom(c, 28, step_mask(c, 28))  # the worker built the same mask
 
 
 def test_generate_endpoint_with_per_request_cache_switch(client, app):
@@ -340,6 +370,8 @@ def test_browser_generate_and_compare(tmp_path, tiny_lora):
             page = browser.new_page(viewport={"width": 1400, "height": 1300})
             page.goto(url, wait_until="domcontentloaded")
             expect(page.get_by_role("button", name="Generate")).to_be_visible(timeout=60_000)
+            # before the click: the step cache's room at the form's 28 steps (app.room)
+            expect(page.locator("#gen-room")).to_contain_text("can skip up to 18 of 28 steps", timeout=30_000)
             prompt = page.get_by_label("Prompt", exact=True)
             prompt.fill("a yellow triangle on the left, purple background")
             prompt.press("Enter")  # Enter in the prompt box generates, like the button
@@ -389,6 +421,8 @@ def test_browser_generate_and_compare(tmp_path, tiny_lora):
             page.get_by_text("Image input: img2img, inpaint, edit").click()
             page.locator("#input-image input[type=file]").set_input_files(str(upload))
             expect(page.locator("#input-image img").first).to_be_visible(timeout=30_000)
+            # strength 0.6 runs 17 of the 28 steps: 4 warm-up, then 13 of which 10 may be cached
+            expect(page.locator("#gen-room")).to_contain_text("can skip up to 10 of 17 steps", timeout=30_000)
             page.get_by_role("button", name="Generate", exact=True).click()
             for _ in range(360):  # until the img2img card replaces the text-to-image one (28 steps)
                 counts = re.search(r"(\d+) cached / (\d+) full", card.inner_text())

@@ -128,6 +128,7 @@ class GenerateTab:
     compare: gr.Radio
     button: gr.Button
     compare_button: gr.Button  # the same request with compare `on`: its base picture, PSNR and error map
+    room: gr.Markdown  # before the click: what the step cache can skip in this request (app.room)
     image: gr.Image
     card: gr.HTML
     json: gr.JSON
@@ -235,6 +236,8 @@ class ApiOnly:
     picture: gr.Image  # the run's picture, a batch's stacked top to bottom (what an MCP client receives as an image)
     pictures: gr.Gallery  # each picture apart
     numbers: gr.JSON
+    room_button: gr.Button  # never shown: /headroom's trigger (app.room)
+    room: gr.JSON  # what the Generate request's step cache can skip, before the run
 
 
 @dataclass

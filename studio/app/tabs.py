@@ -33,6 +33,7 @@ def generate_tab(names: list[str], default_preset: str, compare: str) -> Generat
                 compare_ = gr.Radio(
                     label="Compare with base", choices=list(COMPARE_MODES), value=compare, info=fmt.COMPARE_INFO
                 )
+                room = gr.Markdown("", elem_id="gen-room")
                 button = gr.Button("Generate", variant="primary")
                 compare_button = gr.Button("Compare with base", variant="secondary")
             with gr.Column(scale=2):
@@ -75,6 +76,7 @@ def generate_tab(names: list[str], default_preset: str, compare: str) -> Generat
         compare=compare_,
         button=button,
         compare_button=compare_button,
+        room=room,
         image=image,
         card=card,
         json=json,
@@ -320,4 +322,8 @@ def api_only() -> ApiOnly:
         picture = gr.Image(label="picture", format="png")
         pictures = gr.Gallery(label="pictures", format="png")
         numbers = gr.JSON(label="numbers")
-    return ApiOnly(button=button, picture=picture, pictures=pictures, numbers=numbers)
+        room_button = gr.Button("headroom")
+        room = gr.JSON(label="headroom")
+    return ApiOnly(
+        button=button, picture=picture, pictures=pictures, numbers=numbers, room_button=room_button, room=room
+    )

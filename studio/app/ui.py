@@ -28,6 +28,7 @@ from studio.app.maps import AB_MAP_WHERE, GEN_MAP_WHERE, show_map
 from studio.app.openai_api import ImagesEndpoint
 from studio.app.panel import request_panel
 from studio.app.pictures import PictureFiles
+from studio.app.room import BeforeRun
 from studio.app.zerogpu import components, device_event
 from studio.report import fmt
 from studio.report.card import CSS
@@ -127,6 +128,31 @@ def _wire(ui: UI, h: Handlers, demo, described: dict) -> None:
     )
     _wire_keeping(ui, h, demo)
     _wire_maps(ui, pics, [generated, compared], [ab_done])
+    _wire_room(ui, h, demo, described)
+
+
+def _wire_room(ui: UI, h: Handlers, demo, described: dict) -> None:
+    """Before the click (app.room): the step cache's room under the preset picker as the form changes, and
+    /headroom for programs, both read from the Generate form as /generate reads it."""
+    r, gen, before = ui.request, ui.gen, BeforeRun(h.studio, h.asks)
+    room_in = forms.inputs(forms.GenerateForm, r, gen)
+    changed = [gen.preset.change, gen.cache.change, r.steps.change, r.model.change, r.strength.change]
+    changed += [r.image.change, demo.load]
+    gr.on(
+        changed,
+        before.note,
+        inputs_kwargs=room_in,
+        outputs=gen.room,
+        trigger_mode="always_last",
+        api_visibility="private",
+    )
+    ui.api.room_button.click(
+        before.read,
+        inputs_kwargs=room_in,
+        outputs=ui.api.room,
+        api_name="headroom",
+        api_description=described["headroom"],
+    )
 
 
 def _wire_keeping(ui: UI, h: Handlers, demo) -> None:

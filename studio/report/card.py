@@ -142,3 +142,18 @@ def metrics_card(m) -> str:
     rows.append(("device", f"{esc(m.placement.device)}, {esc(m.labels.dtype)}"))
     body = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows)
     return f'<div class="metrics-card"><table>{body}</table></div>'
+
+
+def before_run_note(d: dict | None, unread: str = "") -> str:
+    """The line under the Generate tab's preset picker (app.room): what the step cache can skip in this request,
+    a warning where that is little or nothing; '' without a step cache. `unread`: why the form could not be read."""
+    if d is None:
+        return f"*Before the run: the form cannot run as it is ({unread})*" if unread else ""
+    if not d["cache"]:
+        return ""
+    if d["warning"]:
+        return f"⚠ **Before the run:** {d['warning']}."
+    return (
+        f"*Before the run: this cache can skip up to {d['skippable']} of {d['steps']} steps "
+        f"(at most {d['at_most']:.2f}x over the same stack without it).*"
+    )

@@ -52,6 +52,13 @@ def tool_descriptions(presets: list[tuple[str, str]], models: list[str]) -> dict
             "with `repeats` rounds: a row per preset (speed-up with its interval, cached steps, PSNR, what ran) and "
             f"a last row `base (again)`, the noise floor. {what}"
         ),
+        "headroom": (
+            "Before a run: how many steps the preset's step cache can skip at all in this request (its warm-up, its "
+            "caps and its step mask against the steps that run), with /generate's parameters and no run. "
+            "`skippable` of `steps`, `at_most` the most it could speed the run up were a cached step free, `tight` "
+            "and `warning` where that is little or nothing (a few-step request, a distilled model); `cache: false` "
+            f"for a preset without a step cache. {what}"
+        ),
         "tune": (
             "Search a step cache's threshold for the fastest preset whose pictures stay above a PSNR floor (`floor`, "
             "in dB) against base on the given prompts (`prompts_text`, one a line); returns the tuned preset as YAML "

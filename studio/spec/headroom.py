@@ -75,6 +75,41 @@ class Headroom:
         with_ = clauses[0] if len(clauses) == 1 else ", ".join(clauses[:-1]) + " and " + clauses[-1]
         return f"at {s} {_steps(s)} with {with_}, this cache {can}"
 
+    @property
+    def at_most(self) -> float:
+        """The most this cache can speed the run up over the same stack without it, were every cached step free:
+        steps over the steps it must compute."""
+        return self.steps / max(1, self.steps - self.skippable)
+
+    def before_run(self, model_steps: int | None = None) -> str:
+        """What to expect, said before the run (worth saying when `tight`). `model_steps`: the model's own schedule
+        length, named when it is a few-step (distilled) model's."""
+        few = ""
+        if model_steps is not None and model_steps <= FEW_STEPS:
+            few = f" (this model is a few-step one: its schedule is {model_steps} {_steps(model_steps)})"
+        if self.skippable == 0:
+            return f"this cache will cache nothing here{few}: {self.sentence()}; more steps would give it room"
+        return (
+            f"little room for this cache{few}: {self.sentence()}, so the run is at most {self.at_most:.2f}x faster "
+            "than the same stack without it, even were a cached step free"
+        )
+
+    def as_dict(self, model_steps: int | None = None) -> dict:
+        """What the API says before a run: the bound, whether it is tight, and the sentences."""
+        return {
+            "backend": self.backend,
+            "steps": self.steps,
+            "skippable": self.skippable,
+            "first_cacheable": self.first,
+            "at_most": self.at_most,
+            "tight": self.tight,
+            "sentence": self.sentence(),
+            "warning": self.before_run(model_steps) if self.tight else None,
+        }
+
+
+FEW_STEPS = 10  # a model whose own schedule is this short is a few-step (distilled) one: schnell 4, Z-Image-Turbo 9
+
 
 def _steps(n: int) -> str:
     return "step" if n == 1 else "steps"

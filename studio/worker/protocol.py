@@ -32,6 +32,8 @@ from studio.spec.errors import (
     bug_sentence,
     how_it_died,  # noqa: F401  (the worker's end in words, for the client)
 )
+from studio.spec.headroom import Headroom, headroom
+from studio.spec.preset import Preset
 from studio.spec.presets import PresetLibrary
 from studio.spec.profiles import ModelProfile, profile_for, resolve_model
 from studio.spec.request import GenerationRequest, check_caps
@@ -138,7 +140,19 @@ def retry_sentence(crash: str, name: str) -> str:
 
 
 # The device calls, each a method of studio.worker.service.DeviceService; the Device subclasses serve each by name.
-OPS = ("generate", "matrix", "tune", "warm_up", "export", "resolved", "plan", "info", "bench", "doctor_family")
+OPS = (
+    "generate",
+    "matrix",
+    "tune",
+    "warm_up",
+    "export",
+    "resolved",
+    "plan",
+    "info",
+    "bench",
+    "doctor_family",
+    "step_mask",
+)
 RESTARTING = "the device worker is starting again (after a crash, or over its memory limit): this request waits for it"
 
 
@@ -176,6 +190,13 @@ class Device:
     def check_caps(self, request: GenerationRequest) -> None:
         """ConfigError with the sentence the device would end the request with, without a device call (app.admit)."""
         check_caps(request, *self.caps)
+
+    def headroom(self, preset: Preset, steps: int) -> Headroom | None:
+        """The most steps `preset`'s cache can skip in a run of `steps` (spec.headroom), said before the run; None
+        without a step cache. Here, without a device call, unless the preset has a step mask (cache-dit builds it:
+        the device's `step_mask`)."""
+        c = preset.cache_config
+        return headroom(c, steps, self.step_mask(c, steps) if c.enabled and c.has_mask else None)
 
     def request(self, prompt: str, model: str | None = None, **overrides) -> GenerationRequest:
         """A request with the model profile's defaults for whatever is not given."""

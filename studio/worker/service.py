@@ -25,9 +25,10 @@ from studio.engine.thread import DEVICE_THREAD
 from studio.report.fmt import on_this_machine
 from studio.report.plan import plan_text
 from studio.report.table import Matrix
+from studio.spec.cachedit import step_mask
 from studio.spec.devices import named
 from studio.spec.export import cache_dit_yaml
-from studio.spec.preset import Preset
+from studio.spec.preset import CacheSpec, Preset
 from studio.spec.request import GenerationRequest
 from studio.worker.protocol import OPS, Device, WorkerConfig, crossing
 
@@ -89,6 +90,11 @@ class DeviceService:
         profile = self.runner.manager.profile
         here = on_this_machine(resolved(preset, profile, self.runner.manager.settings.dtype))
         return cache_dit_yaml(preset, steps, exported_quant(preset, profile), here)
+
+    def step_mask(self, spec: CacheSpec, steps: int) -> list[int] | None:
+        """The spec's step mask sized to `steps` (cache-dit builds it, and loads torch: so here, not in the app's
+        process); None without one."""
+        return step_mask(spec, steps)
 
     def resolved(self, preset: Preset) -> str:
         """What the preset's device-dependent parts (dtype, 8-bit form, attention) become on this device, in words."""
