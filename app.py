@@ -48,10 +48,11 @@ if importlib.util.find_spec("spaces") is not None:  # ZeroGPU: `spaces` must pat
 # cache-dit logs every hook it installs to stdout at INFO and WARNING; keep stdout for results. Set before anything
 # imports it; the device worker and a local Ray inherit it. The studio's folder first on PYTHONPATH: the worker
 # (`python -m studio.worker.server`) imports this same studio from wherever the app was started.
-from studio.spec.hosting import cap_malloc_arenas, edge_environ  # noqa: E402  (imports nothing that reads them)
+from studio.spec.hosting import cap_malloc_arenas, edge_environ, trim_malloc_every  # noqa: E402  (reads nothing)
 
 os.environ.update(edge_environ(os.environ))
 ARENAS = cap_malloc_arenas(os.environ)  # before gradio starts a thread (docs/deploy.md: the soak's memory)
+TRIM = trim_malloc_every()  # freed heap pages back to the system, every 30 s (docs/deploy.md: the soak's memory)
 
 from studio.spec import PresetLibrary  # noqa: E402
 from studio.spec.errors import USER_ERRORS  # noqa: E402
@@ -133,5 +134,5 @@ if __name__ == "__main__":
     # A Space (or any supervisor) stops the app with SIGTERM: exit through Python, so the exit handlers stop the
     # worker too, instead of dying at once.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    print(ARENAS, file=sys.stderr)  # what was done to the app's memory (spec.hosting.cap_malloc_arenas)
+    print(f"{ARENAS}; {TRIM}", file=sys.stderr)  # what was done to the app's memory (spec.hosting)
     launch(demo, footer_links=["api", "gradio"])  # with the OpenAI images API and MCP (app.serve)

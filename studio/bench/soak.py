@@ -19,6 +19,13 @@ It reports what each got, the honest requests' wall time (p50, p95), the app's a
 the disk the studio's files and gradio's cache use, at the start, after a warm-up and at the end, and every request
 lost (a broken connection) or hung (no answer within `timeout_s`). Bounded: loopback only, at most `max_attempts`
 requests per visitor, each with its timeout, and the app stopped at the end whatever happened.
+
+The warm-up is one request of each kind (the shapes the honest visitors ask, loaded once), then as many sessions as
+the app keeps (`sessions`, STUDIO_SESSIONS), each asking `/headroom` (no device): gradio keeps a copy of the page's
+configuration for every session it holds (about 0.3 MiB each, measured with tracemalloc: docs/deploy.md), so a
+public app's memory climbs by that until its session store is full, in its first minute of traffic, and then holds.
+Memory growth is read from after that ("after warm-up"); the reading after the first requests alone is kept too
+("after one request of each kind"), so the store's share is seen.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ class SoakPlan:
     max_steps: int = 40  # STUDIO_MAX_STEPS
     max_side: int = 128  # STUDIO_MAX_SIDE
     files_mb: int = 64  # STUDIO_MAX_FILES_MB
+    sessions: int = 64  # STUDIO_SESSIONS (its public default): the sessions whose state the app keeps
     timeout_s: float = 120.0  # a request unanswered this long is hung
     max_attempts: int = 5000  # requests per visitor, at most
     start_s: float = 300.0  # the app must serve its page within this
@@ -65,6 +73,7 @@ class SoakPlan:
         check_int("soak", "hostile", self.hostile, 0, 64)
         check_int("soak", "requests_per_minute", self.requests_per_minute, 3, 1000)
         check_int("soak", "writes_per_minute", self.writes_per_minute, 1, 1000)
+        check_int("soak", "sessions", self.sessions, 1, 10_000)
 
     def env(self, folder: Path, port: int) -> dict:
         """The app's environment: public mode on loopback, behind one (played) proxy, its files in `folder`."""
@@ -85,6 +94,7 @@ class SoakPlan:
             "STUDIO_MAX_STEPS": str(self.max_steps),
             "STUDIO_MAX_SIDE": str(self.max_side),
             "STUDIO_MAX_FILES_MB": str(self.files_mb),
+            "STUDIO_SESSIONS": str(self.sessions),
         }
 
 

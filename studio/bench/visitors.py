@@ -90,6 +90,26 @@ class Visitors:
                 raise RuntimeError(f"the warm-up's {kind} request was {outcome}: {said}")
         gc.close()
 
+    def fill_sessions(self) -> None:
+        """As many sessions as the app keeps (plan.sessions), each a client of its own asking `/headroom` (no device,
+        no rate): the app's session store full, as after its first minute of traffic (studio.bench.soak)."""
+
+        def one(i: int) -> None:
+            gc = Client(
+                self.url,
+                headers={"x-forwarded-for": f"192.0.2.{i % 250 + 2}"},
+                verbose=False,
+                download_files=False,
+                analytics_enabled=False,
+            )
+            try:
+                gc.predict(prompt=PROMPTS[i % 2], preset="cache", steps=8, api_name="/headroom")
+            finally:
+                gc.close()
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            list(pool.map(one, range(self.plan.sessions)))
+
     def honest(self, k: int, deadline: float) -> None:
         """Visitor k: the three ways in in turn, at most rate - 2 requests in any minute."""
         gc, oai = self._clients(f"198.51.100.{k + 1}")
@@ -267,6 +287,9 @@ def run_soak(plan: SoakPlan, progress=None) -> SoakReport:
         visitors = Visitors(plan, app.url, tally)
         say("warming up: one request of each kind")
         visitors.warm_up()
+        snaps.append(app.snapshot("after one request of each kind"))
+        say(f"warming up: {plan.sessions} sessions, the app's session store full")
+        visitors.fill_sessions()
         snaps.append(app.snapshot("after warm-up"))
         say(f"driving {plan.visitors} honest and {plan.hostile} hostile visitors for {plan.minutes:g} min")
         t0 = time.monotonic()
