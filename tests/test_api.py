@@ -165,7 +165,7 @@ def test_mcp_clients_list_the_studios_tools_and_generate_on_the_embedded_model(s
                 return tools, await s.call_tool("images", args, progress_callback=progress)
 
     tools, res = asyncio.run(go())
-    assert set(tools) == {"images", "generate", "compare", "matrix", "tune"}  # the UI's plumbing is not offered
+    assert set(tools) == {"images", "generate", "compare", "matrix", "tune", "headroom"}  # no UI plumbing offered
     for name in ("base", "cache", "cache-int8-sage"):
         assert f"`{name}`:" in tools["images"].description
     assert "speedup_lo" in tools["images"].description and "what ran" in tools["images"].description

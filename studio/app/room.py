@@ -24,7 +24,7 @@ class BeforeRun:
 
     # The image inputs are named with their default (None), as the device endpoints name them (app.handlers): gradio's
     # API marks a parameter optional from the handler's own default when its component starts empty.
-    def read(self, request: gr.Request = None, *, image=None, mask_image=None, **values) -> dict:
+    def headroom(self, request: gr.Request = None, *, image=None, mask_image=None, **values) -> dict:
         """The Generate request's step-cache room as the API returns it: the preset that would run, the model's own
         schedule, and spec.headroom's bound (`cache: false` without a step cache). A form that cannot be read raises
         gr.Error with its sentence, as /generate would."""
@@ -43,7 +43,7 @@ class BeforeRun:
         """The UI's line under the preset picker: the warning when the room is tight, else a short bound; where the
         form cannot be read yet (a size off the model's grid), what stops it."""
         try:
-            d = self.read(request, image=image, mask_image=mask_image, **values)
+            d = self.headroom(request, image=image, mask_image=mask_image, **values)
         except gr.Error as e:  # the form as it stands cannot run: the run's own sentence will say so on the click
             return before_run_note(None, unread=str(e.message))
         return before_run_note(d)

@@ -147,7 +147,7 @@ def _wire_room(ui: UI, h: Handlers, demo, described: dict) -> None:
         api_visibility="private",
     )
     ui.api.room_button.click(
-        before.read,
+        before.headroom,  # (its name is the MCP tool's)
         inputs_kwargs=room_in,
         outputs=ui.api.room,
         api_name="headroom",
