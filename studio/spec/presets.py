@@ -65,7 +65,8 @@ def _section(data: dict, key: str, cls) -> object:
     allowed = cls.field_names()
     unknown = sorted(set(sec) - set(allowed))
     if unknown:
-        raise ConfigError(f"unknown key {key}.{unknown[0]}; allowed keys: {sorted(allowed)}")
+        name = unknown[0] if str(unknown[0]).isidentifier() else repr(unknown[0])  # a key of "\n" stays on one line
+        raise ConfigError(f"unknown key {key}.{name}; allowed keys: {sorted(allowed)}")
     sec = dict(sec)
     if cls is CacheSpec and sec and "backend" not in sec:
         sec["backend"] = "cache-dit"  # a cache_config section alone means cache-dit, as in cache-dit itself
