@@ -41,7 +41,8 @@ class BeforeRun:
 
     def note(self, request: gr.Request = None, *, image=None, mask_image=None, **values) -> str:
         """The UI's line under the preset picker: the warning when the room is tight, else a short bound; where the
-        form cannot be read yet (a size off the model's grid), what stops it."""
+        form cannot be read into its Ask, what stops it (the device's own checks, a size off the grid among them, come
+        with the run)."""
         try:
             d = self.headroom(request, image=image, mask_image=mask_image, **values)
         except gr.Error as e:  # the form as it stands cannot run: the run's own sentence will say so on the click

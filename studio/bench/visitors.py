@@ -95,13 +95,7 @@ class Visitors:
         no rate): the app's session store full, as after its first minute of traffic (studio.bench.soak)."""
 
         def one(i: int) -> None:
-            gc = Client(
-                self.url,
-                headers={"x-forwarded-for": f"192.0.2.{i % 250 + 2}"},
-                verbose=False,
-                download_files=False,
-                analytics_enabled=False,
-            )
+            gc, _ = self._clients(f"192.0.2.{i % 250 + 2}")
             try:
                 gc.predict(prompt=PROMPTS[i % 2], preset="cache", steps=8, api_name="/headroom")
             finally:
