@@ -190,6 +190,15 @@ SECTIONS = [
         "--prompts docs/prompts-heldout.txt --repeats 3",
     ),
     Section(
+        "methods",
+        "Every step cache side by side",
+        "`python -m studio methods` (docs/methods.md): each step-cache method's fastest setting that keeps every "
+        "held-out prompt above 35 dB (its own search, screened eagerly), then all of them in one interleaved bench, "
+        "each prompt against its own base, with the shipped {p:cache} and the tuned preset beside them.",
+        "-m studio methods --presets-dir docs/bench --also cache,tuned-35db --prompts docs/prompts-heldout.txt "
+        "--min-psnr 35 --plot docs/bench/methods.png",
+    ),
+    Section(
         "parallel",
         "Parallel presets on Ray CPU workers",
         "Float32 (`STUDIO_DTYPE=float32`), so the parallel picture can be compared with one process bitwise; see "
@@ -621,6 +630,26 @@ def overview(records: dict[str, dict], home: str | None) -> list[str]:
     return out
 
 
+METHODS_DOC = ROOT / "docs" / "methods.md"
+METHODS_MARK = ("<!-- methods: written by docs/make_benchmarks.py -->", "<!-- /methods -->")
+
+
+def methods_block() -> str:
+    """docs/methods.md's table: the `methods` section as benchmarks.md renders it, less its heading."""
+    s = next(x for x in SECTIONS if x.name == "methods")
+    records = {x.name: r for x in SECTIONS if (r := load_record(x.name)) is not None}
+    lines = render_section(s, records.get("methods"), reference_machine(records))[2:]
+    text = "\n".join(lines).strip()
+    return f"{METHODS_MARK[0]}\n{text}\n{METHODS_MARK[1]}"
+
+
+def methods_doc() -> str:
+    """docs/methods.md with its table block written from the stored run."""
+    text = METHODS_DOC.read_text()
+    start, end = text.index(METHODS_MARK[0]), text.index(METHODS_MARK[1]) + len(METHODS_MARK[1])
+    return text[:start] + methods_block() + text[end:]
+
+
 def assemble() -> str:
     records = {s.name: r for s in SECTIONS if (r := load_record(s.name)) is not None}
     home = reference_machine(records)
@@ -764,6 +793,8 @@ def check(doc: Path = DOC) -> list[str]:
             f"{doc.name} is not what the generator assembles from docs/bench/runs and docs/bench/gpu "
             f"(edited by hand, or the presets changed since): run {ME} --assemble"
         )
+    if doc == DOC and METHODS_DOC.read_text() != methods_doc():
+        problems.append(f"docs/methods.md's table is not the stored `methods` run: run {ME} --assemble")
     return problems
 
 
@@ -837,7 +868,8 @@ def main(argv: list[str] | None = None) -> int:
         except CommandFailed as e:  # the other sections still run; this one keeps its stored output
             failed.append(f"section {s.name}: {e}")
     DOC.write_text(assemble())
-    print(f"wrote {DOC}", file=sys.stderr)
+    METHODS_DOC.write_text(methods_doc())
+    print(f"wrote {DOC} and {METHODS_DOC}", file=sys.stderr)
     problems = failed + check()
     for p in problems:
         print(p, file=sys.stderr)

@@ -1,10 +1,12 @@
-"""Command line: python -m studio generate|bench|sweep|tune|busy|clicks|soak|presets|doctor|regimes (text:
-studio.report; the arguments: studio.cli_args).
+"""Command line: python -m studio generate|bench|sweep|tune|methods|calibrate|busy|clicks|soak|presets|doctor|
+regimes (text: studio.report; the arguments: studio.cli_args).
 
 python -m studio generate --preset cache --prompt "a red circle in the center, blue background" --json
 python -m studio generate --preset cache --compile true --json
 python -m studio bench --presets base,cache,cache-compile --repeats 3 --out bench.md
 python -m studio tune --min-psnr 35 --presets-dir my-presets
+python -m studio methods --prompts docs/prompts-heldout.txt --min-psnr 35 --plot methods.png
+python -m studio calibrate --preset magcache --out presets/methods/magcache.yaml
 python -m studio doctor --families flux --no-kernels
 python -m studio busy --preset cache          # quiet readings, then with a CPU-bound load beside them
 
@@ -340,6 +342,53 @@ def _tune(runner, req, args) -> int:
     return 0
 
 
+def _calibrate(runner, req, args) -> int:
+    """MagCache's ratios for this model (studio.engine.magcal), written into the preset."""
+    from studio.engine.magcal import calibrate_magcache
+    from studio.report.methods import calibration_description
+    from studio.spec.preset import CacheSpec, Preset
+    from studio.spec.presets import preset_to_yaml
+
+    lib = runner.presets
+    start = lib.get(args.preset) if args.preset in lib.names() else None
+    start = start or Preset(name=args.preset, cache_config=CacheSpec(backend="magcache"))
+    cal = calibrate_magcache(runner, _prompt_requests(runner, req, args), start, args.model)
+    out_preset = cal.preset(start, calibration_description(cal, runner.profile(args.model).name))
+    text = preset_to_yaml(out_preset)
+    out = args.out or (str(Path(args.presets_dir) / f"{out_preset.name}.yaml") if args.presets_dir else None)
+    if out:
+        Path(out).write_text(text)
+    print(json.dumps({**cal.as_dict(), "written": out}, indent=1) if args.json else text)
+    return 0
+
+
+def _methods(runner, req, args) -> int:
+    from studio.bench.methods import run_methods
+    from studio.report.methods import methods_markdown, plot_methods
+
+    if args.cache is False:
+        raise ValueError("methods: every method is a step cache; --cache false leaves nothing to compare")
+    res = run_methods(
+        runner,
+        _prompt_requests(runner, req, args),
+        floor_db=args.min_psnr,
+        max_flip=args.max_flip,
+        names=[n.strip() for n in args.methods.split(",")] if args.methods else None,
+        model=args.model,
+        repeats=args.repeats,
+        progress=lambda m: print(m, file=sys.stderr),
+        compile_enabled=args.compile,
+        also=tuple(n.strip() for n in args.also.split(",") if n.strip()),
+    )
+    text = methods_markdown(res)
+    if args.out:
+        Path(args.out).write_text(json.dumps(res.as_dict(), indent=1) if args.out.endswith(".json") else text)
+    if args.plot and res.rows:
+        plot_methods(res, args.plot)
+    print(json.dumps(res.as_dict(), indent=1) if args.json else text)
+    return 0
+
+
 def _busy(runner, req, args) -> int:
     from studio.bench import busy
     from studio.report.text import busy_text
@@ -396,7 +445,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.cmd == "soak":  # drives an app of its own over HTTP: nothing of the engine here
         return _soak(args)
-    if args.cmd in ("bench", "sweep", "tune", "regimes"):
+    if args.cmd in ("bench", "sweep", "tune", "regimes", "methods", "calibrate"):
         quiet_libraries()
     from studio.engine import ModelLoadError, ModelManager, RunError, Runner
     from studio.spec import ConfigError, PresetLibrary
@@ -419,7 +468,9 @@ def main(argv=None) -> int:
         if args.cmd == "generate":
             return _generate(runner, ask_of_args(runner, args), args)
         req = request_of_args(args, runner.profile(args.model))
-        return {"bench": _bench, "sweep": _sweep, "tune": _tune, "busy": _busy}[args.cmd](runner, req, args)
+        commands = {"bench": _bench, "sweep": _sweep, "tune": _tune, "busy": _busy}
+        commands |= {"methods": _methods, "calibrate": _calibrate}
+        return commands[args.cmd](runner, req, args)
     except (ConfigError, ModelLoadError, RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

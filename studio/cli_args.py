@@ -184,6 +184,31 @@ def tune_args(sub) -> None:
     t.add_argument("--json", action="store_true")
 
 
+def method_args(sub) -> None:
+    """`python -m studio calibrate` and `python -m studio methods`: the step-cache methods (spec.methods)."""
+    c = sub.add_parser("calibrate", help="MagCache's per-step ratios for this model, written into a preset")
+    common_args(c)
+    c.add_argument("--preset", default="magcache", help="a MagCache preset (default magcache; made when missing)")
+    c.add_argument("--prompts", default=None, help="a file of prompts, one per line (default: the profile's examples)")
+    c.add_argument("--out", default=None, help="write the preset YAML here (default: into --presets-dir when given)")
+    c.add_argument("--json", action="store_true")
+    m = sub.add_parser("methods", help="every step-cache method at its best setting over a floor, side by side")
+    common_args(m, "methods")
+    m.add_argument("--prompts", default=None, help="a file of prompts, one per line (default: the profile's examples)")
+    m.add_argument("--min-psnr", type=float, default=None, help="the floor, dB, for the worst prompt (default 35)")
+    m.add_argument("--max-flip", type=float, default=None, help="a ceiling on FLIP's mean error, worst prompt (0-1)")
+    m.add_argument("--methods", default=None, help="comma-separated method names (default: every one)")
+    m.add_argument("--repeats", type=int, default=3, help="timed rounds of the final bench")
+    m.add_argument(
+        "--also",
+        default="cache",
+        help="presets timed beside the methods for reference (default cache; e.g. a tuned one)",
+    )
+    m.add_argument("--json", action="store_true")
+    m.add_argument("--out", default=None, help="write the table (.md) or the record (.json)")
+    m.add_argument("--plot", default=None, help="write speed-up against worst FLIP with the Pareto front (PNG)")
+
+
 def seeds_of(text: str | None) -> list[int] | None:
     """--seeds "1,2,3" as ints; None without it."""
     if not text:
@@ -235,6 +260,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=None, help="write the table: .md or .json by extension")
     s.add_argument("--plot", default=None, help="write the curve (PNG)")
     tune_args(sub)
+    method_args(sub)
     ps = sub.add_parser("presets", help="list presets and their stacks; export one for cache-dit")
     ps.add_argument("action", nargs="?", default="list", choices=("list", "export"))
     ps.add_argument("name", nargs="?", default=None)

@@ -145,6 +145,7 @@ SHOWS = {
     "studio/bench/bench.py": "a bench's rows (and tune's, which reads them)",
     "studio/bench/paired.py": "a bench's paired figures, prompt by prompt",
     "studio/bench/regimes.py": "python -m studio regimes",
+    "studio/bench/methods.py": "python -m studio methods: a method's wins against the fastest, request by request",
 }
 
 

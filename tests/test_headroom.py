@@ -191,3 +191,20 @@ def test_an_impossible_threshold_caches_nothing_and_says_the_smallest_difference
     )
     assert m.cache.cache_idle == said and m.cache.cache_headroom is None and m.cache.cache_skippable == 5
     assert html.escape(said) in metrics_card(m) and json.loads(json.dumps(m.as_dict()))["cache_idle"] == said
+
+
+@pytest.mark.quick
+def test_the_diffusers_methods_with_a_step_rule_are_bounded_by_it_before_the_run():
+    """MagCache: round(retention_ratio x steps) computed, then at most max_skip_steps in a row; SeaCache: retention
+    and end steps computed, max_consecutive_cached in a row; TaylorSeer: a fixed schedule (test_methods checks a
+    run caches exactly it). DBPrune, PAB and FasterCache have no step bound to say before the run."""
+    mag = headroom(CacheSpec(backend="magcache"), 28)  # 6 computed (0.2 x 28), then 3 cached, 1 computed, ...
+    assert (mag.skippable, mag.first, mag.run_cap) == (17, 6, 3)
+    few = headroom(CacheSpec(backend="magcache", options={"retention_ratio": 0.5}), 8)
+    assert (few.skippable, few.tight) == (3, True) and "can skip at most 3 of 8 steps" in few.before_run()
+    sea = headroom(CacheSpec(backend="seacache", options={"cache_end_steps": 2}), 10)
+    assert sea.skippable == 5 and sea.first == 1  # 1, 2, 4, 5, 7 cached; 0, 3, 6 and the end's 8, 9 computed
+    ts = headroom(CacheSpec(backend="taylorseer", options={"cache_interval": 2, "disable_cache_after_step": 6}), 8)
+    assert (ts.skippable, ts.first) == (2, 3)  # 3 and 5 predicted; 4 computed; from 6 on computed
+    for backend in ("dbprune", "pab", "fastercache"):
+        assert headroom(CacheSpec(backend=backend), 28) is None

@@ -95,7 +95,7 @@ def test_nothing_below_the_edges_reads_the_settings_record():
 # each feature's state record (engine.state) and the modules that apply that feature: its only writers
 OWNERS = {
     "quantize": {"quantize.py"},
-    "step_cache": {"cache.py"},
+    "step_cache": {"cache.py", "hooks.py"},  # (hooks: diffusers' cache hooks, engine.cache's other half)
     "compile": {"compile.py", "aot.py"},  # (aot: compile's ahead-of-time form)
     "lora": {"lora.py"},
     "offloading": {"offload.py", "streams.py"},  # (streams: what a block-streaming regime moves)

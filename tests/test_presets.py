@@ -24,12 +24,26 @@ SHIPPED = [
     "cache-int8wo-sage-compile",
 ]
 PARALLEL = ["ulysses2", "cache-ulysses2"]
+METHODS = [  # presets/methods/: one per step-cache method beside `cache` (studio.spec.methods)
+    "cache-dmd",
+    "cache-foca",
+    "cache-scm",
+    "cache-taylorseer",
+    "dbprune",
+    "fastercache",
+    "fbcache",
+    "magcache",
+    "pab",
+    "taylorseer",
+]
 
 
-def test_library_ships_exactly_the_thirteen_presets_in_order():
+def test_library_ships_exactly_the_thirteen_stacks_in_order_then_the_methods():
     lib = PresetLibrary()
-    assert lib.names() == SHIPPED + PARALLEL
+    assert lib.names() == SHIPPED + PARALLEL + METHODS
+    assert lib.method_names() == METHODS
     assert lib.one_process_names() == SHIPPED  # what bench, matrix and doctor run unless told otherwise
+    assert all(lib.is_builtin(n) for n in METHODS)
 
 
 def test_parallel_section_is_validated_with_cache_dits_names():
@@ -144,7 +158,7 @@ BAD = [
     ("cache_config: {residual_diff_threshold: fast}", "residual_diff_threshold='fast' is not valid"),
     ("cache_config: {max_warmup_steps: -1}", "cache_config.max_warmup_steps=-1 is not valid: must be >= 0"),
     ("cache_config: {max_continuous_cached_steps: 0}", "max_continuous_cached_steps=0 is not valid"),
-    ("cache_config: {enable_taylorseer: true, enable_dmd: true}", "TaylorSeer and DMD are alternative calibrators"),
+    ("cache_config: {enable_taylorseer: true, enable_dmd: true}", "TaylorSeer, DMD and FoCa are alternative calib"),
     ("cache_config: {Fn: 1}", "unknown key cache_config.Fn;"),
     ("dtype: auto\nattention_backend: sdpa\ncompile: {fullgraph: sometimes}", "compile.fullgraph='sometimes'"),
     ("cache_config: {enable_taylorseer: yes please}", "enable_taylorseer='yes please' is not valid"),
@@ -156,6 +170,18 @@ BAD = [
     ("cache_config: {steps_computation_mask: fast, compute_bins: [4], cache_bins: [1]}", "not both"),
     ("cache_config: {backend: fbcache, enable_dmd: true}", "need backend: cache-dit"),
     ("cache_config: {backend: teacache}", "cache_config.backend='teacache' is not valid: use one of"),
+    # the methods' own knobs, by their libraries' names (studio.spec.methods)
+    ("cache_config: {backend: magcache, options: {treshold: 0.1}}", "cache_config.options.treshold=0.1 is not valid"),
+    ("cache_config: {backend: magcache, options: {threshold: -1}}", "options.threshold=-1 is not valid: must be >= 0"),
+    ("cache_config: {backend: magcache, options: {mag_ratios: []}}", "mag_ratios=[] is not valid: must be a list"),
+    ("cache_config: {backend: pab, options: {spatial_attention_timestep_skip_range: [900, 100]}}", "low < high"),
+    ("cache_config: {backend: taylorseer, options: {cache_interval: 0}}", "cache_interval=0 is not valid: must be >="),
+    ("cache_config: {backend: seacache, options: {residual_order: 2}}", "residual_order=2 is not valid: must be <= 1"),
+    ("cache_config: {backend: dbprune, options: {non_prune_block_ids: [a]}}", "non_prune_block_ids=['a'] is not"),
+    ("cache_config: {backend: fbcache, options: {threshold: 0.2}}", "backend fbcache takes no options"),
+    ("cache_config: {options: {threshold: 0.2}}", "backend cache-dit takes its knobs as cache_config keys"),
+    ("cache_config: {backend: magcache, enable_foca: true}", "need backend: cache-dit"),
+    ("cache_config: {backend: pab, options: [1, 2]}", "cache_config.options=[1, 2] is not valid: must be a mapping"),
     ("quantize_config: {quant_type: int4}", "quantize_config.quant_type='int4' is not valid: use one of"),
     ("quantize_config: {exclude_layers: embedder}", "quantize_config.exclude_layers='embedder' is not valid"),
     ("attention_backend: turbo", "preset.attention_backend='turbo' is not valid: use one of"),

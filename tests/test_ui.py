@@ -465,6 +465,15 @@ def test_browser_generate_and_compare(tmp_path, tiny_lora):
             page.wait_for_timeout(2000)
             assert "yellow triangle" not in page.locator("#history-table").inner_text()
 
+            # the Matrix's "all step caches": base, cache and every method's preset picked, at one repeat (not run)
+            page.get_by_role("tab", name="Matrix").click()
+            expect(page.get_by_label("magcache", exact=True)).not_to_be_checked()  # not among the defaults
+            page.locator("#matrix-all-methods").click()
+            for name in ("base", "cache", "magcache", "pab", "dbprune", "cache-foca"):
+                expect(page.get_by_label(name, exact=True)).to_be_checked(timeout=30_000)
+            expect(page.get_by_label("cache-int8-sage", exact=True)).not_to_be_checked()
+            expect(page.get_by_label("Timed repeats", exact=False).first).to_have_value("1")
+
             page.get_by_role("tab", name="Presets").click()
             page.get_by_label("New preset name").fill("my-cache")  # the editor starts with cache.yaml's text
             page.get_by_role("button", name="Validate and save").click()

@@ -181,6 +181,7 @@ class MatrixTab:
     md: gr.File
     json: gr.JSON
     runs: gr.State  # each run's metrics, for the per-step chart picked after the run
+    all_methods: gr.Button  # picks base, cache and every step-cache method's preset (one repeat: the public limit)
 
 
 @dataclass

@@ -363,6 +363,13 @@ class Handlers:
             tn.json: json_safe(res.as_dict()),
         }
 
+    def all_methods(self, request: gr.Request = None):
+        """The Matrix's "all step caches": base, the shipped DBCache and every method's preset (docs/methods.md), at
+        one repeat (a public studio's matrix limit holds them all: its sentence says otherwise)."""
+        lib = self.studio.library(request)
+        picked = [n for n in ("base", "cache") if n in lib.names()] + lib.method_names()
+        return {self.ui.mx.presets: gr.update(value=picked), self.ui.mx.repeats: 1}
+
     def pick_steps(self, name, runs):
         if not name or name not in (runs or {}):
             return {self.ui.mx.steps_plot: None}

@@ -135,7 +135,13 @@ def compare_tab(names: list[str], pair: tuple[str, str]) -> CompareTab:
 def matrix_tab(names: list[str], default: list[str], runs: gr.State) -> MatrixTab:
     with gr.Tab("Matrix"):
         with gr.Row():
-            presets = gr.CheckboxGroup(label="Presets", choices=names, value=default)
+            with gr.Column():
+                presets = gr.CheckboxGroup(label="Presets", choices=names, value=default)
+                all_methods = gr.Button(
+                    "All step caches: base, cache and each method's preset (docs/methods.md), one repeat",
+                    size="sm",
+                    elem_id="matrix-all-methods",
+                )
             with gr.Column():
                 repeats = gr.Slider(
                     label="Timed repeats (median; 1 is quick but a single run can be an outlier)",
@@ -190,6 +196,7 @@ def matrix_tab(names: list[str], default: list[str], runs: gr.State) -> MatrixTa
         md=md,
         json=json,
         runs=runs,
+        all_methods=all_methods,
     )
 
 

@@ -118,6 +118,7 @@ def _wire(ui: UI, h: Handlers, demo, described: dict) -> None:
         **device,
     ).then(keep, hist.rows, hist.saved, **private)
     mx.pick.change(pics.served(h.pick_steps), [mx.pick, mx.runs], mx.steps_plot, **private)
+    mx.all_methods.click(h.all_methods, None, [mx.presets, mx.repeats], **private)
     tn.button.click(
         _gpu(h.tune, h.durations.tune, h.admit, h.asks.tune),
         inputs_kwargs=forms.inputs(forms.TuneForm, r, tn),

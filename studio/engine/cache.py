@@ -1,4 +1,5 @@
-"""Step caches: cache-dit DBCache (calibrators, step masks) or diffusers First-Block-Cache.
+"""Step caches: cache-dit DBCache (calibrators, step masks) and DBPrune here; diffusers' cache hooks
+(First-Block-Cache, MagCache, TaylorSeer, FasterCache, PAB, SeaCache) in studio.engine.hooks.
 
 Best-effort by design: a pipeline cache-dit does not recognise runs uncached, it never fails to load.
 cache-dit patches the pipeline CLASS, so the model manager keeps one pipeline per class and toggles here.
@@ -11,13 +12,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from studio.engine.hooks import apply_hook, remove_hook
 from studio.engine.state import Engaged, stack_state
+from studio.measure.timing import StepCounts, count_steps
 from studio.spec.cachedit import cache_dit_configs, read_summary
+from studio.spec.methods import HOOK_BACKENDS
 from studio.spec.preset import MIN_CACHE_STEPS, CacheSpec
 
 log = logging.getLogger(__name__)
-
-_FBC_LEADER_HOOK = "fbc_leader_block_hook"  # diffusers first_block_cache._FBC_LEADER_BLOCK_HOOK
+CACHE_DIT = ("cache-dit", "dbprune")  # the backends cache-dit runs
 
 
 @dataclass(frozen=True)
@@ -47,24 +50,29 @@ class CacheReport:
     residual_diffs: dict[int, float] = field(default_factory=dict)
     threshold: float | None = None
     cfg_cached_steps: list[int] | None = None  # the unconditional branch's, where it is cached apart
+    pruned_blocks: int | None = None  # DBPrune: the block calls it pruned, of `block_calls`
+    block_calls: int | None = None
 
     def listed(self) -> list[int] | None:
         """cache-dit's own list of cached steps, for the cross-check (None for a backend that keeps none). With true
         CFG a step is cached when either branch was served."""
-        if self.backend != "cache-dit":
+        if self.backend not in CACHE_DIT:
             return None
         return sorted(set(self.cached_steps) | set(self.cfg_cached_steps or []))
 
 
 def remove_cache(pipe) -> None:
-    """Turn off whatever step cache is engaged; afterwards the pipeline computes every block again."""
+    """Turn off whatever step cache is engaged; afterwards the pipeline computes every block again. (Run before any
+    cache is engaged: the transformer's child order is kept here first, before cache-dit can change it.)"""
     state = stack_state(pipe.transformer)
-    if state.step_cache.backend == "cache-dit":
+    if not state.step_cache.children:
+        state.step_cache.children = tuple(pipe.transformer._modules)
+    if state.step_cache.backend in CACHE_DIT:
         import cache_dit
 
         cache_dit.disable_cache(_cache_dit_target(pipe))
-    elif state.step_cache.backend == "fbcache":
-        pipe.transformer.disable_cache()
+    elif state.step_cache.backend in HOOK_BACKENDS:
+        remove_hook(pipe.transformer)
     state.step_cache.reset()
     state.counter.state_reader = None
 
@@ -92,8 +100,8 @@ def apply_cache(
     threshold = spec.effective_threshold(quant)
     src = "default" + (f" for {quant}" if quant != "none" else "")
     src = "set" if spec.residual_diff_threshold is not None else src
-    if spec.backend == "fbcache":
-        return _apply_fbcache(pipe, threshold, src)
+    if spec.backend in HOOK_BACKENDS:
+        return apply_hook(pipe, spec, threshold=threshold, src=src, steps=steps, separate_cfg=separate_cfg)
     try:
         import cache_dit
 
@@ -109,7 +117,7 @@ def apply_cache(
             False,
             f"cache: transformer blocks not recognised by cache-dit ({type(e).__name__}), running uncached",
         )
-    stack_state(pipe.transformer).step_cache.backend = "cache-dit"
+    stack_state(pipe.transformer).step_cache.backend = spec.backend
     return Engaged(
         "cache",
         spec.backend,
@@ -129,50 +137,25 @@ def _undo_cache_dit(target) -> None:
         log.warning("undoing a failed cache-dit enable_cache: %s: %s", type(e).__name__, e)
 
 
-def _apply_fbcache(pipe, threshold: float, src: str) -> Engaged:
-    tr = pipe.transformer
-    try:
-        from diffusers.hooks import FirstBlockCacheConfig
-
-        tr.enable_cache(FirstBlockCacheConfig(threshold=threshold))
-    except Exception as e:
-        log.warning("First-Block-Cache could not engage: %s", e)
-        return Engaged(
-            "cache",
-            "fbcache",
-            False,
-            f"cache: First-Block-Cache not supported by {type(tr).__name__} ({e}), running uncached",
-        )
-    state = stack_state(tr)
-    state.step_cache.backend = "fbcache"
-    state.counter.state_reader = _fbcache_reader(tr)
-    detail = f"cache: diffusers First-Block-Cache R{threshold:g} ({src})"
-    return Engaged("cache", "fbcache", True, detail, f"FBCache_R{threshold:g}")
-
-
-def _fbcache_reader(transformer):
-    """A callable telling whether First-Block-Cache ran the remaining blocks on the last transformer call, read from
-    its own shared state (written by an eager, compiler-disabled decision, so right under compile too)."""
-    head = None
-    for m in transformer.modules():
-        registry = getattr(m, "_diffusers_hook", None)
-        if registry is not None and registry.get_hook(_FBC_LEADER_HOOK) is not None:
-            head = registry.get_hook(_FBC_LEADER_HOOK)
-            break
-    if head is None:
-        return None
-    return lambda: bool(head.state_manager.get_state().should_compute)
-
-
 def prepare_run(pipe, spec: CacheSpec, *, quant: str, steps: int, separate_cfg: bool = False) -> None:
     """Per-run refresh: a step mask is sized to this run's step count; a bare transformer's context starts afresh
     (its counts would pile up across runs, and each run would start from the last one's residuals)."""
     bare = isinstance(pipe, BareTransformer)
-    if stack_state(pipe.transformer).step_cache.backend == "cache-dit" and (spec.has_mask or bare):
+    if stack_state(pipe.transformer).step_cache.backend in CACHE_DIT and (spec.has_mask or bare):
         import cache_dit
 
         cfgs = cache_dit_configs(spec, quant=quant, steps=steps, separate_cfg=separate_cfg)
         cache_dit.refresh_context(pipe.transformer, cache_config=cfgs.cache, calibrator_config=cfgs.calibrator)
+
+
+def step_counts(steps: list, report: CacheReport) -> StepCounts:
+    """The run's cached/full counts (measure.timing.count_steps). DBPrune skips blocks inside a step, not steps: the
+    block hooks, which see the last block alone, cannot tell its steps, so its own list of steps with a pruned block
+    (and its count of pruned blocks, in `report`) is the one source."""
+    if report.backend == "dbprune":
+        source = "dbprune (steps with a pruned block)"
+        return StepCounts(len(steps), sorted(report.listed() or []), source)
+    return count_steps(steps, report.backend, report.listed())
 
 
 def read_report(pipe, spec: CacheSpec, quant: str) -> CacheReport:
@@ -181,7 +164,15 @@ def read_report(pipe, spec: CacheSpec, quant: str) -> CacheReport:
     if backend == "none":
         return CacheReport()
     threshold = spec.effective_threshold(quant)
-    if backend == "fbcache":
-        return CacheReport(backend, threshold=threshold)
+    if backend in HOOK_BACKENDS:
+        return CacheReport(backend, threshold=threshold if backend == "fbcache" else None)
     rec = read_summary(_cache_dit_target(pipe))
-    return CacheReport(backend, rec.cached_steps, rec.residual_diffs, threshold, rec.cfg_cached_steps)
+    return CacheReport(
+        backend,
+        rec.cached_steps,
+        rec.residual_diffs,
+        threshold,
+        rec.cfg_cached_steps,
+        rec.pruned_blocks,
+        rec.block_calls,
+    )

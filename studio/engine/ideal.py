@@ -19,7 +19,10 @@ def ideal_check(p: Preset, paired: Paired, base: Preset) -> IdealCheck | None:
     if not (run.stack.is_engaged("cache") or in_workers) or not run.counts.full:
         return None
     c = p.cache_config
-    first, last = (1, 0) if c.backend == "fbcache" else (c.Fn_compute_blocks, c.Bn_compute_blocks)
+    blocks_kept = cached_blocks(c)
+    if blocks_kept is None:
+        return None
+    first, last = blocks_kept
     if run.block_ms is not None and run.full_ms is not None:
         blocks, full_ms, source = run.block_ms, run.full_ms, "from this run's block times"
     elif kept is not None and kept.block_ms is not None:
@@ -43,6 +46,19 @@ def ideal_check(p: Preset, paired: Paired, base: Preset) -> IdealCheck | None:
     crowded = paired.ratio.crowded if paired.ratio is not None else ""  # programs on the cores move this one too
     measured = speedup(fulls, stack, base_counts=steps)
     return IdealCheck(ideal, None if crowded else measured, "its own full steps", price)
+
+
+def cached_blocks(c: CacheSpec) -> tuple[int, int] | None:
+    """The blocks a cached step of `c` still runs, as (first, last); None where a cached step is not a block count
+    (DBPrune prunes blocks inside a step; TaylorSeer, FasterCache and PAB reuse attention while the feed-forward
+    runs): its ideal would not bound it, so none is given (spec.methods.SKIPS)."""
+    if c.backend in ("cache-dit",):
+        return c.Fn_compute_blocks, c.Bn_compute_blocks
+    if c.backend == "fbcache":
+        return 1, 0
+    if c.backend in ("magcache", "seacache"):  # the whole stack: its input plus the kept residual
+        return 0, 0
+    return None
 
 
 def twin_is_base(p: Preset, base: Preset) -> bool:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from studio.engine.aot import AotVariant
-from studio.engine.cache import CacheReport, prepare_run, read_report
+from studio.engine.cache import CacheReport, prepare_run, read_report, step_counts
 from studio.engine.call import call_pipe, dropped_tokens, pipe_kwargs, strip, true_cfg
 from studio.engine.compile import after_loras, finish_first_run, first_run_or_eager
 from studio.engine.device import DtypeChoice
@@ -273,7 +273,7 @@ def measure(ctx: RunContext, preset: Preset, *, warm_up: bool = True, show_steps
     denoise = probe.denoise_seconds()
     ended = time.monotonic()
     report = read_report(pipe, preset.cache_config, state.quantize.mode)
-    counts = count_steps(probe.steps, report.backend, report.listed())
+    counts = step_counts(probe.steps, report)
     calls = sum(s.transformer_calls for s in probe.steps)
     return Measured(
         image=image,

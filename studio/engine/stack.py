@@ -34,8 +34,9 @@ STACK_ORDER = ("quantize", "offload", "cache", "attention", "compile", "parallel
 
 def cache_key(spec: CacheSpec, quant: str, steps: int | None, separate_cfg: bool = False) -> tuple:
     """What decides the cache's wiring: its spec, the threshold default's input, whether the run is too short,
-    and how many transformer calls a step makes."""
-    return (spec, quant, steps is not None and steps < MIN_CACHE_STEPS, separate_cfg)
+    and how many transformer calls a step makes (and MagCache's schedule, sized to the run's steps)."""
+    sized = steps if spec.backend == "magcache" else None
+    return (spec, quant, steps is not None and steps < MIN_CACHE_STEPS, separate_cfg, sized)
 
 
 class Signature(NamedTuple):

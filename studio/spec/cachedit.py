@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from studio.spec.methods import knobs_of
 from studio.spec.preset import CacheSpec
 
 
@@ -18,7 +19,7 @@ class CacheDitConfigs:
     """What `cache_dit.enable_cache` takes for one spec: the DBCache config and its calibrator (or None)."""
 
     cache: object  # cache_dit.DBCacheConfig
-    calibrator: object | None  # TaylorSeerCalibratorConfig | DMDCalibratorConfig | None
+    calibrator: object | None  # TaylorSeer-, DMD- or FoCaCalibratorConfig, or None
     threshold: float  # the residual diff threshold it applies (the spec's, or the default for its weights)
 
 
@@ -42,18 +43,29 @@ def step_mask(spec: CacheSpec, steps: int | None) -> list[int] | None:
 def cache_dit_configs(
     spec: CacheSpec, *, quant: str = "none", steps: int | None, separate_cfg: bool = False
 ) -> CacheDitConfigs:
-    """cache-dit's DBCache and calibrator configs for `spec`.
+    """cache-dit's DBCache (or DBPrune) and calibrator configs for `spec`.
 
     Args:
         quant: the quantized form that runs ("none": full precision); an unset threshold takes its default.
         steps: the run's step count (a step mask is sized to it).
         separate_cfg: the run calls the transformer twice per step (true CFG: conditional, then unconditional).
     """
-    from cache_dit import DBCacheConfig, DMDCalibratorConfig, TaylorSeerCalibratorConfig
+    from cache_dit import (
+        DBCacheConfig,
+        DBPruneConfig,
+        DMDCalibratorConfig,
+        FoCaCalibratorConfig,
+        TaylorSeerCalibratorConfig,
+    )
 
     mask = step_mask(spec, steps)
     threshold = spec.effective_threshold(quant)
-    cfg = DBCacheConfig(
+    prune = {}
+    if spec.backend == "dbprune":  # DBPrune: DBCache's keys plus its own (spec.methods), on cache-dit's DBPruneConfig
+        prune = dict(knobs_of("dbprune", spec.options))
+        prune["non_prune_block_ids"] = list(prune["non_prune_block_ids"])
+    cfg = (DBPruneConfig if spec.backend == "dbprune" else DBCacheConfig)(
+        **prune,
         Fn_compute_blocks=spec.Fn_compute_blocks,
         Bn_compute_blocks=spec.Bn_compute_blocks,
         max_warmup_steps=spec.max_warmup_steps,
@@ -74,6 +86,8 @@ def cache_dit_configs(
         cal = TaylorSeerCalibratorConfig(taylorseer_order=spec.taylorseer_order)
     elif spec.enable_dmd:
         cal = DMDCalibratorConfig(dmd_history=spec.dmd_history, dmd_rank=spec.dmd_rank)
+    elif spec.enable_foca:
+        cal = FoCaCalibratorConfig()
     return CacheDitConfigs(cfg, cal, threshold)
 
 
@@ -84,6 +98,8 @@ class CacheDitRecord:
     cached_steps: list[int] = field(default_factory=list)
     residual_diffs: dict[int, float] = field(default_factory=dict)
     cfg_cached_steps: list[int] | None = None  # the unconditional branch's, where CFG is cached apart
+    pruned_blocks: int | None = None  # DBPrune: block calls it pruned in the run (None: not DBPrune)
+    block_calls: int | None = None  # DBPrune: block calls the run made in all (pruned or not)
 
 
 def read_summary(pipe) -> CacheDitRecord:
@@ -96,8 +112,14 @@ def read_summary(pipe) -> CacheDitRecord:
     s = stats[-1]  # the transformer-level entry comes last
     diffs = {}
     for k, v in (s.residual_diffs or {}).items():
+        if isinstance(v, (list, tuple)):  # DBPrune: one diff per block of the step
+            continue
         k, v = int(k), float(v)
         if v >= 0:  # cache-dit writes -1 where it skipped computing the diff
             diffs[k] = v
     cfg = sorted(int(x) for x in (s.cfg_cached_steps or []))
-    return CacheDitRecord(sorted(int(x) for x in (s.cached_steps or [])), diffs, cfg or None)
+    pruned = calls = None
+    if s.pruned_ratio is not None:  # DBPrune: its own count of pruned block calls, and the ratio it reports
+        pruned = int(sum(s.pruned_blocks or []) + sum(s.cfg_pruned_blocks or []))
+        calls = round(pruned / s.pruned_ratio) if s.pruned_ratio > 0 else None
+    return CacheDitRecord(sorted(int(x) for x in (s.cached_steps or [])), diffs, cfg or None, pruned, calls)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from studio.spec.methods import knobs_of
 from studio.spec.preset import CacheSpec
 
 
@@ -34,7 +35,7 @@ from studio.spec.preset import CacheSpec
 class Headroom:
     """The most steps a cache can skip in a run of `steps` steps, and what bounds it (the spec's own knobs)."""
 
-    backend: str  # "cache-dit" or "fbcache"
+    backend: str  # a spec.preset.CACHE_BACKENDS name (those with a step bound: not dbprune, pab, fastercache)
     steps: int  # the steps that run (a request's executed steps: img2img's strength shortens them)
     skippable: int  # the most steps the cache can skip
     first: int  # the first step that may be cached (== steps: none may be)
@@ -126,6 +127,10 @@ def headroom(spec: CacheSpec, steps: int, mask: list[int] | None = None) -> Head
         return None
     if spec.backend == "fbcache":
         return Headroom("fbcache", steps, max(0, steps - 1), min(1, steps))
+    if spec.backend in ("magcache", "seacache", "taylorseer"):
+        return _hook_headroom(spec, steps)
+    if spec.backend != "cache-dit":
+        return None  # DBPrune prunes blocks, not steps; PAB and FasterCache follow the scheduler's timesteps
     if spec.has_mask and mask is None:
         raise ValueError("a step mask's headroom needs the mask (spec.cachedit.step_mask)")
     static = spec.steps_computation_policy == "static"
@@ -144,6 +149,27 @@ def headroom(spec: CacheSpec, steps: int, mask: list[int] | None = None) -> Head
         static,
         sum(1 for m in (mask or [])[:steps] if m == 1),
     )
+
+
+def _hook_headroom(spec: CacheSpec, steps: int) -> Headroom:
+    """The most steps MagCache, SeaCache or diffusers' TaylorSeer can skip, by their own rules (diffusers 0.42.1):
+    - MagCache computes its first round(retention_ratio x steps) steps (at least the first: no residual yet), then
+      at most `max_skip_steps` in a row;
+    - SeaCache computes its first `retention_steps` (at least one) and last `cache_end_steps`, and at most
+      `max_consecutive_cached` in a row (0: no limit) between;
+    - TaylorSeer computes steps before `disable_cache_before_step` W and from `disable_cache_after_step`, and between
+      them every step s with (s - W - 1) % cache_interval == 0: the rest it predicts, whatever the pictures do."""
+    k = knobs_of(spec.backend, spec.options)
+    if spec.backend == "taylorseer":
+        w, every, after = k["disable_cache_before_step"], k["cache_interval"], k["disable_cache_after_step"]
+        cached = [s for s in range(w, steps if after is None else min(after, steps)) if (s - w - 1) % every != 0]
+        return Headroom("taylorseer", steps, len(cached), cached[0] if cached else steps, w, every - 1)
+    if spec.backend == "magcache":
+        first, run_cap, end = max(1, int(k["retention_ratio"] * steps + 0.5)), k["max_skip_steps"], 0
+    else:
+        first, run_cap, end = max(1, k["retention_steps"]), k["max_consecutive_cached"] or -1, k["cache_end_steps"]
+    cached = _dbcache_steps(max(0, steps - end), first, run_cap, -1, None, True)
+    return Headroom(spec.backend, steps, len(cached), cached[0] if cached else steps, first, run_cap)
 
 
 def _mask_name(spec: CacheSpec) -> str:

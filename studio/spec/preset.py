@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from studio.spec.checks import Record, check_bool, check_choice, check_float, check_int, fail
 from studio.spec.label import join_label
 from studio.spec.lora import MAX_LORAS, LoraSpec
+from studio.spec.methods import HOOK_BACKENDS, METHOD_KNOBS, check_options, options_label
 from studio.spec.offload import OffloadSpec
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -25,7 +26,7 @@ QUANT_TYPES = ("none", "auto", "float8_per_row", "int8_per_row", "int8_weight_on
 DYNAMIC_FORMS = ("float8_per_row", "int8_per_row")  # activations quantized per call too: pays only compiled
 QUANT_ALIASES = {"int8_dynamic": "int8_per_row"}  # the studio's earlier name, read as cache-dit's
 QUANT_SHORT = {"auto": "q8", "float8_per_row": "fp8dq", "int8_per_row": "int8dq", "int8_weight_only": "int8wo"}
-CACHE_BACKENDS = ("none", "cache-dit", "fbcache")
+CACHE_BACKENDS = ("none", "cache-dit", "dbprune", *HOOK_BACKENDS)  # spec.methods: what each one is
 MASK_POLICIES = ("none", "slow", "medium", "fast", "ultra")
 MASK_TYPES = ("static", "dynamic")
 # Names as the studio speaks them -> diffusers attention backend names.
@@ -72,7 +73,9 @@ class QuantSpec(Record):
 
 @dataclass(frozen=True)
 class CacheSpec(Record):
-    """A step cache: cache-dit DBCache (with an optional calibrator and step mask) or diffusers First-Block-Cache."""
+    """A step cache: cache-dit DBCache (with an optional calibrator and step mask) or DBPrune, or one of diffusers'
+    cache hooks (First-Block-Cache, MagCache, TaylorSeer, FasterCache, Pyramid Attention Broadcast, SeaCache), whose
+    knobs go in `options` by the library's own names (spec.methods)."""
 
     backend: str = "none"
     Fn_compute_blocks: int = 1
@@ -84,12 +87,14 @@ class CacheSpec(Record):
     enable_taylorseer: bool = False
     taylorseer_order: int = 1
     enable_dmd: bool = False
+    enable_foca: bool = False
     dmd_history: int = 6
     dmd_rank: int = 0
     steps_computation_mask: str = "none"  # a policy name of cache_dit.steps_mask
     steps_computation_policy: str = "static"
     compute_bins: tuple[int, ...] | None = None
     cache_bins: tuple[int, ...] | None = None
+    options: tuple = ()  # the method's own knobs (spec.methods.METHOD_KNOBS): (name, value) pairs, a mapping in YAML
 
     def __post_init__(self):
         o = "cache_config"
@@ -106,8 +111,10 @@ class CacheSpec(Record):
         check_int(o, "max_cached_steps", self.max_cached_steps, -1, 1000)
         check_bool(o, "enable_taylorseer", self.enable_taylorseer)
         check_bool(o, "enable_dmd", self.enable_dmd)
-        if self.enable_taylorseer and self.enable_dmd:
-            fail(o, "enable_dmd", True, "TaylorSeer and DMD are alternative calibrators, enable at most one")
+        check_bool(o, "enable_foca", self.enable_foca)
+        if self.enable_taylorseer + self.enable_dmd + self.enable_foca > 1:
+            on = [n for n in ("enable_taylorseer", "enable_dmd", "enable_foca") if getattr(self, n)]
+            fail(o, on[-1], True, f"TaylorSeer, DMD and FoCa are alternative calibrators: {on} are on, keep one")
         check_int(o, "taylorseer_order", self.taylorseer_order, 1, 4)
         check_int(o, "dmd_history", self.dmd_history, 2, 64)
         check_int(o, "dmd_rank", self.dmd_rank, 0, 64)
@@ -116,8 +123,11 @@ class CacheSpec(Record):
         check_choice(o, "steps_computation_mask", self.steps_computation_mask, MASK_POLICIES)
         check_choice(o, "steps_computation_policy", self.steps_computation_policy, MASK_TYPES)
         self._check_bins(o)
-        if self.backend == "fbcache" and (self.calibrator != "none" or self.has_mask):
+        if self.backend not in ("cache-dit", "none") and (self.calibrator != "none" or self.has_mask):
             fail(o, "backend", self.backend, "calibrators and step masks need backend: cache-dit")
+        if self.options and self.backend in ("cache-dit", "none"):
+            fail(o, "options", dict(self.options), f"backend {self.backend} takes its knobs as cache_config keys")
+        object.__setattr__(self, "options", check_options(self.backend, self.options))
 
     def _check_bins(self, o: str) -> None:
         if (self.compute_bins is None) != (self.cache_bins is None):
@@ -157,13 +167,24 @@ class CacheSpec(Record):
 
     @property
     def calibrator(self) -> str:
-        return "taylorseer" if self.enable_taylorseer else "dmd" if self.enable_dmd else "none"
+        if self.enable_taylorseer:
+            return "taylorseer"
+        return "dmd" if self.enable_dmd else "foca" if self.enable_foca else "none"
 
     def effective_threshold(self, quant: str = "none") -> float:
         """The threshold a run applies; `quant`: the quantized form that runs ("none": full precision)."""
         if self.residual_diff_threshold is not None:
             return float(self.residual_diff_threshold)
         return DEFAULT_THRESHOLD[quant]
+
+    def with_threshold(self, threshold: float) -> "CacheSpec":
+        """This cache with another threshold: `residual_diff_threshold` for DBCache, DBPrune and First-Block-Cache,
+        the method's own `threshold` knob for MagCache and SeaCache; a method without one refuses it."""
+        if self.backend in ("none", "cache-dit", "dbprune", "fbcache"):
+            return replace(self, residual_diff_threshold=threshold)
+        if "threshold" in METHOD_KNOBS[self.backend]:
+            return replace(self, options=tuple(sorted({**dict(self.options), "threshold": threshold}.items())))
+        fail("cache_config", "residual_diff_threshold", threshold, f"{self.backend} has no threshold: leave it unset")
 
     def label(self, threshold: float | None = None) -> str:
         """A short tag in cache-dit's style, e.g. DBCache_F1B0W4R0.24MC3_TS1 (the one place it is written).
@@ -176,12 +197,17 @@ class CacheSpec(Record):
         r = "auto" if threshold is None else f"{threshold:g}"
         if self.backend == "fbcache":
             return f"FBCache_R{r}"
-        t = f"DBCache_F{self.Fn_compute_blocks}B{self.Bn_compute_blocks}W{self.max_warmup_steps}R{r}"
+        if self.backend not in ("cache-dit", "dbprune"):
+            return options_label(self.backend, self.options)
+        kind = "DBPrune" if self.backend == "dbprune" else "DBCache"
+        t = f"{kind}_F{self.Fn_compute_blocks}B{self.Bn_compute_blocks}W{self.max_warmup_steps}R{r}"
         t += f"MC{self.max_continuous_cached_steps}"
         if self.enable_taylorseer:
             t += f"_TS{self.taylorseer_order}"
         elif self.enable_dmd:
             t += f"_DMD{self.dmd_history}"
+        elif self.enable_foca:
+            t += "_FoCa"
         if self.has_mask:
             t += f"_mask-{self.steps_computation_mask if self.steps_computation_mask != 'none' else 'bins'}"
         return t
@@ -312,8 +338,11 @@ class Preset(Record):
         if self.parallelism_config.enabled and self.offload_config.enabled:
             why = "parallel workers hold their own weights: drop offload_config from a parallel preset"
             fail("preset", "offload_config", self.offload_config.policy, why)
-        if self.parallelism_config.enabled and self.cache_config.backend == "fbcache":
-            fail("preset", "cache_config.backend", "fbcache", "parallel workers run cache-dit: use backend: cache-dit")
+        if self.parallelism_config.enabled and self.cache_config.backend not in ("none", "cache-dit"):
+            b = self.cache_config.backend
+            fail(
+                "preset", "cache_config.backend", b, "parallel workers run cache-dit's DBCache: use backend: cache-dit"
+            )
 
     # short names the engine reads
     @property
@@ -375,7 +404,7 @@ class Preset(Record):
         elif cache is True and not c.enabled:
             c = replace(c, backend="cache-dit")
         if threshold is not None:
-            c = replace(c, residual_diff_threshold=threshold)
+            c = c.with_threshold(threshold)
         k = self.compile if compile is None else replace(self.compile, enabled=compile)
         if (c, k) == (self.cache_config, self.compile):
             return self

@@ -22,11 +22,13 @@ import yaml
 
 from studio.spec.checks import ConfigError
 from studio.spec.lora import lora_from_yaml
+from studio.spec.methods import HOOK_BACKENDS
 from studio.spec.offload import OffloadSpec
 from studio.spec.preset import CacheSpec, CompileSpec, ParallelSpec, Preset, QuantSpec
 from studio.spec.settings import current
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent.parent / "presets"
+METHODS_SUBDIR = "methods"  # presets/methods/: one preset per step-cache method beside DBCache (spec.methods)
 USER_DIR_ENV = "STUDIO_PRESETS_DIR"
 MAX_PRESET_BYTES = 64 * 1024  # a preset is a few hundred bytes of YAML; anything near this is not one
 BASE = "base"  # the reference every stack is compared with
@@ -115,7 +117,7 @@ def preset_to_dict(p: Preset) -> dict:
     if p.offload_config.enabled:
         out["offload_config"] = p.offload_config.as_dict()
     if p.cache_config.enabled:
-        out["cache_config"] = {k: plain(v) for k, v in p.cache_config.as_dict().items() if v is not None}
+        out["cache_config"] = _cache_section(p.cache_config, plain)
     out["attention_backend"] = p.attention_backend
     if p.compile.enabled:
         d = p.compile.as_dict()
@@ -126,6 +128,21 @@ def preset_to_dict(p: Preset) -> dict:
     if p.loras:
         out["loras"] = [{"path": lo.path, "scale": lo.scale} for lo in p.loras]
     return out
+
+
+def _cache_section(c: CacheSpec, plain) -> dict:
+    """cache_config as YAML: DBCache's keys for cache-dit (DBPrune: less the calibrators and the mask); a diffusers
+    hook's backend and options (and First-Block-Cache's threshold) alone."""
+    d = {k: plain(v) for k, v in c.as_dict().items() if v is not None and k != "options"}
+    if c.backend in HOOK_BACKENDS:
+        keep = ("backend", "residual_diff_threshold") if c.backend == "fbcache" else ("backend",)
+        d = {k: v for k, v in d.items() if k in keep}
+    elif c.backend == "dbprune":
+        extra = ("enable_", "taylorseer_", "dmd_", "steps_computation_", "compute_bins", "cache_bins")
+        d = {k: v for k, v in d.items() if not k.startswith(extra)}
+    if c.options:
+        d["options"] = {k: plain(v) for k, v in c.options}
+    return d
 
 
 def preset_to_yaml(p: Preset) -> str:
@@ -170,21 +187,35 @@ class PresetLibrary:
 
     def _files(self) -> dict[str, Path]:
         found: dict[str, Path] = {}
-        for d in (self.user_dir, self.builtin_dir):  # built-ins last so they win a name clash
+        # built-ins last so they win a name clash
+        for d in (self.user_dir, self.builtin_dir / METHODS_SUBDIR, self.builtin_dir):
             if d is not None and d.is_dir():
                 for f in sorted(d.glob("*.yaml")) + sorted(d.glob("*.yml")):
                     found[f.stem] = f
         return found
 
     def names(self) -> list[str]:
+        """The shipped stacks in their order, then the step-cache methods, then the user's presets."""
         names = list(self._files())
-        return [n for n in BUILTIN_ORDER if n in names] + sorted(n for n in names if n not in BUILTIN_ORDER)
+        methods = self.method_names()
+        rest = sorted(n for n in names if n not in BUILTIN_ORDER and n not in methods)
+        return [n for n in BUILTIN_ORDER if n in names] + methods + rest
+
+    def method_names(self) -> list[str]:
+        """The shipped presets of presets/methods/: one per step-cache method beside `cache` (DBCache), run by
+        `python -m studio methods` and the Matrix's "all methods", and by name anywhere."""
+        d = self.builtin_dir / METHODS_SUBDIR
+        return sorted(f.stem for f in d.glob("*.yaml")) if d.is_dir() else []
 
     def one_process_names(self) -> list[str]:
         """The presets that run in this process: what a bench, matrix or doctor runs when none are named
-        (parallel presets start worker processes, so they run when asked for by name)."""
+        (parallel presets start worker processes, so they run when asked for by name; the step-cache methods of
+        presets/methods/ run by name or together through `methods`)."""
         out = []
+        methods = set(self.method_names())  # run by name, or all together by `methods`
         for n in self.names():
+            if n in methods:
+                continue
             try:
                 if self.get(n).parallelism_config.enabled:
                     continue
@@ -215,7 +246,7 @@ class PresetLibrary:
         return self._file(name).read_text()
 
     def is_builtin(self, name: str) -> bool:
-        return (self.builtin_dir / f"{name}.yaml").is_file()
+        return any((d / f"{name}.yaml").is_file() for d in (self.builtin_dir, self.builtin_dir / METHODS_SUBDIR))
 
     def add(self, name: str, text: str) -> Preset:
         """Validate a user's preset text and save it under `name` in the user folder."""

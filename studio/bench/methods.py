@@ -1,0 +1,361 @@
+"""`python -m studio methods --prompts FILE [--min-psnr DB | --max-flip F]`: every step-cache method on the same
+model, prompts and seeds, each at its fastest setting that keeps every prompt above the floor, side by side.
+
+1. Each method (METHODS: cache-dit's DBCache alone and with each calibrator, with a step mask, DBPrune; diffusers'
+   First-Block-Cache, MagCache, TaylorSeer, FasterCache, Pyramid Attention Broadcast, SeaCache) starts from its
+   shipped preset (presets/methods/, `cache` for DBCache) and walks its one knob from gentle to aggressive (a
+   threshold, a mask policy, a skip interval): a binary search, each setting screened over the prompts by the
+   engine (`Runner.screen`: the pictures and the step counts against each prompt's base, no timing), a prompt that
+   falls under the floor ending the setting early. The most aggressive setting whose worst prompt keeps the floor
+   is the method's best. A method that cannot engage here (the engine refused it, with the reason) is listed with
+   that reason and not timed; MagCache without ratios for this model is calibrated first, on these prompts
+   (studio.engine.magcal).
+2. Every method's best, with base and the shipped `cache`, in ONE interleaved bench over the prompts
+   (studio.bench.bench: the same estimator, intervals and withholding rule as every speed-up the studio shows):
+   speed-up with its interval, worst-prompt PSNR and FLIP, paired wins against base (studio.bench.paired) and
+   against the fastest method (each request's runs of the two, round by round: `Rotation.ratio`), cached/full.
+
+The search screens eagerly (no compile, no warm-up): the knob decides which steps are cached, and quality is a
+property of the pictures, not of the clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+from studio.bench.bench import BenchReport, run_bench
+from studio.engine import BASE
+from studio.engine.magcal import calibrate_magcache
+from studio.measure.estimate import shown
+from studio.spec.ask import Switches
+from studio.spec.checks import ConfigError, fail
+from studio.spec.methods import METHOD_NAMES
+from studio.spec.preset import CacheSpec, Preset
+
+DEFAULT_FLOOR_DB = 35.0
+
+
+@dataclass(frozen=True)
+class Method:
+    """One method: its shipped preset, the knob searched with its values (gentlest first), and the variants of its
+    other knobs (warm-up, run caps) each searched in turn: the variant whose best caches the most steps wins."""
+
+    name: str
+    preset: str | None  # None: not shipped (it cannot engage on the embedded model): a default spec of `backend`
+    knob: str
+    values: tuple
+    backend: str = ""  # for preset None
+    variants: tuple = ({},)
+
+
+_DB_THRESHOLDS = (0.08, 0.12, 0.16, 0.24, 0.36, 0.52, 0.8, 1.2, 1.6, 2.4)
+_DB_VARIANTS = ({}, {"max_warmup_steps": 2, "max_continuous_cached_steps": 5})
+_WHOLE_RANGE = {"spatial_attention_timestep_skip_range": (-1, 1000)}  # every timestep may reuse attention
+METHODS = (
+    Method("dbcache", "cache", "residual_diff_threshold", _DB_THRESHOLDS, variants=_DB_VARIANTS),
+    Method("dbcache+taylorseer", "cache-taylorseer", "residual_diff_threshold", _DB_THRESHOLDS, variants=_DB_VARIANTS),
+    Method("dbcache+dmd", "cache-dmd", "residual_diff_threshold", _DB_THRESHOLDS, variants=_DB_VARIANTS),
+    Method("dbcache+foca", "cache-foca", "residual_diff_threshold", _DB_THRESHOLDS, variants=_DB_VARIANTS),
+    Method("dbcache+scm", "cache-scm", "steps_computation_mask", ("slow", "medium", "fast", "ultra")),
+    Method(
+        "dbprune",
+        "dbprune",
+        "residual_diff_threshold",
+        (0.02, 0.04, 0.06, 0.08, 0.12, 0.16, 0.24, 0.36),
+        variants=({}, {"max_warmup_steps": 2}),
+    ),
+    Method("fbcache", "fbcache", "residual_diff_threshold", (0.05, 0.1, 0.15, 0.2, 0.3, 0.45, 0.6, 0.8, 1.2)),
+    Method(
+        "magcache",
+        "magcache",
+        "threshold",
+        (0.02, 0.04, 0.06, 0.1, 0.16, 0.24, 0.36, 0.5, 0.8, 1.2),
+        variants=({}, {"max_skip_steps": 5, "retention_ratio": 0.1}),
+    ),
+    Method(
+        "taylorseer",
+        "taylorseer",
+        "cache_interval",
+        (2, 3, 4, 5, 6, 8, 10, 14),
+        variants=({}, {"disable_cache_before_step": 2}),
+    ),
+    Method("pab", "pab", "spatial_attention_block_skip_range", (2, 3, 4, 6, 8), variants=({}, _WHOLE_RANGE)),
+    Method(
+        "fastercache",
+        "fastercache",
+        "spatial_attention_block_skip_range",
+        (2, 3, 4, 6, 8),
+        variants=({}, _WHOLE_RANGE),
+    ),
+    Method("seacache", None, "threshold", (0.1, 0.25, 0.4), backend="seacache"),
+)
+_SPEC_FIELDS = {f.name for f in fields(CacheSpec)}
+
+
+def with_knob(spec: CacheSpec, knob: str, value) -> CacheSpec:
+    """`spec` with one knob set: a cache_config key, or one of the method's options (spec.methods)."""
+    if knob in _SPEC_FIELDS:
+        return replace(spec, **{knob: value})
+    return replace(spec, options=tuple(sorted({**dict(spec.options), knob: value}.items())))
+
+
+@dataclass
+class Searched:
+    """One method after its search: the best setting that keeps the floor, or why there is none."""
+
+    method: Method
+    preset: Preset | None = None  # the best setting, named `<method>-best`
+    value: object = None
+    worst_db: float | None = None
+    worst_flip: float | None = None
+    cached: float = 0.0  # the best setting's cached steps, the mean over the prompts
+    screened: int = 0
+    refused: str | None = None  # the engine's reason it could not engage here
+    note: str | None = None  # no setting kept the floor, or MagCache was calibrated first
+
+    def as_dict(self) -> dict:
+        return {
+            "method": self.method.name,
+            "name": METHOD_NAMES.get((self.preset or _start(self.method, None)).cache_config.backend, ""),
+            "knob": self.method.knob,
+            "value": self.value,
+            "label": self.preset.cache_config.label() if self.preset else None,
+            "worst_psnr_db": self.worst_db,
+            "worst_flip": self.worst_flip,
+            "cached_steps": self.cached,
+            "screened": self.screened,
+            "refused": self.refused,
+            "note": self.note,
+        }
+
+
+@dataclass
+class MethodRow:
+    """A method's best setting, timed beside the others."""
+
+    method: str
+    preset: str
+    label: str
+    speedup: float | None
+    speedup_lo: float | None
+    speedup_hi: float | None
+    speedup_note: str | None
+    worst_psnr_db: float | None
+    worst_flip: float | None
+    wins_vs_base: int
+    wins_vs_best: int | None  # None: this is the fastest, or no row's speed-up could be shown
+    of: int
+    cached_steps: int
+    full_steps: int
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class MethodsResult:
+    floor_db: float
+    max_flip: float | None
+    searched: list[Searched]
+    rows: list[MethodRow] = field(default_factory=list)
+    best: str | None = None
+    bench: BenchReport | None = None
+    prompts: list[str] = field(default_factory=list)
+
+    @property
+    def refused(self) -> list[Searched]:
+        return [s for s in self.searched if s.refused]
+
+    def as_dict(self) -> dict:
+        return {
+            "floor_db": self.floor_db,
+            "max_flip": self.max_flip,
+            "prompts": self.prompts,
+            "best": self.best,
+            "rows": [r.as_dict() for r in self.rows],
+            "searched": [s.as_dict() for s in self.searched],
+            "bench": self.bench.as_dict() if self.bench else None,
+        }
+
+
+def _start(m: Method, lib) -> Preset:
+    if m.preset is not None and lib is not None and m.preset in lib.names():
+        return lib.get(m.preset)
+    return Preset(name=m.name, cache_config=CacheSpec(backend=m.backend or (m.preset or "none")))
+
+
+class MethodSearch:
+    """Step 1 of the module doc, for one method."""
+
+    def __init__(self, runner, requests, floor_db: float, max_flip: float | None, model=None, progress=None):
+        self.runner, self.requests, self.floor, self.max_flip = runner, list(requests), floor_db, max_flip
+        self.model = model
+        self.progress = progress or (lambda msg: None)
+
+    def screen(self, found: Searched, p: Preset) -> tuple[bool, float | None, float | None, float]:
+        """Every prompt (stopping at the first under the floor): (passed, worst dB, worst FLIP, mean cached steps);
+        sets `refused` where the engine could not engage the method."""
+        worst, worst_flip, cached = None, None, []
+        for req in self.requests:
+            m = self.runner.screen(req, p, self.model)
+            found.screened += 1
+            why = [line for line in m.labels.fallbacks if line.startswith("cache:")]
+            if why:
+                found.refused = why[0]
+                return False, None, None, 0.0
+            db = m.quality.psnr_db if m.quality.psnr_db is not None else float("inf")
+            flip = m.quality.flip if m.quality.flip is not None else 0.0
+            worst = db if worst is None else min(worst, db)
+            worst_flip = flip if worst_flip is None else max(worst_flip, flip)
+            cached.append(m.cache.cached_steps)
+            if db < self.floor or (self.max_flip is not None and flip > self.max_flip):
+                return False, worst, worst_flip, 0.0
+        return True, worst, worst_flip, sum(cached) / len(cached)
+
+    def run(self, m: Method) -> Searched:
+        found = Searched(m)
+        start = _start(m, self.runner.presets)
+        if start.cache_config.backend == "magcache":
+            start = self._calibrated(found, start)
+        for variant in m.variants:
+            spec = start.cache_config
+            for knob, value in variant.items():
+                spec = with_knob(spec, knob, value)
+            self._ladder(found, replace(start, cache_config=spec))
+            if found.refused is not None:
+                break
+        if found.refused is None and found.preset is None:
+            found.note = f"no {m.knob} of {list(m.values)} kept every prompt above the floor"
+        return found
+
+    def _ladder(self, found: Searched, start: Preset) -> None:
+        """The most aggressive value of the method's knob that keeps the floor (binary search: quality falls as it
+        rises); kept in `found` when it caches more steps than the best so far."""
+        m = found.method
+        lo, hi = 0, len(m.values) - 1
+        while lo <= hi and found.refused is None:
+            mid = (lo + hi) // 2
+            p = replace(
+                start, name=f"{m.name}-best", cache_config=with_knob(start.cache_config, m.knob, m.values[mid])
+            )
+            self.progress(f"{m.name}: {p.cache_config.label()}")
+            ok, worst, flip, cached = self.screen(found, p)
+            if ok:
+                if found.preset is None or cached > found.cached:
+                    found.preset, found.value, found.worst_db, found.worst_flip = p, m.values[mid], worst, flip
+                    found.cached = cached
+                lo = mid + 1
+            else:
+                hi = mid - 1
+
+    def _calibrated(self, found: Searched, start: Preset) -> Preset:
+        """MagCache's ratios for this model, measured on these prompts where the preset has none for it."""
+        from studio.engine.hooks import fingerprint
+
+        here = fingerprint(self.runner.manager.ensure(self.model or self.runner.model).pipe.transformer)
+        if dict(start.cache_config.options).get("calibrated_for") == here:
+            return start
+        self.progress("magcache: calibrating its ratios on these prompts")
+        cal = calibrate_magcache(self.runner, self.requests, start, self.model)
+        found.note = f"calibrated first on these {cal.prompts} prompts (its ratios were for another model)"
+        return cal.preset(start, start.description)
+
+
+def run_methods(
+    runner,
+    requests,
+    *,
+    floor_db: float | None = None,
+    max_flip: float | None = None,
+    names: list[str] | None = None,
+    model=None,
+    repeats: int = 3,
+    progress=None,
+    also: tuple = ("cache",),
+    compile_enabled: bool | None = None,
+) -> MethodsResult:
+    """The module doc's two steps; `names`: the methods to run (default every one of METHODS); `also`: presets
+    timed beside them for reference (the shipped `cache`; a tuned preset); `compile_enabled`: the compile switch on
+    every method's best in the bench (the search screens eagerly either way)."""
+    check_floor(floor_db, max_flip)
+    floor = DEFAULT_FLOOR_DB if floor_db is None else floor_db
+    chosen = _chosen(names)
+    runner.generate(requests[0], BASE, model=model)  # load and fail early on a model that cannot run
+    search = MethodSearch(runner, requests, floor, max_flip, model, progress)
+    searched = [search.run(m) for m in chosen]
+    res = MethodsResult(floor, max_flip, searched, prompts=[r.prompt for r in requests])
+    best = [s.preset for s in searched if s.preset is not None]
+    if not best:
+        return res
+    if compile_enabled is not None:
+        best = [Switches(compile=compile_enabled).apply(p) for p in best]  # (the one rule: spec.ask)
+        for s, p in zip([s for s in searched if s.preset is not None], best, strict=True):
+            s.preset = p
+    (progress or (lambda msg: None))(f"timing {len(best)} methods beside base and {', '.join(also) or 'nothing'}")
+    res.bench = run_bench(
+        runner, requests, [*also, *best], model=model, repeats=repeats, floor_db=floor, max_flip=max_flip
+    )
+    res.rows, res.best = method_rows(res.bench, searched, also)
+    return res
+
+
+def _chosen(names: list[str] | None) -> list[Method]:
+    if not names:
+        return list(METHODS)
+    known = {m.name: m for m in METHODS}
+    for n in names:
+        if n not in known:
+            fail("methods", "methods", n, f"use some of {list(known)}")
+    return [known[n] for n in names]
+
+
+def method_rows(rep: BenchReport, searched: list[Searched], also=()) -> tuple[list[MethodRow], str | None]:
+    """Each timed method's row, and each reference preset's (`also`), fastest first, with their paired wins against
+    base and against the fastest row (None where no row's speed-up could be shown)."""
+    rows = {r.preset: r for r in rep.matrix.rows}
+    paired = {p.preset: p for p in rep.paired}
+    entries = [(s.method.name, s.preset.name, s.preset.cache_config.label()) for s in searched if s.preset is not None]
+    entries += [(f"reference: {n}", n, rows[n].tag) for n in also if n in rows]
+    entries = [e for e in entries if e[1] in rows]
+    shown_rows = [e for e in entries if rows[e[1]].speedup is not None]
+    fastest = max(shown_rows, key=lambda e: rows[e[1]].speedup)[1] if shown_rows else None
+    out = []
+    for method, name, label in entries:
+        r, p = rows[name], paired.get(name)
+        wins_base = p.wins if p else int(bool(r.speedup_lo and r.speedup_lo > 1.0))
+        out.append(
+            MethodRow(
+                method,
+                name,
+                label,
+                r.speedup,
+                r.speedup_lo,
+                r.speedup_hi,
+                r.speedup_note,
+                r.worst_psnr_db if r.worst_psnr_db is not None else r.psnr_db,
+                r.worst_flip if r.worst_flip is not None else r.flip,
+                wins_base,
+                None if fastest in (None, name) else _wins_over(rep, fastest, name),
+                len(rep.rotations),
+                r.cached_steps,
+                r.full_steps,
+            )
+        )
+    return sorted(out, key=lambda x: -(x.speedup or 0)), fastest
+
+
+def _wins_over(rep: BenchReport, best: str, name: str) -> int:
+    """Requests on which `name` was faster than `best`: their runs round by round, the whole interval over 1."""
+    wins = 0
+    for rot in rep.rotations:
+        if best in rot.runs and name in rot.runs:
+            s = shown(rot.ratio(best, name))  # best's time over name's: above 1 where name was faster
+            wins += s.lo is not None and s.lo > 1.0
+    return wins
+
+
+def check_floor(floor_db: float | None, max_flip: float | None) -> None:
+    if floor_db is not None and not 0 < floor_db < 100:
+        raise ConfigError(f"methods: min_psnr={floor_db!r} is not valid: a floor in dB between 0 and 100")
+    if max_flip is not None and not 0 < max_flip <= 1:
+        raise ConfigError(f"methods: max_flip={max_flip!r} is not valid: a FLIP ceiling between 0 and 1")

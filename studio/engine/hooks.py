@@ -1,0 +1,270 @@
+"""diffusers' cache hooks as step caches: First-Block-Cache, MagCache, TaylorSeer, FasterCache, Pyramid Attention
+Broadcast and SeaCache, each engaged through `transformer.enable_cache(<its config>)` with the knobs the preset
+gives by the library's own names (spec.methods), or refused with the reason where it cannot engage.
+
+The studio's per-step hook (measure.timing.StepCounter: the last block's last Linear) counts a step cached when that
+layer did not run: for the block-skipping methods (First-Block-Cache, MagCache, SeaCache) the whole stack after the
+head was skipped; for the attention methods (TaylorSeer, FasterCache, PAB) the last block's attention was reused or
+predicted while its feed-forward ran. Where the hook keeps its own per-call decision (First-Block-Cache's and
+MagCache's `should_compute`, TaylorSeer's last update step), a state reader hands it to the counter, which is the
+library's own count beside the studio's.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+
+from studio.engine.state import Engaged, stack_state
+from studio.spec.methods import METHOD_NAMES, knobs_of, transformer_fingerprint
+from studio.spec.preset import CacheSpec
+
+log = logging.getLogger(__name__)
+
+# diffusers' registry names of the hooks whose state the counter reads (diffusers/hooks/*.py)
+_LEADER_HOOK = {"fbcache": "fbc_leader_block_hook", "magcache": "mag_cache_leader_block_hook"}
+_TAYLORSEER_HOOK = "taylorseer_cache"
+NEEDS_TIMESTEP = ("fastercache", "pab")  # they read the pipeline's current timestep
+
+
+def fingerprint(transformer) -> str:
+    """What a MagCache calibration belongs to (spec.methods.transformer_fingerprint)."""
+    return transformer_fingerprint(type(transformer).__name__, dict(transformer.config))
+
+
+def _refused(spec: CacheSpec, why: str) -> Engaged:
+    return Engaged(
+        "cache", spec.backend, False, f"cache: {METHOD_NAMES[spec.backend]} not engaged: {why}; running uncached"
+    )
+
+
+def hook_config(pipe, spec: CacheSpec, *, threshold: float, steps: int | None, separate_cfg: bool, calibrate: bool):
+    """The diffusers config for `spec` on `pipe`, or a sentence saying why it cannot engage (returned as a str)."""
+    from diffusers.hooks import (
+        FasterCacheConfig,
+        FirstBlockCacheConfig,
+        MagCacheConfig,
+        PyramidAttentionBroadcastConfig,
+        TaylorSeerCacheConfig,
+    )
+
+    k = knobs_of(spec.backend, spec.options)
+    if spec.backend in NEEDS_TIMESTEP and not _has_timestep(pipe):
+        return "it reads the pipeline's current timestep, and a transformer run without its pipeline has none"
+    if spec.backend == "fbcache":
+        return FirstBlockCacheConfig(threshold=threshold)
+    if spec.backend == "magcache":
+        return _magcache(pipe, k, steps, calibrate, MagCacheConfig)
+    if spec.backend == "taylorseer":
+        return TaylorSeerCacheConfig(
+            cache_interval=k["cache_interval"],
+            disable_cache_before_step=k["disable_cache_before_step"],
+            disable_cache_after_step=k["disable_cache_after_step"],
+            max_order=k["max_order"],
+            use_lite_mode=k["use_lite_mode"],
+            taylor_factors_dtype=pipe.transformer.dtype,
+        )
+    if spec.backend == "pab":
+        return PyramidAttentionBroadcastConfig(
+            spatial_attention_block_skip_range=k["spatial_attention_block_skip_range"],
+            spatial_attention_timestep_skip_range=tuple(k["spatial_attention_timestep_skip_range"]),
+            current_timestep_callback=lambda: _timestep(pipe),
+        )
+    if spec.backend == "fastercache":
+        return FasterCacheConfig(
+            spatial_attention_block_skip_range=k["spatial_attention_block_skip_range"],
+            spatial_attention_timestep_skip_range=tuple(k["spatial_attention_timestep_skip_range"]),
+            unconditional_batch_skip_range=k["unconditional_batch_skip_range"],
+            unconditional_batch_timestep_skip_range=tuple(k["unconditional_batch_timestep_skip_range"]),
+            alpha_low_frequency=k["alpha_low_frequency"],
+            alpha_high_frequency=k["alpha_high_frequency"],
+            current_timestep_callback=lambda: _timestep(pipe),
+            # The unconditional branch is reused only where the pipeline batches it with the conditional one;
+            # where it calls the transformer once per branch (FLUX's true CFG) or has no CFG, attention alone.
+            is_guidance_distilled=not _batched_cfg(pipe, separate_cfg),
+            tensor_format="BCHW",
+        )
+    if spec.backend == "seacache":
+        return _seacache(pipe, k)
+    raise ValueError(f"no diffusers hook for backend {spec.backend}")
+
+
+def _has_timestep(pipe) -> bool:
+    return hasattr(type(pipe), "current_timestep")
+
+
+def _timestep(pipe) -> float:
+    t = pipe.current_timestep
+    return -1.0 if t is None else float(t.flatten()[0]) if hasattr(t, "flatten") else float(t)
+
+
+def _batched_cfg(pipe, separate_cfg: bool) -> bool:
+    """Whether the coming run batches CFG's two branches into one transformer call (SD3 and most UNet-era
+    pipelines do; FLUX calls the transformer once per branch under true CFG, and not at all twice without it)."""
+    return not separate_cfg and getattr(pipe, "do_classifier_free_guidance", False) is True
+
+
+def _magcache(pipe, k: dict, steps: int | None, calibrate: bool, MagCacheConfig):
+    here = fingerprint(pipe.transformer)
+    if calibrate:
+        # counted past the run's end, so the hook never wraps (and clears its ratios) before they are read
+        return MagCacheConfig(num_inference_steps=(steps or 28) + 1, calibrate=True)
+    how = "`python -m studio calibrate --preset <this preset>` measures them and writes them into the preset"
+    if k["mag_ratios"] is None:
+        return f"MagCache needs its per-step magnitude ratios for this model, and this preset has none: {how}"
+    if k["calibrated_for"] != here:
+        return f"its ratios were calibrated for {k['calibrated_for']}, and this transformer is {here}: {how}"
+    return MagCacheConfig(
+        threshold=k["threshold"],
+        max_skip_steps=k["max_skip_steps"],
+        retention_ratio=k["retention_ratio"],
+        num_inference_steps=steps or len(k["mag_ratios"]),
+        mag_ratios=list(k["mag_ratios"]),
+    )
+
+
+def _seacache(pipe, k: dict):
+    """SeaCache decides from the scheduler's step and sigma, which the pipeline must pass in its cache_context;
+    one that does not makes it run every step ("fail-open"), so it is refused here with the reason."""
+    from diffusers.hooks.sea_cache import SeaCacheConfig
+
+    try:
+        source = inspect.getsource(type(pipe).__call__)
+    except (OSError, TypeError):  # no source to read (a compiled or built-in class): cannot tell, so say so
+        return f"cannot read whether {type(pipe).__name__} passes the scheduler's step and sigma to its cache context"
+    if "sigma=" not in source:
+        return (
+            f"{type(pipe).__name__} does not pass the scheduler's step and sigma to its cache context, which SeaCache "
+            "decides from (it would compute every step)"
+        )
+    return SeaCacheConfig(
+        threshold=k["threshold"],
+        residual_order=k["residual_order"],
+        retention_steps=k["retention_steps"],
+        cache_end_steps=k["cache_end_steps"],
+        max_consecutive_cached=k["max_consecutive_cached"],
+        power_exp=k["power_exp"],
+    )
+
+
+def apply_hook(
+    pipe, spec: CacheSpec, *, threshold: float, src: str, steps: int | None, separate_cfg: bool, calibrate=False
+) -> Engaged:
+    """Engage `spec`'s diffusers cache hook on `pipe.transformer` (nothing engaged before: engine.cache removed it)."""
+    tr = pipe.transformer
+    _unpatch_cache_dit(tr)
+    cfg = hook_config(pipe, spec, threshold=threshold, steps=steps, separate_cfg=separate_cfg, calibrate=calibrate)
+    if isinstance(cfg, str):
+        return _refused(spec, cfg)
+    try:
+        tr.enable_cache(cfg)
+    except (ValueError, TypeError, AttributeError, KeyError, NotImplementedError) as e:
+        # a transformer without the block metadata or attention layers the hook looks for (diffusers' errors vary
+        # by hook): the run goes on uncached and the card says why
+        log.warning("%s could not engage: %s", METHOD_NAMES[spec.backend], e)
+        _disable(tr)
+        return _refused(spec, f"{type(tr).__name__} does not have what it hooks ({type(e).__name__}: {e})")
+    state = stack_state(tr)
+    state.step_cache.backend = spec.backend
+    state.step_cache.steps = steps
+    state.step_cache.ratios = {} if calibrate else None
+    state.counter.state_reader = state_reader(tr, spec.backend, state.step_cache.ratios)
+    return Engaged(
+        "cache",
+        spec.backend,
+        True,
+        _detail(pipe, spec, threshold, src, separate_cfg, calibrate),
+        _ran(spec, threshold, calibrate),
+    )
+
+
+def _ran(spec: CacheSpec, threshold: float, calibrate: bool) -> str:
+    if calibrate:
+        return "MagCache_calibrating"
+    return spec.label(threshold)
+
+
+def _detail(pipe, spec: CacheSpec, threshold: float, src: str, separate_cfg: bool, calibrate: bool) -> str:
+    name = METHOD_NAMES[spec.backend]
+    if calibrate:
+        return f"cache: {name} calibrating (every step computed, its magnitude ratios recorded)"
+    if spec.backend == "fbcache":
+        return f"cache: diffusers First-Block-Cache R{threshold:g} ({src})"
+    detail = f"cache: diffusers {name} {_ran(spec, threshold, calibrate)}"
+    if spec.backend == "fastercache" and not _batched_cfg(pipe, separate_cfg):
+        detail += " (attention reuse only: this run has no batched CFG branch to reuse)"
+    return detail
+
+
+def state_reader(transformer, backend: str, ratios: dict | None = None):
+    """A callable telling whether the hook ran the full computation on the last transformer call, from the hook's
+    own per-call state (None where the hook keeps none the counter can read). `ratios`: MagCache calibrating, the
+    dict its recorded ratios are copied into after every call, by branch ("cond", "uncond"): the hook clears its own
+    when the pipeline ends."""
+    if backend in _LEADER_HOOK:
+        head = _find_hook(transformer, _LEADER_HOOK[backend])
+        if head is None:
+            return None
+
+        def computed() -> bool:
+            s = head.state_manager.get_state()
+            if ratios is not None:
+                ratios[head.state_manager.context.name] = list(s.calibration_ratios)
+            return bool(s.should_compute)
+
+        return computed
+    if backend == "taylorseer":
+        hook = _find_hook(transformer, _TAYLORSEER_HOOK, last=True)
+        if hook is None:
+            return None
+
+        def updated() -> bool:
+            s = hook.state_manager.get_state()
+            return s.last_update_step == s.current_step
+
+        return updated
+    return None
+
+
+def _find_hook(transformer, name: str, last: bool = False):
+    found = None
+    for m in transformer.modules():
+        registry = getattr(m, "_diffusers_hook", None)
+        if registry is not None and registry.get_hook(name) is not None:
+            found = registry.get_hook(name)
+            if not last:
+                return found
+    return found
+
+
+def _unpatch_cache_dit(transformer) -> None:
+    """Undo what cache-dit leaves on a transformer after `cache_dit.disable_cache` (docs/library-behaviour.md C17):
+    - its block lists re-registered, so they come in another order (FLUX: the single blocks before the double ones).
+      diffusers' hooks take the first block they find as the head: First-Block-Cache then puts its leader on a single
+      block, its other hooks run before it, and the first call fails (`head_block_output` is None). The loaded order
+      (kept when the studio first saw the transformer) is put back;
+    - its patch functor's forward, set on the instances (FLUX: the transformer's): diffusers' own forward is given
+      back, and cache-dit patches again on its next `enable_cache` (`_is_patched` off)."""
+    loaded = stack_state(transformer).step_cache.children
+    if loaded and tuple(transformer._modules) != loaded:
+        mods = transformer._modules  # a plain dict in torch 2.13: re-inserted in the loaded order
+        order = [k for k in loaded if k in mods] + [k for k in mods if k not in loaded]
+        children = [(k, mods.pop(k)) for k in order]
+        mods.update(children)
+    if getattr(transformer, "_is_patched", False):
+        for m in transformer.modules():
+            if "forward" in vars(m):
+                del m.forward
+        transformer._is_patched = False
+
+
+def _disable(transformer) -> None:
+    """Take a hook off the transformer (after a failed enable, or before another cache)."""
+    try:
+        transformer.disable_cache()
+    except (ValueError, AttributeError) as e:  # nothing was enabled: nothing to take off
+        log.debug("disable_cache: %s", e)
+
+
+def remove_hook(transformer) -> None:
+    _disable(transformer)

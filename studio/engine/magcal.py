@@ -1,0 +1,88 @@
+"""MagCache's calibration: the per-step magnitude ratios of this model's residuals, measured by diffusers' own
+MagCache hook in its calibration mode (every step computed, each step's mean ratio of residual norms recorded) and
+written into a preset's `cache_config.options` with the transformer they belong to (`calibrated_for`).
+
+diffusers ships ratios for FLUX.1-dev alone; any other model (the embedded one included) needs its own, and ratios of
+another model make MagCache skip the wrong steps while the timings look fine, so the engine refuses a preset whose
+`calibrated_for` is not the transformer it runs on (studio.engine.hooks).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+
+from studio.engine.cache import remove_cache
+from studio.engine.call import call_pipe, true_cfg
+from studio.engine.hooks import apply_hook, fingerprint
+from studio.engine.state import stack_state
+from studio.spec.checks import fail
+from studio.spec.preset import CacheSpec, CompileSpec, Preset
+from studio.spec.request import GenerationRequest
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """MagCache's ratios for one model at one step count: the mean over the prompts, step by step."""
+
+    ratios: tuple[float, ...]
+    calibrated_for: str  # engine.hooks.fingerprint of the transformer
+    steps: int
+    prompts: int
+    spread: float  # the largest difference between two prompts' ratios at one step
+
+    def preset(self, preset: Preset, description: str) -> Preset:
+        """`preset` with these ratios written into its MagCache options."""
+        opts = dict(preset.cache_config.options)
+        opts.update(mag_ratios=tuple(round(r, 4) for r in self.ratios), calibrated_for=self.calibrated_for)
+        cache = replace(preset.cache_config, options=tuple(sorted(opts.items())))
+        return replace(preset, cache_config=cache, description=description)
+
+    def as_dict(self) -> dict:
+        return {
+            "ratios": list(self.ratios),
+            "calibrated_for": self.calibrated_for,
+            "steps": self.steps,
+            "prompts": self.prompts,
+            "spread": self.spread,
+        }
+
+
+def calibrate_magcache(runner, requests: list[GenerationRequest], preset: Preset, model=None) -> Calibration:
+    """Run `requests` with MagCache calibrating on `preset`'s stack (compile off: the hook's bookkeeping runs
+    eagerly) and return the ratios. Every request must run the same number of steps."""
+    if preset.cache_config.backend != "magcache":
+        fail("calibrate", "preset", preset.name, "give a preset whose cache_config.backend is magcache")
+    steps = {r.executed_steps for r in requests}
+    if len(steps) != 1:
+        fail("calibrate", "steps", sorted(steps), "calibrate at one step count (MagCache's ratios are per step)")
+    plain = replace(preset, name=f"{preset.name}.calibrating", cache_config=CacheSpec(), compile=CompileSpec())
+    per_prompt = []
+    with runner.manager.lock:
+        for req in requests:
+            sep = true_cfg(runner.manager.ensure(model or runner.model).pipe, req)
+            pipe, _, _ = runner.manager.pipeline(
+                model or runner.model, plain, steps=req.executed_steps, separate_cfg=sep
+            )
+            try:
+                apply_hook(
+                    pipe,
+                    preset.cache_config,
+                    threshold=0.0,
+                    src="",
+                    steps=req.executed_steps,
+                    separate_cfg=sep,
+                    calibrate=True,
+                )
+                call_pipe(pipe, req)
+                ratios = dict(stack_state(pipe.transformer).step_cache.ratios or {})
+            finally:
+                remove_cache(pipe)
+            cond = ratios.get("cond") or ratios.get("inference") or []
+            if len(cond) != req.executed_steps:
+                raise RuntimeError(f"MagCache recorded {len(cond)} ratios over {req.executed_steps} steps")
+            per_prompt.append(cond)
+        here = fingerprint(pipe.transformer)
+    mean = tuple(statistics.fmean(col) for col in zip(*per_prompt))
+    spread = max(max(col) - min(col) for col in zip(*per_prompt))
+    return Calibration(mean, here, steps.pop(), len(requests), spread)

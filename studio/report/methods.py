@@ -1,0 +1,121 @@
+"""The `methods` command's text and plot (studio.bench.methods), and MagCache's calibration description."""
+
+from __future__ import annotations
+
+import math
+
+from studio.report import fmt
+
+
+def calibration_description(cal, model_name: str) -> str:
+    """A calibrated MagCache preset's description: what its ratios are, for which model, measured how."""
+    return (
+        f"diffusers MagCache with its per-step magnitude ratios measured on {model_name} "
+        f"({cal.calibrated_for}) at {cal.steps} steps over {cal.prompts} prompts (prompts at most {cal.spread:.3f} "
+        "apart at any step): after its retention steps it skips the whole block stack while the accumulated ratio "
+        "error stays under the threshold. Another model needs its own: `python -m studio calibrate`."
+    )
+
+
+def _db(v) -> str:
+    return "-" if v is None else ("identical" if math.isinf(v) else f"{v:.1f}")
+
+
+def methods_markdown(res) -> str:
+    """The table of every method's best setting, then the methods searched without a timed row, with the reason."""
+    floor = f"{res.floor_db:g} dB" + (f" and FLIP <= {res.max_flip:g}" if res.max_flip is not None else "")
+    n = len(res.prompts)
+    out = [
+        f"Every step cache at its fastest setting that keeps all {n} prompts above {floor}, timed side by side "
+        "(one interleaved bench: each prompt against its own base).",
+        "",
+        "| method | setting | speed-up | worst PSNR dB | worst FLIP | wins vs base | wins vs fastest | cached/full |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in res.rows:
+        sp = fmt.speedup_ci(r.speedup, r.speedup_lo, r.speedup_hi) if r.speedup is not None else "withheld"
+        flip = "-" if r.worst_flip is None else f"{r.worst_flip:.3f}"
+        vs_best = f"{r.wins_vs_best} of {r.of}" if r.wins_vs_best is not None else "-"
+        vs_best = "fastest" if r.preset == res.best else vs_best
+        out.append(
+            f"| {r.method} | {r.label} | {sp} | {_db(r.worst_psnr_db)} | {flip} | {r.wins_vs_base} of {r.of} "
+            f"| {vs_best} | {r.cached_steps}/{r.full_steps} |"
+        )
+    searched = {s.method.name: s for s in res.searched}
+    notes = [
+        f"- {name}: {s.refused or s.note}"
+        for name, s in searched.items()
+        if s.refused or (s.note and s.preset is None)
+    ]
+    if notes:
+        out += ["", "Not timed:", *notes]
+    calibrated = [f"- {name}: {s.note}" for name, s in searched.items() if s.preset is not None and s.note]
+    if calibrated:
+        out += ["", *calibrated]
+    notes = sorted({r.speedup_note for r in res.rows if r.speedup is None and r.speedup_note})
+    if notes:
+        out += ["", "Withheld: " + "; ".join(notes)]
+    if res.best:
+        out += ["", f"Fastest above the floor: {res.best}."]
+    else:
+        out += ["", "No row's speed-up could be shown, so none is named the fastest."]
+    return "\n".join(out)
+
+
+def plot_methods(res, path_or_buf) -> None:
+    """Speed-up (x, with its interval) against worst-prompt FLIP (y, lower is better), the Pareto front drawn:
+    the methods no other is both faster than and closer to base than."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [r for r in res.rows if r.speedup is not None and r.worst_flip is not None]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    front = pareto(pts)
+    for r in pts:
+        colour = "#d62728" if r in front else "#1f77b4"
+        ax.scatter([r.speedup], [r.worst_flip], s=50, color=colour, zorder=3)
+        if r.speedup_lo is not None and r.speedup_hi is not None:
+            ax.errorbar(
+                [r.speedup],
+                [r.worst_flip],
+                xerr=[[r.speedup - r.speedup_lo], [r.speedup_hi - r.speedup]],
+                color=colour,
+                capsize=3,
+                lw=1,
+            )
+        ax.annotate(r.method, (r.speedup, r.worst_flip), textcoords="offset points", xytext=(5, 4), fontsize=7)
+    if front:
+        f = sorted(front, key=lambda r: r.speedup)
+        ax.step(
+            [r.speedup for r in f],
+            [r.worst_flip for r in f],
+            where="post",
+            color="#d62728",
+            lw=1,
+            label="Pareto front",
+        )
+        ax.legend(fontsize=7, loc="upper left")
+    ax.axvline(1.0, color="#888", lw=0.8)
+    ax.set_xlabel("speed-up vs base (denoise time, its interval)")
+    ax.set_ylabel("worst prompt's FLIP against base (lower: closer)")
+    ax.set_title(f"step caches at their best setting above {res.floor_db:g} dB", fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path_or_buf, format="png")
+    plt.close(fig)
+
+
+def pareto(rows: list) -> list:
+    """The rows no other row beats on both speed-up (higher) and worst FLIP (lower)."""
+    return [
+        r
+        for r in rows
+        if not any(
+            o.speedup >= r.speedup
+            and o.worst_flip <= r.worst_flip
+            and (o.speedup, o.worst_flip) != (r.speedup, r.worst_flip)
+            for o in rows
+        )
+    ]

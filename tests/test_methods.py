@@ -1,0 +1,152 @@
+"""Every step-cache method beside DBCache (issue 48), run for real on tiny pipelines: engaged through its library's
+own API, counted by the studio's per-step hook and by the library's own record where it keeps one, labelled by what
+ran, and refused with its sentence where it cannot engage (studio.spec.methods, studio.engine.hooks)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from studio.engine.cache import BareTransformer, apply_cache, remove_cache
+from studio.engine.hooks import fingerprint
+from studio.spec import CacheSpec, GenerationRequest, PresetLibrary
+from studio.spec.headroom import headroom
+from studio.spec.presets import preset_from_text, preset_to_yaml
+
+PROMPT = "a red circle in the center, blue background"
+METHODS = PresetLibrary().method_names()
+# the library's own per-call record the block hooks' count is checked against (none: PAB and FasterCache keep none)
+OWN_RECORD = {
+    "fbcache": "agrees with fbcache state",
+    "magcache": "agrees with magcache state",
+    "taylorseer": "agrees with taylorseer state",
+    "cache-dmd": "agrees with cache-dit",
+    "cache-foca": "agrees with cache-dit",
+    "cache-scm": "agrees with cache-dit",
+    "cache-taylorseer": "agrees with cache-dit",
+}
+
+
+def _req(steps=28, seed=3):
+    return GenerationRequest(prompt=PROMPT, seed=seed, steps=steps, width=64, height=64, max_sequence_length=32)
+
+
+def _cache_lines(lines):
+    return [line for line in lines if line.startswith("cache:")]
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_each_shipped_method_engages_is_counted_and_labelled_on_the_embedded_model(tiny_runner, name):
+    spec = tiny_runner.presets.get(name).cache_config
+    m = tiny_runner.screen(_req(), name)
+    assert _cache_lines(m.labels.fallbacks) == [], m.labels.fallbacks
+    assert len(_cache_lines(m.labels.engaged)) == 1
+    assert spec.label() in m.labels.tag  # the label of what ran names the method and its knobs
+    assert 0 < m.cache.cached_steps < 28 and m.cache.full_steps + m.cache.cached_steps == 28
+    if name == "dbprune":  # it prunes blocks inside steps: its own list of steps with a pruned block is the count
+        assert m.cache.count_source == "dbprune (steps with a pruned block)"
+    else:
+        assert m.cache.count_source == "block hooks"
+        assert m.cache.count_check == OWN_RECORD.get(name), m.cache.count_check
+    assert 30.0 < m.quality.psnr_db < math.inf  # cached, and still close to base
+
+
+def test_taylorseer_caches_exactly_the_steps_its_rule_allows_and_the_flag_says_so_before_the_run(tiny_runner):
+    """diffusers' TaylorSeer decides by step index alone: the headroom computed before the run is the count."""
+    spec = tiny_runner.presets.get("taylorseer").cache_config
+    m = tiny_runner.screen(_req(), "taylorseer")
+    room = headroom(spec, 28)
+    assert m.cache.cached_steps == room.skippable == 19  # of steps 3..27, 4, 8, .., 24 computed (6 of 25)
+    assert m.cache.cached_step_indices[0] == room.first == 3
+
+
+def test_methods_that_cannot_engage_are_refused_with_their_sentence_and_run_uncached(runner):
+    """The random-weight model is not the one the shipped MagCache ratios were measured on; FLUX's pipeline does
+    not give SeaCache the scheduler's step and sigma."""
+    r = _req(steps=12)
+    base = runner.generate(r, "base").image
+    runner.presets.user_dir = None
+    lib = runner.presets
+    cases = {
+        "magcache": "its ratios were calibrated for FluxTransformer2DModel-3ba61691, and this transformer is "
+        "FluxTransformer2DModel-",
+        "seacache": "FluxPipeline does not pass the scheduler's step and sigma to its cache context",
+        "bare-magcache": "MagCache needs its per-step magnitude ratios for this model, and this preset has none",
+    }
+    presets = {
+        "magcache": lib.get("magcache"),
+        "seacache": preset_from_text("cache_config: {backend: seacache}", "seacache"),
+        "bare-magcache": preset_from_text("cache_config: {backend: magcache}", "bare-magcache"),
+    }
+    for name, why in cases.items():
+        m = runner.screen(r, presets[name])
+        (line,) = _cache_lines(m.labels.fallbacks)
+        assert why in line and line.endswith("running uncached"), line
+        assert m.cache.cached_steps == 0 and m.quality.psnr_db == math.inf  # uncached: base's picture
+        if "magcache" in name:  # and the way to the ratios it lacks
+            assert "`python -m studio calibrate --preset <this preset>` measures them" in line
+    assert np.array_equal(runner.generate(r, "base").image, base)
+
+
+def test_a_hook_that_reads_the_pipelines_timestep_is_refused_on_a_bare_transformer(runner):
+    pipe, _, _ = runner.manager.pipeline(runner.model, runner.presets.get("base"), steps=12)
+    bare = BareTransformer(pipe.transformer)
+    for backend in ("pab", "fastercache"):
+        e = apply_cache(bare, CacheSpec(backend=backend), steps=12)
+        assert not e.engaged and "reads the pipeline's current timestep" in e.detail
+        remove_cache(bare)
+
+
+def test_a_diffusers_hook_after_cache_dit_on_the_same_transformer(runner):
+    """cache-dit re-registers FLUX's block lists (single blocks first) and keeps its patched forward after
+    disable_cache; First-Block-Cache then took a single block as its head and failed on its first call (TypeError:
+    'NoneType' object is not subscriptable). The engine gives the transformer its loaded order back."""
+    r = _req(steps=12)
+    db = preset_from_text("cache_config: {residual_diff_threshold: 0.9}", "db")  # (random weights move more)
+    fbc = preset_from_text("cache_config: {backend: fbcache, residual_diff_threshold: 0.9}", "fbc")
+    first = runner.screen(r, db)
+    fb = runner.screen(r, fbc)
+    again = runner.screen(r, db)
+    assert first.cache.cached_steps > 0 and fb.cache.cached_steps > 0
+    assert fb.cache.count_check == "agrees with fbcache state"
+    assert again.cache.cached_step_indices == first.cache.cached_step_indices  # cache-dit patched again, same run
+
+
+def test_calibrate_writes_magcache_ratios_for_this_model_and_they_engage(runner, random_model_dir, tmp_path):
+    from studio.cli import main
+
+    out = tmp_path / "mc.yaml"
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(f"{PROMPT}\nan orange triangle on the left, black background\n")
+    args = ["calibrate", "--model", random_model_dir, "--steps", "12", "--prompts", str(prompts), "--out", str(out)]
+    assert main(args + ["--device", "cpu"]) == 0
+    p = preset_from_text(out.read_text(), "mc")
+    opts = dict(p.cache_config.options)
+    pipe, _, _ = runner.manager.pipeline(runner.model, runner.presets.get("base"), steps=12)
+    assert opts["calibrated_for"] == fingerprint(pipe.transformer)
+    assert len(opts["mag_ratios"]) == 12 and opts["mag_ratios"][0] == 1.0  # step 0: no residual to compare
+    assert all(0.5 < x < 2.0 for x in opts["mag_ratios"])
+    assert preset_from_text(preset_to_yaml(p), "mc").stack == p.stack  # the YAML round trip keeps the ratios
+    m = runner.screen(_req(steps=12), p)
+    assert _cache_lines(m.labels.fallbacks) == []
+    assert "MagCache_R0.06K3Ret0.2" in m.labels.tag and m.cache.count_check == "agrees with magcache state"
+
+
+def test_methods_searches_each_method_then_times_them_side_by_side(tiny_runner):
+    from studio.bench.methods import run_methods
+    from studio.report.methods import methods_markdown
+
+    reqs = [_req(steps=12), _req(steps=12, seed=4)]
+    res = run_methods(tiny_runner, reqs, floor_db=35.0, names=["dbcache", "pab", "seacache"], repeats=1)
+    by = {s.method.name: s for s in res.searched}
+    assert by["seacache"].refused and by["seacache"].preset is None
+    assert {r.method for r in res.rows} == {"dbcache", "pab", "reference: cache"}  # the shipped cache beside them
+    for row in res.rows:
+        assert row.of == 2 and row.cached_steps > 0
+        if row.method in by:
+            assert row.worst_psnr_db >= 35.0 and row.label == by[row.method].preset.cache_config.label()
+    assert sum(r.preset == res.best for r in res.rows) <= 1  # the fastest shown row, if any row could be shown
+    text = methods_markdown(res)
+    assert "| dbcache | DBCache_F1B0W" in text and "- seacache: cache: SeaCache not engaged" in text
