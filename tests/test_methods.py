@@ -5,6 +5,7 @@ ran, and refused with its sentence where it cannot engage (studio.spec.methods, 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -132,6 +133,21 @@ def test_calibrate_writes_magcache_ratios_for_this_model_and_they_engage(runner,
     m = runner.screen(_req(steps=12), p)
     assert _cache_lines(m.labels.fallbacks) == []
     assert "MagCache_R0.06K3Ret0.2" in m.labels.tag and m.cache.count_check == "agrees with magcache state"
+
+
+def test_every_setting_the_search_may_try_is_a_valid_preset():
+    from studio.bench.methods import METHODS, _start, with_knob
+
+    lib = PresetLibrary()
+    for m in METHODS:
+        start = _start(m, lib)
+        for variant in m.variants:
+            spec = start.cache_config
+            for knob, value in variant.items():
+                spec = with_knob(spec, knob, value)
+            for value in m.values:  # as the search names and builds it, and as a preset file reads it back
+                p = replace(start, name=m.best_name, cache_config=with_knob(spec, m.knob, value))
+                assert preset_from_text(preset_to_yaml(p), p.name).stack == p.stack
 
 
 def test_methods_searches_each_method_then_times_them_side_by_side(tiny_runner):

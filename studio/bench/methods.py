@@ -47,6 +47,11 @@ class Method:
     backend: str = ""  # for preset None
     variants: tuple = ({},)
 
+    @property
+    def best_name(self) -> str:
+        """The preset name of its best setting (a preset name takes no '+')."""
+        return f"{self.name.replace('+', '-')}-best"
+
 
 _DB_THRESHOLDS = (0.08, 0.12, 0.16, 0.24, 0.36, 0.52, 0.8, 1.2, 1.6, 2.4)
 _DB_VARIANTS = ({}, {"max_warmup_steps": 2, "max_continuous_cached_steps": 5})
@@ -104,7 +109,7 @@ class Searched:
     """One method after its search: the best setting that keeps the floor, or why there is none."""
 
     method: Method
-    preset: Preset | None = None  # the best setting, named `<method>-best`
+    preset: Preset | None = None  # the best setting, named Method.best_name
     value: object = None
     worst_db: float | None = None
     worst_flip: float | None = None
@@ -235,9 +240,7 @@ class MethodSearch:
         lo, hi = 0, len(m.values) - 1
         while lo <= hi and found.refused is None:
             mid = (lo + hi) // 2
-            p = replace(
-                start, name=f"{m.name}-best", cache_config=with_knob(start.cache_config, m.knob, m.values[mid])
-            )
+            p = replace(start, name=m.best_name, cache_config=with_knob(start.cache_config, m.knob, m.values[mid]))
             self.progress(f"{m.name}: {p.cache_config.label()}")
             ok, worst, flip, cached = self.screen(found, p)
             if ok:
