@@ -496,7 +496,11 @@ def test_history_is_bounded_per_session():
     assert len(rows) == history_max() and rows[-1][0] == history_max() + 5 and len(rows[-1][1]) == 200
     # thumbnails: the newest THUMBS_MAX, newest first, the longer side 128 px (8 px enlarged x16, 1024 reduced x8)
     assert len(thumbs) == THUMBS_MAX and thumbs[0][1].startswith(f"#{history_max() + 5} ")
-    assert thumbs[0][0].shape == (128, 128, 3) and thumbs[1][0].shape == (128, 96, 3)
+    # kept as JPEG (2-6 kB each, not 48 kB of pixels: 64 sessions x 48 thumbnails), shown as pictures
+    assert all(isinstance(t, bytes) and len(t) < 8_000 for t, _ in thumbs)
+    shown = hist.gallery()
+    assert np.asarray(shown[0][0]).shape == (128, 128, 3) and np.asarray(shown[1][0]).shape == (128, 96, 3)
+    assert shown[0][1] == thumbs[0][1]
     assert len(HISTORY_COLUMNS) == len(rows[-1])
 
 

@@ -169,7 +169,7 @@ class Handlers:
     def _history(self, hist: History | None, req, results) -> dict:
         hist = record(hist, req, results)
         h = self.ui.hist
-        return {h.table: hist.rows, h.rows: hist, h.gallery: hist.thumbs}
+        return {h.table: hist.rows, h.rows: hist, h.gallery: hist.gallery()}
 
     # events ----------------------------------------------------------------------------------------------
     # The device endpoints take the form's fields by name (gradio's inputs_kwargs: see app.forms); the session's

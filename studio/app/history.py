@@ -3,7 +3,8 @@
 The history lives in one gr.State per session (a `History`), added to by every device endpoint: the table's rows
 (the Matrix columns after the request's own), and the pictures as small thumbnails with a caption naming the row,
 so a visitor can find a picture again without its full-size copy being kept per session (a 1024x1024 image is
-3 MB; its 128-pixel thumbnail 48 kB).
+3 MB; its 128-pixel thumbnail 48 kB of pixels, kept as JPEG in 2-6 kB: a public studio holds 64 sessions' histories,
+up to 48 thumbnails each, and as pixels they were 150 MB of its memory).
 
 The rows are kept in the visitor's browser too (gr.BrowserState: its localStorage, encrypted with this process's
 key), so a reload finds them: `restored` reads them back, checked, since a browser's storage is its owner's to edit.
@@ -17,7 +18,7 @@ import csv
 import io
 from dataclasses import dataclass, field
 
-from studio.report.images import thumbnail
+from studio.report.images import from_jpeg, thumbnail_jpeg
 from studio.report.table import COLUMNS, MatrixRow
 from studio.spec.settings import current
 
@@ -35,7 +36,11 @@ THUMBS_MAX = 48  # thumbnails kept per session (the newest)
 @dataclass
 class History:
     rows: list = field(default_factory=list)
-    thumbs: list = field(default_factory=list)  # [(thumbnail, caption)], newest first (the gallery's order)
+    thumbs: list = field(default_factory=list)  # [(thumbnail JPEG bytes, caption)], newest first (the gallery's order)
+
+    def gallery(self) -> list:
+        """The thumbnails as the gallery shows them: (picture, caption), newest first."""
+        return [(from_jpeg(data), cap) for data, cap in self.thumbs]
 
 
 def history_rows(hist: list, req, results) -> list:
@@ -50,7 +55,7 @@ def record(hist: History | None, req, results) -> History:
     """`hist` with a row and a thumbnail for each of `results` (RunResults of `req`)."""
     hist = hist if isinstance(hist, History) else History()
     rows = history_rows(hist.rows, req, results)
-    new = [(thumbnail(res.image), caption(row)) for res, row in zip(results, rows[-len(results) :], strict=True)]
+    new = [(thumbnail_jpeg(res.image), caption(row)) for res, row in zip(results, rows[-len(results) :], strict=True)]
     return History(rows, (new[::-1] + hist.thumbs)[:THUMBS_MAX])
 
 
