@@ -101,7 +101,7 @@ def apply_cache(
     src = "default" + (f" for {quant}" if quant != "none" else "")
     src = "set" if spec.residual_diff_threshold is not None else src
     if spec.backend in HOOK_BACKENDS:
-        return apply_hook(pipe, spec, threshold=threshold, src=src, steps=steps, separate_cfg=separate_cfg)
+        return apply_hook(pipe, spec, threshold=threshold, src=src, steps=steps)
     try:
         import cache_dit
 

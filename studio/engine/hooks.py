@@ -38,7 +38,7 @@ def _refused(spec: CacheSpec, why: str) -> Engaged:
     )
 
 
-def hook_config(pipe, spec: CacheSpec, *, threshold: float, steps: int | None, separate_cfg: bool, calibrate: bool):
+def hook_config(pipe, spec: CacheSpec, *, threshold: float, steps: int | None, calibrate: bool):
     """The diffusers config for `spec` on `pipe`, or a sentence saying why it cannot engage (returned as a str)."""
     from diffusers.hooks import (
         FasterCacheConfig,
@@ -55,33 +55,20 @@ def hook_config(pipe, spec: CacheSpec, *, threshold: float, steps: int | None, s
         return FirstBlockCacheConfig(threshold=threshold)
     if spec.backend == "magcache":
         return _magcache(pipe, k, steps, calibrate, MagCacheConfig)
+    # (the knobs are named as the configs' fields: spec.methods.METHOD_KNOBS)
     if spec.backend == "taylorseer":
-        return TaylorSeerCacheConfig(
-            cache_interval=k["cache_interval"],
-            disable_cache_before_step=k["disable_cache_before_step"],
-            disable_cache_after_step=k["disable_cache_after_step"],
-            max_order=k["max_order"],
-            use_lite_mode=k["use_lite_mode"],
-            taylor_factors_dtype=pipe.transformer.dtype,
-        )
+        return TaylorSeerCacheConfig(**k, taylor_factors_dtype=pipe.transformer.dtype)
     if spec.backend == "pab":
-        return PyramidAttentionBroadcastConfig(
-            spatial_attention_block_skip_range=k["spatial_attention_block_skip_range"],
-            spatial_attention_timestep_skip_range=tuple(k["spatial_attention_timestep_skip_range"]),
-            current_timestep_callback=lambda: _timestep(pipe),
-        )
+        return PyramidAttentionBroadcastConfig(**k, current_timestep_callback=lambda: _timestep(pipe))
     if spec.backend == "fastercache":
         return FasterCacheConfig(
-            spatial_attention_block_skip_range=k["spatial_attention_block_skip_range"],
-            spatial_attention_timestep_skip_range=tuple(k["spatial_attention_timestep_skip_range"]),
-            unconditional_batch_skip_range=k["unconditional_batch_skip_range"],
-            unconditional_batch_timestep_skip_range=tuple(k["unconditional_batch_timestep_skip_range"]),
-            alpha_low_frequency=k["alpha_low_frequency"],
-            alpha_high_frequency=k["alpha_high_frequency"],
+            **k,
             current_timestep_callback=lambda: _timestep(pipe),
-            # The unconditional branch is reused only where the pipeline batches it with the conditional one;
-            # where it calls the transformer once per branch (FLUX's true CFG) or has no CFG, attention alone.
-            is_guidance_distilled=not _batched_cfg(pipe, separate_cfg),
+            # Attention reuse only. Its unconditional-branch reuse splits each call's batch in halves, which is right
+            # only where THIS request batches CFG's two branches in one call: the stack is wired before the request's
+            # guidance is known here (a pipeline's `do_classifier_free_guidance` is its last call's), and a wrong
+            # guess would mix two pictures' halves silently. FLUX calls its branches apart anyway (D24).
+            is_guidance_distilled=True,
             tensor_format="BCHW",
         )
     if spec.backend == "seacache":
@@ -96,12 +83,6 @@ def _has_timestep(pipe) -> bool:
 def _timestep(pipe) -> float:
     t = pipe.current_timestep
     return -1.0 if t is None else float(t.flatten()[0]) if hasattr(t, "flatten") else float(t)
-
-
-def _batched_cfg(pipe, separate_cfg: bool) -> bool:
-    """Whether the coming run batches CFG's two branches into one transformer call (SD3 and most UNet-era
-    pipelines do; FLUX calls the transformer once per branch under true CFG, and not at all twice without it)."""
-    return not separate_cfg and getattr(pipe, "do_classifier_free_guidance", False) is True
 
 
 def _magcache(pipe, k: dict, steps: int | None, calibrate: bool, MagCacheConfig):
@@ -137,23 +118,16 @@ def _seacache(pipe, k: dict):
             f"{type(pipe).__name__} does not pass the scheduler's step and sigma to its cache context, which SeaCache "
             "decides from (it would compute every step)"
         )
-    return SeaCacheConfig(
-        threshold=k["threshold"],
-        residual_order=k["residual_order"],
-        retention_steps=k["retention_steps"],
-        cache_end_steps=k["cache_end_steps"],
-        max_consecutive_cached=k["max_consecutive_cached"],
-        power_exp=k["power_exp"],
-    )
+    return SeaCacheConfig(**k)
 
 
 def apply_hook(
-    pipe, spec: CacheSpec, *, threshold: float, src: str, steps: int | None, separate_cfg: bool, calibrate=False
+    pipe, spec: CacheSpec, *, threshold: float, src: str, steps: int | None, calibrate: bool = False
 ) -> Engaged:
     """Engage `spec`'s diffusers cache hook on `pipe.transformer` (nothing engaged before: engine.cache removed it)."""
     tr = pipe.transformer
     _unpatch_cache_dit(tr)
-    cfg = hook_config(pipe, spec, threshold=threshold, steps=steps, separate_cfg=separate_cfg, calibrate=calibrate)
+    cfg = hook_config(pipe, spec, threshold=threshold, steps=steps, calibrate=calibrate)
     if isinstance(cfg, str):
         return _refused(spec, cfg)
     try:
@@ -170,11 +144,7 @@ def apply_hook(
     state.step_cache.ratios = {} if calibrate else None
     state.counter.state_reader = state_reader(tr, spec.backend, state.step_cache.ratios)
     return Engaged(
-        "cache",
-        spec.backend,
-        True,
-        _detail(pipe, spec, threshold, src, separate_cfg, calibrate),
-        _ran(spec, threshold, calibrate),
+        "cache", spec.backend, True, _detail(spec, threshold, src, calibrate), _ran(spec, threshold, calibrate)
     )
 
 
@@ -184,15 +154,15 @@ def _ran(spec: CacheSpec, threshold: float, calibrate: bool) -> str:
     return spec.label(threshold)
 
 
-def _detail(pipe, spec: CacheSpec, threshold: float, src: str, separate_cfg: bool, calibrate: bool) -> str:
+def _detail(spec: CacheSpec, threshold: float, src: str, calibrate: bool) -> str:
     name = METHOD_NAMES[spec.backend]
     if calibrate:
         return f"cache: {name} calibrating (every step computed, its magnitude ratios recorded)"
     if spec.backend == "fbcache":
         return f"cache: diffusers First-Block-Cache R{threshold:g} ({src})"
     detail = f"cache: diffusers {name} {_ran(spec, threshold, calibrate)}"
-    if spec.backend == "fastercache" and not _batched_cfg(pipe, separate_cfg):
-        detail += " (attention reuse only: this run has no batched CFG branch to reuse)"
+    if spec.backend == "fastercache":
+        detail += " (attention reuse only: its unconditional-branch reuse is not wired)"
     return detail
 
 

@@ -65,15 +65,7 @@ def calibrate_magcache(runner, requests: list[GenerationRequest], preset: Preset
                 model or runner.model, plain, steps=req.executed_steps, separate_cfg=sep
             )
             try:
-                apply_hook(
-                    pipe,
-                    preset.cache_config,
-                    threshold=0.0,
-                    src="",
-                    steps=req.executed_steps,
-                    separate_cfg=sep,
-                    calibrate=True,
-                )
+                apply_hook(pipe, preset.cache_config, threshold=0.0, src="", steps=req.executed_steps, calibrate=True)
                 call_pipe(pipe, req)
                 ratios = dict(stack_state(pipe.transformer).step_cache.ratios or {})
             finally:

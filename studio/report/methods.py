@@ -73,6 +73,9 @@ def plot_methods(res, path_or_buf) -> None:
     pts = [r for r in res.rows if r.speedup is not None and r.worst_flip is not None]
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
     front = pareto(pts)
+    placed: list[tuple[float, float, int]] = []  # (x, y, label row): a label near another's takes the next row
+    xspan = (max(r.speedup for r in pts) - min(r.speedup for r in pts)) if pts else 1.0
+    yspan = (max(r.worst_flip for r in pts) - min(r.worst_flip for r in pts)) if pts else 1.0
     for r in pts:
         colour = "#d62728" if r in front else "#1f77b4"
         ax.scatter([r.speedup], [r.worst_flip], s=50, color=colour, zorder=3)
@@ -85,7 +88,16 @@ def plot_methods(res, path_or_buf) -> None:
                 capsize=3,
                 lw=1,
             )
-        ax.annotate(r.method, (r.speedup, r.worst_flip), textcoords="offset points", xytext=(5, 4), fontsize=7)
+        near = {
+            row
+            for x, y, row in placed
+            if abs(r.speedup - x) < 0.15 * (xspan or 1) and abs(r.worst_flip - y) < 0.05 * (yspan or 1)
+        }
+        row = min(set(range(len(near) + 1)) - near)
+        placed.append((r.speedup, r.worst_flip, row))
+        ax.annotate(
+            r.method, (r.speedup, r.worst_flip), textcoords="offset points", xytext=(5, 4 - 9 * row), fontsize=7
+        )
     if front:
         f = sorted(front, key=lambda r: r.speedup)
         ax.step(
