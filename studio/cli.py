@@ -379,6 +379,7 @@ def _methods(runner, req, args) -> int:
         progress=lambda m: print(m, file=sys.stderr),
         compile_enabled=args.compile,
         also=tuple(n.strip() for n in args.also.split(",") if n.strip()),
+        search_requests=_search_requests(runner, req, args),
     )
     text = methods_markdown(res)
     if args.out:
@@ -387,6 +388,15 @@ def _methods(runner, req, args) -> int:
         plot_methods(res, args.plot)
     print(json.dumps(res.as_dict(), indent=1) if args.json else text)
     return 0
+
+
+def _search_requests(runner, req, args) -> list | None:
+    """`methods --search-prompts`: a file, or 'examples' (the model profile's example prompts); None: --prompts'."""
+    if args.search_prompts is None:
+        return None
+    if args.search_prompts == "examples":
+        return [replace(req, prompt=p) for p in runner.profile(args.model).example_prompts]
+    return [replace(req, prompt=p) for p in read_prompts(args.search_prompts)]
 
 
 def _busy(runner, req, args) -> int:

@@ -197,6 +197,11 @@ def method_args(sub) -> None:
     m.add_argument("--prompts", default=None, help="a file of prompts, one per line (default: the profile's examples)")
     m.add_argument("--min-psnr", type=float, default=None, help="the floor, dB, for the worst prompt (default 35)")
     m.add_argument("--max-flip", type=float, default=None, help="a ceiling on FLIP's mean error, worst prompt (0-1)")
+    m.add_argument(
+        "--search-prompts",
+        default=None,
+        help="a file of prompts the search runs over (default: --prompts'); 'examples': the profile's examples",
+    )
     m.add_argument("--methods", default=None, help="comma-separated method names (default: every one)")
     m.add_argument("--repeats", type=int, default=3, help="timed rounds of the final bench")
     m.add_argument(

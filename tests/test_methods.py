@@ -156,6 +156,7 @@ def test_methods_searches_each_method_then_times_them_side_by_side(tiny_runner):
 
     reqs = [_req(steps=12), _req(steps=12, seed=4)]
     res = run_methods(tiny_runner, reqs, floor_db=35.0, names=["dbcache", "pab", "seacache"], repeats=1)
+    assert not res.held_out and res.search_prompts == res.prompts
     by = {s.method.name: s for s in res.searched}
     assert by["seacache"].refused and by["seacache"].preset is None
     assert {r.method for r in res.rows} == {"dbcache", "pab", "reference: cache"}  # the shipped cache beside them
@@ -166,3 +167,37 @@ def test_methods_searches_each_method_then_times_them_side_by_side(tiny_runner):
     assert sum(r.preset == res.best for r in res.rows) <= 1  # the fastest shown row, if any row could be shown
     text = methods_markdown(res)
     assert "| dbcache | DBCache_F1B0W" in text and "- seacache: cache: SeaCache not engaged" in text
+
+
+def test_methods_can_search_on_some_prompts_and_time_on_others(tiny_runner):
+    """--search-prompts: the bench is then a held-out test; a worst PSNR under the floor there is marked."""
+    from studio.bench.methods import run_methods
+    from studio.report.methods import methods_markdown
+
+    search = [_req(steps=12)]
+    unseen = "a white circle on the left and a green square on the right, black background"
+    other = [replace(_req(steps=12), prompt=unseen)]
+    res = run_methods(tiny_runner, other, floor_db=35.0, names=["fbcache"], repeats=1, search_requests=search, also=())
+    assert res.held_out and res.search_prompts == [PROMPT] and res.prompts == [other[0].prompt]
+    (row,) = res.rows
+    text = methods_markdown(res)
+    assert "searched over 1 prompts, then timed side by side on 1 others it did not see" in text
+    assert (" (under) |" in text) == (row.worst_psnr_db < 35.0)
+
+
+def test_the_cache_dit_methods_export_for_cache_dits_load_configs_and_a_hook_says_it_is_left_out(tmp_path):
+    import cache_dit
+
+    from studio.spec.export import cache_dit_yaml
+
+    lib = PresetLibrary()
+    cases = (("dbprune", "DBPruneConfig", None), ("cache-foca", "DBCacheConfig", "FoCaCalibratorConfig"))
+    for name, cfg, cal in cases:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(cache_dit_yaml(lib.get(name)))
+        got = cache_dit.load_configs(str(path))
+        assert type(got["cache_config"]).__name__ == cfg
+        assert got["cache_config"].residual_diff_threshold == lib.get(name).cache_config.residual_diff_threshold
+        assert type(got.get("calibrator_config")).__name__ == (cal or "NoneType")
+    text = cache_dit_yaml(lib.get("magcache"))
+    assert "# cache_config: left out: MagCache is a diffusers hook" in text and "cache_config:\n" not in text

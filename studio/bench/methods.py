@@ -165,7 +165,13 @@ class MethodsResult:
     rows: list[MethodRow] = field(default_factory=list)
     best: str | None = None
     bench: BenchReport | None = None
-    prompts: list[str] = field(default_factory=list)
+    prompts: list[str] = field(default_factory=list)  # the bench's
+    search_prompts: list[str] = field(default_factory=list)  # the search's (the same, or others: held out)
+
+    @property
+    def held_out(self) -> bool:
+        """The bench ran on prompts the search did not see."""
+        return not set(self.prompts) & set(self.search_prompts)
 
     @property
     def refused(self) -> list[Searched]:
@@ -176,6 +182,7 @@ class MethodsResult:
             "floor_db": self.floor_db,
             "max_flip": self.max_flip,
             "prompts": self.prompts,
+            "search_prompts": self.search_prompts,
             "best": self.best,
             "rows": [r.as_dict() for r in self.rows],
             "searched": [s.as_dict() for s in self.searched],
@@ -276,17 +283,22 @@ def run_methods(
     progress=None,
     also: tuple = ("cache",),
     compile_enabled: bool | None = None,
+    search_requests=None,
 ) -> MethodsResult:
     """The module doc's two steps; `names`: the methods to run (default every one of METHODS); `also`: presets
     timed beside them for reference (the shipped `cache`; a tuned preset); `compile_enabled`: the compile switch on
-    every method's best in the bench (the search screens eagerly either way)."""
+    every method's best in the bench (the search screens eagerly either way); `search_requests`: the prompts the
+    search runs over (default `requests`): others than the bench's make the bench a held-out test, as `tune`'s
+    preset is tested on prompts it was not tuned on."""
     check_floor(floor_db, max_flip)
     floor = DEFAULT_FLOOR_DB if floor_db is None else floor_db
     chosen = _chosen(names)
+    searching = list(search_requests or requests)
     runner.generate(requests[0], BASE, model=model)  # load and fail early on a model that cannot run
-    search = MethodSearch(runner, requests, floor, max_flip, model, progress)
+    search = MethodSearch(runner, searching, floor, max_flip, model, progress)
     searched = [search.run(m) for m in chosen]
     res = MethodsResult(floor, max_flip, searched, prompts=[r.prompt for r in requests])
+    res.search_prompts = [r.prompt for r in searching]
     best = [s.preset for s in searched if s.preset is not None]
     if not best:
         return res

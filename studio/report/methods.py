@@ -24,10 +24,16 @@ def _db(v) -> str:
 def methods_markdown(res) -> str:
     """The table of every method's best setting, then the methods searched without a timed row, with the reason."""
     floor = f"{res.floor_db:g} dB" + (f" and FLIP <= {res.max_flip:g}" if res.max_flip is not None else "")
-    n = len(res.prompts)
+    n, k = len(res.prompts), len(res.search_prompts)
+    if res.held_out:
+        where = (
+            f"searched over {k} prompts, then timed side by side on {n} others it did not see (one interleaved "
+            "bench: each prompt against its own base; a worst PSNR under the floor is marked)"
+        )
+    else:
+        where = "timed side by side (one interleaved bench: each prompt against its own base)"
     out = [
-        f"Every step cache at its fastest setting that keeps all {n} prompts above {floor}, timed side by side "
-        "(one interleaved bench: each prompt against its own base).",
+        f"Every step cache at its fastest setting that keeps all {k} prompts above {floor}, {where}.",
         "",
         "| method | setting | speed-up | worst PSNR dB | worst FLIP | wins vs base | wins vs fastest | cached/full |",
         "|---|---|---|---|---|---|---|---|",
@@ -37,8 +43,10 @@ def methods_markdown(res) -> str:
         flip = "-" if r.worst_flip is None else f"{r.worst_flip:.3f}"
         vs_best = f"{r.wins_vs_best} of {r.of}" if r.wins_vs_best is not None else "-"
         vs_best = "fastest" if r.preset == res.best else vs_best
+        under = r.worst_psnr_db is not None and r.worst_psnr_db < res.floor_db
         out.append(
-            f"| {r.method} | {r.label} | {sp} | {_db(r.worst_psnr_db)} | {flip} | {r.wins_vs_base} of {r.of} "
+            f"| {r.method} | {r.label} | {sp} | {_db(r.worst_psnr_db)}{' (under)' if under else ''} | {flip} "
+            f"| {r.wins_vs_base} of {r.of} "
             f"| {vs_best} | {r.cached_steps}/{r.full_steps} |"
         )
     searched = {s.method.name: s for s in res.searched}

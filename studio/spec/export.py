@@ -6,6 +6,7 @@ from __future__ import annotations
 import yaml
 
 from studio.spec.cachedit import cache_dit_configs
+from studio.spec.methods import HOOK_BACKENDS, METHOD_NAMES, knobs_of
 from studio.spec.preset import ATTENTION_BACKENDS, Preset
 
 CACHE_KEYS = (
@@ -40,14 +41,19 @@ def cache_dit_dict(p: Preset, steps: int | None = None, quant: str | None = None
     out: dict = {}
     c = p.cache_config
     form = exported_form(p, quant)
-    if c.backend == "cache-dit":
+    if c.backend in ("cache-dit", "dbprune"):
         n = (steps or DEFAULT_STEPS) if c.has_mask else None
         cfgs = cache_dit_configs(c, quant=form, steps=n)
         cc = {k: getattr(cfgs.cache, k) for k in CACHE_KEYS}
+        if c.backend == "dbprune":  # load_configs picks DBPruneConfig by cache_type, with its own keys
+            cc["cache_type"] = "DBPrune"
+            cc.update({k: list(v) if isinstance(v, tuple) else v for k, v in knobs_of("dbprune", c.options).items()})
         if c.enable_taylorseer:
             cc.update(enable_taylorseer=True, taylorseer_order=c.taylorseer_order)
         elif c.enable_dmd:
             cc.update(enable_dmd=True, dmd_history=c.dmd_history, dmd_rank=c.dmd_rank)
+        elif c.enable_foca:
+            cc.update(enable_foca=True)
         if c.has_mask:
             cc["num_inference_steps"] = n
             cc["steps_computation_policy"] = c.steps_computation_policy
@@ -76,4 +82,7 @@ def cache_dit_yaml(p: Preset, steps: int | None = None, quant: str | None = None
         head += f"# {here}\n"
     if p.quant.quant_type == "auto":
         head += f"# quantize_config: the studio's `auto`, written as {exported_form(p, quant)}\n"
+    if p.cache_config.backend in HOOK_BACKENDS:
+        name = METHOD_NAMES[p.cache_config.backend]
+        head += f"# cache_config: left out: {name} is a diffusers hook, which cache_dit.load_configs does not load\n"
     return head + yaml.safe_dump(cache_dit_dict(p, steps, quant), sort_keys=False)
