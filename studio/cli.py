@@ -100,9 +100,10 @@ def plan_command(lib, args, settings) -> int:
             raise ValueError(f"--size {args.size!r} is not WxH, e.g. 1024x1024")
         size = (int(w), int(h))
     budget = args.budget if args.budget is not None else settings.device_memory_gb
-    if args.table:
+    if args.table:  # the shipped stacks (a step-cache method's preset plans as `cache` does: presets/methods/)
+        stacks = [p for p in lib.names() if p not in lib.method_names()]
         plans = {
-            (d, p): make_plan(PROFILES[d], args.model, lib.get(p), size, budget) for d in PROFILES for p in lib.names()
+            (d, p): make_plan(PROFILES[d], args.model, lib.get(p), size, budget) for d in PROFILES for p in stacks
         }
         print(plan_table(plans))
         return 0
