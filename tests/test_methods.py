@@ -201,3 +201,18 @@ def test_the_cache_dit_methods_export_for_cache_dits_load_configs_and_a_hook_say
         assert type(got.get("calibrator_config")).__name__ == (cal or "NoneType")
     text = cache_dit_yaml(lib.get("magcache"))
     assert "# cache_config: left out: MagCache is a diffusers hook" in text and "cache_config:\n" not in text
+
+
+def test_a_method_with_no_setting_above_the_floor_is_listed_and_its_record_reads(tiny_runner):
+    """A floor no setting keeps: nothing is timed, the method says why, and `--json`'s record is written (it named
+    the method's backend from a preset it built from the shipped preset's NAME, and raised)."""
+    from studio.bench.methods import run_methods
+    from studio.report.methods import methods_markdown
+
+    res = run_methods(tiny_runner, [_req()], floor_db=99.0, names=["dbcache"], repeats=1)  # every setting caches
+    (s,) = res.searched
+    assert s.preset is None and s.refused is None and s.note.startswith("no residual_diff_threshold of")
+    assert res.rows == [] and res.bench is None
+    d = res.as_dict()["searched"][0]
+    assert (d["method"], d["name"], d["label"]) == ("dbcache", "DBCache", None)
+    assert "- dbcache: no residual_diff_threshold of" in methods_markdown(res)

@@ -109,6 +109,7 @@ class Searched:
     """One method after its search: the best setting that keeps the floor, or why there is none."""
 
     method: Method
+    backend: str  # the cache backend the method runs (its start preset's)
     preset: Preset | None = None  # the best setting, named Method.best_name
     value: object = None
     worst_db: float | None = None
@@ -121,7 +122,7 @@ class Searched:
     def as_dict(self) -> dict:
         return {
             "method": self.method.name,
-            "name": METHOD_NAMES.get((self.preset or _start(self.method, None)).cache_config.backend, ""),
+            "name": METHOD_NAMES[self.backend],
             "knob": self.method.knob,
             "value": self.value,
             "label": self.preset.cache_config.label() if self.preset else None,
@@ -173,10 +174,6 @@ class MethodsResult:
         """The bench ran on prompts the search did not see."""
         return not set(self.prompts) & set(self.search_prompts)
 
-    @property
-    def refused(self) -> list[Searched]:
-        return [s for s in self.searched if s.refused]
-
     def as_dict(self) -> dict:
         return {
             "floor_db": self.floor_db,
@@ -191,9 +188,10 @@ class MethodsResult:
 
 
 def _start(m: Method, lib) -> Preset:
-    if m.preset is not None and lib is not None and m.preset in lib.names():
-        return lib.get(m.preset)
-    return Preset(name=m.name, cache_config=CacheSpec(backend=m.backend or (m.preset or "none")))
+    """The method's shipped preset, or (not shipped) a default spec of its backend."""
+    if m.preset is None:
+        return Preset(name=m.best_name, cache_config=CacheSpec(backend=m.backend))
+    return lib.get(m.preset)
 
 
 class MethodSearch:
@@ -225,8 +223,8 @@ class MethodSearch:
         return True, worst, worst_flip, sum(cached) / len(cached)
 
     def run(self, m: Method) -> Searched:
-        found = Searched(m)
         start = _start(m, self.runner.presets)
+        found = Searched(m, start.cache_config.backend)
         if start.cache_config.backend == "magcache":
             start = self._calibrated(found, start)
         for variant in m.variants:

@@ -50,8 +50,6 @@ class CacheReport:
     residual_diffs: dict[int, float] = field(default_factory=dict)
     threshold: float | None = None
     cfg_cached_steps: list[int] | None = None  # the unconditional branch's, where it is cached apart
-    pruned_blocks: int | None = None  # DBPrune: the block calls it pruned, of `block_calls`
-    block_calls: int | None = None
 
     def listed(self) -> list[int] | None:
         """cache-dit's own list of cached steps, for the cross-check (None for a backend that keeps none). With true
@@ -151,7 +149,7 @@ def prepare_run(pipe, spec: CacheSpec, *, quant: str, steps: int, separate_cfg: 
 def step_counts(steps: list, report: CacheReport) -> StepCounts:
     """The run's cached/full counts (measure.timing.count_steps). DBPrune skips blocks inside a step, not steps: the
     block hooks, which see the last block alone, cannot tell its steps, so its own list of steps with a pruned block
-    (and its count of pruned blocks, in `report`) is the one source."""
+    is the one source."""
     if report.backend == "dbprune":
         source = "dbprune (steps with a pruned block)"
         return StepCounts(len(steps), sorted(report.listed() or []), source)
@@ -167,12 +165,4 @@ def read_report(pipe, spec: CacheSpec, quant: str) -> CacheReport:
     if backend in HOOK_BACKENDS:
         return CacheReport(backend, threshold=threshold if backend == "fbcache" else None)
     rec = read_summary(_cache_dit_target(pipe))
-    return CacheReport(
-        backend,
-        rec.cached_steps,
-        rec.residual_diffs,
-        threshold,
-        rec.cfg_cached_steps,
-        rec.pruned_blocks,
-        rec.block_calls,
-    )
+    return CacheReport(backend, rec.cached_steps, rec.residual_diffs, threshold, rec.cfg_cached_steps)

@@ -136,11 +136,10 @@ def apply_hook(
         # a transformer without the block metadata or attention layers the hook looks for (diffusers' errors vary
         # by hook): the run goes on uncached and the card says why
         log.warning("%s could not engage: %s", METHOD_NAMES[spec.backend], e)
-        _disable(tr)
+        remove_hook(tr)
         return _refused(spec, f"{type(tr).__name__} does not have what it hooks ({type(e).__name__}: {e})")
     state = stack_state(tr)
     state.step_cache.backend = spec.backend
-    state.step_cache.steps = steps
     state.step_cache.ratios = {} if calibrate else None
     state.counter.state_reader = state_reader(tr, spec.backend, state.step_cache.ratios)
     return Engaged(
@@ -228,13 +227,9 @@ def _unpatch_cache_dit(transformer) -> None:
         transformer._is_patched = False
 
 
-def _disable(transformer) -> None:
+def remove_hook(transformer) -> None:
     """Take a hook off the transformer (after a failed enable, or before another cache)."""
     try:
         transformer.disable_cache()
     except (ValueError, AttributeError) as e:  # nothing was enabled: nothing to take off
         log.debug("disable_cache: %s", e)
-
-
-def remove_hook(transformer) -> None:
-    _disable(transformer)

@@ -51,8 +51,8 @@ def ideal_check(p: Preset, paired: Paired, base: Preset) -> IdealCheck | None:
 def cached_blocks(c: CacheSpec) -> tuple[int, int] | None:
     """The blocks a cached step of `c` still runs, as (first, last); None where a cached step is not a block count
     (DBPrune prunes blocks inside a step; TaylorSeer, FasterCache and PAB reuse attention while the feed-forward
-    runs): its ideal would not bound it, so none is given (spec.methods.SKIPS)."""
-    if c.backend in ("cache-dit",):
+    runs): its ideal would not bound it, so none is given."""
+    if c.backend == "cache-dit":
         return c.Fn_compute_blocks, c.Bn_compute_blocks
     if c.backend == "fbcache":
         return 1, 0

@@ -97,17 +97,15 @@ class QuantState:
 
 @dataclass
 class CacheState:
-    """Written by engine.cache: the step cache engaged now (a spec.preset.CACHE_BACKENDS name, "none": none), the
-    step count a diffusers hook was configured for, and MagCache's ratios while it calibrates."""
+    """Written by engine.cache and engine.hooks: the step cache engaged now (a spec.preset.CACHE_BACKENDS name, "none":
+    none), and MagCache's ratios while it calibrates."""
 
     backend: str = "none"
-    steps: int | None = None
     ratios: dict | None = None  # MagCache calibrating: its magnitude ratios by branch, copied after every call
     children: tuple = ()  # the transformer's child modules in their loaded order (cache-dit re-registers some)
 
     def reset(self) -> None:  # (the children's order is the transformer's, kept)
         self.backend = "none"
-        self.steps = None
         self.ratios = None
 
 

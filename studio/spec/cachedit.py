@@ -98,8 +98,6 @@ class CacheDitRecord:
     cached_steps: list[int] = field(default_factory=list)
     residual_diffs: dict[int, float] = field(default_factory=dict)
     cfg_cached_steps: list[int] | None = None  # the unconditional branch's, where CFG is cached apart
-    pruned_blocks: int | None = None  # DBPrune: block calls it pruned in the run (None: not DBPrune)
-    block_calls: int | None = None  # DBPrune: block calls the run made in all (pruned or not)
 
 
 def read_summary(pipe) -> CacheDitRecord:
@@ -118,8 +116,4 @@ def read_summary(pipe) -> CacheDitRecord:
         if v >= 0:  # cache-dit writes -1 where it skipped computing the diff
             diffs[k] = v
     cfg = sorted(int(x) for x in (s.cfg_cached_steps or []))
-    pruned = calls = None
-    if s.pruned_ratio is not None:  # DBPrune: its own count of pruned block calls, and the ratio it reports
-        pruned = int(sum(s.pruned_blocks or []) + sum(s.cfg_pruned_blocks or []))
-        calls = round(pruned / s.pruned_ratio) if s.pruned_ratio > 0 else None
-    return CacheDitRecord(sorted(int(x) for x in (s.cached_steps or [])), diffs, cfg or None, pruned, calls)
+    return CacheDitRecord(sorted(int(x) for x in (s.cached_steps or [])), diffs, cfg or None)

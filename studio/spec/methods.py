@@ -80,18 +80,6 @@ METHOD_KNOBS: dict[str, dict[str, Knob]] = {
     },
 }
 HOOK_BACKENDS = ("fbcache", "magcache", "taylorseer", "fastercache", "pab", "seacache")  # diffusers' cache hooks
-# What a cached step skips, by backend: the whole block stack, the blocks past the first, or attention only (the
-# studio's per-step hook counts a step cached when the last block's attention did not run).
-SKIPS = {
-    "cache-dit": "blocks",
-    "dbprune": "blocks",
-    "fbcache": "blocks",
-    "magcache": "blocks",
-    "seacache": "blocks",
-    "taylorseer": "attention",
-    "fastercache": "attention",
-    "pab": "attention",
-}
 METHOD_NAMES = {
     "cache-dit": "DBCache",
     "dbprune": "DBPrune",
