@@ -204,3 +204,29 @@ def test_the_gpu_install_is_the_pinned_set_plus_its_kernels_and_resolves():
     todo = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.stdout)["install"]}
     assert todo.get("sageattention") == "1.0.6" and todo.get("kernels") == "0.17.2" and "triton" in todo
     assert "torch" not in todo  # the pinned torch of the test environment satisfies it as it is
+
+
+def test_the_zerogpu_install_is_the_gpu_install_on_a_torch_zerogpu_lists_and_resolves():
+    """requirements-zerogpu.txt (a ZeroGPU Space) is requirements-gpu.txt with its torch line alone changed, to a
+    release ZeroGPU's documentation lists; pip resolves it (a dry run); the start on ZeroGPU says a torch it does
+    not list (docs/deploy.md#zerogpu). `.ci/zerogpu-torch` runs the test suite on that torch."""
+    from studio.spec.devices import ZEROGPU_TORCH, zerogpu_torch_note
+
+    root = Path(__file__).resolve().parents[1]
+    gpu, zero = _lines(root / "requirements-gpu.txt"), _lines(root / "requirements-zerogpu.txt")
+    changed = [(a, b) for a, b in zip(gpu, zero, strict=True) if a != b]
+    assert changed == [("torch==2.13.0", "torch==2.11.0")] and "2.11.0" in ZEROGPU_TORCH
+    report = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "-q", "--report", "-", "-r", "requirements-zerogpu.txt"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert report.returncode == 0, report.stderr[-2000:]
+    todo = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.stdout)["install"]}
+    assert todo["torch"] == "2.11.0" and "triton" in todo  # the CUDA build, with the triton it pins
+    assert zerogpu_torch_note("2.11.0+cu130") is None
+    note = zerogpu_torch_note("2.13.0+cpu")
+    assert note.startswith("torch 2.13.0 is not a release ZeroGPU lists (2.8.0, 2.9.1, 2.10.0, 2.11.0)")
+    assert "requirements-zerogpu.txt" in note

@@ -23,6 +23,20 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 SAGE_HEAD_DIMS = (64, 96, 128)  # SageAttention's kernels (engine.sage1.HEAD_DIMS)
 EAGER_NOTE = "dynamic-activation quantization is slower than bf16 without compile"
 ZEROGPU_CARD = 101_973_950_464  # RTX PRO 6000 Blackwell Server Edition, as `spaces` reports it (zero/configs.json)
+# The torch releases ZeroGPU's documentation lists. A ZeroGPU Space of the studio installs requirements-zerogpu.txt:
+# torch 2.11.0, the newest of them (torchao 0.18 loads its C++/CUDA kernels on torch 2.11 or newer).
+ZEROGPU_TORCH = ("2.8.0", "2.9.1", "2.10.0", "2.11.0")
+
+
+def zerogpu_torch_note(version: str) -> str | None:
+    """Why this torch may not run on ZeroGPU (None: a release its documentation lists)."""
+    release = version.split("+")[0]
+    if release in ZEROGPU_TORCH:
+        return None
+    return (
+        f"torch {release} is not a release ZeroGPU lists ({', '.join(ZEROGPU_TORCH)}): copy requirements-zerogpu.txt "
+        "over requirements.txt in the Space (docs/deploy.md#zerogpu)"
+    )
 
 
 @dataclass(frozen=True)

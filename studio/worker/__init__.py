@@ -11,7 +11,9 @@ Importing this package, `client` or `protocol` loads no torch; `server` and `ser
 from __future__ import annotations
 
 import atexit
+import logging
 
+from studio.spec.devices import zerogpu_torch_note
 from studio.spec.errors import ModelLoadError
 from studio.spec.hosting import on_zerogpu
 from studio.worker.client import WorkerClient
@@ -24,12 +26,19 @@ def _load_at_import(runner) -> None:
     """ZeroGPU: the pipeline loads at import, in the main process (`spaces` defers its move to the GPU into each call's
     forked process, which inherits the loaded weights), not lazily inside the first GPU call, whose reserved
     seconds would then go on reading weights. A model that cannot load is said by the first request instead."""
-    import logging
-
     try:
         runner.manager.ensure(runner.model)
     except ModelLoadError as e:
         logging.getLogger("studio").warning("loading %s at import failed: %s", runner.model, e)
+
+
+def _say_torch() -> None:
+    """On ZeroGPU: a torch release its documentation does not list is said in the Space's log at start."""
+    import torch
+
+    note = zerogpu_torch_note(torch.__version__)
+    if note:
+        logging.getLogger("studio").warning("%s", note)
 
 
 def start_device(config: WorkerConfig, *, warm: list[str] | tuple[str, ...] = ()) -> Device:
@@ -43,6 +52,7 @@ def start_device(config: WorkerConfig, *, warm: list[str] | tuple[str, ...] = ()
         from studio.worker.service import InProcess, runner_for  # (torch: on ZeroGPU only; elsewhere none loads)
 
         runner = runner_for(config)
+        _say_torch()
         device = InProcess(runner)
         _load_at_import(runner)
         atexit.register(device.close)  # parallel workers and a Ray runtime started for them end with the app
