@@ -19,11 +19,11 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from dataclasses import replace
 from pathlib import Path
 
-from studio.cli_args import ask_of_args, parser, read_settings, request_of_args, seeds_of
-from studio.spec.ask import Ask, read_prompts
+from studio.cli_args import ask_of_args, parser, prompt_requests, read_settings, request_of_args
+from studio.cli_methods import calibrate_command, methods_command
+from studio.spec.ask import Ask
 from studio.worker.quiet import quiet_libraries
 
 
@@ -176,16 +176,6 @@ def _generate(runner, ask: Ask, args) -> int:
     return 0
 
 
-def _prompt_requests(runner, req, args, examples: bool = True) -> list:
-    """The request with each prompt of --prompts FILE; without one, each of the model profile's example prompts
-    (sweep, tune) or the request alone (bench: `examples=False`); each at every seed of --seeds (bench)."""
-    prompts = read_prompts(args.prompts)
-    if not prompts and examples:
-        prompts = list(runner.profile(args.model).example_prompts)
-    seeds = seeds_of(getattr(args, "seeds", None)) or [req.seed]
-    return [replace(req, prompt=p, seed=s) for p in (prompts or [req.prompt]) for s in seeds]
-
-
 def _bench(runner, req, args) -> int:
     from studio.report.plots import plot_paired, plot_tradeoff
     from studio.report.text import bench_header, bench_markdown
@@ -197,7 +187,7 @@ def _bench(runner, req, args) -> int:
     if args.processes > 1 and args.in_process:
         raise ConfigError("bench: --processes needs a fresh device worker per process; leave out --in-process")
     names = args.presets.split(",") if args.presets else None
-    requests = _prompt_requests(runner, req, args, examples=False)
+    requests = prompt_requests(runner, req, args, examples=False)
     kw = dict(
         model=args.model,
         repeats=args.repeats,
@@ -281,7 +271,7 @@ def _sweep(runner, req, args) -> int:
     try:
         res = run_sweep(
             runner,
-            _prompt_requests(runner, req, args),
+            prompt_requests(runner, req, args),
             args.preset,
             knob,
             values,
@@ -319,7 +309,7 @@ def _tune(runner, req, args) -> int:
 
     res = tune(
         runner,
-        _prompt_requests(runner, req, args),
+        prompt_requests(runner, req, args),
         args.min_psnr,
         max_flip=args.max_flip,
         name=args.name,
@@ -341,63 +331,6 @@ def _tune(runner, req, args) -> int:
         curve = list(zip(*res.curve))  # (thresholds, predicted speed-ups, worst dB)
         plot_sweep("residual_diff_threshold (search, no calibrator)", *curve, None, args.plot, floor_db=res.floor_db)
     return 0
-
-
-def _calibrate(runner, req, args) -> int:
-    """MagCache's ratios for this model (studio.engine.magcal), written into the preset."""
-    from studio.engine.magcal import calibrate_magcache
-    from studio.report.methods import calibration_description
-    from studio.spec.preset import CacheSpec, Preset
-    from studio.spec.presets import preset_to_yaml
-
-    lib = runner.presets
-    start = lib.get(args.preset) if args.preset in lib.names() else None
-    start = start or Preset(name=args.preset, cache_config=CacheSpec(backend="magcache"))
-    cal = calibrate_magcache(runner, _prompt_requests(runner, req, args), start, args.model)
-    out_preset = cal.preset(start, calibration_description(cal, runner.profile(args.model).name))
-    text = preset_to_yaml(out_preset)
-    out = args.out or (str(Path(args.presets_dir) / f"{out_preset.name}.yaml") if args.presets_dir else None)
-    if out:
-        Path(out).write_text(text)
-    print(json.dumps({**cal.as_dict(), "written": out}, indent=1) if args.json else text)
-    return 0
-
-
-def _methods(runner, req, args) -> int:
-    from studio.bench.methods import run_methods
-    from studio.report.methods import methods_markdown, plot_methods
-
-    if args.cache is False:
-        raise ValueError("methods: every method is a step cache; --cache false leaves nothing to compare")
-    res = run_methods(
-        runner,
-        _prompt_requests(runner, req, args),
-        floor_db=args.min_psnr,
-        max_flip=args.max_flip,
-        names=[n.strip() for n in args.methods.split(",")] if args.methods else None,
-        model=args.model,
-        repeats=args.repeats,
-        progress=lambda m: print(m, file=sys.stderr),
-        compile_enabled=args.compile,
-        also=tuple(n.strip() for n in args.also.split(",") if n.strip()),
-        search_requests=_search_requests(runner, req, args),
-    )
-    text = methods_markdown(res)
-    if args.out:
-        Path(args.out).write_text(json.dumps(res.as_dict(), indent=1) if args.out.endswith(".json") else text)
-    if args.plot and res.rows:
-        plot_methods(res, args.plot)
-    print(json.dumps(res.as_dict(), indent=1) if args.json else text)
-    return 0
-
-
-def _search_requests(runner, req, args) -> list | None:
-    """`methods --search-prompts`: a file, or 'examples' (the model profile's example prompts); None: --prompts'."""
-    if args.search_prompts is None:
-        return None
-    if args.search_prompts == "examples":
-        return [replace(req, prompt=p) for p in runner.profile(args.model).example_prompts]
-    return [replace(req, prompt=p) for p in read_prompts(args.search_prompts)]
 
 
 def _busy(runner, req, args) -> int:
@@ -480,7 +413,7 @@ def main(argv=None) -> int:
             return _generate(runner, ask_of_args(runner, args), args)
         req = request_of_args(args, runner.profile(args.model))
         commands = {"bench": _bench, "sweep": _sweep, "tune": _tune, "busy": _busy}
-        commands |= {"methods": _methods, "calibrate": _calibrate}
+        commands |= {"methods": methods_command, "calibrate": calibrate_command}
         return commands[args.cmd](runner, req, args)
     except (ConfigError, ModelLoadError, RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

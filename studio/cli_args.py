@@ -8,7 +8,7 @@ import argparse
 import os
 from dataclasses import replace
 
-from studio.spec.ask import Ask, Switches, resolve_stacks
+from studio.spec.ask import Ask, Switches, read_prompts, resolve_stacks
 from studio.spec.checks import ConfigError, parse_switch
 from studio.spec.hosting import edge_environ
 from studio.spec.request import image_inputs, parse_loras
@@ -210,6 +210,12 @@ def method_args(sub) -> None:
         help="presets timed beside the methods for reference (default cache; e.g. a tuned one)",
     )
     m.add_argument("--json", action="store_true")
+    m.add_argument(
+        "--write",
+        default=None,
+        help="write each method's best as <method>-best.yaml into this folder (a presets folder: the Matrix's "
+        "'all step caches' runs them on the model they were searched on)",
+    )
     m.add_argument("--out", default=None, help="write the table (.md) or the record (.json)")
     m.add_argument("--plot", default=None, help="write speed-up against worst FLIP with the Pareto front (PNG)")
 
@@ -335,3 +341,13 @@ def ask_of_args(runner, args) -> Ask:
     stacks, builtin = resolve_stacks("generate", [args.preset], runner.presets, switches)
     req = request_of_args(args, profile)
     return Ask("generate", model, profile, req, stacks, builtin, switches, args.compare)
+
+
+def prompt_requests(runner, req, args, examples: bool = True) -> list:
+    """The request with each prompt of --prompts FILE; without one, each of the model profile's example prompts
+    (sweep, tune) or the request alone (bench: `examples=False`); each at every seed of --seeds (bench)."""
+    prompts = read_prompts(args.prompts)
+    if not prompts and examples:
+        prompts = list(runner.profile(args.model).example_prompts)
+    seeds = seeds_of(getattr(args, "seeds", None)) or [req.seed]
+    return [replace(req, prompt=p, seed=s) for p in (prompts or [req.prompt]) for s in seeds]

@@ -4,6 +4,7 @@ ran, and refused with its sentence where it cannot engage (studio.spec.methods, 
 
 from __future__ import annotations
 
+import html
 import math
 from dataclasses import replace
 
@@ -12,7 +13,8 @@ import pytest
 
 from studio.engine.cache import BareTransformer, apply_cache, remove_cache
 from studio.engine.hooks import fingerprint
-from studio.spec import CacheSpec, GenerationRequest, PresetLibrary
+from studio.report.card import metrics_card
+from studio.spec import CacheSpec, ConfigError, GenerationRequest, PresetLibrary
 from studio.spec.headroom import headroom
 from studio.spec.presets import preset_from_text, preset_to_yaml
 
@@ -48,8 +50,13 @@ def test_each_shipped_method_engages_is_counted_and_labelled_on_the_embedded_mod
     assert 0 < m.cache.cached_steps < 28 and m.cache.full_steps + m.cache.cached_steps == 28
     if name == "dbprune":  # it prunes blocks inside steps: its own list of steps with a pruned block is the count
         assert m.cache.count_source == "dbprune (steps with a pruned block)"
+        # and its count of pruned block calls, of the calls its blocks made: 6 blocks (2 double, 4 single) x 28 steps
+        assert m.cache.blocks == 6 and m.cache.block_calls == 6 * 28 and 0 < m.cache.pruned_blocks < 6 * 28
+        share = f"{m.cache.pruned_blocks / m.cache.block_calls:.0%}"
+        card = html.unescape(metrics_card(m))
+        assert f"pruned {m.cache.pruned_blocks} of 168 block calls ({share}), by cache-dit's count" in card
     else:
-        assert m.cache.count_source == "block hooks"
+        assert m.cache.count_source == "block hooks" and m.cache.pruned_blocks is None
         assert m.cache.count_check == OWN_RECORD.get(name), m.cache.count_check
     assert 30.0 < m.quality.psnr_db < math.inf  # cached, and still close to base
 
@@ -113,6 +120,24 @@ def test_a_diffusers_hook_after_cache_dit_on_the_same_transformer(runner):
     assert first.cache.cached_steps > 0 and fb.cache.cached_steps > 0
     assert fb.cache.count_check == "agrees with fbcache state"
     assert again.cache.cached_step_indices == first.cache.cached_step_indices  # cache-dit patched again, same run
+
+
+def test_putting_back_after_cache_dit_keeps_another_librarys_instance_forward(runner):
+    """Only cache-dit's patched forwards are taken off: accelerate's hook (an offload regime's) set on a block's
+    instance stays through a switch from a cache-dit preset to a diffusers hook."""
+    from accelerate.hooks import ModelHook, add_hook_to_module, remove_hook_from_module
+
+    r = _req(steps=12)
+    runner.screen(r, preset_from_text("cache_config: {residual_diff_threshold: 0.9}", "db"))
+    pipe, _, _ = runner.manager.pipeline(runner.model, runner.presets.get("base"), steps=12)
+    embedder = pipe.transformer.x_embedder
+    add_hook_to_module(embedder, ModelHook())
+    try:
+        fb = runner.screen(r, preset_from_text("cache_config: {backend: fbcache, residual_diff_threshold: 0.9}", "f"))
+        assert fb.cache.cached_steps > 0 and fb.cache.count_check == "agrees with fbcache state"
+        assert "forward" in vars(embedder) and hasattr(embedder, "_hf_hook")  # accelerate's forward is still on
+    finally:
+        remove_hook_from_module(embedder)
 
 
 def test_calibrate_writes_magcache_ratios_for_this_model_and_they_engage(runner, random_model_dir, tmp_path):
@@ -216,3 +241,56 @@ def test_a_method_with_no_setting_above_the_floor_is_listed_and_its_record_reads
     d = res.as_dict()["searched"][0]
     assert (d["method"], d["name"], d["label"]) == ("dbcache", "DBCache", None)
     assert "- dbcache: no residual_diff_threshold of" in methods_markdown(res)
+
+
+def test_methods_write_keeps_each_best_for_its_transformer_and_the_matrix_picks_it(
+    runner, tiny_runner, random_model_dir, tmp_path
+):
+    """`methods --write DIR`: each method's best as `<method>-best.yaml`, marked with the transformer it was searched
+    on; the Matrix's "all step caches" then picks it over the shipped preset; a run says whether its transformer is
+    the one searched (the floor was checked on its pictures) or another (it was not)."""
+    from studio.bench.methods import matrix_picks
+    from studio.cli import main
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(f"{PROMPT}\n")
+    args = ["methods", "--model", random_model_dir, "--steps", "12", "--prompts", str(prompts), "--repeats", "1"]
+    args += ["--methods", "fbcache", "--also", "", "--device", "cpu"]
+    assert main([*args, "--write", str(tmp_path / "best")]) == 0
+    lib = PresetLibrary(user_dir=tmp_path / "best")
+    p = lib.get("fbcache-best")
+    pipe, _, _ = runner.manager.pipeline(runner.model, runner.presets.get("base"), steps=12)
+    here = fingerprint(pipe.transformer)
+    assert p.tuned_for == here and p.cache_config.backend == "fbcache"
+    assert "that kept all 1 prompts above 35 dB on" in p.description
+    assert preset_from_text(preset_to_yaml(p), p.name) == p  # the mark survives the YAML round trip
+    picked = matrix_picks(lib.names())
+    assert picked[:2] == ["base", "cache"] and "fbcache-best" in picked and "fbcache" not in picked
+    assert "magcache" in picked and "pab" in picked  # the others: their shipped presets
+    on_it = runner.screen(_req(steps=12), p)
+    assert f"settings: searched on this transformer ({here})" in on_it.labels.engaged
+    elsewhere = tiny_runner.screen(_req(steps=12), p)
+    (line,) = [x for x in elsewhere.labels.engaged if x.startswith("settings:")]
+    assert line.startswith(f"settings: searched on {here}, not on this transformer") and "not known here" in line
+    with pytest.raises(ConfigError, match=r"tuned_for='two words' is not valid"):
+        replace(p, tuned_for="two words")
+
+
+def test_seacache_is_engaged_only_where_a_cache_context_call_passes_the_step_and_sigma():
+    """diffusers 0.42.1: Cosmos3 Omni passes them to `cache_context`; LTX-2 passes `sigma=` to the transformer's
+    own call, which SeaCache never reads (it would run fail-open): the check reads the cache_context calls alone."""
+    import inspect
+
+    from diffusers import FluxPipeline, StableDiffusion3Pipeline
+    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
+    from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline
+
+    from studio.engine.hooks import _passes_sigma
+
+    def passes(cls):
+        return _passes_sigma(inspect.getsource(cls.__call__))
+
+    assert "sigma=" in inspect.getsource(LTX2Pipeline.__call__) and not passes(LTX2Pipeline)
+    assert passes(Cosmos3OmniPipeline) and not passes(FluxPipeline) and not passes(StableDiffusion3Pipeline)
+    assert _passes_sigma('with t.cache_context("c", step_index=i, sigma=s[(i)]):\n    x = f(sigma=1)')
+    assert not _passes_sigma('x = f(sigma=1)\nwith t.cache_context("c"):\n    y = g(step_index=i)')

@@ -30,6 +30,7 @@ from studio.app.limits import PublicGuard, visitor
 from studio.app.maps import AB_MAP_WHERE, GEN_MAP_WHERE, compared
 from studio.app.progress import progress_hooks
 from studio.app.values import batch_pictures, image_numbers, json_safe, notes_md, png, table_frame, tile_at
+from studio.bench.methods import matrix_picks
 from studio.measure.quality import difference, split_batch
 from studio.report import fmt
 from studio.report.card import broken_flag, metrics_card
@@ -364,10 +365,10 @@ class Handlers:
         }
 
     def all_methods(self, request: gr.Request = None):
-        """The Matrix's "all step caches": base, the shipped DBCache and every method's preset (docs/methods.md), at
-        one repeat (a public studio's matrix limit holds them all: its sentence says otherwise)."""
-        lib = self.studio.library(request)
-        picked = [n for n in ("base", "cache") if n in lib.names()] + lib.method_names()
+        """The Matrix's "all step caches": base, the shipped DBCache and every method, at its searched best where
+        `methods --write` left one in the presets, else its shipped preset (docs/methods.md), at one repeat (a
+        public studio's matrix limit holds them all: its sentence says otherwise)."""
+        picked = matrix_picks(self.studio.library(request).names())
         return {self.ui.mx.presets: gr.update(value=picked), self.ui.mx.repeats: 1}
 
     def pick_steps(self, name, runs):

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 from studio.bench.bench import BenchReport, run_bench
+from studio.bench.screening import screen_prompts
 from studio.engine import BASE
 from studio.engine.magcal import calibrate_magcache
 from studio.measure.estimate import shown
@@ -55,6 +56,7 @@ class Method:
 
 _DB_THRESHOLDS = (0.08, 0.12, 0.16, 0.24, 0.36, 0.52, 0.8, 1.2, 1.6, 2.4)
 _DB_VARIANTS = ({}, {"max_warmup_steps": 2, "max_continuous_cached_steps": 5})
+_SKIP_RANGES = (2, 3, 4, 6, 8, 12, 16, 24)  # every attention layer computes every n-th call
 _WHOLE_RANGE = {"spatial_attention_timestep_skip_range": (-1, 1000)}  # every timestep may reuse attention
 METHODS = (
     Method("dbcache", "cache", "residual_diff_threshold", _DB_THRESHOLDS, variants=_DB_VARIANTS),
@@ -66,7 +68,7 @@ METHODS = (
         "dbprune",
         "dbprune",
         "residual_diff_threshold",
-        (0.02, 0.04, 0.06, 0.08, 0.12, 0.16, 0.24, 0.36),
+        (0.02, 0.04, 0.06, 0.08, 0.12, 0.16, 0.24, 0.36, 0.52, 0.8, 1.2),
         variants=({}, {"max_warmup_steps": 2}),
     ),
     Method("fbcache", "fbcache", "residual_diff_threshold", (0.05, 0.1, 0.15, 0.2, 0.3, 0.45, 0.6, 0.8, 1.2)),
@@ -81,16 +83,12 @@ METHODS = (
         "taylorseer",
         "taylorseer",
         "cache_interval",
-        (2, 3, 4, 5, 6, 8, 10, 14),
+        (2, 3, 4, 5, 6, 8, 10, 14, 20, 27),
         variants=({}, {"disable_cache_before_step": 2}),
     ),
-    Method("pab", "pab", "spatial_attention_block_skip_range", (2, 3, 4, 6, 8), variants=({}, _WHOLE_RANGE)),
+    Method("pab", "pab", "spatial_attention_block_skip_range", _SKIP_RANGES, variants=({}, _WHOLE_RANGE)),
     Method(
-        "fastercache",
-        "fastercache",
-        "spatial_attention_block_skip_range",
-        (2, 3, 4, 6, 8),
-        variants=({}, _WHOLE_RANGE),
+        "fastercache", "fastercache", "spatial_attention_block_skip_range", _SKIP_RANGES, variants=({}, _WHOLE_RANGE)
     ),
     Method("seacache", None, "threshold", (0.1, 0.25, 0.4), backend="seacache"),
 )
@@ -203,24 +201,14 @@ class MethodSearch:
         self.progress = progress or (lambda msg: None)
 
     def screen(self, found: Searched, p: Preset) -> tuple[bool, float | None, float | None, float]:
-        """Every prompt (stopping at the first under the floor): (passed, worst dB, worst FLIP, mean cached steps);
-        sets `refused` where the engine could not engage the method."""
-        worst, worst_flip, cached = None, None, []
-        for req in self.requests:
-            m = self.runner.screen(req, p, self.model)
-            found.screened += 1
-            why = [line for line in m.labels.fallbacks if line.startswith("cache:")]
-            if why:
-                found.refused = why[0]
-                return False, None, None, 0.0
-            db = m.quality.psnr_db if m.quality.psnr_db is not None else float("inf")
-            flip = m.quality.flip if m.quality.flip is not None else 0.0
-            worst = db if worst is None else min(worst, db)
-            worst_flip = flip if worst_flip is None else max(worst_flip, flip)
-            cached.append(m.cache.cached_steps)
-            if db < self.floor or (self.max_flip is not None and flip > self.max_flip):
-                return False, worst, worst_flip, 0.0
-        return True, worst, worst_flip, sum(cached) / len(cached)
+        """Every prompt (stopping at the first that fails: studio.bench.screening): (passed, worst dB, worst FLIP,
+        mean cached steps); sets `refused` where the engine could not engage the method."""
+        s = screen_prompts(self.runner, self.requests, p, self.model, floor_db=self.floor, max_flip=self.max_flip)
+        found.screened += s.runs
+        found.refused = s.refused
+        if not s.passed:
+            return False, s.worst_db, s.worst_flip, 0.0
+        return True, s.worst_db, s.worst_flip, sum(s.cached) / len(s.cached)
 
     def run(self, m: Method) -> Searched:
         start = _start(m, self.runner.presets)
@@ -258,9 +246,7 @@ class MethodSearch:
 
     def _calibrated(self, found: Searched, start: Preset) -> Preset:
         """MagCache's ratios for this model, measured on these prompts where the preset has none for it."""
-        from studio.engine.hooks import fingerprint
-
-        here = fingerprint(self.runner.manager.ensure(self.model or self.runner.model).pipe.transformer)
+        here = searched_on(self.runner, self.model)
         if dict(start.cache_config.options).get("calibrated_for") == here:
             return start
         self.progress("magcache: calibrating its ratios on these prompts")
@@ -310,6 +296,30 @@ def run_methods(
     )
     res.rows, res.best = method_rows(res.bench, searched, also)
     return res
+
+
+def matrix_picks(names: list[str]) -> list[str]:
+    """The Matrix's "all step caches" among the presets `names`: base and the shipped `cache` for reference, then
+    each method at its searched best where `methods --write` left one (Method.best_name), else its shipped preset."""
+    picked = [n for n in ("base", "cache") if n in names]
+    for m in METHODS:
+        pick = m.best_name if m.best_name in names else m.preset
+        if pick in names and pick not in picked:
+            picked.append(pick)
+    return picked
+
+
+def searched_presets(res: MethodsResult, tuned_for: str, describe) -> list[Preset]:
+    """Each method's best as a preset to write (`methods --write`): named Method.best_name, marked with the
+    transformer it was searched on, described by `describe(searched)` (report.methods.searched_description)."""
+    return [replace(s.preset, description=describe(s), tuned_for=tuned_for) for s in res.searched if s.preset]
+
+
+def searched_on(runner, model=None) -> str:
+    """The fingerprint of the transformer the search ran on (engine.hooks.fingerprint)."""
+    from studio.engine.hooks import fingerprint
+
+    return fingerprint(runner.manager.ensure(model or runner.model).pipe.transformer)
 
 
 def _chosen(names: list[str] | None) -> list[Method]:

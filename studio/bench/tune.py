@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 from studio.bench.bench import run_bench
 from studio.bench.records import Candidate, TuneResult
+from studio.bench.screening import flip_ok, screen_prompts
 from studio.engine import BASE
 from studio.report.text import tuned_description
 from studio.spec.ask import Switches
@@ -114,8 +115,7 @@ class Tuner:
         return options[best.preset]
 
     def _flip_ok(self, flip: float | None, share: float = 1.0) -> bool:
-        """Within `share` of the FLIP ceiling (always, without one)."""
-        return self.max_flip is None or (flip is not None and flip <= self.max_flip * share)
+        return flip_ok(flip, self.max_flip, share)
 
     def _flip_words(self, share: float = 1.0) -> str:
         return "" if self.max_flip is None else f" and FLIP <= {self.max_flip * share:g}"
@@ -123,24 +123,16 @@ class Tuner:
     # 2 -----------------------------------------------------------------------------------------------------------
     def evaluate(self, stack: Preset, cache: CacheSpec) -> Candidate:
         """Worst PSNR and FLIP over the prompts (stopping at the first that fails) and the predicted speed-up."""
-        cand = Candidate(cache)
         p = replace(stack, name="tuning", cache_config=cache, compile=replace(stack.compile, enabled=False))
-        worst, worst_flip, preds = None, 0.0, []
-        for i in list(self.order):
-            m = self.runner.screen(self.requests[i], p, self.model)
-            self.screened += 1
-            cand.cached.append(m.cache.cached_steps)
-            db = m.quality.psnr_db if m.quality.psnr_db is not None else float("inf")
-            worst = db if worst is None else min(worst, db)
-            worst_flip = max(worst_flip, m.quality.flip if m.quality.flip is not None else 1.0)
-            preds.append(m.cache.ideal_speedup or 1.0)  # the engine's: cached steps costing only their Fn+Bn blocks
-            if db < self.floor or not self._flip_ok(m.quality.flip):
-                self.order.remove(i)
-                self.order.insert(0, i)  # this prompt first next time: failures end candidates sooner
-                break
-        cand.worst_db, cand.worst_flip = worst, worst_flip
-        cand.passed = worst is not None and worst >= self.floor and self._flip_ok(worst_flip)
-        cand.predicted = statistics.mean(preds) if cand.passed else 1.0
+        s = screen_prompts(
+            self.runner, self.requests, p, self.model, floor_db=self.floor, max_flip=self.max_flip, order=self.order
+        )
+        self.screened += s.runs
+        if s.failed is not None:
+            self.order.remove(s.failed)
+            self.order.insert(0, s.failed)  # this prompt first next time: failures end candidates sooner
+        cand = Candidate(cache, s.worst_db, s.worst_flip, s.passed, cached=s.cached)
+        cand.predicted = statistics.mean(s.predicted) if s.passed else 1.0  # cached steps costing their Fn+Bn blocks
         return cand
 
     def search_threshold(self, stack: Preset, cache: CacheSpec) -> Candidate | None:

@@ -50,6 +50,8 @@ class CacheReport:
     residual_diffs: dict[int, float] = field(default_factory=dict)
     threshold: float | None = None
     cfg_cached_steps: list[int] | None = None  # the unconditional branch's, where it is cached apart
+    pruned_blocks: int | None = None  # DBPrune: the block calls it pruned, of `block_calls` (cache-dit's count)
+    block_calls: int | None = None
 
     def listed(self) -> list[int] | None:
         """cache-dit's own list of cached steps, for the cross-check (None for a backend that keeps none). With true
@@ -165,4 +167,12 @@ def read_report(pipe, spec: CacheSpec, quant: str) -> CacheReport:
     if backend in HOOK_BACKENDS:
         return CacheReport(backend, threshold=threshold if backend == "fbcache" else None)
     rec = read_summary(_cache_dit_target(pipe))
-    return CacheReport(backend, rec.cached_steps, rec.residual_diffs, threshold, rec.cfg_cached_steps)
+    return CacheReport(
+        backend,
+        rec.cached_steps,
+        rec.residual_diffs,
+        threshold,
+        rec.cfg_cached_steps,
+        rec.pruned_blocks,
+        rec.block_calls,
+    )

@@ -4,6 +4,7 @@ asked beside it. Derived from the applied stack and the run, never from the pres
 from __future__ import annotations
 
 from studio.engine.call import cfg_lines
+from studio.engine.hooks import fingerprint
 from studio.engine.lora import lora_lines
 from studio.engine.run import Measured, RunContext
 from studio.engine.state import stack_state
@@ -17,6 +18,19 @@ def fallback_lines(run: Measured) -> list[str]:
     """What did not run as asked, and what could not be read about the run."""
     disagree = [f"step counts: {run.counts.check}"] if run.counts.disagree else []
     return run.stack.fallbacks() + list(run.lost) + disagree
+
+
+def tuned_lines(p: Preset, pipe) -> list[str]:
+    """Whose settings these are: a preset a search chose on one transformer (`methods --write`) says whether this is
+    that transformer (its floor was checked on its pictures) or another (it was not)."""
+    if not p.tuned_for:
+        return []
+    here = fingerprint(pipe.transformer)
+    if here == p.tuned_for:
+        return [f"settings: searched on this transformer ({here})"]
+    return [
+        f"settings: searched on {p.tuned_for}, not on this transformer ({here}): their quality floor is not known here"
+    ]
 
 
 def engaged_lines(ctx: RunContext, run: Measured, pipe) -> list[str]:
@@ -53,6 +67,6 @@ def labels(ctx: RunContext, p: Preset, run: Measured, pipe) -> RunLabels:
         dtype=ctx.dtype.name,
         requested_tag=join_label(asked),
         label_changes=changes(asked, ran, run.stack.fell_back_parts()),
-        engaged=engaged_lines(ctx, run, pipe),
+        engaged=engaged_lines(ctx, run, pipe) + tuned_lines(p, pipe),
         fallbacks=fallback_lines(run),
     )

@@ -113,12 +113,29 @@ def _seacache(pipe, k: dict):
         source = inspect.getsource(type(pipe).__call__)
     except (OSError, TypeError):  # no source to read (a compiled or built-in class): cannot tell, so say so
         return f"cannot read whether {type(pipe).__name__} passes the scheduler's step and sigma to its cache context"
-    if "sigma=" not in source:
+    if not _passes_sigma(source):
         return (
             f"{type(pipe).__name__} does not pass the scheduler's step and sigma to its cache context, which SeaCache "
             "decides from (it would compute every step)"
         )
     return SeaCacheConfig(**k)
+
+
+def _passes_sigma(source: str) -> bool:
+    """Whether some `cache_context(...)` call in a pipeline's source passes both `step_index=` and `sigma=`."""
+    at = source.find("cache_context(")
+    while at >= 0:
+        depth, end = 0, at + len("cache_context")
+        while end < len(source):  # to the call's closing parenthesis
+            depth += {"(": 1, ")": -1}.get(source[end], 0)
+            if depth == 0:
+                break
+            end += 1
+        call = source[at : end + 1]
+        if "step_index=" in call and "sigma=" in call:
+            return True
+        at = source.find("cache_context(", end)
+    return False
 
 
 def apply_hook(
@@ -222,9 +239,15 @@ def _unpatch_cache_dit(transformer) -> None:
         mods.update(children)
     if getattr(transformer, "_is_patched", False):
         for m in transformer.modules():
-            if "forward" in vars(m):
-                del m.forward
+            if _is_cache_dit_forward(vars(m).get("forward")):
+                del m.forward  # only cache-dit's: another library's instance forward (accelerate's offload) stays
         transformer._is_patched = False
+
+
+def _is_cache_dit_forward(forward) -> bool:
+    """Whether an instance's own forward is one of cache-dit's patch functors' (bound with `__get__`)."""
+    fn = getattr(forward, "__func__", forward)
+    return forward is not None and getattr(fn, "__module__", "").startswith("cache_dit.")
 
 
 def remove_hook(transformer) -> None:

@@ -403,6 +403,8 @@ class Runner:
                 cache_threshold=run.report.threshold if cache_on else None,
                 backend_cached_steps=run.report.cached_steps if run.report.backend == "cache-dit" else None,
                 backend_cfg_cached_steps=run.report.cfg_cached_steps,
+                pruned_blocks=run.report.pruned_blocks,
+                block_calls=run.report.block_calls,
                 blocks=run.blocks,
                 **self._room(ctx, p, run),
             ),

@@ -112,6 +112,8 @@ class RunCache:
         None  # its list for the unconditional branch, when CFG is cached apart
     )
     blocks: int = 0  # transformer blocks one full call runs
+    pruned_blocks: int | None = None  # DBPrune: block calls it pruned over the run, of `block_calls` (its own count)
+    block_calls: int | None = None
     ideal_speedup: float | None = None  # what the counts would give were the cache's own work free (measure.blocks)
     cached_share: float | None = None  # a cached step's ideal price as a share of a full step, measured
     ideal_source: str | None = None  # where the block times behind `cached_share` came from

@@ -101,6 +101,8 @@ def metrics_card(m) -> str:
         steps += f" &nbsp; cached: {c.cached_step_indices}"
     if c.backend_cfg_cached_steps:
         steps += f"<br><small>unconditional (CFG) branch cached apart: {c.backend_cfg_cached_steps}</small>"
+    if c.pruned_blocks is not None:
+        steps += f"<br><small>{esc(fmt.pruned(c.pruned_blocks, c.block_calls))}</small>"
     steps += f"<br><small>counted by {esc(c.count_source)}" + (f"; {esc(c.count_check)}" if c.count_check else "")
     steps += "</small>"
     room = _room(m)

@@ -143,6 +143,12 @@ def steps(cached: int, full: int) -> str:
     return f"{cached} cached / {full} full"
 
 
+def pruned(blocks: int, calls: int | None) -> str:
+    """DBPrune's own count: "pruned 120 of 560 block calls (21%), by cache-dit's count"."""
+    share = f" ({blocks / calls:.0%})" if calls else ""
+    return f"pruned {blocks} of {calls if calls else '?'} block calls{share}, by cache-dit's count"
+
+
 def tile(db: float | None, yx) -> str:
     """The worst tile's PSNR and where it is: "36.55 dB at (y 0, x 40)"; just "inf" for an identical picture."""
     if db is None or yx is None or math.isinf(db):

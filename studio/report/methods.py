@@ -17,6 +17,22 @@ def calibration_description(cal, model_name: str) -> str:
     )
 
 
+def searched_description(s, res, model_name: str) -> str:
+    """A searched best's description (`methods --write`): where and how it was found, and what it kept."""
+    floor = f"{res.floor_db:g} dB" + (f" and FLIP <= {res.max_flip:g}" if res.max_flip is not None else "")
+    cached = f"{s.cached:.1f}".rstrip("0").rstrip(".")
+    return (
+        f"{s.method.name} at its fastest setting ({s.method.knob} {s.value}) that kept all {len(res.search_prompts)} "
+        f"prompts above {floor} on {model_name}: worst {_db(s.worst_db)} dB, worst FLIP {_flip(s.worst_flip)}, "
+        f"{cached} steps cached on average. Searched by `python -m studio methods`; another model needs its own "
+        "search."
+    )
+
+
+def _flip(v) -> str:
+    return "not measured" if v is None else f"{v:.3f}"
+
+
 def _db(v) -> str:
     return "-" if v is None else ("identical" if math.isinf(v) else f"{v:.1f}")
 

@@ -98,6 +98,8 @@ class CacheDitRecord:
     cached_steps: list[int] = field(default_factory=list)
     residual_diffs: dict[int, float] = field(default_factory=dict)
     cfg_cached_steps: list[int] | None = None  # the unconditional branch's, where CFG is cached apart
+    pruned_blocks: int | None = None  # DBPrune: block calls it pruned over the run (None: not a pruning cache)
+    block_calls: int | None = None  # DBPrune: the block calls the run made, pruned or not
 
 
 def read_summary(pipe) -> CacheDitRecord:
@@ -116,4 +118,8 @@ def read_summary(pipe) -> CacheDitRecord:
         if v >= 0:  # cache-dit writes -1 where it skipped computing the diff
             diffs[k] = v
     cfg = sorted(int(x) for x in (s.cfg_cached_steps or []))
-    return CacheDitRecord(sorted(int(x) for x in (s.cached_steps or [])), diffs, cfg or None)
+    pruned, calls = None, None
+    if s.pruned_ratio is not None:  # DBPrune: its per-step counts of pruned blocks and of the blocks it ran
+        pruned = int(sum(s.pruned_blocks or [])) + int(sum(s.cfg_pruned_blocks or []))
+        calls = int(sum(s.actual_blocks or [])) + int(sum(s.cfg_actual_blocks or []))
+    return CacheDitRecord(sorted(int(x) for x in (s.cached_steps or [])), diffs, cfg or None, pruned, calls)

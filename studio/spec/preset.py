@@ -305,6 +305,9 @@ class Preset(Record):
     # LoRA adapters every request on this preset runs with (and its base image too): hot-swap slots on full-precision
     # weights, fused into the weights before quantization on a quantized preset (engine.lora, engine.loader).
     loras: tuple = ()
+    # the transformer (spec.methods.transformer_fingerprint) a search chose these settings on (`methods --write`):
+    # on another, the card says their floor was not checked there
+    tuned_for: str | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.strip():
@@ -312,6 +315,14 @@ class Preset(Record):
         if not all(c.isalnum() or c in "-_." for c in self.name):
             fail("preset", "name", self.name, "use letters, digits, '-', '_' and '.' only")
         check_choice("preset", "dtype", self.dtype, DTYPES)
+        t = self.tuned_for
+        if t is not None and (not isinstance(t, str) or "-" not in t or not t.strip() or " " in t):
+            fail(
+                "preset",
+                "tuned_for",
+                t,
+                "a transformer's fingerprint as `methods --write` writes it, e.g. FluxTransformer2DModel-1a2b3c4d",
+            )
         check_choice("preset", "attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         for name, cls in (
             ("quantize_config", QuantSpec),

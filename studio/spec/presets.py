@@ -99,6 +99,7 @@ def preset_from_dict(data: dict, name: str | None = None, source: str = "<dict>"
             dtype=data.get("dtype", "auto"),
             attention_backend=data.get("attention_backend", "sdpa"),
             loras=tuple(lora_from_yaml(x) for x in loras),
+            tuned_for=data.get("tuned_for"),
             **sections,
         )
     except (ConfigError, TypeError) as e:  # TypeError: a wrong type slipped past a check
@@ -127,6 +128,8 @@ def preset_to_dict(p: Preset) -> dict:
         out["parallelism_config"] = {k: v for k, v in p.parallelism_config.as_dict().items() if v is not None}
     if p.loras:
         out["loras"] = [{"path": lo.path, "scale": lo.scale} for lo in p.loras]
+    if p.tuned_for:
+        out["tuned_for"] = p.tuned_for
     return out
 
 
