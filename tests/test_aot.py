@@ -141,3 +141,47 @@ def test_a_lora_request_runs_the_compiled_stack_eagerly_and_says_why(settings, t
     assert not list(aot.glob("*.pt2"))  # nothing exported with peft's layers in it
     eager = runner.generate(req, "cache32", compare="off")
     assert _pixels_apart(res.image, eager.image) == 0  # the same eager stack, the same LoRA
+
+
+def test_8bit_weights_quantized_before_the_export_run_ahead_of_time_on_their_own_storage(
+    random_model_dir, settings, tmp_path
+):
+    """ZeroGPU's recipe: quantize, then export. torchao's int8 weights (tensor subclasses) are flattened by the
+    export into their inner tensors (qdata, scale), which the package reads in place as it reads plain weights: the
+    compiled 8-bit stack decides the same cached steps and makes the eager 8-bit stack's picture, and an int8 weight
+    changed in place changes the compiled picture as it changes the eager one."""
+    aot = tmp_path / "aot"
+    settings(zerogpu=True, aot_dir=str(aot))
+    lib = PresetLibrary(user_dir=tmp_path / "presets")
+    stack = (
+        "dtype: float32\nquantize_config: {quant_type: int8_per_row}\n"
+        "cache_config: {residual_diff_threshold: 0.5}\nattention_backend: sdpa\n"
+    )
+    lib.add("q8", stack)
+    lib.add("q8-compile", stack + "compile: {enabled: true, regional: true}\n")
+    runner = Runner(ModelManager("cpu", settings=current()), lib, model=random_model_dir)
+    req = runner.request("a red circle", steps=10)
+    eager = runner.generate(req, "q8", compare="off")
+    res = runner.generate(req, "q8-compile", compare="off")
+    e, m = eager.metrics.as_dict(), res.metrics.as_dict()
+    assert "int8" in m["tag"] and m["tag"] == e["tag"] + "+aot" and m["fallbacks"] == [], m
+    assert m["cached_step_indices"] == e["cached_step_indices"] and m["cached_steps"] > 0
+    assert _pixels_apart(res.image, eager.image) <= 2, _pixels_apart(res.image, eager.image)
+    variant = stack_state(runner.manager.current.pipe.transformer).compile.running
+    assert isinstance(variant, AotVariant) and not variant.pending()
+    assert aot_built(random_model_dir, ("aot", "default", "sdpa", "int8_per_row"), "float32", (64, 64, 1, None))
+    names = [n for b in variant.blocks for p in b.loaded.values() for n in p.get_constant_fqns()]
+    assert any(".parametrizations.weight.original0" in n for n in names)  # the int8 weights' inner tensors
+    # the packages read the int8 weight's storage in place: its scale changed (the weight x4), the compiled picture
+    # changes as the eager one does
+    weight = runner.manager.current.pipe.transformer.transformer_blocks[0].ff.net[2].weight
+    with torch.no_grad():
+        weight.scale.mul_(4)
+    try:
+        changed = runner.generate(req, "q8-compile", compare="off")
+        changed_eager = runner.generate(req, "q8", compare="off")
+    finally:
+        with torch.no_grad():
+            weight.scale.div_(4)
+    assert _pixels_apart(changed.image, res.image) > 8, _pixels_apart(changed.image, res.image)
+    assert _pixels_apart(changed.image, changed_eager.image) <= 2

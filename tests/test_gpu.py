@@ -80,6 +80,25 @@ def test_compile_ahead_of_time_on_cuda_as_zerogpu_runs_it(gpu_runner, tmp_path):
     assert psnr(aot.image, eager.image) > 40
 
 
+def test_float8_quantized_then_compiled_ahead_of_time_as_zerogpus_recipe(gpu_runner, tmp_path):
+    """ZeroGPU's recipe on a card with float8 matmuls (sm_89+): float8 per-row quantized first, then the blocks
+    exported and compiled ahead of time (engine.aot; tests/test_aot.py runs it with int8 on the CPU): the package
+    reads the Float8Tensor weights' inner tensors in place; the same cached steps as the eager float8 stack."""
+    from studio.spec.settings import using
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("float8 matmuls need sm_89 or newer")
+    stack = "quantize_config: {quant_type: float8_per_row}\ncache_config: {residual_diff_threshold: 0.5}\n"
+    gpu_runner.presets.add("f8", stack)
+    gpu_runner.presets.add("f8-compile", stack + "compile: {enabled: true, regional: true}\n")
+    with using(zerogpu=True, aot_dir=str(tmp_path / "aot")):
+        eager = gpu_runner.generate(REQ, "f8", compare=False)
+        aot = gpu_runner.generate(REQ, "f8-compile", compare=False)
+    assert aot.metrics.labels.tag == eager.metrics.labels.tag + "+aot", aot.metrics.labels.fallbacks
+    assert aot.metrics.cache.cached_step_indices == eager.metrics.cache.cached_step_indices
+    assert psnr(aot.image, eager.image) > 30
+
+
 @pytest.mark.budget24
 def test_a_flux_dev_sized_model_loads_and_runs_under_a_24_gb_budget_with_layerwise_and_the_cache(tmp_path):
     """The 24 GB card on an H200 (STUDIO_DEVICE_MEMORY_GB=24): a pipeline with FLUX.1-dev's transformer (19 + 38

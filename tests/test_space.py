@@ -69,8 +69,12 @@ def test_a_zerogpu_call_reserves_what_its_request_needs(tmp_path):
         unbuilt = d.tune(**small)
         mark_aot_built(FLUX, ("aot", "default", "sdpa"), "auto", (512, 1024, 1, None))
         assert d.tune(**small) < unbuilt
-        # none for a quantized stack, which runs eagerly there (engine.aot.refusal): the default A/B pair
-        assert d.compare(**req, preset_a="base", preset_b="cache-int8-sage") == 2 * on
+        # a quantized compiled stack builds too (its 8-bit weights quantized before the export: engine.aot), its own
+        # packages: the full-precision stack's built marker does not cover it
+        int8 = {**one, "preset": "cache-int8-sage"}
+        assert d.generate(**int8, compare="off") > d.generate(**{**one, "preset": "cache-compile"}, compare="off")
+        mark_aot_built(FLUX, ("aot", "default", "sage", "auto"), "auto", (1024, 1024, 1, None))
+        assert d.generate(**int8, compare="off") == off
     # a quarter of the pixels, fewer seconds; a form that cannot be read reserves the least (the handler refuses it)
     assert d.generate(**{**one, "width": 512, "height": 512}, compare="on") < on
     assert d.generate(**{**one, "steps": "many"}, compare="on") == MIN_S
@@ -78,11 +82,11 @@ def test_a_zerogpu_call_reserves_what_its_request_needs(tmp_path):
     assert d.tune(**quarter, prompts_text="a\nb\nc") > d.tune(**quarter, prompts_text="a")
 
 
-def test_spaces_off_zerogpu_and_compile_on_zerogpu(monkeypatch, random_model_dir, settings):
+def test_spaces_off_zerogpu_and_compile_on_zerogpu(monkeypatch, random_model_dir, settings, tmp_path):
     """What the `spaces` package does offline (installed, no ZeroGPU): its decorator hands a handler back as it is,
     its AoT helpers are there by name and need a CUDA build of torch; and what the studio does on ZeroGPU with a
-    compiled preset that cannot compile ahead of time (8-bit: engine.aot.refusal): runs it eagerly and says why (the
-    ahead-of-time path itself: tests/test_aot.py)."""
+    compiled preset that cannot compile ahead of time (First-Block-Cache: engine.aot.refusal): runs it eagerly and
+    says why (the ahead-of-time path itself, 8-bit weights too: tests/test_aot.py)."""
     import spaces
     import torch
 
@@ -101,14 +105,16 @@ def test_spaces_off_zerogpu_and_compile_on_zerogpu(monkeypatch, random_model_dir
         else:
             assert "module" in inspect.signature(helper.__wrapped__).parameters or name == "aoti_compile"
     settings(zerogpu=True)  # (spec.settings: SPACES_ZERO_GPU read at the edge, spaces already imported)
-    runner = Runner(ModelManager("cpu", settings=current()), PresetLibrary(), model=random_model_dir)
-    res = runner.generate(runner.request("a red circle", steps=10), "cache-int8wo-sage-compile", compare="off")
+    runner = Runner(ModelManager("cpu", settings=current()), PresetLibrary(user_dir=tmp_path), model=random_model_dir)
+    fbc = "cache_config: {backend: fbcache, residual_diff_threshold: 0.5}\ncompile: {enabled: true, regional: true}\n"
+    runner.presets.add("fbc-compile", fbc)
+    res = runner.generate(runner.request("a red circle", steps=10), "fbc-compile", compare="off")
     m = res.metrics.as_dict()
-    why = ZEROGPU_COMPILE.split("{why}")[0] + "not under 8-bit quantization (int8_weight_only: torchao's weights"
-    assert any(f.startswith(why) for f in m["fallbacks"])
+    why = ZEROGPU_COMPILE.split("{why}")[0] + "not under First-Block-Cache (its hook replaces the blocks' forward"
+    assert any(f.startswith(why) for f in m["fallbacks"]), m["fallbacks"]
     assert "compile: skipped on ZeroGPU" in metrics_card(res.metrics)
     # the cache ran, eagerly (at 10 steps: under MIN_CACHE_STEPS it would be skipped, and the label would say so)
-    assert m["cached_steps"] + m["full_steps"] == 10 and "DBCache" in m["tag"] and "compile" not in m["tag"]
+    assert m["cached_steps"] + m["full_steps"] == 10 and "FBCache" in m["tag"] and "compile" not in m["tag"]
     assert "compile->eager" in m["label_changes"] and not m["tag"].endswith("+aot")
     tr = runner.manager.current.pipe.transformer
     assert not any(getattr(b, "_compiled_call_impl", None) for b in tr.modules())  # nothing was compiled
@@ -186,6 +192,19 @@ def _lines(path: Path) -> list[str]:
     return [x.split("#")[0].strip() for x in path.read_text().splitlines() if x.split("#")[0].strip()]
 
 
+def _resolved(root: Path, requirements: str) -> dict[str, str]:
+    """What pip would install for `requirements` beside this environment (a dry run): {name: version}."""
+    report = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "-q", "--report", "-", "-r", requirements],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert report.returncode == 0, report.stderr[-2000:]
+    return {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.stdout)["install"]}
+
+
 def test_the_gpu_install_is_the_pinned_set_plus_its_kernels_and_resolves():
     """requirements-gpu.txt (a GPU machine, a GPU Space) is requirements.txt's pinned set plus sageattention, triton
     and kernels, and pip resolves it (a dry run: nothing is installed, no GPU needed)."""
@@ -193,15 +212,7 @@ def test_the_gpu_install_is_the_pinned_set_plus_its_kernels_and_resolves():
     cpu, gpu = _lines(root / "requirements.txt"), _lines(root / "requirements-gpu.txt")
     assert gpu[: len(cpu)] == cpu  # the same pins, in the same order
     assert gpu[len(cpu) :] == ["sageattention==1.0.6", "triton", "kernels==0.17.2"]
-    report = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "-q", "--report", "-", "-r", "requirements-gpu.txt"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert report.returncode == 0, report.stderr[-2000:]
-    todo = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.stdout)["install"]}
+    todo = _resolved(root, "requirements-gpu.txt")
     assert todo.get("sageattention") == "1.0.6" and todo.get("kernels") == "0.17.2" and "triton" in todo
     assert "torch" not in todo  # the pinned torch of the test environment satisfies it as it is
 
@@ -216,15 +227,7 @@ def test_the_zerogpu_install_is_the_gpu_install_on_a_torch_zerogpu_lists_and_res
     gpu, zero = _lines(root / "requirements-gpu.txt"), _lines(root / "requirements-zerogpu.txt")
     changed = [(a, b) for a, b in zip(gpu, zero, strict=True) if a != b]
     assert changed == [("torch==2.13.0", "torch==2.11.0")] and "2.11.0" in ZEROGPU_TORCH
-    report = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "-q", "--report", "-", "-r", "requirements-zerogpu.txt"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert report.returncode == 0, report.stderr[-2000:]
-    todo = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.stdout)["install"]}
+    todo = _resolved(root, "requirements-zerogpu.txt")
     assert todo["torch"] == "2.11.0" and "triton" in todo  # the CUDA build, with the triton it pins
     assert zerogpu_torch_note("2.11.0+cu130") is None
     note = zerogpu_torch_note("2.13.0+cpu")

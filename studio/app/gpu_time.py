@@ -78,7 +78,8 @@ class Durations:
 
     def _compiles(self, ask: Ask, stacks) -> int:
         """Compile warm-ups the event makes. On ZeroGPU only the stacks that compile ahead of time (engine.aot: not
-        quantized, not offloaded, no LoRA) and only at a shape whose packages are not built yet."""
+        offloaded, no LoRA; 8-bit weights are quantized before the export) and only at a shape whose packages are
+        not built yet."""
         compiled = [p for p in stacks if p.compile.enabled]
         if not current().zerogpu:
             return len(compiled)
@@ -88,8 +89,7 @@ class Durations:
         return sum(
             1
             for p in compiled
-            if not p.quantize_config.enabled
-            and p.offload_config.policy in ("none", "auto")  # auto may choose none: reserve
+            if p.offload_config.policy in ("none", "auto")  # auto may choose none: reserve
             and not aot_built(ask.model, aot_marker_key(p), p.dtype, shape)
         )
 

@@ -138,7 +138,7 @@ def matrix_tab(names: list[str], default: list[str], runs: gr.State) -> MatrixTa
             with gr.Column():
                 presets = gr.CheckboxGroup(label="Presets", choices=names, value=default)
                 all_methods = gr.Button(
-                    "All step caches: base, cache and each method's preset (docs/methods.md), one repeat",
+                    "All step caches: base, cache and every method (its searched best where one is saved), one repeat",
                     size="sm",
                     elem_id="matrix-all-methods",
                 )

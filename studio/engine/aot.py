@@ -14,9 +14,13 @@ docs/library-behaviour.md S5). What that asks of us, and what this module does:
   the call before them would segfault, so a package is never called before its block's constants are loaded;
 - cache-dit calls blocks positionally: the call is bound to the block's own signature and passed by name, the
   package's input spec;
-- not under 8-bit quantization (torchao's weights are tensor subclasses, not plain constants), a LoRA (peft adds
-  modules and per-call scales), a memory regime that moves weights between calls, or a model without repeated
-  blocks: refused with the reason (`refusal`), the stack runs eagerly.
+- 8-bit weights (torchao's tensor subclasses, quantized BEFORE the export, as ZeroGPU's own recipe does float8):
+  `torch.export` flattens each into its inner tensors, which the package names
+  `<module>.parametrizations.<weight>.original<i>` in the order of the subclass's `__tensor_flatten__` (qdata,
+  scale, ...); they are handed over as the plain weights are (`_constants`), aliases of the eager storage. A weight
+  whose inner tensors are subclasses again is refused with its type;
+- not under a LoRA (peft adds modules and per-call scales), a memory regime that moves weights between calls, or a
+  model without repeated blocks: refused with the reason (`refusal`), the stack runs eagerly.
 
 The packages live in spec.hosting.aot_dir() (STUDIO_AOT_DIR; <tmp>/studio-aot), written atomically; they outlive the
 process, and a marker per (model, variant, dtype, graph shape) says a shape is built (app.gpu_time reads it).
@@ -27,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,8 +51,9 @@ def refusal(tr, spec) -> str | None:
         return f"per block, and {type(tr).__name__} has no _repeated_blocks"
     if not spec.regional:
         return "per block: set compile.regional: true"
-    if state.quantize.mode != "none":
-        return f"not under 8-bit quantization ({state.quantize.mode}: torchao's weights are not plain constants)"
+    nested = _nested_subclass(tr)
+    if nested:
+        return f"not with {nested} weights (their inner tensors are tensor subclasses again: no plain constants)"
     if state.lora.slots or state.lora.fused:
         return NO_LORA
     if state.offloading.regime != "none":
@@ -112,6 +118,10 @@ class Store:
         configs = dict(CONFIGS)
         if self.mode == "max-autotune":
             configs["max_autotune"] = True
+        from studio.engine.int8pack import GUARD, at_risk_layers  # (heavy: torch._inductor)
+
+        if at_risk_layers(block):  # INT8 weight-only on the CPU: the same pass as a JIT compile (engine.compile)
+            configs["post_grad_custom_pre_pass"] = GUARD
         fd, staging = tempfile.mkstemp(dir=self.folder, prefix=f".{key}-", suffix=".pt2")
         os.close(fd)
         try:
@@ -123,14 +133,51 @@ class Store:
 
 
 def _constants(block) -> dict:
-    """The block's parameters and buffers by name: aliases of the eager storage (no copy)."""
-    out = {n: p.detach() for n, p in block.named_parameters()}
-    out.update({n: b.detach() for n, b in block.named_buffers()})
+    """The block's parameters and buffers by the names its package gives them: aliases of the eager storage (no
+    copy). An 8-bit weight (a torchao tensor subclass) gives its inner tensors, as the export flattened it."""
+    out = {}
+    for n, t in [*block.named_parameters(), *block.named_buffers()]:
+        inner = _flattened(t)
+        if inner is None:
+            out[n] = t.detach()
+            continue
+        owner, _, leaf = n.rpartition(".")
+        at = f"{owner}.parametrizations.{leaf}" if owner else f"parametrizations.{leaf}"
+        out.update({f"{at}.original{i}": x.detach() for i, x in enumerate(inner) if x is not None})
     return out
 
 
+def _flattened(t) -> list | None:
+    """A tensor subclass's inner tensors in `__tensor_flatten__`'s order (None: a plain tensor)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if not is_traceable_wrapper_subclass(t):
+        return None
+    names, _ = t.__tensor_flatten__()
+    return [getattr(t, name) for name in names]
+
+
+def _nested_subclass(tr) -> str | None:
+    """The type of a weight whose inner tensors are tensor subclasses again (None: every weight flattens to plain
+    tensors, or is one)."""
+    for t in tr.parameters():
+        inner = _flattened(t) or []
+        if any(_flattened(x) is not None for x in inner):
+            return type(t).__name__
+    return None
+
+
 def _weights(block) -> tuple:
-    return tuple((n, tuple(t.shape), str(t.dtype), t.device.type) for n, t in _constants(block).items())
+    """What a package is static in of the block's weights: its constants' names, shapes, dtypes and devices, and
+    each 8-bit weight's subclass and flatten context (an int8 weight-only and an int8 dynamic-activation weight have
+    the same inner tensors and different graphs)."""
+    plain = tuple((n, tuple(t.shape), str(t.dtype), t.device.type) for n, t in _constants(block).items())
+    forms = tuple(
+        (n, type(t).__qualname__, re.sub(r" at 0x[0-9a-f]+", "", repr(t.__tensor_flatten__()[1])))
+        for n, t in block.named_parameters()
+        if _flattened(t) is not None
+    )
+    return plain + forms
 
 
 class AotBlock:

@@ -200,10 +200,15 @@ def _switch_on(tr, variant: CompiledVariant) -> None:
 
 def compiles(spec: CompileSpec, offload, profile: DeviceProfile) -> bool:
     """Whether a quantized stack with this compile spec (and memory regime, an OffloadSpec) is compiled on `profile`:
-    the quantized form follows it (engine.quantize). Not on ZeroGPU (whose ahead-of-time path refuses quantized
-    weights: engine.aot), nor under group offload, where torchao's weights fail to compile
+    the quantized form follows it (engine.quantize). On ZeroGPU ahead of time, per block (engine.aot: the 8-bit
+    weights quantized before the export, as ZeroGPU's recipe does), so only a regional spec not under a regime that
+    moves weights (`auto` places resident where the model fits the slice; a regime it picks instead refuses ahead of
+    time, said on the card); not under group offload, where torchao's weights fail to compile
     (engine.offload.QUANT_UNDER_GROUP)."""
-    return spec.enabled and profile.zerogpu is None and getattr(offload, "policy", "none") != "group_offload"
+    policy = getattr(offload, "policy", "none")
+    if profile.zerogpu is not None:
+        return spec.enabled and spec.regional and policy in ("none", "auto")
+    return spec.enabled and policy != "group_offload"
 
 
 def apply_compile(pipe, spec: CompileSpec, *, cache_engaged: bool, ahead_of_time: bool = False) -> Engaged:

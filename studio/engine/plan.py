@@ -189,11 +189,15 @@ def compile_plan(preset: Preset, profile: DeviceProfile, regime: str, quantized:
         return "off", "eager, as the preset asks"
     repeated = _repeated_blocks(folder)
     if profile.zerogpu:
-        if quantized:
-            return "off", "ZeroGPU compiles ahead of time only, which refuses 8-bit weights here (engine.aot)"
         if not (spec.regional and repeated):
             return "off", "ahead of time compiles per block: set compile.regional: true on a model with blocks"
-        return "ahead-of-time", "ZeroGPU has no JIT: the repeated blocks are exported and compiled ahead of time"
+        if regime != "none":
+            return "off", f"ahead of time reads the weights in place, and {regime} moves them between calls"
+        weights = " (their 8-bit weights quantized before the export, as ZeroGPU's recipe does)" if quantized else ""
+        return (
+            "ahead-of-time",
+            f"ZeroGPU has no JIT: the repeated blocks are exported{weights} and compiled ahead of time",
+        )
     regional = spec.regional and repeated
     if regime in STREAMING and not regional:
         return "off", f"a whole-transformer graph would hold {regime}'s weight moves; set compile.regional: true"

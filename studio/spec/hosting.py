@@ -105,8 +105,10 @@ def aot_dir() -> Path:
 
 
 def aot_marker_key(preset) -> tuple:
-    """What a built marker names of a preset (a spec.preset.Preset): its compile mode and attention backend."""
-    return ("aot", preset.compile.mode, preset.attention_backend)
+    """What a built marker names of a preset (a spec.preset.Preset): its compile mode and attention backend, and its
+    8-bit form where it is quantized (its packages are others than the full-precision ones)."""
+    quant = (preset.quantize_config.quant_type,) if preset.quantize_config.enabled else ()
+    return ("aot", preset.compile.mode, preset.attention_backend, *quant)
 
 
 def _built_marker(model: str, variant: tuple, dtype: str, shape: tuple) -> Path:
