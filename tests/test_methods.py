@@ -249,7 +249,7 @@ def test_methods_write_keeps_each_best_for_its_transformer_and_the_matrix_picks_
     """`methods --write DIR`: each method's best as `<method>-best.yaml`, marked with the transformer it was searched
     on; the Matrix's "all step caches" then picks it over the shipped preset; a run says whether its transformer is
     the one searched (the floor was checked on its pictures) or another (it was not)."""
-    from studio.bench.methods import matrix_picks
+    from studio.bench.ladders import matrix_picks
     from studio.cli import main
 
     prompts = tmp_path / "p.txt"

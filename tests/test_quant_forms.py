@@ -96,7 +96,7 @@ def test_each_8bit_form_engages_or_falls_back_with_its_reason_on_the_cpu(runner)
     picture near base's); float8 per-row falls back to full precision with the reason (torchao asserts sm89+), and
     its picture is then base's bit for bit."""
     lib = runner.presets
-    eager = replace(lib.get("int8"), compile=CompileSpec())
+    eager = replace(lib.get("int8"), compile=CompileSpec(), dtype="float32")  # bf16's rounding would swamp 8-bit's
     out = {}
     for form in ("int8_per_row", "int8_weight_only", "float8_per_row"):
         p = replace(eager, name=f"q-{form}", quantize_config=QuantSpec(quant_type=form))
@@ -121,8 +121,10 @@ def test_each_8bit_form_engages_or_falls_back_with_its_reason_on_the_cpu(runner)
                 res.metrics.labels.tag.split("+")[1] == {"int8_per_row": "int8dq", "int8_weight_only": "int8wo"}[form]
             )
             assert 25 < psnr(res.image, res.base_image) < 80, form  # quantized: near base, not equal to it
-    # dynamic activations: the activations are quantized too, so further from base than weight-only
-    assert out["int8_per_row"].metrics.quality.psnr_db < out["int8_weight_only"].metrics.quality.psnr_db
+    # dynamic activations: the activations are quantized too, so further from base than weight-only (in float32,
+    # where nothing but the 8-bit forms moves the picture; in bf16 they were 0.1 dB apart, in either order by torch)
+    db = {f: out[f].metrics.quality.psnr_db for f in ("int8_per_row", "int8_weight_only")}
+    assert db["int8_per_row"] + 0.5 < db["int8_weight_only"], db  # measured 65.95 and 66.80 dB, on both torches
 
 
 def test_the_int8_preset_runs_this_cpus_form_compiled_and_says_why(runner):

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from studio.app.gpu_time import MAX_S, MIN_S, Durations, run_seconds
 from studio.app.handlers import Studio
@@ -213,8 +214,9 @@ def test_the_gpu_install_is_the_pinned_set_plus_its_kernels_and_resolves():
     assert gpu[: len(cpu)] == cpu  # the same pins, in the same order
     assert gpu[len(cpu) :] == ["sageattention==1.0.6", "triton", "kernels==0.17.2"]
     todo = _resolved(root, "requirements-gpu.txt")
-    assert todo.get("sageattention") == "1.0.6" and todo.get("kernels") == "0.17.2" and "triton" in todo
-    assert "torch" not in todo  # the pinned torch of the test environment satisfies it as it is
+    assert todo.get("sageattention") == "1.0.6" and todo.get("kernels") == "0.17.2"
+    if torch.__version__.split("+")[0] == "2.13.0":  # the pinned torch (.ci/zerogpu-torch runs this on another)
+        assert "triton" in todo and "torch" not in todo  # the test environment's torch satisfies it as it is
 
 
 def test_the_zerogpu_install_is_the_gpu_install_on_a_torch_zerogpu_lists_and_resolves():
@@ -228,7 +230,8 @@ def test_the_zerogpu_install_is_the_gpu_install_on_a_torch_zerogpu_lists_and_res
     changed = [(a, b) for a, b in zip(gpu, zero, strict=True) if a != b]
     assert changed == [("torch==2.13.0", "torch==2.11.0")] and "2.11.0" in ZEROGPU_TORCH
     todo = _resolved(root, "requirements-zerogpu.txt")
-    assert todo["torch"] == "2.11.0" and "triton" in todo  # the CUDA build, with the triton it pins
+    if torch.__version__.split("+")[0] != "2.11.0":  # (.ci/zerogpu-torch runs this with 2.11.0 installed)
+        assert todo["torch"] == "2.11.0" and "triton" in todo  # the CUDA build, with the triton it pins
     assert zerogpu_torch_note("2.11.0+cu130") is None
     note = zerogpu_torch_note("2.13.0+cpu")
     assert note.startswith("torch 2.13.0 is not a release ZeroGPU lists (2.8.0, 2.9.1, 2.10.0, 2.11.0)")

@@ -30,7 +30,7 @@ from studio.app.limits import PublicGuard, visitor
 from studio.app.maps import AB_MAP_WHERE, GEN_MAP_WHERE, compared
 from studio.app.progress import progress_hooks
 from studio.app.values import batch_pictures, image_numbers, json_safe, notes_md, png, table_frame, tile_at
-from studio.bench.methods import matrix_picks
+from studio.bench.ladders import matrix_picks
 from studio.measure.quality import difference, split_batch
 from studio.report import fmt
 from studio.report.card import broken_flag, metrics_card
