@@ -65,5 +65,5 @@ def test_every_run_reports_its_peak_memory_and_a_streaming_one_its_bytes_per_ste
     cols = m.columns()
     assert {"peak memory", "H2D/full step", "H2D/cached step"} <= set(cols)
     cells = dict(zip(cols, m.rows[1].cells(m.optional())))
-    assert cells["H2D/full step"].endswith("MiB") and cells["peak memory"].endswith("MiB")
+    assert cells["H2D/full step"].endswith("MiB") and cells["peak memory"].endswith(("MiB", "GiB"))  # (the process)
     assert dict(zip(cols, m.rows[0].cells(m.optional())))["H2D/full step"] == "-"
