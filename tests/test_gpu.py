@@ -63,20 +63,27 @@ def test_offload_regimes_give_the_resident_pixels_while_weights_move(gpu_runner,
     assert np.abs(res.image.astype(int) - base.astype(int)).max() <= 1
 
 
+def _eager_then_ahead_of_time(gpu_runner, tmp_path, eager_name: str, compiled_name: str):
+    """Both presets run as ZeroGPU runs them; the compiled one ran ahead of time and cached the same steps."""
+    from studio.spec.settings import using
+
+    with using(zerogpu=True, aot_dir=str(tmp_path / "aot")):
+        eager = gpu_runner.generate(REQ, eager_name, compare=False)
+        aot = gpu_runner.generate(REQ, compiled_name, compare=False)
+    assert aot.metrics.labels.tag == eager.metrics.labels.tag + "+aot", aot.metrics.labels.fallbacks
+    assert aot.metrics.cache.cached_step_indices == eager.metrics.cache.cached_step_indices
+    return eager, aot
+
+
 def test_compile_ahead_of_time_on_cuda_as_zerogpu_runs_it(gpu_runner, tmp_path):
     """engine.aot on CUDA (tests/test_aot.py runs it on the CPU): the packages compiled for CUDA read the eager
     weights in place; the same cached steps as the eager cache, pixels within Inductor's rounding."""
-    from studio.spec.settings import using
 
     for name in ("cache", "cache-compile"):
         text = (Path(__file__).resolve().parents[1] / "presets" / f"{name}.yaml").read_text()
         text = text.replace("dtype: auto", "dtype: float32").replace("threshold: 0.24", "threshold: 0.5")
         gpu_runner.presets.add(f"{name}32", text)
-    with using(zerogpu=True, aot_dir=str(tmp_path / "aot")):
-        eager = gpu_runner.generate(REQ, "cache32", compare=False)
-        aot = gpu_runner.generate(REQ, "cache-compile32", compare=False)
-    assert aot.metrics.labels.tag == eager.metrics.labels.tag + "+aot", aot.metrics.labels.fallbacks
-    assert aot.metrics.cache.cached_step_indices == eager.metrics.cache.cached_step_indices
+    eager, aot = _eager_then_ahead_of_time(gpu_runner, tmp_path, "cache32", "cache-compile32")
     assert psnr(aot.image, eager.image) > 40
 
 
@@ -84,18 +91,13 @@ def test_float8_quantized_then_compiled_ahead_of_time_as_zerogpus_recipe(gpu_run
     """ZeroGPU's recipe on a card with float8 matmuls (sm_89+): float8 per-row quantized first, then the blocks
     exported and compiled ahead of time (engine.aot; tests/test_aot.py runs it with int8 on the CPU): the package
     reads the Float8Tensor weights' inner tensors in place; the same cached steps as the eager float8 stack."""
-    from studio.spec.settings import using
 
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("float8 matmuls need sm_89 or newer")
     stack = "quantize_config: {quant_type: float8_per_row}\ncache_config: {residual_diff_threshold: 0.5}\n"
     gpu_runner.presets.add("f8", stack)
     gpu_runner.presets.add("f8-compile", stack + "compile: {enabled: true, regional: true}\n")
-    with using(zerogpu=True, aot_dir=str(tmp_path / "aot")):
-        eager = gpu_runner.generate(REQ, "f8", compare=False)
-        aot = gpu_runner.generate(REQ, "f8-compile", compare=False)
-    assert aot.metrics.labels.tag == eager.metrics.labels.tag + "+aot", aot.metrics.labels.fallbacks
-    assert aot.metrics.cache.cached_step_indices == eager.metrics.cache.cached_step_indices
+    eager, aot = _eager_then_ahead_of_time(gpu_runner, tmp_path, "f8", "f8-compile")
     assert psnr(aot.image, eager.image) > 30
 
 
