@@ -21,7 +21,7 @@ import gradio as gr
 from studio.app.admit import Asks
 from studio.spec.ask import Ask
 from studio.spec.checks import ConfigError
-from studio.spec.hosting import aot_built, aot_marker_key
+from studio.spec.hosting import ahead_of_time_applies, aot_built, aot_marker_key
 from studio.spec.profiles import ModelProfile
 from studio.spec.settings import current
 
@@ -77,9 +77,8 @@ class Durations:
         return run_seconds(ask.profile, r.steps, r.width, r.height, cfg_calls=cfg * r.num_images_per_prompt)
 
     def _compiles(self, ask: Ask, stacks) -> int:
-        """Compile warm-ups the event makes. On ZeroGPU only the stacks that compile ahead of time (engine.aot: not
-        offloaded, no LoRA; 8-bit weights are quantized before the export) and only at a shape whose packages are
-        not built yet."""
+        """Compile warm-ups the event makes. On ZeroGPU only the stacks that compile ahead of time
+        (spec.hosting.ahead_of_time_applies; none with a LoRA) and only at a shape whose packages are not built yet."""
         compiled = [p for p in stacks if p.compile.enabled]
         if not current().zerogpu:
             return len(compiled)
@@ -89,7 +88,7 @@ class Durations:
         return sum(
             1
             for p in compiled
-            if p.offload_config.policy in ("none", "auto")  # auto may choose none: reserve
+            if ahead_of_time_applies(p.compile, p.offload_config)  # (auto may choose none: reserved)
             and not aot_built(ask.model, aot_marker_key(p), p.dtype, shape)
         )
 

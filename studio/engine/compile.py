@@ -14,6 +14,7 @@ from studio.engine import aot
 from studio.engine.state import CompiledVariant, Engaged, stack_state
 from studio.spec.devices import DeviceProfile
 from studio.spec.errors import OverTime
+from studio.spec.hosting import ahead_of_time_applies
 from studio.spec.preset import CompileSpec
 
 _UNSET = object()  # "forward" was not an instance attribute before compile
@@ -200,15 +201,12 @@ def _switch_on(tr, variant: CompiledVariant) -> None:
 
 def compiles(spec: CompileSpec, offload, profile: DeviceProfile) -> bool:
     """Whether a quantized stack with this compile spec (and memory regime, an OffloadSpec) is compiled on `profile`:
-    the quantized form follows it (engine.quantize). On ZeroGPU ahead of time, per block (engine.aot: the 8-bit
-    weights quantized before the export, as ZeroGPU's recipe does), so only a regional spec not under a regime that
-    moves weights (`auto` places resident where the model fits the slice; a regime it picks instead refuses ahead of
-    time, said on the card); not under group offload, where torchao's weights fail to compile
+    the quantized form follows it (engine.quantize). On ZeroGPU where it runs ahead of time
+    (spec.hosting.ahead_of_time_applies); elsewhere not under group offload, where torchao's weights fail to compile
     (engine.offload.QUANT_UNDER_GROUP)."""
-    policy = getattr(offload, "policy", "none")
     if profile.zerogpu is not None:
-        return spec.enabled and spec.regional and policy in ("none", "auto")
-    return spec.enabled and policy != "group_offload"
+        return ahead_of_time_applies(spec, offload)
+    return spec.enabled and getattr(offload, "policy", "none") != "group_offload"
 
 
 def apply_compile(pipe, spec: CompileSpec, *, cache_engaged: bool, ahead_of_time: bool = False) -> Engaged:

@@ -104,6 +104,15 @@ def aot_dir() -> Path:
     return Path(current().aot_dir or Path(tempfile.gettempdir()) / "studio-aot")
 
 
+def ahead_of_time_applies(compile_spec, offload) -> bool:
+    """Whether a compiled stack runs ahead of time on ZeroGPU (engine.aot): per block (a regional spec), on weights
+    that stay in place: no memory regime (`auto` places resident where the model fits the slice; a regime it picks
+    instead is refused there, said on the card). 8-bit weights are quantized before the export, as ZeroGPU's recipe
+    does. `offload`: an OffloadSpec (None: none)."""
+    policy = getattr(offload, "policy", "none")
+    return compile_spec.enabled and compile_spec.regional and policy in ("none", "auto")
+
+
 def aot_marker_key(preset) -> tuple:
     """What a built marker names of a preset (a spec.preset.Preset): its compile mode and attention backend, and its
     8-bit form where it is quantized (its packages are others than the full-precision ones)."""
