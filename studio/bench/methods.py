@@ -27,7 +27,6 @@ from studio.bench.bench import BenchReport, run_bench
 from studio.bench.ladders import METHODS, Method, with_knob
 from studio.bench.screening import screen_prompts
 from studio.engine import BASE
-from studio.engine.hooks import fingerprint
 from studio.engine.magcal import calibrate_magcache
 from studio.measure.estimate import shown
 from studio.spec.ask import Switches
@@ -242,6 +241,8 @@ def searched_presets(res: MethodsResult, tuned_for: str, describe) -> list[Prese
 
 def searched_on(runner, model=None) -> str:
     """The fingerprint of the transformer the search ran on (engine.hooks.fingerprint)."""
+    from studio.engine.hooks import fingerprint
+
     return fingerprint(runner.manager.ensure(model or runner.model).pipe.transformer)
 
 
