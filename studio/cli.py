@@ -197,6 +197,7 @@ def _bench(runner, req, args) -> int:
         extra_rounds=args.extra_rounds,
         floor_db=args.min_psnr,
         max_flip=args.max_flip,
+        fewer_steps=args.fewer_steps,
     )
     # in the device worker, each stack's native crash costs its own row (studio.worker.reruns); --in-process: here
     rep = _bench_in(InProcess(runner) if args.in_process else device_worker(args, runner.presets), requests, names, kw)

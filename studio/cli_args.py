@@ -159,6 +159,11 @@ def bench_args(sub) -> None:
     b.add_argument("--min-psnr", type=float, default=GOOD_DB, help="the PSNR a paired win needs (dB; default 30)")
     b.add_argument("--max-flip", type=float, default=None, help="the FLIP a paired win may not pass (default: none)")
     b.add_argument(
+        "--fewer-steps",
+        action="store_true",
+        help="base at fewer steps beside the table: the fewest above --min-psnr, each cached row at its speed",
+    )
+    b.add_argument(
         "--plot",
         default=None,
         help="write the speed-up vs PSNR plot (PNG): one point per stack; over several prompts or seeds, one per "

@@ -186,7 +186,12 @@ def test_tuned_preset_meets_its_floor_and_loads(tiny_runner, tmp_path):
     lines = tune_summary(res).splitlines()
     (pace,) = res.pace  # the finalists' bench: was the machine quiet? A BUSY one is said after the paired lines
     assert pace.floor_ms > 0 and res.as_dict()["pace"][0]["floor_ms"] == pace.floor_ms
-    assert len(lines) == 4 + (pace.quiet is False) and ("the machine was BUSY" in lines[-1]) == (pace.quiet is False)
+    assert len(lines) == 5 + (pace.quiet is False) and ("the machine was BUSY" in lines[-2]) == (pace.quiet is False)
+    # the last line: the tuned stack against base at the step count of its speed-up, on the same prompts
+    assert lines[-1].startswith("against base at fewer steps: ") and res.fewer.prompts == 2
+    if res.speedup is not None and res.speedup > 1.0:
+        assert res.vs_fewer.at.steps == res.fewer.steps_at(res.speedup)
+        assert res.vs_fewer.margin_db == pytest.approx(res.worst_db - res.vs_fewer.at.worst_db)
     assert ", worst FLIP " in lines[0] and "(ceiling 0.2)" in lines[0]
     assert lines[1].startswith("paired over 2 prompts, each against its own base: ")
     assert "--max-flip 0.2` on 2 prompts" in res.preset.description

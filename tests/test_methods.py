@@ -192,6 +192,15 @@ def test_methods_searches_each_method_then_times_them_side_by_side(tiny_runner):
     assert sum(r.preset == res.best for r in res.rows) <= 1  # the fastest shown row, if any row could be shown
     text = methods_markdown(res)
     assert "| dbcache | DBCache_F1B0W" in text and "- seacache: cache: SeaCache not engaged" in text
+    # every row read against base at the step count of its speed-up, on the same prompts (studio.bench.fewer)
+    assert res.fewer is not None and res.fewer.full == 12 and res.fewer.prompts == 2
+    for row in res.rows:
+        if row.speedup is not None and row.speedup > 1.0:
+            v = row.vs_fewer
+            assert v.at.steps == res.fewer.steps_at(row.speedup)
+            assert v.margin_db == pytest.approx(row.worst_psnr_db - v.at.worst_db)
+    assert "| vs base at fewer steps |" in text and "Base at fewer steps, against base's 12-step picture" in text
+    assert res.as_dict()["fewer_steps"]["full_steps"] == 12
 
 
 def test_methods_can_search_on_some_prompts_and_time_on_others(tiny_runner):

@@ -12,6 +12,7 @@ import pytest
 
 from studio.bench import doctor, rotation
 from studio.bench.bench import CostRow, NoiseFloor
+from studio.bench.fewer import FewerSteps, StepsPoint, Versus
 from studio.bench.sweep import SweepResult
 from studio.bench.tune import TuneResult
 from studio.measure.pace import Pace
@@ -122,6 +123,16 @@ def test_tune_summary_for_the_cli_and_the_tune_tab():
     assert text.tune_summary(busy).splitlines()[1].startswith("pace: base's floor 17.50 ms a step, +25% against")
     assert "the machine was BUSY" in text.tune_summary(busy)
     assert text.tune_summary(replace(res, pace=[Pace("k", 14.0, 14.0, 3, "/p.json")])) == text.tune_summary(res)
+    # read against base at fewer steps: 2.4x of 28 steps is base at 12 steps (2.33x), which keeps 44.1 dB
+    fewer = FewerSteps(28, 35.0, prompts=2)
+    twelve = StepsPoint(12, 28, 44.1, 46.0, 0.02, 2)
+    fewer.points[12] = twelve
+    fewer.fewest = StepsPoint(5, 28, 35.4, 39.0, 0.06, 2)
+    line = text.tune_summary(replace(res, fewer=fewer, vs_fewer=Versus(twelve, 41.781 - 44.1))).splitlines()[-1]
+    assert line == (
+        "against base at fewer steps: fewer steps does better: 12 steps (2.33x) keep 44.1 dB; the fewest steps above "
+        "the floor: 5 of 28 (5.60x, worst 35.40 dB)"
+    )
 
 
 def test_tuned_description():

@@ -53,8 +53,11 @@ def generate_s(run_s: float, compare: str, compiles: int) -> int:
 
 def matrix_s(run_s: float, presets: int, repeats: int, compiles: int, prompts: int = 1) -> int:
     """(presets + 1) x repeats timed runs per prompt (`presets`: the stacks of a round, base among them; then base
-    again), a warm-up of each stack and the settle run."""
-    return reserve(run_s, (presets + 1) * repeats * prompts, warmups=presets + 1, compiles=compiles)
+    again), a warm-up of each stack and the settle run, and for each stack and prompt base at fewer steps (at most a
+    base run: studio.bench.matrix.against_fewer_steps)."""
+    return reserve(
+        run_s, (presets + 1) * repeats * prompts + presets * prompts, warmups=presets + 1, compiles=compiles
+    )
 
 
 def tune_s(run_s: float, prompts: int, compiles: int = 0) -> int:

@@ -320,7 +320,11 @@ class Handlers:
         mx = self.ui.mx
         return {
             mx.table: table_frame(mat),  # with the optional columns some row has (FLIP; the worst over prompts)
-            mx.plot: png(lambda buf: plot_paired(mat.paired, buf) if mat.paired else plot_tradeoff(mat.rows, buf)),
+            mx.plot: png(
+                lambda buf: (
+                    plot_paired(mat.paired, buf) if mat.paired else plot_tradeoff(mat.rows, buf, fewer=mat.fewer)
+                )
+            ),
             mx.pick: gr.update(choices=list(runs), value=first),
             mx.steps_plot: png(lambda buf: plot_steps(runs[first], buf)),
             mx.csv: self.studio.write("matrix.csv", mat.csv()),

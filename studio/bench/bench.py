@@ -21,6 +21,7 @@ import math
 import statistics
 from dataclasses import dataclass, field, replace
 
+from studio.bench.fewer import FewerSteps, fewer_steps_reference, read_rows
 from studio.bench.paired import Paired, paired
 from studio.bench.rotation import EXTRA_ROUNDS, Rotation, rotate, total_graphs
 from studio.bench.twins import cache_twins, with_twins
@@ -93,6 +94,7 @@ class BenchReport:
     processes: list = field(default_factory=list)
     # the compiled rows' process-to-process spread this machine has measured (studio.measure.pace.SpreadSeen)
     process_spread: machine_pace.SpreadSeen | None = None
+    fewer: FewerSteps | None = None  # --fewer-steps: base at fewer steps on the same requests (studio.bench.fewer)
 
     def as_dict(self) -> dict:
         return {
@@ -105,6 +107,7 @@ class BenchReport:
             "pace": [p.as_dict() for p in self.pace],
             "processes": [p.as_dict() for p in self.processes],
             "process_spread": self.process_spread.as_dict() if self.process_spread else None,
+            "fewer_steps": self.fewer.as_dict() if self.fewer else None,
         }
 
 
@@ -162,6 +165,31 @@ def row(
         row.studio_over_raw, row.studio_over_raw_lo, row.studio_over_raw_hi = 1 / over.point, 1 / over.hi, 1 / over.lo
         row.raw_psnr_db = min(psnr(rot.last[name].image, rot.raw_images[name]) for rot in rots)
     return row
+
+
+def _meta(runner, requests, resolved, rots, model, repeats, *, twins, refs, vs_raw, crowding) -> dict:
+    """What the bench ran, on what, and how (BenchReport.meta)."""
+    dtype = rots[0].last[BASE].metrics.labels.dtype
+    return {
+        "model": model or runner.model,
+        "device": str(runner.manager.device),
+        "dtype": dtype,
+        # what two benches must share to be compared (measure.pace: the record of this machine)
+        "machine": _machine(runner, model or runner.model, dtype),
+        "versions": library_versions(),
+        "repeats": repeats,
+        "rounds": [r.rounds for r in rots],  # per prompt: the repeats and any extra rounds (studio.bench.rotation)
+        "rounds_stop": [r.stop for r in rots],
+        "prompts": [r.prompt for r in requests],
+        "request": requests[0].as_dict(),
+        "presets": {p.name: p.as_dict() for p in resolved},
+        "eager_twins": twins,
+        "cache_twins": refs,
+        "vs_raw": vs_raw,
+        # what other programs and the host took of the cores over the rounds (measure.crowding; None: not read)
+        "cores_taken": crowding.taken if crowding is not None else None,
+        "cores_host": crowding.host if crowding is not None else None,
+    }
 
 
 def _memory(row: MatrixRow, ms: list) -> None:
@@ -312,6 +340,7 @@ def run_bench(
     floor_db: float = GOOD_DB,
     max_flip: float | None = None,
     tighten: bool = True,
+    fewer_steps: bool = False,
 ) -> BenchReport:
     """The bench (module doc). `progress(done, total, label)` after each timed run; `vs_raw` runs each preset
     through plain diffusers too (studio.bench.raw) for the studio_over_raw column. `exclude`: stacks left out
@@ -319,7 +348,8 @@ def run_bench(
     beyond `repeats` while a speed-up would be withheld (studio.bench.rotation; None: EXTRA_ROUNDS; 0: exactly
     `repeats`). `floor_db`, `max_flip`: the quality a paired win needs over several requests (studio.bench.paired).
     `tighten`: extra rounds also while a row is wider than ±10% or base disagrees with itself (studio.bench.rotation;
-    the Matrix tab does not)."""
+    the Matrix tab does not). `fewer_steps`: base at fewer steps on the same requests, the fewest above `floor_db`
+    and each cached row read against base at the step count of its speed-up (studio.bench.fewer; untimed runs)."""
     check_int("bench", "repeats", repeats, lo=1)  # none: no timed run, nothing to divide
     extra_rounds = EXTRA_ROUNDS if extra_rounds is None else extra_rounds
     check_int("bench", "extra_rounds", extra_rounds, lo=0)
@@ -354,29 +384,15 @@ def run_bench(
     names = [p.name for p in resolved]
     rows = [row(n, rots, ref=refs.get(n), crowded=crowded) for n in names]
     mat = Matrix(requests[0], model or runner.model, rows, rots[0].last, repeats)
-    dtype = rots[0].last[BASE].metrics.labels.dtype
-    meta = {
-        "model": model or runner.model,
-        "device": str(runner.manager.device),
-        "dtype": dtype,
-        # what two benches must share to be compared (measure.pace: the record of this machine)
-        "machine": _machine(runner, model or runner.model, dtype),
-        "versions": library_versions(),
-        "repeats": repeats,
-        "rounds": [r.rounds for r in rots],  # per prompt: the repeats and any extra rounds (studio.bench.rotation)
-        "rounds_stop": [r.stop for r in rots],
-        "prompts": [r.prompt for r in requests],
-        "request": requests[0].as_dict(),
-        "presets": {p.name: p.as_dict() for p in resolved},
-        "eager_twins": twins,
-        "cache_twins": refs,
-        "vs_raw": vs_raw,
-        # what other programs and the host took of the cores over the rounds (measure.crowding; None: not read)
-        "cores_taken": crowding.taken if crowding is not None else None,
-        "cores_host": crowding.host if crowding is not None else None,
-    }
+    meta = _meta(
+        runner, requests, resolved, rots, model, repeats, twins=twins, refs=refs, vs_raw=vs_raw, crowding=crowding
+    )
     pairs = paired(rots, names, floor_db, max_flip, crowded) if len(rots) > 1 else []
     noise = _noise(rots, names, twins)
     rep = BenchReport(mat, rots, noise, _cost(rots, twins), twins, meta, paired=pairs)
     rep.pace = _pace(runner, rots, model or runner.model, crowding)
+    if fewer_steps:
+        judge = fewer_steps_reference(runner, requests, model, floor_db=floor_db)
+        read_rows(judge, mat.rows)
+        rep.fewer = judge.result
     return rep

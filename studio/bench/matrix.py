@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from studio.bench.bench import resolve_presets, row, run_bench
+from studio.bench.fewer import FewerSteps, FewerStepsJudge, read_rows
 from studio.bench.twins import cache_twins, with_twins
 from studio.engine import Runner
+from studio.measure.quality import GOOD_DB
 from studio.report.table import AGAIN, Matrix
 from studio.spec.preset import Preset
 from studio.spec.request import GenerationRequest
@@ -34,6 +36,7 @@ def run_matrix(
     progress=None,
     library=None,
     prompts: tuple | list = (),
+    fewer_steps: bool = True,
 ) -> Matrix:
     """Run every preset (base always included, first) on one request through the bench, base again last in each
     round (the last row, `base (again)`), for the UI's Matrix tab and its API.
@@ -44,6 +47,8 @@ def run_matrix(
         library: where preset names are looked up (a visitor's own library); the runner's by default.
         prompts: more prompts, each the request with that prompt: every stack over every prompt, paired per prompt
             (`Matrix.paired`: each stack's speed-up and PSNR/FLIP against each prompt's own base).
+        fewer_steps: each row that cached steps read against base at the step count of its speed-up, on the same
+            requests (studio.bench.fewer; at most one base run a cached row and prompt, untimed).
     """
     lib = library or runner.presets
     asked = resolve_presets(runner, presets, lib)  # base first
@@ -61,4 +66,17 @@ def run_matrix(
         tighten=False,  # extra rounds only for a withheld row: each round is the visitor's wait
     )
     rows = rep.matrix.rows + [row(AGAIN, rep.rotations)]
-    return Matrix(request, model or runner.model, rows, rep.rotations[0].last, repeats, rep.paired)
+    requests = [request] + [replace(request, prompt=p) for p in more]
+    fewer = against_fewer_steps(runner, requests, rows, model) if fewer_steps else None
+    return Matrix(request, model or runner.model, rows, rep.rotations[0].last, repeats, rep.paired, fewer)
+
+
+def against_fewer_steps(runner: Runner, requests: list[GenerationRequest], rows, model=None) -> FewerSteps | None:
+    """Each row that cached steps with a speed-up shown, against base at the step count of that speed-up (its worst
+    PSNR over the requests against theirs); None where no row cached or a request is not text-to-image."""
+    cached = [r for r in rows if r.cached_steps > 0 and r.speedup is not None and r.speedup > 1.0]
+    if not cached or any(q.task != "text2img" for q in requests):
+        return None
+    judge = FewerStepsJudge(runner, requests, model, floor_db=GOOD_DB)
+    read_rows(judge, cached)
+    return judge.result

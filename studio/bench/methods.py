@@ -14,6 +14,9 @@ model, prompts and seeds, each at its fastest setting that keeps every prompt ab
    (studio.bench.bench: the same estimator, intervals and withholding rule as every speed-up the studio shows):
    speed-up with its interval, worst-prompt PSNR and FLIP, paired wins against base (studio.bench.paired) and
    against the fastest method (each request's runs of the two, round by round: `Rotation.ratio`), cached/full.
+3. The cheapest rival (studio.bench.fewer): base at fewer steps on the bench's requests, the fewest steps that keep
+   the floor and the ladder's curve; each row reads against base at the step count of its own speed-up ("beats fewer
+   steps by N dB", or fewer steps does as well).
 
 The search screens eagerly (no compile, no warm-up): the knob decides which steps are cached, and quality is a
 property of the pictures, not of the clock.
@@ -24,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from studio.bench.bench import BenchReport, run_bench
+from studio.bench.fewer import FewerSteps, Versus, fewer_steps_reference
 from studio.bench.ladders import METHODS, Method, with_knob
 from studio.bench.screening import screen_prompts
 from studio.engine import BASE
@@ -86,9 +90,10 @@ class MethodRow:
     of: int
     cached_steps: int
     full_steps: int
+    vs_fewer: Versus | None = None  # against base at the step count of its speed-up (None: no speed-up shown)
 
     def as_dict(self) -> dict:
-        return dict(self.__dict__)
+        return {**self.__dict__, "vs_fewer": self.vs_fewer.as_dict() if self.vs_fewer else None}
 
 
 @dataclass
@@ -101,6 +106,7 @@ class MethodsResult:
     bench: BenchReport | None = None
     prompts: list[str] = field(default_factory=list)  # the bench's
     search_prompts: list[str] = field(default_factory=list)  # the search's (the same, or others: held out)
+    fewer: FewerSteps | None = None  # base at fewer steps on the bench's prompts (None: not asked)
 
     @property
     def held_out(self) -> bool:
@@ -117,6 +123,7 @@ class MethodsResult:
             "rows": [r.as_dict() for r in self.rows],
             "searched": [s.as_dict() for s in self.searched],
             "bench": self.bench.as_dict() if self.bench else None,
+            "fewer_steps": self.fewer.as_dict() if self.fewer else None,
         }
 
 
@@ -203,12 +210,14 @@ def run_methods(
     also: tuple = ("cache",),
     compile_enabled: bool | None = None,
     search_requests=None,
+    fewer_steps: bool = True,
 ) -> MethodsResult:
     """The module doc's two steps; `names`: the methods to run (default every one of METHODS); `also`: presets
     timed beside them for reference (the shipped `cache`; a tuned preset); `compile_enabled`: the compile switch on
     every method's best in the bench (the search screens eagerly either way); `search_requests`: the prompts the
     search runs over (default `requests`): others than the bench's make the bench a held-out test, as `tune`'s
-    preset is tested on prompts it was not tuned on."""
+    preset is tested on prompts it was not tuned on; `fewer_steps`: each row read against base at fewer steps
+    (step 3)."""
     check_floor(floor_db, max_flip)
     floor = DEFAULT_FLOOR_DB if floor_db is None else floor_db
     chosen = _chosen(names)
@@ -230,6 +239,11 @@ def run_methods(
         runner, requests, [*also, *best], model=model, repeats=repeats, floor_db=floor, max_flip=max_flip
     )
     res.rows, res.best = method_rows(res.bench, searched, also)
+    if fewer_steps:
+        judge = fewer_steps_reference(runner, requests, model, floor_db=floor, progress=progress)
+        for r in res.rows:
+            r.vs_fewer = judge.versus(r.speedup, r.worst_psnr_db)
+        res.fewer = judge.result
     return res
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from studio.bench.fewer import FewerSteps, Versus
 from studio.measure.pace import Pace
 from studio.spec.preset import CacheSpec, Preset
 
@@ -38,6 +39,8 @@ class TuneResult:
     worst_flip: float | None = None  # the result's highest FLIP over the prompts, timed
     paired: dict | None = None  # its figures prompt by prompt (studio.bench.paired.Paired.as_dict); None: one prompt
     pace: list[Pace] = field(default_factory=list)  # was the machine quiet while the finalists were timed?
+    fewer: FewerSteps | None = None  # base at fewer steps on the same prompts (studio.bench.fewer)
+    vs_fewer: Versus | None = None  # the result against base at the step count of its speed-up
 
     @property
     def runs(self) -> int:
@@ -64,4 +67,6 @@ class TuneResult:
             "runs": self.runs,
             "prompts": self.prompts,
             "knobs": self.preset.as_dict(),
+            "fewer_steps": self.fewer.as_dict() if self.fewer else None,
+            "vs_fewer_steps": self.vs_fewer.as_dict() if self.vs_fewer else None,
         }

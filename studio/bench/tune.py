@@ -12,6 +12,8 @@ prompts stays above the floor.
    preset, as the bar to beat); of those that still meet the floor on every prompt, the one whose WORST paired
    speed-up over the prompts (each prompt against its own base: studio.bench.paired) is highest is the result, and
    its paired figures are printed with it.
+4. The cheapest rival (studio.bench.fewer): base at fewer steps on the same prompts, the fewest steps that keep the
+   floor, and the result read against base at the step count of its speed-up.
 
 `--max-flip` adds a ceiling on FLIP's mean error (studio.measure.quality) for the worst prompt beside the PSNR floor:
 a candidate must meet both, the non-cache options stay within half the ceiling.
@@ -27,6 +29,7 @@ import statistics
 from dataclasses import dataclass, replace
 
 from studio.bench.bench import run_bench
+from studio.bench.fewer import fewer_steps_reference
 from studio.bench.records import Candidate, TuneResult
 from studio.bench.screening import flip_ok, screen_prompts
 from studio.engine import BASE
@@ -225,6 +228,10 @@ class Tuner:
         r, cache_row = rows[win.name], rows["cache"]
         vs_cache = r.speedup / cache_row.speedup if r.speedup and cache_row.speedup else None
         pair = next((p for p in rep.paired if p.preset == win.name), None)
+        judge = fewer_steps_reference(
+            self.runner, self.requests, self.model, floor_db=self.floor, progress=self.progress
+        )
+        vs_fewer = judge.versus(r.speedup, r.worst_psnr_db)
         desc = tuned_description(
             self.floor,
             len(self.requests),
@@ -255,6 +262,8 @@ class Tuner:
             worst_flip=r.worst_flip,
             paired=pair.as_dict() if pair else None,
             pace=list(rep.pace),
+            fewer=judge.result,
+            vs_fewer=vs_fewer,
         )
 
 

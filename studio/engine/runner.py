@@ -34,8 +34,9 @@ from studio.engine.loader import ModelManager
 from studio.engine.lora import check_loras
 from studio.engine.parallel import remove_parallel, workers
 from studio.engine.run import Deadline, Measured, RunContext, measure, pipeline_for, settle, warm
-from studio.measure.estimate import price_ms
+from studio.measure.estimate import price_ms, steps_at_speed
 from studio.measure.pace import Pace, pace_key, record, work_of
+from studio.measure.quality import psnr
 from studio.measure.record import RunMemory, RunMetrics, RunPlacement, RunResult, Timing
 from studio.spec.ask import Switches
 from studio.spec.cachedit import step_mask
@@ -238,7 +239,28 @@ class Runner:
             self.manager.ensure(ctx.model, ctx.dtype, on_status, offload=p.offload_config)
             self.check_request(request, ctx.model)
             with self._failures(p):
-                return self._generate(ctx, p, pairing or self.pairing, compare, t0)
+                result = self._generate(ctx, p, pairing or self.pairing, compare, t0)
+            if compare == "on":
+                result.metrics.quality.vs_fewer = self._vs_fewer(ctx, p, result)
+            return result
+
+    def _vs_fewer(self, ctx: RunContext, p: Preset, result: RunResult) -> dict | None:
+        """A cached text-to-image run with a speed-up shown, against base at the step count of that speed-up (its
+        picture against the full-step base picture; HOUSE 18): one base run of fewer steps, kept as any base is, so
+        the same request again costs nothing. None where the run cached nothing or nothing divides."""
+        m, req = result.metrics, ctx.request
+        sp, db = m.timing.speedup, m.quality.psnr_db
+        if not m.cache.cached_steps or sp is None or sp <= 1.0 or db is None or result.base_image is None:
+            return None
+        if req.task != "text2img" or req.steps < 2:
+            return None
+        k = steps_at_speed(req.steps, sp)
+        fewer = self.generate(
+            replace(req, steps=k), self.base_preset(ctx.dtype.name, p), model=ctx.model, compare="on"
+        )
+        at = psnr(fewer.image, result.base_image)
+        margin = db - at if not (db == at == float("inf")) else 0.0
+        return {"steps": k, "full": req.steps, "speedup": req.steps / k, "psnr_db": at, "margin_db": margin}
 
     @contextmanager
     def _failures(self, p: Preset):

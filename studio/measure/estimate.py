@@ -346,3 +346,12 @@ def by_shape(bases: Sequence[Run], then: Sequence[Run], now: Run, *, draws: int 
     pairs = min(len(bases), len(then))
     est = _shaped(a * b, a_draws * b_draws, pairs, stalled(bases) + stalled([now]))
     return replace(est, helps="compare on")
+
+
+CLEAR_DB = 1.0  # a stack beats base at fewer steps when its worst PSNR is this much higher (within it: as well)
+
+
+def steps_at_speed(full: int, speedup: float) -> int:
+    """The step count whose speed-up by count (full / k) is nearest `speedup`, from 1 to full - 1: base at fewer
+    steps at a stack's speed (studio.bench.fewer; the card's line)."""
+    return min(full - 1, max(1, round(full / speedup)))

@@ -153,6 +153,10 @@ class RunQuality:
     # A batch (num_images_per_prompt > 1), per picture in order: its seed and its PSNR, SSIM and verdict against the
     # same batch's base picture (the record's own are the batch's: measure.quality.judge_batch). None: one picture.
     batch: list[dict] | None = None
+    # Against base at the step count of this run's speed-up (a cached run compared on: studio.engine.runner): steps,
+    # full, speedup (by count), psnr_db (its picture against the full-step base picture), margin_db (this run's PSNR
+    # minus that). None: not measured.
+    vs_fewer: dict | None = None
 
 
 @dataclass

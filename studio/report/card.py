@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 
-from studio.measure.estimate import interval_words
+from studio.measure.estimate import CLEAR_DB, interval_words
 from studio.measure.quality import TILE, Verdict
 from studio.report import fmt
 
@@ -93,6 +93,15 @@ def _lpips(m) -> str:
     return f"{fmt.lpips(m.quality.lpips)} &nbsp; <small>(AlexNet v0.1; 0: the same picture)</small>"
 
 
+def fewer_steps_cell(v: dict) -> str:
+    """A cached run against base at the step count of its speed-up (RunQuality.vs_fewer), one line."""
+    at = f"base at {v['steps']} of {v['full']} steps ({v['speedup']:.2f}x) keeps {fmt.psnr(v['psnr_db'])}"
+    margin = v["margin_db"]
+    if margin >= CLEAR_DB:
+        return f"beats it by {margin:.1f} dB: {at}"
+    return f"fewer steps does {'as well' if margin > -CLEAR_DB else 'better'}: {at}"
+
+
 def metrics_card(m) -> str:
     """`m` is a RunMetrics."""
     esc, t, c, q = html.escape, m.timing, m.cache, m.quality
@@ -124,6 +133,7 @@ def metrics_card(m) -> str:
         ("vs base", vs),
         ("PSNR / SSIM", f"{fmt.psnr(q.psnr_db)} / {fmt.ssim(q.ssim)}" if q.psnr_db is not None else _uncompared(m)),
         (f"worst {TILE}x{TILE} tile", fmt.tile(q.worst_tile_psnr_db, q.worst_tile_yx)),
+        *([("vs fewer steps", esc(fewer_steps_cell(q.vs_fewer)))] if q.vs_fewer else []),
         *([("FLIP", _flip(m))] if q.flip is not None else []),
         *([("LPIPS", _lpips(m))] if q.lpips is not None or q.lpips_note else []),
         ("quality", verdict_flag(q.verdict)),

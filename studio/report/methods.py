@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from studio.report import fmt
+from studio.report.fewer import fewer_steps_markdown, versus_fewer
 
 
 def calibration_description(cal, model_name: str) -> str:
@@ -51,8 +52,9 @@ def methods_markdown(res) -> str:
     out = [
         f"Every step cache at its fastest setting that keeps all {k} prompts above {floor}, {where}.",
         "",
-        "| method | setting | speed-up | worst PSNR dB | worst FLIP | wins vs base | wins vs fastest | cached/full |",
-        "|---|---|---|---|---|---|---|---|",
+        "| method | setting | speed-up | worst PSNR dB | worst FLIP | wins vs base | wins vs fastest | cached/full "
+        "| vs base at fewer steps |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in res.rows:
         sp = fmt.speedup_ci(r.speedup, r.speedup_lo, r.speedup_hi) if r.speedup is not None else "withheld"
@@ -63,7 +65,7 @@ def methods_markdown(res) -> str:
         out.append(
             f"| {r.method} | {r.label} | {sp} | {_db(r.worst_psnr_db)}{' (under)' if under else ''} | {flip} "
             f"| {r.wins_vs_base} of {r.of} "
-            f"| {vs_best} | {r.cached_steps}/{r.full_steps} |"
+            f"| {vs_best} | {r.cached_steps}/{r.full_steps} | {versus_fewer(r.vs_fewer)} |"
         )
     searched = {s.method.name: s for s in res.searched}
     notes = [
@@ -83,6 +85,8 @@ def methods_markdown(res) -> str:
         out += ["", f"Fastest above the floor: {res.best}."]
     else:
         out += ["", "No row's speed-up could be shown, so none is named the fastest."]
+    if res.fewer is not None:
+        out += ["", *fewer_steps_markdown(res.fewer)]
     return "\n".join(out)
 
 
@@ -132,6 +136,8 @@ def plot_methods(res, path_or_buf) -> None:
             lw=1,
             label="Pareto front",
         )
+    _fewer_curve(ax, res.fewer)
+    if front or res.fewer is not None:
         ax.legend(fontsize=7, loc="upper left")
     ax.axvline(1.0, color="#888", lw=0.8)
     ax.set_xlabel("speed-up vs base (denoise time, its interval)")
@@ -141,6 +147,34 @@ def plot_methods(res, path_or_buf) -> None:
     fig.tight_layout()
     fig.savefig(path_or_buf, format="png")
     plt.close(fig)
+
+
+def _fewer_curve(ax, fewer) -> None:
+    """Base at fewer steps as a curve on the speed-up against FLIP plot: a method under it (slower, or further from
+    base, than fewer steps at its speed) reads at a glance."""
+    pts = [p for p in (fewer.curve() if fewer else []) if p.worst_flip is not None]
+    if not pts:
+        return
+    pts = sorted(pts, key=lambda p: p.speedup)
+    ax.plot(
+        [1.0] + [p.speedup for p in pts],
+        [0.0] + [p.worst_flip for p in pts],
+        color="#2ca02c",
+        lw=1.2,
+        ls="--",
+        marker="o",
+        ms=3,
+        label=f"base at fewer steps (of {fewer.full})",
+    )
+    for p in pts:
+        ax.annotate(
+            str(p.steps),
+            (p.speedup, p.worst_flip),
+            textcoords="offset points",
+            xytext=(3, -9),
+            fontsize=6,
+            color="#2ca02c",
+        )
 
 
 def pareto(rows: list) -> list:

@@ -9,8 +9,9 @@ from studio.measure.record import RunMetrics
 from studio.report.table import MatrixRow
 
 
-def plot_tradeoff(rows: list[MatrixRow], path_or_buf, title: str = "speed-up vs PSNR against base"):
-    """One labelled point per preset: speed-up (x) against PSNR (y); broken stacks in red."""
+def plot_tradeoff(rows: list[MatrixRow], path_or_buf, title: str = "speed-up vs PSNR against base", fewer=None):
+    """One labelled point per preset: speed-up (x) against PSNR (y); broken stacks in red; `fewer`
+    (studio.bench.fewer.FewerSteps): base at fewer steps drawn as a curve, so a stack under it reads at a glance."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -33,11 +34,39 @@ def plot_tradeoff(rows: list[MatrixRow], path_or_buf, title: str = "speed-up vs 
         row = min(set(range(len(used) + 1)) - used)
         placed.append((x, y, row))
         ax.annotate(r.preset, (x, y), textcoords="offset points", xytext=(6, 4 - 11 * row), fontsize=8)
+    _fewer_points(ax, fewer, top)
     ax.axhline(30, color="#2ca02c", lw=0.8, ls="--", label="30 dB (good)")
     ax.axhline(20, color="#ff7f0e", lw=0.8, ls="--", label="20 dB (lossy)")
     ax.axvline(1.0, color="#888", lw=0.8)
     ax.set_xlabel("speed-up vs base (denoise time)")
     _finish_psnr_plot(fig, ax, top, title, path_or_buf)
+
+
+def _fewer_points(ax, fewer, top: float) -> None:
+    """Base at the step counts measured (worst PSNR over the prompts against the full-step picture), as a curve."""
+    pts = sorted(fewer.points.values(), key=lambda p: p.speedup) if fewer else []
+    if not pts:
+        return
+    ys = [top if math.isinf(p.worst_db) else p.worst_db for p in pts]
+    ax.plot(
+        [p.speedup for p in pts],
+        ys,
+        color="#9467bd",
+        lw=1.2,
+        ls=":",
+        marker="s",
+        ms=4,
+        label=f"base at fewer steps (of {fewer.full})",
+    )
+    for p, y in zip(pts, ys, strict=True):
+        ax.annotate(
+            f"{p.steps} steps",
+            (p.speedup, y),
+            textcoords="offset points",
+            xytext=(4, -10),
+            fontsize=6,
+            color="#9467bd",
+        )
 
 
 def _finish_psnr_plot(fig, ax, top: float, title: str, path_or_buf) -> None:

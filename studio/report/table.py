@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from studio.measure.quality import TILE
 from studio.report import fmt
+from studio.report.fewer import versus_fewer
 from studio.spec.request import GenerationRequest
 
 # The shape people publish first (stack | denoise | per-step | vs base | PSNR | cached/full), then the rest.
@@ -36,6 +37,7 @@ OPTIONAL = (
     ("peak memory", "peak_mem_bytes", fmt.size),
     ("H2D/full step", "h2d_full_bytes", fmt.size),
     ("H2D/cached step", "h2d_cached_bytes", fmt.size),
+    ("vs base at fewer steps", "vs_fewer", versus_fewer),
 )
 # The A/B table's extra column: where the damage is, beside the global PSNR (MatrixRow.worst_tile: (dB, (y, x)))
 AB_OPTIONAL = ((f"worst {TILE}x{TILE} tile", "worst_tile", lambda t: fmt.tile(*t)), ("FLIP", "flip", fmt.flip))
@@ -90,6 +92,7 @@ class MatrixRow:
     peak_mem_kind: str | None = None
     h2d_full_bytes: int | None = None  # under a streaming offload: bytes copied host-to-device per full step
     h2d_cached_bytes: int | None = None  # ... and per cached step
+    vs_fewer: object = None  # studio.bench.fewer.Versus: against base at the step count of its speed-up
 
     @property
     def studio_over_raw_ci(self) -> tuple | None:
@@ -174,6 +177,7 @@ class Matrix:
     results: dict  # preset name -> its last RunResult (images for the UI)
     repeats: int
     paired: list = field(default_factory=list)  # over several prompts: each stack prompt by prompt (bench.paired)
+    fewer: object = None  # studio.bench.fewer.FewerSteps: base at the step counts the cached rows were read against
 
     def optional(self) -> tuple:
         """The bench's extra columns that some row has a value for (the worst figures only over several prompts)."""

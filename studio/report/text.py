@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from studio.report import fmt
+from studio.report.fewer import fewer_line, fewer_steps_markdown
 
 COST_COLUMNS = ("preset", "cold compile", "graphs", "recompiles seen", "saving vs eager twin", "pays off after")
 SWEEP_COLUMNS = ("vs base", "worst PSNR", "mean PSNR", "cached (by prompt)", "of ideal")  # after the knob's own
@@ -224,6 +225,8 @@ def bench_markdown(rep) -> str:
         parts += ["", paired_markdown(rep.paired)]
     if rep.cost:
         parts += ["", "Compile cost:", ""] + _table(COST_COLUMNS, [cost_cells(c) for c in rep.cost])
+    if rep.fewer is not None:
+        parts += ["", *fewer_steps_markdown(rep.fewer)]
     if rep.crashed:
         parts += ["", "Crashed (no row):"] + [
             f"- {name}: the run crashed its process ({how}); the bench ran again without it"
@@ -279,7 +282,8 @@ def tune_summary(res, *, written: str | None = None, markdown: bool = False) -> 
         f"{res.timed} timed)" + (f"; written to {written}" if written else "")
     )
     busy = [pace_line(p) for p in getattr(res, "pace", []) if p.quiet is False]  # its figures may read off: said
-    return out + "".join("\n" + line for line in paired_lines(getattr(res, "paired", None)) + busy)
+    fewer = fewer_line(getattr(res, "fewer", None), getattr(res, "vs_fewer", None))
+    return out + "".join("\n" + line for line in paired_lines(getattr(res, "paired", None)) + busy + fewer)
 
 
 def paired_lines(d: dict | None) -> list[str]:
