@@ -40,7 +40,7 @@ EPOCH_WHY = {
     "(commit 0d42907): the named 8-bit presets then ran INT8 weight-only eagerly"
 }
 MEASURING = ("studio/measure", "studio/bench")  # the code a number is measured with: a record names its hash
-NOT_MEASURING = ("studio/bench/soak.py", "studio/bench/visitors.py")  # the soak times no speed-up
+NOT_MEASURING = ("lab/soak/plan.py", "lab/soak/visitors.py")  # the soak times no speed-up
 TRACKED = ("studio", "presets", "docs/make_benchmarks.py", "docs/bench/forms", "docs/prompts-heldout.txt")
 FLAGS = (("amx_int8", "AMX-INT8"), ("avx512_bf16", "avx512_bf16"), ("avx512_vnni", "AVX512-VNNI"))
 DERIVED = ("-eager", "-nocache")  # the twins a bench adds under a preset's name (studio/bench/twins.py)

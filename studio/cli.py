@@ -1,5 +1,5 @@
-"""Command line: python -m studio generate|bench|sweep|tune|methods|calibrate|busy|clicks|soak|presets|doctor|
-regimes (text: studio.report; the arguments: studio.cli_args).
+"""Command line: python -m studio generate|bench|sweep|tune|methods|calibrate|presets|doctor|plan (text:
+studio.report; the arguments: studio.cli_args). What measures the studio itself is the lab's: `python -m lab`.
 
 python -m studio generate --preset cache --prompt "a red circle in the center, blue background" --json
 python -m studio generate --preset cache --compile true --json
@@ -7,8 +7,7 @@ python -m studio bench --presets base,cache,cache-compile --repeats 3 --out benc
 python -m studio tune --min-psnr 35 --presets-dir my-presets
 python -m studio methods --prompts docs/prompts-heldout.txt --min-psnr 35 --plot methods.png
 python -m studio calibrate --preset magcache --out presets/methods/magcache.yaml
-python -m studio doctor --families flux --no-kernels
-python -m studio busy --preset cache          # quiet readings, then with a CPU-bound load beside them
+python -m studio doctor --families flux
 
 Each command imports what it runs inside its own function, so that one command does not pay for another's
 libraries: the engine (torch, diffusers: seconds on two cores), matplotlib, the worker, gradio's client.
@@ -113,7 +112,6 @@ def plan_command(lib, args, settings) -> int:
 
 
 def _doctor(args) -> int:
-    from dataclasses import asdict
 
     from studio.bench import doctor
     from studio.engine.device import default_device
@@ -131,20 +129,11 @@ def _doctor(args) -> int:
     with device_worker(args, quiet=False) as worker:
         rows = reruns.doctor(worker, fams, names, on_status=say)
     device = str(args.device or default_device())
-    kernels = []
-    if device.startswith("cuda") and not args.no_kernels:
-        say("timing the non-cache stacks on a random-weight FLUX.1-dev-sized transformer at 1024x1024")
-        stacks = tuple(args.kernel_stacks.split(",")) if args.kernel_stacks else doctor.KERNEL_STACKS
-        kernels = doctor.time_kernels(device=device, stacks=stacks)
     if args.json:
-        out = json.loads(doctor.as_json(rows, device))
-        out["kernels"] = [asdict(k) for k in kernels]
-        print(json.dumps(out, indent=1))
+        print(doctor.as_json(rows, device))
         return 0 if doctor.healthy(rows) else 1
     print(report.doctor_header(device, doctor.CACHING_THRESHOLD["cache-dit"]))
     print(report.doctor_table(rows))
-    if kernels:
-        print("\n" + report.kernel_table(kernels))
     ok = doctor.healthy(rows)
     print(report.doctor_verdict(ok))
     return 0 if ok else 1
@@ -334,43 +323,6 @@ def _tune(runner, req, args) -> int:
     return 0
 
 
-def _busy(runner, req, args) -> int:
-    from studio.bench import busy
-    from studio.report.text import busy_text
-
-    if args.api:
-        read = busy.api_reader(args.api, req.prompt, args.preset, req.seed)
-    else:
-        read = busy.engine_reader(runner, req, args.preset)
-    rep = busy.run_busy(read, args.preset, args.quiet, args.busy, progress=lambda m: print(m, file=sys.stderr))
-    print(busy_text(rep, where=args.api or "the engine, in this process"))
-    return 0 if rep.passed else 1
-
-
-def _clicks(args) -> int:
-    from studio.bench.clicks import run_clicks
-    from studio.report.text import clicks_text
-
-    rep = run_clicks(args.api, args.prompt, args.preset, args.rounds, progress=lambda m: print(m, file=sys.stderr))
-    print(clicks_text(rep, args.api))
-    return 0 if rep.passed else 1
-
-
-def _soak(args) -> int:
-    from studio.bench.soak import SoakPlan
-    from studio.bench.visitors import run_soak
-    from studio.report.soak import soak_text
-
-    try:
-        plan = SoakPlan(minutes=args.minutes, visitors=args.visitors, hostile=args.hostile)
-    except ValueError as e:  # (ConfigError too) a value out of range, named
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    rep = run_soak(plan, progress=lambda m: print(m, file=sys.stderr))
-    print(json.dumps(rep.as_dict(), indent=1) if args.json else soak_text(rep))
-    return 0 if rep.passed else 1
-
-
 def _make_parents(args) -> None:
     """--out and --plot may name files in folders that do not exist yet."""
     for name in ("out", "plot"):
@@ -388,19 +340,13 @@ def main(argv=None) -> int:
         return 2
     _make_parents(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if args.cmd == "soak":  # drives an app of its own over HTTP: nothing of the engine here
-        return _soak(args)
-    if args.cmd in ("bench", "sweep", "tune", "regimes", "methods", "calibrate"):
+    if args.cmd in ("bench", "sweep", "tune", "methods", "calibrate"):
         quiet_libraries()
     from studio.engine import ModelLoadError, ModelManager, RunError, Runner
     from studio.spec import ConfigError, PresetLibrary
 
     if args.cmd == "doctor":
         return _doctor(args)
-    if args.cmd == "regimes":
-        return args.regimes_main(args, sys.argv[1:] if argv is None else argv)
-    if args.cmd == "clicks":
-        return _clicks(args)
     lib = PresetLibrary(user_dir=getattr(args, "presets_dir", None))
     if args.cmd in ("presets", "plan"):
         try:
@@ -413,7 +359,7 @@ def main(argv=None) -> int:
         if args.cmd == "generate":
             return _generate(runner, ask_of_args(runner, args), args)
         req = request_of_args(args, runner.profile(args.model))
-        commands = {"bench": _bench, "sweep": _sweep, "tune": _tune, "busy": _busy}
+        commands = {"bench": _bench, "sweep": _sweep, "tune": _tune}
         commands |= {"methods": methods_command, "calibrate": calibrate_command}
         return commands[args.cmd](runner, req, args)
     except (ConfigError, ModelLoadError, RunError, ValueError) as e:

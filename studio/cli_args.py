@@ -118,22 +118,6 @@ def read_settings(args) -> Settings:
     return install(replace(s, **{k: v for k, v in flags.items() if v}))
 
 
-def regimes_args(sub) -> None:
-    from studio.bench import regimes as rg  # (imports no torch: the table's names)
-    from studio.report.regimes import HELP
-
-    r = sub.add_parser("regimes", help=HELP, description=HELP)
-    r.set_defaults(regimes_main=rg.main)
-    r.add_argument("--config", choices=sorted(rg.CONFIGS), help="flux-dev (default on CUDA) or small (default on CPU)")
-    r.add_argument("--steps", type=int, default=40, help="transformer calls per run (default 40)")
-    r.add_argument("--size", type=int, default=None, help="image side in pixels (default 1024; small: 64)")
-    r.add_argument("--stacks", help=f"comma-separated, each '+'-joined {','.join(rg.PARTS)} (default {rg.DEFAULTS})")
-    r.add_argument("--regimes", default="resident,layerwise_offload", help=f"comma-separated: {','.join(rg.REGIMES)}")
-    r.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    r.add_argument("--out", default=None, help="the report as JSON, written after every row")
-    r.add_argument("--md", default=None, help="the Markdown table, written after every row")
-
-
 def bench_args(sub) -> None:
     """`python -m studio bench`'s arguments."""
     from studio.measure.quality import GOOD_DB  # (numpy only)
@@ -284,30 +268,11 @@ def parser() -> argparse.ArgumentParser:
     ps.add_argument("--steps", type=int, default=None, help="steps a step mask is sized to (default: the model's)")
     ps.add_argument("--out", default=None, help="write here (default: print)")
     ps.add_argument("--presets-dir", default=None, help="folder of user presets (also STUDIO_PRESETS_DIR)")
-    bz = sub.add_parser("busy", help="quiet readings, then with a CPU-bound load beside them: honest or flagged?")
-    common_args(bz)
-    bz.add_argument("--preset", default="cache")
-    bz.add_argument("--quiet", type=int, default=3, help="readings on the quiet machine")
-    bz.add_argument("--busy", type=int, default=3, help="readings with the load running")
-    bz.add_argument("--api", default=None, help="read through a running app's /generate (e.g. http://127.0.0.1:7860/)")
-    ck = sub.add_parser("clicks", help="what a Generate click costs through a running app, per compare mode")
-    ck.add_argument("--api", required=True, help="the running app (e.g. http://127.0.0.1:7860/)")
-    ck.add_argument("--preset", default="cache")
-    ck.add_argument("--prompt", default="a red circle in the center, blue background")
-    ck.add_argument("--rounds", type=int, default=2, help="rounds of off, auto and on clicks (3 prompts each)")
-    sk = sub.add_parser("soak", help="the app in public mode on loopback, driven by honest and hostile visitors")
-    sk.add_argument("--minutes", type=float, default=1.0, help="how long the visitors drive it (default 1)")
-    sk.add_argument("--visitors", type=int, default=8, help="honest visitors, pacing under the rate (default 8)")
-    sk.add_argument("--hostile", type=int, default=4, help="hostile visitors, attacking every limit (default 4)")
-    sk.add_argument("--json", action="store_true", help="print one JSON object")
     d = sub.add_parser("doctor", help="every shipped preset on a tiny instance of every DiT family, on this machine")
     d.add_argument("--families", default=None, help="comma-separated (default: flux,qwen-image,sd3,z-image)")
     d.add_argument("--presets", default=None, help="comma-separated preset names (default: all shipped)")
     d.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     d.add_argument("--json", action="store_true", help="print one JSON object")
-    d.add_argument("--no-kernels", action="store_true", help="on a GPU, skip timing a FLUX-sized random transformer")
-    d.add_argument("--kernel-stacks", default=None, help="comma-separated subset of sdpa,sage,int8,compile")
-    regimes_args(sub)
     pl = sub.add_parser("plan", help="what a preset would run on a device, part by part, and its memory plan")
     pl.add_argument("--device", default="here", help="here, or a named profile (spec.devices.PROFILES): h200, t4, ...")
     pl.add_argument("--model", default="tiny", help="tiny, a local folder, or a family with shipped configs")

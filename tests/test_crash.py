@@ -136,7 +136,7 @@ def test_at_risk_layers_of_each_tiny_family():
 @pytest.mark.slow
 def test_doctor_row_for_z_image_int8_compile_finishes_in_bfloat16():
     """The studio's own path, as a user first met it (bfloat16 on every CPU, so that the crash's condition holds)."""
-    args = "doctor --families z-image --presets cache-int8wo-sage-compile --no-kernels --json"
+    args = "doctor --families z-image --presets cache-int8wo-sage-compile --json"
     code = f"import sys; from studio.cli import main; sys.exit(main({args.split()!r}))"
     proc = child(code, timeout=900, env={"STUDIO_DTYPE": "bfloat16"})
     assert not crashed(proc), proc.stderr[-3000:]

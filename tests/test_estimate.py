@@ -144,7 +144,7 @@ SHOWS = {
     "studio/measure/record.py": "the card, A/B, the matrix, the API's numbers (RunMetrics.timing)",
     "studio/bench/bench.py": "a bench's rows (and tune's, which reads them)",
     "studio/bench/paired.py": "a bench's paired figures, prompt by prompt",
-    "studio/bench/regimes.py": "python -m studio regimes",
+    "lab/regimes/table.py": "python -m lab regimes",
     "studio/bench/methods.py": "python -m studio methods: a method's wins against the fastest, request by request",
 }
 
@@ -157,7 +157,7 @@ def test_every_place_that_prints_a_speed_up_withholds_by_the_one_rule():
 
     root = Path(__file__).parent.parent
     callers, readers = set(), set()
-    for path in sorted((root / "studio").rglob("*.py")):
+    for path in sorted([*(root / "studio").rglob("*.py"), *(root / "lab").rglob("*.py")]):
         rel = str(path.relative_to(root))
         tree = ast.parse(path.read_text())
         called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}  # x.point(): a method, not a figure
@@ -192,8 +192,8 @@ def test_shown_withholds_a_useless_or_crowded_interval_and_shows_base_against_it
 def test_regimes_withholds_a_speed_up_whose_one_run_a_side_says_nothing():
     """`regimes` times one run a side: its interval comes from the steps. Where it is useless the row shows no
     number and says why (it showed the point and interval whatever they were)."""
-    from studio.bench.regimes import RegimeRow, add_speedups
-    from studio.report.regimes import _vs_base
+    from lab.regimes.report import _vs_base
+    from lab.regimes.table import RegimeRow, add_speedups
 
     def row(stack: str, step_ms: list) -> RegimeRow:
         return RegimeRow(stack, "resident", ms_per_step=sum(step_ms) / len(step_ms), step_ms=step_ms)

@@ -99,7 +99,7 @@ def test_doctor_on_one_family():
 
 def test_kernel_timing_runs_each_non_cache_stack_on_a_small_flux_transformer():
     """The doctor's GPU table (FLUX.1-dev size at 1024x1024 on a GPU), run here on a small config on the CPU."""
-    from studio.bench.doctor import KERNEL_STACKS, time_kernels
+    from lab.regimes.kernels import KERNEL_STACKS, time_kernels
 
     small = dict(
         patch_size=1,

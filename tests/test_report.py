@@ -180,8 +180,10 @@ def test_doctor_table_and_health():
 
 
 def test_kernel_table():
-    rows = [doctor.KernelRow("sdpa", 20.0, 1.0, "sdpa"), doctor.KernelRow("sage", None, None, "unavailable")]
-    table = text.kernel_table(rows).splitlines()
+    from lab.regimes.kernels import KernelRow, kernel_table
+
+    rows = [KernelRow("sdpa", 20.0, 1.0, "sdpa"), KernelRow("sage", None, None, "unavailable")]
+    table = kernel_table(rows).splitlines()
     assert table[0] == "| stack | ms per transformer call | vs sdpa | engaged |"
     assert table[2:] == ["| sdpa | 20.0 | 1.00x | sdpa |", "| sage | n/a | n/a | unavailable |"]
     assert fmt.speedup(1.0, 3) == "1.000x"

@@ -310,7 +310,7 @@ def apply_offload(pipe, spec: OffloadSpec, device, budget: float | None = None) 
     return Engaged("offload", requested, engaged, "; ".join(["offload: " + head] + vae_notes), ran)
 
 
-# Measured (python -m studio regimes --config small, CPU): torchao int8 weights (int8_per_row) under diffusers' group
+# Measured (python -m lab regimes --config small, CPU): torchao int8 weights (int8_per_row) under diffusers' group
 # offload with regional compile fail on the first compiled call: "_apply(): Couldn't swap Linear.weight" ("Cannot swap
 # t1 because it has weakref associated with it", raised when the group moves back to the CPU). Eager, they run.
 QUANT_UNDER_GROUP = (

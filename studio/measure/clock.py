@@ -2,7 +2,7 @@
 `generate.py`: synchronize, read the clock, call, synchronize, read it again), so a reading is the call's own time,
 the work queued before it excluded and its own queued kernels included.
 
-The one clock of every bench that calls a transformer itself: the regimes' denoising loop (studio.bench.regimes) and
+The one clock of every bench that calls a transformer itself: the regimes' denoising loop (lab.regimes.table) and
 the kernel timings (studio.bench.doctor). A pipeline run is timed step by step by studio.measure.timing's StepProbe,
 which shares `sync`. (studio.bench.raw keeps its own: it imports nothing of the studio, by design.)
 

@@ -24,7 +24,6 @@ DOCTOR_COLUMNS = (
     "verdict",
     "fell back",
 )
-KERNEL_COLUMNS = ("stack", "ms per transformer call", "vs sdpa", "engaged")
 
 
 def _table(columns, rows: list[list[str]]) -> list[str]:
@@ -357,12 +356,6 @@ def doctor_table(rows) -> str:
     return "\n".join(_table(DOCTOR_COLUMNS, [doctor_cells(r) for r in rows]))
 
 
-def kernel_table(kernels) -> str:
-    """The doctor's KernelRows: ms per transformer call of each non-cache stack, against plain SDPA."""
-    cells = [[k.stack, "n/a" if k.ms is None else f"{k.ms:.1f}", fmt.speedup(k.speedup), k.note] for k in kernels]
-    return "\n".join(_table(KERNEL_COLUMNS, cells))
-
-
 def doctor_verdict(ok: bool) -> str:
     """The doctor's last line (`ok`: studio.bench.doctor.healthy)."""
     if ok:
@@ -402,42 +395,4 @@ def ideal_worked(m) -> str:
             f"  of ideal: not shown "
             f"({m.timing.speedup_note or 'no reliable reading against ' + str(c.of_ideal_against)})"
         )
-    return "\n".join(lines)
-
-
-def busy_text(rep, where: str) -> str:
-    """`python -m studio busy`: each reading and its verdict (`rep` a studio.bench.busy.BusyReport)."""
-    q = rep.quiet_median
-    lines = [
-        f"{rep.preset} through {where}: quiet readings {', '.join(fmt.speedup(v) for v in rep.quiet)}"
-        f" (median {fmt.speedup(q)}); with a CPU-bound process beside it:"
-    ]
-    for (v, lo, hi, note), verdict in zip(rep.busy, rep.verdicts()):
-        reading = fmt.speedup_ci(v, lo, hi) if v is not None else f"no number ({note})"
-        lines.append(f"  {reading}: {verdict}")
-    lines.append(
-        "PASS: every busy reading's interval holds the quiet point, or it is withheld with its reason"
-        if rep.passed
-        else "FAIL: a busy reading is wrong"
-    )
-    return "\n".join(lines)
-
-
-# clicks --------------------------------------------------------------------------------------------------------------
-def clicks_text(rep, where: str) -> str:
-    """`python -m studio clicks`: each mode's click wall time and the verdict (a studio.bench.clicks.ClickReport)."""
-    lines = [f"{rep.preset} through {where}, a Generate click's wall time (median of {len(rep.wall['off'])}):"]
-    off = rep.median("off")
-    for mode in rep.wall:
-        lines.append(f"  {mode:4s} {rep.median(mode):6.2f} s ({rep.median(mode) / off:.2f}x off), {rep.timing[mode]}")
-    verdict = "PASS" if rep.passed else "FAIL"
-    lines.append(f"{verdict}: an auto click is {rep.auto_over_off:.2f}x the stack's own run (target <= {rep.bound}x)")
-    verdict = "PASS" if rep.on_passed else "FAIL"
-    lines.append(
-        f"{verdict}: an on click of a new prompt is {rep.on_over_off:.2f}x the stack's own run "
-        f"(target <= {rep.on_bound}x)"
-    )
-    counts = ", ".join(f"{m} {sum(rep.shown[m])} of {len(rep.shown[m])}" for m in ("auto", "on"))
-    verdict = "PASS" if rep.shown_passed else "FAIL"
-    lines.append(f"{verdict}: clicks of new prompts that showed a speed-up: {counts} (target: 5 of 6 or more)")
     return "\n".join(lines)

@@ -1,5 +1,4 @@
-"""Tools for the embedded tiny model: its scenes and grammar, builder, trainer and evaluation.
-
-They sit above the engine and use it (`python -m studio.tiny.train`, `python -m studio.tiny.eval`); the model
-itself is plain data in studio/models/tiny/pipeline, loaded like any other diffusers folder.
+"""The embedded tiny model's studio side: its grammar's words, its builder (configs, tokenizers, the pipeline
+folder's profile) and the tiny instances of other families. Its training and evaluation live in the lab (lab/tiny);
+the model itself is plain data in studio/models/tiny/pipeline, loaded like any other diffusers folder.
 """

@@ -15,7 +15,7 @@ from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeli
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer, T5Config, T5EncoderModel, T5Tokenizer
 
 from studio.spec.profiles import EMBEDDED_DIR, PROFILE_FILE, ModelProfile
-from studio.tiny.scenes import VOCAB
+from studio.tiny.grammar import VOCAB
 
 CLIP_BOS, CLIP_EOS = "<|startoftext|>", "<|endoftext|>"
 

@@ -6,7 +6,7 @@
 
 Through the studio's own engine (warm stacks, the step probe, the cache's counts), each round runs base, cache and
 cache-int8-sage one after the other on the same request (compare off: the caller times base itself), first on a quiet
-machine, then with a CPU-bound process beside it (studio.bench.busy's load: another program on the same cores). Each
+machine, then with a CPU-bound process beside it (lab.busy's load: another program on the same cores). Each
 run keeps its per-step milliseconds, its cached step indices and its wall denoise time; the file says on what CPU,
 when, and with which command it was recorded. The estimator's tests (tests/test_estimate.py) read it.
 """
@@ -59,7 +59,7 @@ def main() -> None:
     ap.add_argument("--quiet-only", action="store_true", help="no rounds beside the CPU-bound load")
     args = ap.parse_args()
     stacks = tuple(args.stacks.split(","))
-    from studio.bench.busy import start_load, stop_load
+    from lab.busy import start_load, stop_load
     from studio.engine import ModelManager, Runner
     from studio.spec.hosting import edge_environ
     from studio.spec.settings import Settings, install

@@ -1,4 +1,4 @@
-"""The soak's report in words (studio.bench.soak): what each visitor got, the honest wall times, memory and disk at
+"""The soak's report in words (lab.soak.plan): what each visitor got, the honest wall times, memory and disk at
 the start, after a warm-up, every tenth of the run and at the end, the requests lost or hung, and the targets with
 whether each held."""
 

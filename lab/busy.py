@@ -1,4 +1,4 @@
-"""`python -m studio busy`: do the numbers stay honest when another program shares the cores?
+"""`python -m lab busy`: do the numbers stay honest when another program shares the cores?
 
 The target: with another CPU-bound process on the machine, every speed-up a generate shows has an interval that
 holds the quiet one (the median of the quiet readings), or it shows none and says why. This runs the same
@@ -14,6 +14,8 @@ import statistics
 import subprocess
 import sys
 from dataclasses import dataclass, field
+
+from studio.report import fmt
 
 LOAD = "import torch\na = torch.randn(512, 512)\nwhile True:\n    a = (a @ a).tanh()\n"
 LOAD_THREADS = "torch.set_num_threads({})\n"  # after `import torch`, when the load is given a thread count
@@ -104,3 +106,50 @@ def run_busy(read, preset: str, quiet: int = 3, busy: int = 3, progress=None) ->
     finally:
         stop_load(load)
     return rep
+
+
+def busy_text(rep, where: str) -> str:
+    """`python -m lab busy`: each reading and its verdict (`rep` a lab.busy.BusyReport)."""
+    q = rep.quiet_median
+    lines = [
+        f"{rep.preset} through {where}: quiet readings {', '.join(fmt.speedup(v) for v in rep.quiet)}"
+        f" (median {fmt.speedup(q)}); with a CPU-bound process beside it:"
+    ]
+    for (v, lo, hi, note), verdict in zip(rep.busy, rep.verdicts()):
+        reading = fmt.speedup_ci(v, lo, hi) if v is not None else f"no number ({note})"
+        lines.append(f"  {reading}: {verdict}")
+    lines.append(
+        "PASS: every busy reading's interval holds the quiet point, or it is withheld with its reason"
+        if rep.passed
+        else "FAIL: a busy reading is wrong"
+    )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """`python -m lab busy`: quiet readings, then with a CPU-bound load beside them: honest or flagged?"""
+    import argparse
+
+    from studio.cli_args import common_args, read_settings, request_of_args
+    from studio.engine import ModelManager, Runner
+    from studio.spec import PresetLibrary
+
+    ap = argparse.ArgumentParser(prog="python -m lab busy", description=main.__doc__)
+    common_args(ap)
+    ap.add_argument("--preset", default="cache")
+    ap.add_argument("--quiet", type=int, default=3, help="readings on the quiet machine")
+    ap.add_argument("--busy", type=int, default=3, help="readings with the load running")
+    ap.add_argument("--api", default=None, help="read through a running app's /generate (e.g. http://127.0.0.1:7860/)")
+    args = ap.parse_args(argv)
+    runner = Runner(ModelManager(args.device, settings=read_settings(args)), PresetLibrary(), model=args.model)
+    req = request_of_args(args, runner.profile(args.model))
+    try:
+        if args.api:
+            read = api_reader(args.api, req.prompt, args.preset, req.seed)
+        else:
+            read = engine_reader(runner, req, args.preset)
+        rep = run_busy(read, args.preset, args.quiet, args.busy, progress=lambda m: print(m, file=sys.stderr))
+    finally:
+        runner.manager.unload()
+    print(busy_text(rep, where=args.api or "the engine, in this process"))
+    return 0 if rep.passed else 1

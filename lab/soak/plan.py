@@ -1,5 +1,5 @@
-"""`python -m studio soak`: the studio in public mode, driven by honest and hostile visitors for some minutes (this
-module: the plan, the app, the tally and the report; studio.bench.visitors drives it).
+"""`python -m lab soak`: the studio in public mode, driven by honest and hostile visitors for some minutes (this
+module: the plan, the app, the tally and the report; lab.soak.visitors drives it).
 
 The soak starts app.py in public mode on a loopback port (its own folder for the studio's files and gradio's cache)
 and plays the Space's proxy: every request carries the X-Forwarded-For entry the proxy would write, the visitor's

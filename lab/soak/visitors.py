@@ -1,4 +1,4 @@
-"""The soak's visitors (studio.bench.soak): honest ones pacing under the rate through the three ways in, hostile ones
+"""The soak's visitors (lab.soak.plan): honest ones pacing under the rate through the three ways in, hostile ones
 going round attacks past each limit; `run_soak` starts the app, drives it and reports.
 
 Every request is judged where it is answered: an honest one served, refused (by its own limit, by another visitor's,
@@ -21,7 +21,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 from gradio_client.utils import QueueError
 
-from studio.bench.soak import BODY_MB, KINDS, PROMPTS, App, SoakPlan, SoakReport, Tally, percentile
+from lab.soak.plan import BODY_MB, KINDS, PROMPTS, App, SoakPlan, SoakReport, Tally, percentile
 
 MODEL = "tiny"
 WAITING = 4  # STUDIO_WAITING_PER_VISITOR, its default (the soak leaves it)
@@ -92,7 +92,7 @@ class Visitors:
 
     def fill_sessions(self) -> None:
         """As many sessions as the app keeps (plan.sessions), each a client of its own asking `/headroom` (no device,
-        no rate): the app's session store full, as after its first minute of traffic (studio.bench.soak)."""
+        no rate): the app's session store full, as after its first minute of traffic (lab.soak.plan)."""
 
         def one(i: int) -> None:
             gc, _ = self._clients(f"192.0.2.{i % 250 + 2}")
@@ -270,7 +270,7 @@ def _sample(app: App, snaps: list, every_s: float, t0: float, done: threading.Ev
 
 
 def run_soak(plan: SoakPlan, progress=None) -> SoakReport:
-    """Start the app, warm it up, drive it with the plan's visitors for its minutes, stop it (studio.bench.soak)."""
+    """Start the app, warm it up, drive it with the plan's visitors for its minutes, stop it (lab.soak.plan)."""
     say = progress or (lambda m: None)
     app = App(plan)
     tally, snaps = Tally(), []

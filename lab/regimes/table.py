@@ -1,4 +1,4 @@
-"""`python -m studio regimes`: the reference table's shape, stacks x memory regimes, on a random-weight FLUX
+"""`python -m lab regimes`: the reference table's shape, stacks x memory regimes, on a random-weight FLUX
 transformer (FLUX.1-dev's size, studio.bench.doctor.FLUX_DEV, or `small`) built on the device afresh for each row and
 called `steps` times as a pipeline's loop would (each step's timestep, an Euler update; no VAE, no encoders), each
 call between two device syncs (studio.measure.clock). A row's stack is a Preset put on through the engine's own doors:
@@ -137,7 +137,7 @@ def make_bench(config: str | None, steps: int, size: int | None, device) -> Benc
     if size % 16:
         raise ValueError(f"--size {size}: must be a multiple of 16 (8x VAE, 2x2 patches)")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    from studio.bench.doctor import FLUX_DEV
+    from lab.regimes.kernels import FLUX_DEV
     from studio.spec.cachedit import step_mask
 
     cfg = dict(FLUX_DEV if config == "flux-dev" else SMALL)
@@ -146,7 +146,7 @@ def make_bench(config: str | None, steps: int, size: int | None, device) -> Benc
 
 @dataclass
 class RegimeRow:
-    """One stack under one memory regime (studio.report.regimes writes the rows as a table)."""
+    """One stack under one memory regime (lab.regimes.report writes the rows as a table)."""
 
     stack: str
     regime: str
@@ -164,7 +164,7 @@ class RegimeRow:
     warmup_s: float | None = None  # the untimed first steps (compile happens here)
     peak_memory: dict | None = None  # studio.measure.memory.PeakMemory over the timed run
     h2d: dict | None = None  # under offload: engine.offload.stream_report, bytes per full and per cached step
-    psnr: str = "-"  # random weights: see studio.report.regimes.PSNR_NOTE
+    psnr: str = "-"  # random weights: see lab.regimes.report.PSNR_NOTE
     engaged: list[str] = field(default_factory=list)
     fell_back: str | None = None  # what fell back (the row is not timed as if it were the stack)
     error: str | None = None  # what was lost: an exception, or counts that differ from the mask
@@ -244,7 +244,7 @@ def _apply(bare, preset, bench: Bench, row: RegimeRow) -> bool:
 
 def _time(bare, preset, regime: str, bench: Bench, row: RegimeRow) -> None:
     """Warm-up (untimed), then the timed run under the memory probe; the counts checked against the mask."""
-    from studio.bench.doctor import _flux_inputs
+    from lab.regimes.kernels import _flux_inputs
     from studio.engine.cache import prepare_run, read_report
     from studio.engine.state import stack_state
     from studio.measure.memory import MemoryProbe
@@ -368,15 +368,28 @@ def run_table(bench: Bench, pairs, command: str, on_row=None) -> RegimeReport:
     return rep
 
 
-def main(args, argv: list[str]) -> int:
-    """Run the table `args` (parsed from `argv`) ask for, writing --out/--md after every row; 1: a row is an error."""
+def main(argv=None) -> int:
+    """`python -m lab regimes`: the table its arguments ask for, writing --out/--md after every row; 1: a row is an
+    error."""
+    import argparse
     import json
     import shlex
     import sys
     from pathlib import Path
 
-    from studio.report.regimes import markdown, row_line
+    from lab.regimes.report import HELP, markdown, row_line
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    r = argparse.ArgumentParser(prog="python -m lab regimes", description=HELP)
+    r.add_argument("--config", choices=sorted(CONFIGS), help="flux-dev (default on CUDA) or small (default on CPU)")
+    r.add_argument("--steps", type=int, default=40, help="transformer calls per run (default 40)")
+    r.add_argument("--size", type=int, default=None, help="image side in pixels (default 1024; small: 64)")
+    r.add_argument("--stacks", help=f"comma-separated, each '+'-joined {','.join(PARTS)} (default {DEFAULTS})")
+    r.add_argument("--regimes", default="resident,layerwise_offload", help=f"comma-separated: {','.join(REGIMES)}")
+    r.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    r.add_argument("--out", default=None, help="the report as JSON, written after every row")
+    r.add_argument("--md", default=None, help="the Markdown table, written after every row")
+    args = r.parse_args(argv)
     try:
         bench = make_bench(args.config, args.steps, args.size, args.device)
         pairs = plan(args.stacks, args.regimes)
@@ -392,6 +405,6 @@ def main(args, argv: list[str]) -> int:
                 Path(path).write_text(text())
 
     print(f"regimes: {len(pairs)} rows on {bench.describe()}", file=sys.stderr)
-    rep = run_table(bench, pairs, shlex.join(["python", "-m", "studio", *argv]), on_row=write)
+    rep = run_table(bench, pairs, shlex.join(["python", "-m", "lab", "regimes", *argv]), on_row=write)
     print(markdown(rep))
     return 1 if any(r.error for r in rep.rows) else 0

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
+from lab.tiny.eval import held_out_singles, score_pair, score_single
+from lab.tiny.scenes import VOCAB, Scene, is_held_out, parse_prompt, render, sample_scene
 from studio.measure.quality import Verdict, error_map
 from studio.spec import EMBEDDED_DIR, GenerationRequest
 from studio.spec.profiles import HUB_PROFILES, profile_for
 from studio.tiny.build import TinyConfig, build_clip_tokenizer, build_t5_tokenizer
-from studio.tiny.eval import held_out_singles, score_pair, score_single
-from studio.tiny.scenes import VOCAB, Scene, is_held_out, parse_prompt, render, sample_scene
 
 # ---------------------------------------------------------------------------------------------------- world
 
@@ -73,8 +73,8 @@ def test_tokenizers_cover_the_grammar():
 def test_binding_targets_name_each_tokens_object():
     """Every T5 token of an object's phrase is labelled with that object's colour, shape and place; "and", ","
     EOS and padding are ignored; background words carry the background colour only."""
-    from studio.tiny.scenes import COLOURS, PLACES, SHAPES
-    from studio.tiny.train import IGNORE, binding_targets
+    from lab.tiny.scenes import COLOURS, PLACES, SHAPES
+    from lab.tiny.train import IGNORE, binding_targets
 
     tok = build_t5_tokenizer()
     prompt = "an orange circle on the left and a blue square at the top, green background"
@@ -92,8 +92,8 @@ def test_binding_pretraining_teaches_t5_which_object_a_word_belongs_to():
     (a bag of words cannot exceed ~50% here); checked on held-out prompts."""
     from tqdm import tqdm
 
+    from lab.tiny.train import IGNORE, N_COLOURS, binding_targets, pretrain_binding
     from studio.tiny.build import build_pipeline
-    from studio.tiny.train import IGNORE, N_COLOURS, binding_targets, pretrain_binding
 
     steps = 250  # the committed model: 300 steps of batch 128; the turn from bag of words to bound comes first
     # (batch 32 here: 97.0% held-out, measured; at 150 steps of batch 64 it was 78.8%)
@@ -123,7 +123,7 @@ def test_training_smoke(tmp_path):
     """A few steps of the real training script produce a folder that from_pretrained loads offline."""
     from diffusers import DiffusionPipeline
 
-    from studio.tiny import train
+    from lab.tiny import train
 
     rc = train.main(
         [
@@ -181,7 +181,7 @@ def _gen(runner, prompt, seed=0, preset="base", compare=True, **kw):
 
 
 def test_embedded_model_draws_held_out_prompts(tiny_runner):
-    """A small slice of `python -m studio.tiny.eval`: held-out combinations, judged from pixels."""
+    """A small slice of `python -m lab.tiny.eval`: held-out combinations, judged from pixels."""
     scenes = held_out_singles(8, seed=5)
     # the pictures alone are judged: no base to compare with (base against itself would only time it again)
     images = [(_gen(tiny_runner, s.prompt, seed, compare=False).image, s) for s in scenes for seed in (0, 1)]

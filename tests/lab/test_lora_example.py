@@ -1,5 +1,5 @@
 """The LoRA shipped with the embedded model (studio/models/tiny/loras/outline, trained by
-`python -m studio.tiny.lora train --style outline ...`), offered by name, through the real stack (diffusers, peft)."""
+`python -m lab.tiny.lora train --style outline ...`), offered by name, through the real stack (diffusers, peft)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from lab.tiny.lora import SHEET_PROMPTS
+from lab.tiny.scenes import parse_prompt, ring_luminance
 from studio.app.limits import PublicGuard, Refused
 from studio.measure.quality import psnr
 from studio.spec import ConfigError
 from studio.spec.lora import LORA_FILE, LoraSpec, parse_loras
 from studio.spec.presets import preset_from_text
 from studio.spec.profiles import shipped_dir, shipped_loras
-from studio.tiny.lora import SHEET_PROMPTS
-from studio.tiny.scenes import parse_prompt, ring_luminance
 
 OUTLINE = LoraSpec("outline")
 # One object on a light background each: the black ring shows against it (two objects, each 14 px across, come out
@@ -32,7 +32,7 @@ def test_the_outline_lora_ships_with_the_embedded_model_small_and_with_its_recor
     weights = folder / LORA_FILE
     assert 50_000 < weights.stat().st_size < 500_000
     rec = json.loads((folder / "lora.json").read_text())
-    assert rec["command"].startswith("python -m studio.tiny.lora train --style outline")
+    assert rec["command"].startswith("python -m lab.tiny.lora train --style outline")
     assert rec["final_loss"] < rec["first_loss"] and rec["rank"] <= 8 and rec["seed"] == 0
     assert (folder / "README.md").read_text().count(rec["command"]) == 1
 
@@ -138,9 +138,9 @@ def test_the_cli_takes_a_shipped_name(capsys):
 
 
 def test_the_training_command_writes_a_lora_the_studio_loads(tmp_path, tiny_runner):
-    """A few steps of `python -m studio.tiny.lora train`: a file of the shipped one's layout, its record, and the
+    """A few steps of `python -m lab.tiny.lora train`: a file of the shipped one's layout, its record, and the
     studio loads it by path (its adapters start at zero, so two steps move the picture only a little)."""
-    from studio.tiny.lora import main
+    from lab.tiny.lora import main
 
     out = tmp_path / "outline"
     args = ["train", "--style", "outline", "--out", str(out), "--steps", "2", "--pool", "16", "--batch", "2"]

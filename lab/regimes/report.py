@@ -1,4 +1,4 @@
-"""The regimes table (studio.bench.regimes) as Markdown, headed by the command that produced it."""
+"""The regimes table (lab.regimes.table) as Markdown, headed by the command that produced it."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def row_line(r) -> str:
 
 
 def markdown(rep) -> str:
-    """The whole report (`rep`: studio.bench.regimes.RegimeReport)."""
+    """The whole report (`rep`: lab.regimes.table.RegimeReport)."""
     b, v = rep.bench, rep.versions
     mask = "".join(str(m) for m in rep.mask)
     lines = [

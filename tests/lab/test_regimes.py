@@ -1,4 +1,4 @@
-"""`python -m studio regimes` at the small config on the CPU: every row there, counts equal to the mask, cached steps
+"""`python -m lab regimes` at the small config on the CPU: every row there, counts equal to the mask, cached steps
 cheaper than full ones, peak memory read, PSNR left out with its reason, the Markdown headed by its command."""
 
 from __future__ import annotations
@@ -7,9 +7,8 @@ import json
 
 import pytest
 
-from studio.bench import regimes as rg
-from studio.cli_args import parser
-from studio.report.regimes import PSNR_NOTE, cells, markdown
+from lab.regimes import table as rg
+from lab.regimes.report import PSNR_NOTE, cells, markdown
 
 # Timing tests run alone, after the others (the README's test command: pytest -m timing)
 pytestmark = pytest.mark.timing
@@ -36,7 +35,6 @@ MAY_FALL_BACK = {"sage": "sage", "float8_per_row": "float8", "layerwise_offload"
 def table(tmp_path_factory):
     d = tmp_path_factory.mktemp("regimes")
     argv = [
-        "regimes",
         "--config",
         "small",
         "--steps",
@@ -52,8 +50,7 @@ def table(tmp_path_factory):
         "--md",
         str(d / "r.md"),
     ]
-    args = parser().parse_args(argv)
-    code = args.regimes_main(args, argv)
+    code = rg.main(argv)
     return code, json.loads((d / "r.json").read_text()), (d / "r.md").read_text()
 
 
@@ -117,7 +114,7 @@ def test_peak_memory_and_bytes_moved(table):
 
 def test_markdown_starts_with_the_command_and_leaves_psnr_out(table):
     _, rep, md = table
-    assert md.startswith("# `python -m studio regimes --config small --steps 10 ")
+    assert md.startswith("# `python -m lab regimes --config small --steps 10 ")
     assert rep["command"] in md.splitlines()[0]
     assert all(r["psnr"] == "-" for r in rep["rows"]) and PSNR_NOTE in md and "| PSNR ¹ |" in md
     body = [line for line in md.splitlines() if line.startswith("| ") and "stack" not in line]
@@ -146,7 +143,7 @@ def test_a_failing_row_costs_that_row_only(monkeypatch):
         return loop(tr, inputs, steps, device, dtype)
 
     monkeypatch.setattr(rg, "_loop", loop_or_oom)
-    rep = rg.run_table(bench, rg.plan("base,cache,int8", "resident"), "python -m studio regimes")
+    rep = rg.run_table(bench, rg.plan("base,cache,int8", "resident"), "python -m lab regimes")
     assert [r.stack for r in rep.rows] == ["base", "cache", "int8"]
     assert rep.rows[1].error == "RuntimeError: CUDA out of memory (planted)" and rep.rows[1].ms_per_step is None
     assert rep.rows[0].timed and rep.rows[2].timed  # int8's number is shown, or withheld by the one rule with its why

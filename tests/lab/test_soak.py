@@ -1,4 +1,4 @@
-"""The soak (studio.bench.soak, studio.bench.visitors): app.py in public mode on loopback, driven for one minute by
+"""The soak (lab.soak.plan, lab.soak.visitors): app.py in public mode on loopback, driven for one minute by
 honest visitors through the three ways in and hostile ones past every limit. The 30-minute run and its figures are
 in docs/deploy.md; this is CI's one-minute version."""
 
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from studio.bench.soak import SoakPlan
-from studio.report.soak import soak_text
+from lab.soak.plan import SoakPlan
+from lab.soak.report import soak_text
 
 ATTACKS = {
     "burst over the rate",
@@ -28,7 +28,7 @@ def test_a_one_minute_soak_serves_every_honest_visitor_and_refuses_every_attack_
     X-Forwarded-For hop), none lost or hung; every attack past a limit refused with that limit's sentence; the
     studio's files within their cap. (Memory is measured and reported; its target, at most 10% growth after the
     warm-up, is the 30-minute run's: one minute is still the warm-up of gradio's and Python's own caches.)"""
-    from studio.bench.visitors import run_soak
+    from lab.soak.visitors import run_soak
 
     rep = run_soak(SoakPlan(minutes=1, visitors=3, hostile=2))
     text = soak_text(rep)

@@ -1,6 +1,6 @@
 """Train the embedded tiny model from scratch on procedurally drawn scenes and write the pipeline folder.
 
-    python -m studio.tiny.train [--out DIR] [--vae-steps N] [--steps N] [--threads 2]
+    python -m lab.tiny.train [--out DIR] [--vae-steps N] [--steps N] [--threads 2]
 
 Two stages: (1) the VAE learns to reconstruct drawn scenes; (2) its latents of a pool of jittered scenes train
 the FLUX transformer together with both text encoders (FLUX gives text tokens no position, so word order has
@@ -23,10 +23,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from lab.tiny.scenes import COLOURS, PLACES, SHAPES, parse_prompt, render, sample_scene
 from studio.tiny.build import DEFAULT_DIR, TinyConfig, build_pipeline, write_profile
-from studio.tiny.scenes import COLOURS, PLACES, SHAPES, parse_prompt, render, sample_scene
 
-log = logging.getLogger("studio.tiny.train")
+log = logging.getLogger("lab.tiny.train")
 
 
 def _to_tensor(imgs) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""`python -m studio clicks --api URL`: what one Generate click costs through a running app, per compare mode.
+"""`python -m lab clicks --api URL`: what one Generate click costs through a running app, per compare mode.
 
 The targets: once a shape's base timing is known, a Generate click in `auto` takes at most 1.3x the wall
 time of the stack's own run, and a click in `on` on a new prompt at most 6x. The stack's own run, through the
@@ -88,3 +88,38 @@ def run_clicks(url: str, prompt: str, preset: str, rounds: int = 2, progress=Non
                 seed += 1
                 click(p, mode, seed)
     return rep
+
+
+def clicks_text(rep, where: str) -> str:
+    """`python -m lab clicks`: each mode's click wall time and the verdict (a lab.clicks.ClickReport)."""
+    lines = [f"{rep.preset} through {where}, a Generate click's wall time (median of {len(rep.wall['off'])}):"]
+    off = rep.median("off")
+    for mode in rep.wall:
+        lines.append(f"  {mode:4s} {rep.median(mode):6.2f} s ({rep.median(mode) / off:.2f}x off), {rep.timing[mode]}")
+    verdict = "PASS" if rep.passed else "FAIL"
+    lines.append(f"{verdict}: an auto click is {rep.auto_over_off:.2f}x the stack's own run (target <= {rep.bound}x)")
+    verdict = "PASS" if rep.on_passed else "FAIL"
+    lines.append(
+        f"{verdict}: an on click of a new prompt is {rep.on_over_off:.2f}x the stack's own run "
+        f"(target <= {rep.on_bound}x)"
+    )
+    counts = ", ".join(f"{m} {sum(rep.shown[m])} of {len(rep.shown[m])}" for m in ("auto", "on"))
+    verdict = "PASS" if rep.shown_passed else "FAIL"
+    lines.append(f"{verdict}: clicks of new prompts that showed a speed-up: {counts} (target: 5 of 6 or more)")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """`python -m lab clicks`: what a Generate click costs through a running app, per compare mode."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m lab clicks", description=main.__doc__)
+    ap.add_argument("--api", required=True, help="the running app (e.g. http://127.0.0.1:7860/)")
+    ap.add_argument("--preset", default="cache")
+    ap.add_argument("--prompt", default="a red circle in the center, blue background")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of off, auto and on clicks (3 prompts each)")
+    args = ap.parse_args(argv)
+    rep = run_clicks(args.api, args.prompt, args.preset, args.rounds, progress=lambda m: print(m, file=sys.stderr))
+    print(clicks_text(rep, args.api))
+    return 0 if rep.passed else 1

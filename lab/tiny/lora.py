@@ -1,8 +1,8 @@
 """Example LoRAs of the embedded model: its own scenes drawn in a style, learned by a small adapter in minutes.
 
-    python -m studio.tiny.lora train --style outline --out studio/models/tiny/loras/outline
-    python -m studio.tiny.lora sheet --lora outline --out docs/img/lora-outline.png
-    python -m studio.tiny.lora numbers --lora outline --presets cache,cache-int8,cache-compile
+    python -m lab.tiny.lora train --style outline --out studio/models/tiny/loras/outline
+    python -m lab.tiny.lora sheet --lora outline --out docs/img/lora-outline.png
+    python -m lab.tiny.lora numbers --lora outline --presets cache,cache-int8,cache-compile
 
 `train`: the embedded model's weights stay frozen; peft adapters on the attention projections of every block
 learn, by train.py's own flow-matching loop (`train_denoiser`, the transformer alone), from a pool of training
@@ -45,7 +45,7 @@ LOOKS = {"outline": "every object ringed in the palette's black"}  # each of sce
 
 
 def _parser() -> argparse.ArgumentParser:
-    from studio.tiny.scenes import STYLES
+    from lab.tiny.scenes import STYLES
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -83,9 +83,9 @@ def train(args) -> dict:
     from peft.utils import get_peft_model_state_dict
     from tqdm import tqdm
 
+    from lab.tiny.train import _curve, encode_pool, train_denoiser
     from studio.spec.profiles import EMBEDDED_DIR
     from studio.tiny.build import TinyConfig
-    from studio.tiny.train import _curve, encode_pool, train_denoiser
 
     torch.set_num_threads(args.threads)
     rng = random.Random(args.seed)
@@ -126,7 +126,7 @@ def train(args) -> dict:
     )
     knobs = ("style", "steps", "batch", "pool", "pair_share", "rank", "alpha", "lr", "compile", "threads", "seed")
     record = {
-        "command": "python -m studio.tiny.lora " + shlex.join(sys.argv[1:] if args.argv is None else args.argv),
+        "command": "python -m lab.tiny.lora " + shlex.join(sys.argv[1:] if args.argv is None else args.argv),
         **{k: getattr(args, k) for k in knobs},
         "targets": list(TARGETS),
         "lora_parameters": n_lora,
@@ -145,7 +145,7 @@ def train(args) -> dict:
 def _readme(r: dict) -> str:
     return f"""# {r["style"]}: an example LoRA of the embedded model
 
-The embedded model's scenes drawn in the `{r["style"]}` style (studio/tiny/scenes.py): {LOOKS[r["style"]]}.
+The embedded model's scenes drawn in the `{r["style"]}` style (lab/tiny/scenes.py): {LOOKS[r["style"]]}.
 Rank {r["rank"]}, alpha {r["alpha"]:g}, on {", ".join(r["targets"])} of every block:
 {r["lora_parameters"]:,} parameters, {r["file_bytes"]:,} bytes. Made by
 
@@ -161,10 +161,10 @@ in {r["total_seconds"]:.0f} s on {r["threads"]} CPU thread(s): {r["steps"]} step
 def sheet(args) -> None:
     """Base, the LoRA at half its scale and at its scale on SHEET_PROMPTS through the studio's engine, one row per
     prompt; the ring's luminance (scenes.ring_luminance, 0-255) printed for each."""
+    from lab.tiny.eval import contact_sheet
+    from lab.tiny.scenes import parse_prompt, ring_luminance
     from studio.engine import ModelManager, Runner
     from studio.spec.lora import parse_loras
-    from studio.tiny.eval import contact_sheet
-    from studio.tiny.scenes import parse_prompt, ring_luminance
 
     runner = Runner(ModelManager("cpu", settings=current()), model="tiny")  # (main installed them: its edge)
     (lora,) = parse_loras(args.lora)

@@ -1,6 +1,6 @@
 """Evaluate the embedded model through the studio's own engine (ModelManager + Runner), judged from pixels.
 
-    python -m studio.tiny.eval [--seeds 3] [--out docs]
+    python -m lab.tiny.eval [--seeds 3] [--out docs]
 
 Reports, on held-out exact combinations (never seen in training): background colour, object colour at its
 place, and shape for single-object prompts; both objects at their places for two-object prompts. Then the
@@ -21,9 +21,13 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from studio.tiny.scenes import Scene, all_single_scenes, is_held_out, judge_background, judge_object, sample_scene
+from lab.tiny.scenes import Scene, all_single_scenes, is_held_out, judge_background, judge_object, sample_scene
 
 TARGETS = {"background": 0.95, "colour": 0.85, "shape": 0.80, "pair": 0.80, "cache_psnr_db": 30.0}
+# A model that needs its steps: base at half the steps, against the full-step picture, worst over the held-out prompts
+# (docs/prompts-heldout.txt) at most this (real DiTs change the picture at fewer steps; a straight flow would not).
+HALF_STEPS_MAX_DB = 32.0
+FEWER_STEPS = (20, 16, 14, 10, 8)  # of the profile's 28: the table in docs/tiny-model.md
 
 
 def held_out_singles(n: int, seed: int = 0) -> list[Scene]:
@@ -101,11 +105,33 @@ def _cache_runs(gen, n: int) -> list[dict]:
     return runs
 
 
+def fewer_steps_rows(runner, model: str, prompts: list[str], seed: int = 42) -> list[dict]:
+    """Base at each of FEWER_STEPS against base's full-step picture over `prompts` (studio.bench.fewer)."""
+    from studio.bench.fewer import FewerStepsJudge
+
+    reqs = [runner.request(p, model=model, seed=seed) for p in prompts]
+    judge = FewerStepsJudge(runner, reqs, model, floor_db=HALF_STEPS_MAX_DB)
+    out = []
+    for k in FEWER_STEPS:
+        p = judge.point(min(k, reqs[0].steps - 1))
+        out.append(
+            {
+                "steps": p.steps,
+                "of": p.full,
+                "speedup": p.speedup,
+                "worst_psnr_db": p.worst_db,
+                "mean_psnr_db": p.mean_db,
+                "worst_flip": p.worst_flip,
+            }
+        )
+    return out
+
+
 def _rate(rows, key):
     return sum(r[key] for r in rows) / len(rows)
 
 
-def _report(args, singles: list, pairs: list, cache_runs: list, seconds: float) -> dict:
+def _report(args, singles: list, pairs: list, cache_runs: list, seconds: float, fewer: list) -> dict:
     psnrs = [r["psnr_db"] for r in cache_runs]
     return {
         "model": args.model,
@@ -124,7 +150,8 @@ def _report(args, singles: list, pairs: list, cache_runs: list, seconds: float) 
             "mean_psnr_db": statistics.mean(psnrs),
             "share_at_or_above_30db": sum(p >= 30 for p in psnrs) / len(psnrs),
         },
-        "targets": TARGETS,
+        "fewer_steps": {"prompts": args.fewer_prompts, "rows": fewer},
+        "targets": {**TARGETS, "half_steps_max_db": HALF_STEPS_MAX_DB},
         "seconds": round(seconds, 1),
         "failures": {
             "single": [r for r in singles if not (r["background"] and r["colour"] and r["shape"])][:20],
@@ -142,6 +169,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--cache-prompts", type=int, default=12)
     ap.add_argument("--out", type=Path, default=Path("docs"))
+    ap.add_argument("--fewer-prompts", default="docs/prompts-heldout.txt", help="prompts of the fewer-steps table")
     args = ap.parse_args(argv)
 
     from studio.engine import ModelManager, Runner
@@ -163,7 +191,11 @@ def main(argv=None) -> int:
         score_pair(gen(s.prompt, seed).image, s) for s in held_out_pairs(args.pairs) for seed in range(args.seeds)
     ]
 
-    report = _report(args, singles, pairs, _cache_runs(gen, args.cache_prompts), time.perf_counter() - t0)
+    from studio.spec.ask import read_prompts
+
+    fewer = fewer_steps_rows(runner, args.model, read_prompts(args.fewer_prompts))
+    cache_runs = _cache_runs(gen, args.cache_prompts)
+    report = _report(args, singles, pairs, cache_runs, time.perf_counter() - t0, fewer)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "tiny-eval.json").write_text(json.dumps(report, indent=1))
 
@@ -192,6 +224,11 @@ def _summary(report: dict, out: Path) -> int:
         f"cache preset, 28 steps ({c['n']} prompts): mean cached {c['mean_cached_steps']:.1f}, PSNR mean "
         f"{c['mean_psnr_db']:.1f} dB, min {c['min_psnr_db']:.1f} dB, >=30 dB {c['share_at_or_above_30db']:.0%}"
     )
+    for r in report["fewer_steps"]["rows"]:
+        print(
+            f"base at {r['steps']} of {r['of']} steps ({r['speedup']:.2f}x): worst PSNR {r['worst_psnr_db']:.1f} dB, "
+            f"mean {r['mean_psnr_db']:.1f} dB against the full-step picture"
+        )
     print(f"wrote {out / 'tiny-eval.json'} and {out / 'tiny-contact-sheet.png'} in {report['seconds']:.0f}s")
     ok = (
         s["background"] >= TARGETS["background"]
@@ -200,6 +237,13 @@ def _summary(report: dict, out: Path) -> int:
         and p["both_objects_right"] >= TARGETS["pair"]
         and c["min_psnr_db"] >= TARGETS["cache_psnr_db"]
     )
+    half = next((r for r in report["fewer_steps"]["rows"] if r["steps"] * 2 == r["of"]), None)
+    if half is not None and half["worst_psnr_db"] > HALF_STEPS_MAX_DB:
+        print(
+            f"base at half the steps keeps {half['worst_psnr_db']:.1f} dB: over {HALF_STEPS_MAX_DB:g} dB, so the "
+            "model does not need its steps"
+        )
+        ok = False
     print("targets met" if ok else "targets NOT met")
     return 0 if ok else 1
 

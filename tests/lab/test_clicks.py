@@ -1,12 +1,11 @@
-"""`python -m studio clicks`' verdicts (studio/bench/clicks.py, studio/report/text.py): wall-time ratios and how many
+"""`python -m lab clicks`' verdicts (lab/clicks.py, studio/report/text.py): wall-time ratios and how many
 clicks of new prompts showed a speed-up, from a report as run_clicks fills it."""
 
 from __future__ import annotations
 
 import pytest
 
-from studio.bench.clicks import ClickReport
-from studio.report.text import clicks_text
+from lab.clicks import ClickReport, clicks_text
 
 pytestmark = pytest.mark.quick
 

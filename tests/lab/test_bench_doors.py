@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from studio.bench import regimes as rg
-from studio.bench.doctor import _flux_inputs
+from lab.regimes import table as rg
+from lab.regimes.kernels import _flux_inputs
 from studio.engine.cache import BareTransformer, apply_cache, prepare_run, read_report
 from studio.engine.state import stack_state
 from studio.measure import clock as clk
