@@ -234,6 +234,28 @@ def test_card_shows_counts_source_timing_and_fallbacks_apart():
     assert "flag-broken" in metrics_card(make_metrics(quality=Verdict.BROKEN))
 
 
+def test_the_card_leads_with_the_answer_and_no_cell_is_a_paragraph():
+    """One line first (the speed-up, PSNR, FLIP in words, the counts, against fewer steps), the figures behind it,
+    the rest folded; LPIPS without its weights says 'not installed', not how to install them."""
+    import re
+
+    from studio.measure.lpips import NO_WEIGHTS
+
+    fewer = {"steps": 16, "full": 28, "speedup": 1.75, "psnr_db": 38.0, "margin_db": 41.234 - 38.0}
+    m = make_metrics(flip=0.031, lpips_note=NO_WEIGHTS, vs_fewer=fewer)
+    card = metrics_card(m)
+    first = re.search(r'<div class="card-answer">(.*?)</div>', card).group(1)
+    assert first == (
+        "1.80x vs base · PSNR 41.23 dB · FLIP 0.0310 (hard to see) · 4 cached / 6 full · beats base at 16 steps "
+        "(+3.2 dB)"
+    )
+    assert card.index("card-answer") < card.index("<table>") < card.index("<details>")
+    assert "<td>LPIPS</td><td>not installed" in card and "hub cache" not in card
+    cells = [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td>(.*?)</td>", card, re.S)]
+    assert max(len(c) for c in cells) <= 300, max(cells, key=len)
+    assert metrics_card(make_metrics(speedup=None, speedup_note="busy machine")).count("speed-up withheld (busy") == 1
+
+
 def test_metrics_json_keys():
     d = make_metrics().as_dict()
     assert d["quality"] == "good" and d["residual_diffs"] == {"4": 0.1}

@@ -1,6 +1,6 @@
 """Evaluate the embedded model through the studio's own engine (ModelManager + Runner), judged from pixels.
 
-    python -m lab.tiny.eval [--seeds 3] [--out docs]
+    python -m lab eval [--seeds 3] [--out docs]
 
 Reports, on held-out exact combinations (never seen in training): background colour, object colour at its
 place, and shape for single-object prompts; both objects at their places for two-object prompts. Then the

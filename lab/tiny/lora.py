@@ -1,8 +1,8 @@
 """Example LoRAs of the embedded model: its own scenes drawn in a style, learned by a small adapter in minutes.
 
-    python -m lab.tiny.lora train --style outline --out studio/models/tiny/loras/outline
-    python -m lab.tiny.lora sheet --lora outline --out docs/img/lora-outline.png
-    python -m lab.tiny.lora numbers --lora outline --presets cache,cache-int8,cache-compile
+    python -m lab lora train --style outline --out studio/models/tiny/loras/outline
+    python -m lab lora sheet --lora outline --out docs/img/lora-outline.png
+    python -m lab lora numbers --lora outline --presets cache,cache-int8,cache-compile
 
 `train`: the embedded model's weights stay frozen; peft adapters on the attention projections of every block
 learn, by train.py's own flow-matching loop (`train_denoiser`, the transformer alone), from a pool of training
@@ -126,7 +126,7 @@ def train(args) -> dict:
     )
     knobs = ("style", "steps", "batch", "pool", "pair_share", "rank", "alpha", "lr", "compile", "threads", "seed")
     record = {
-        "command": "python -m lab.tiny.lora " + shlex.join(sys.argv[1:] if args.argv is None else args.argv),
+        "command": "python -m lab lora " + shlex.join(sys.argv[1:] if args.argv is None else args.argv),
         **{k: getattr(args, k) for k in knobs},
         "targets": list(TARGETS),
         "lora_parameters": n_lora,

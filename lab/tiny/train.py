@@ -1,6 +1,6 @@
 """Train the embedded tiny model from scratch on procedurally drawn scenes and write the pipeline folder.
 
-    python -m lab.tiny.train [--out DIR] [--vae-steps N] [--steps N] [--threads 2]
+    python -m lab train [--out DIR] [--vae-steps N] [--steps N] [--threads 2]
 
 Two stages: (1) the VAE learns to reconstruct drawn scenes; (2) its latents of a pool of jittered scenes train
 the FLUX transformer together with both text encoders (FLUX gives text tokens no position, so word order has

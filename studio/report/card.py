@@ -18,6 +18,8 @@ CSS = """
 .flag-warn {color: #a15c00}
 .stack-lines {font-family: var(--font-mono); font-size: 0.85em; margin: 4px 0 0 0}
 .fallback {color: #a15c00}
+.card-answer {font-weight: 600; font-size: 1.05em; margin: 2px 0 6px 0}
+.metrics-card details summary {cursor: pointer; color: var(--body-text-color-subdued); margin-top: 4px}
 """
 
 
@@ -87,9 +89,9 @@ def _flip(m) -> str:
 
 
 def _lpips(m) -> str:
-    """LPIPS against base (studio.measure.lpips), or why there is none here."""
+    """LPIPS against base (studio.measure.lpips), or that its weights are not installed (docs/measuring.md: how)."""
     if m.quality.lpips is None:
-        return f"<small>{html.escape(m.quality.lpips_note)}</small>"
+        return "not installed (its weights: docs/measuring.md, LPIPS)"
     return f"{fmt.lpips(m.quality.lpips)} &nbsp; <small>(AlexNet v0.1; 0: the same picture)</small>"
 
 
@@ -102,9 +104,60 @@ def fewer_steps_cell(v: dict) -> str:
     return f"fewer steps does {'as well' if margin > -CLEAR_DB else 'better'}: {at}"
 
 
-def metrics_card(m) -> str:
-    """`m` is a RunMetrics."""
-    esc, t, c, q = html.escape, m.timing, m.cache, m.quality
+def flip_words(v: float | None) -> str:
+    """FLIP's mean error in words: how a person flipping between the picture and base would see it."""
+    if v is None:
+        return "not measured"
+    if v == 0.0:
+        return "identical"
+    return next(words for top, words in FLIP_WORDS if v < top)
+
+
+# FLIP's mean error, read as what shows (NVIDIA FLIP: 0 none, 1 black against white). It is concave at small errors:
+# one level of 255 in flat colour already reads 0.03 (docs/measuring.md); base at fewer steps keeping 35 dB on the
+# embedded model read 0.06.
+FLIP_WORDS = ((0.05, "hard to see"), (0.1, "seen flipping between the two"), (0.2, "visible"), (2.0, "different"))
+
+
+def answer_line(m) -> str:
+    """The card's first line, as text: what the run bought and what it cost, in one line."""
+    t, c, q = m.timing, m.cache, m.quality
+    if m.preset == "base" and not c.cached_steps:
+        return f"base: the reference every stack is measured against · denoise {fmt.seconds(t.denoise_s)}"
+    if t.speedup_note:
+        parts = [f"speed-up withheld ({t.speedup_note})"]
+    elif t.speedup is None:
+        parts = ["not compared with base"]
+    else:
+        parts = [f"{fmt.speedup_ci(t.speedup, t.speedup_lo, t.speedup_hi)} vs base"]
+    if q.psnr_db is not None:
+        parts.append(f"PSNR {fmt.psnr(q.psnr_db)}")
+    if q.flip is not None:
+        parts.append(f"FLIP {fmt.flip(q.flip)} ({flip_words(q.flip)})")
+    parts.append(f"{c.cached_steps} cached / {c.full_steps} full")
+    if q.vs_fewer:
+        v = q.vs_fewer
+        verdict = "beats" if v["margin_db"] >= CLEAR_DB else "ties" if v["margin_db"] > -CLEAR_DB else "loses to"
+        parts.append(f"{verdict} base at {v['steps']} steps ({v['margin_db']:+.1f} dB)")
+    return " · ".join(parts)
+
+
+def _speedup_cell(m) -> str:
+    t, esc = m.timing, html.escape
+    vs = esc(t.speedup_note) if t.speedup_note else fmt.speedup_ci(t.speedup, t.speedup_lo, t.speedup_hi)
+    if t.base_denoise_s is not None:
+        pairs = f", {esc(fmt.pairs(t.timed_pairs, t.pairs_stop, t.stalled_runs))}" if t.timed_pairs else ""
+        vs += f" (base {fmt.denoise(t.base_denoise_s, t.base_priced_s)}{pairs})"
+    if t.speedup_lo is not None:  # the interval named by what it held (studio.measure.estimate), on hover
+        vs = f'<span title="{esc(interval_words())}">{vs}</span>'
+    for note in (fmt.host_slow(t.base_pace_over), fmt.host_took(t.cores_host)):
+        if note and t.speedup is not None:
+            vs += f"<br><small>{esc(note)}</small>"
+    return vs
+
+
+def _steps_cell(m) -> str:
+    c, esc = m.cache, html.escape
     steps = fmt.steps(c.cached_steps, c.full_steps)
     if c.cached_step_indices:
         steps += f" &nbsp; cached: {c.cached_step_indices}"
@@ -113,47 +166,49 @@ def metrics_card(m) -> str:
     if c.pruned_blocks is not None:
         steps += f"<br><small>{esc(fmt.pruned(c.pruned_blocks, c.block_calls))}</small>"
     steps += f"<br><small>counted by {esc(c.count_source)}" + (f"; {esc(c.count_check)}" if c.count_check else "")
-    steps += "</small>"
+    return steps + "</small>"
+
+
+def _table(rows) -> str:
+    return "<table>" + "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows) + "</table>"
+
+
+def metrics_card(m) -> str:
+    """`m` is a RunMetrics: the answer in one line, the figures behind it, then the rest folded."""
+    esc, t, c, q = html.escape, m.timing, m.cache, m.quality
     room = _room(m)
-    vs = esc(t.speedup_note) if t.speedup_note else fmt.speedup_ci(t.speedup, t.speedup_lo, t.speedup_hi)
-    if t.base_denoise_s is not None:
-        pairs = f", {esc(fmt.pairs(t.timed_pairs, t.pairs_stop, t.stalled_runs))}" if t.timed_pairs else ""
-        vs += f" (base {fmt.denoise(t.base_denoise_s, t.base_priced_s)}{pairs})"
-    if t.speedup_lo is not None:  # the interval named by what it held (studio.measure.estimate), on hover
-        vs = f'<span title="{esc(interval_words())}">{vs}</span>'
-    if fmt.host_slow(t.base_pace_over) and t.speedup is not None:
-        vs += f"<br><small>{esc(fmt.host_slow(t.base_pace_over))}</small>"
-    if fmt.host_took(t.cores_host) and t.speedup is not None:
-        vs += f"<br><small>{esc(fmt.host_took(t.cores_host))}</small>"
-    rows = [
+    main = [
+        ("vs base", _speedup_cell(m)),
+        ("PSNR / SSIM", f"{fmt.psnr(q.psnr_db)} / {fmt.ssim(q.ssim)}" if q.psnr_db is not None else _uncompared(m)),
+        *([("FLIP", _flip(m))] if q.flip is not None else []),
+        *([("vs fewer steps", esc(fewer_steps_cell(q.vs_fewer)))] if q.vs_fewer else []),
+        ("quality", verdict_flag(q.verdict)),
+        ("steps", _steps_cell(m)),
+        *([("cache room", room)] if room else []),
         ("stack", _stack(m)),
         ("denoise", f"{fmt.denoise(t.denoise_s, t.denoise_priced_s)} &nbsp; ({t.mean_step_ms:.1f} ms/step)"),
-        ("steps", steps),
-        *([("cache room", room)] if room else []),
-        ("vs base", vs),
-        ("PSNR / SSIM", f"{fmt.psnr(q.psnr_db)} / {fmt.ssim(q.ssim)}" if q.psnr_db is not None else _uncompared(m)),
-        (f"worst {TILE}x{TILE} tile", fmt.tile(q.worst_tile_psnr_db, q.worst_tile_yx)),
-        *([("vs fewer steps", esc(fewer_steps_cell(q.vs_fewer)))] if q.vs_fewer else []),
-        *([("FLIP", _flip(m))] if q.flip is not None else []),
-        *([("LPIPS", _lpips(m))] if q.lpips is not None or q.lpips_note else []),
-        ("quality", verdict_flag(q.verdict)),
         *([("batch", esc(fmt.batch_line(m.quality.batch)))] if m.quality.batch else []),
-        *([("of ideal", esc(fmt.ideal_line(m)))] if m.cache.ideal_speedup else []),
-        ("timing", esc(m.timing.how)),
     ]
-    if m.timing.compile_s is not None:
-        rows.append(("compile warm-up", f"{fmt.seconds(m.timing.compile_s, 1)} (not in denoise time)"))
-    elif m.timing.warmup_s is not None:
-        rows.append(("warm-up run", f"{fmt.seconds(m.timing.warmup_s, 2)} (not in denoise time)"))
-    rows.append(("engaged", _lines(m.labels.engaged)))
+    more = [
+        (f"worst {TILE}x{TILE} tile", fmt.tile(q.worst_tile_psnr_db, q.worst_tile_yx)),
+        *([("LPIPS", _lpips(m))] if q.lpips is not None or q.lpips_note else []),
+        *([("of ideal", esc(fmt.ideal_line(m)))] if c.ideal_speedup else []),
+        ("timing", esc(t.how)),
+    ]
+    if t.compile_s is not None:
+        more.append(("compile warm-up", f"{fmt.seconds(t.compile_s, 1)} (not in denoise time)"))
+    elif t.warmup_s is not None:
+        more.append(("warm-up run", f"{fmt.seconds(t.warmup_s, 2)} (not in denoise time)"))
+    more.append(("engaged", _lines(m.labels.engaged)))
     if m.labels.fallbacks:
-        rows.append(("fell back", _lines(m.labels.fallbacks, "fallback")))
-    rows.append(("peak memory", esc(fmt.memory_line(m.memory.peak_memory, m.memory.h2d))))
+        main.append(("fell back", _lines(m.labels.fallbacks, "fallback")))  # what did not run as asked: in view
+    more.append(("peak memory", esc(fmt.memory_line(m.memory.peak_memory, m.memory.h2d))))
     if m.placement.plan:
-        rows.append(("placement", esc(_placement(m.placement.plan))))
-    rows.append(("device", f"{esc(m.placement.device)}, {esc(m.labels.dtype)}"))
-    body = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows)
-    return f'<div class="metrics-card"><table>{body}</table></div>'
+        more.append(("placement", esc(_placement(m.placement.plan))))
+    more.append(("device", f"{esc(m.placement.device)}, {esc(m.labels.dtype)}"))
+    answer = f'<div class="card-answer">{esc(answer_line(m))}</div>'
+    folded = f"<details><summary>timing, what engaged, memory, placement</summary>{_table(more)}</details>"
+    return f'<div class="metrics-card">{answer}{_table(main)}{folded}</div>'
 
 
 def before_run_note(d: dict | None, unread: str = "") -> str:

@@ -1,5 +1,5 @@
 """The LoRA shipped with the embedded model (studio/models/tiny/loras/outline, trained by
-`python -m lab.tiny.lora train --style outline ...`), offered by name, through the real stack (diffusers, peft)."""
+`python -m lab lora train --style outline ...`), offered by name, through the real stack (diffusers, peft)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_the_outline_lora_ships_with_the_embedded_model_small_and_with_its_recor
     weights = folder / LORA_FILE
     assert 50_000 < weights.stat().st_size < 500_000
     rec = json.loads((folder / "lora.json").read_text())
-    assert rec["command"].startswith("python -m lab.tiny.lora train --style outline")
+    assert rec["command"].startswith("python -m lab lora train --style outline")
     assert rec["final_loss"] < rec["first_loss"] and rec["rank"] <= 8 and rec["seed"] == 0
     assert (folder / "README.md").read_text().count(rec["command"]) == 1
 
@@ -138,7 +138,7 @@ def test_the_cli_takes_a_shipped_name(capsys):
 
 
 def test_the_training_command_writes_a_lora_the_studio_loads(tmp_path, tiny_runner):
-    """A few steps of `python -m lab.tiny.lora train`: a file of the shipped one's layout, its record, and the
+    """A few steps of `python -m lab lora train`: a file of the shipped one's layout, its record, and the
     studio loads it by path (its adapters start at zero, so two steps move the picture only a little)."""
     from lab.tiny.lora import main
 

@@ -181,7 +181,7 @@ def _gen(runner, prompt, seed=0, preset="base", compare=True, **kw):
 
 
 def test_embedded_model_draws_held_out_prompts(tiny_runner):
-    """A small slice of `python -m lab.tiny.eval`: held-out combinations, judged from pixels."""
+    """A small slice of `python -m lab eval`: held-out combinations, judged from pixels."""
     scenes = held_out_singles(8, seed=5)
     # the pictures alone are judged: no base to compare with (base against itself would only time it again)
     images = [(_gen(tiny_runner, s.prompt, seed, compare=False).image, s) for s in scenes for seed in (0, 1)]
