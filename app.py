@@ -77,7 +77,7 @@ device = start_device(
         allowed=tuple(MODELS) if PUBLIC else None,
         max_steps=SETTINGS.max_steps,
         max_side=SETTINGS.max_side,
-        presets=PresetLibrary(),
+        presets=PresetLibrary(user_dir=SETTINGS.presets_dir),
         max_rss_gb=SETTINGS.worker_max_rss_gb,
         settings=SETTINGS,
     ),

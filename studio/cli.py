@@ -347,7 +347,7 @@ def main(argv=None) -> int:
 
     if args.cmd == "doctor":
         return _doctor(args)
-    lib = PresetLibrary(user_dir=getattr(args, "presets_dir", None))
+    lib = PresetLibrary(user_dir=getattr(args, "presets_dir", None) or settings.presets_dir)
     if args.cmd in ("presets", "plan"):
         try:
             return (presets_command if args.cmd == "presets" else plan_command)(lib, args, settings)

@@ -54,8 +54,10 @@ def test_zerogpu_compiles_ahead_of_time_on_the_eager_weights(random_model_dir, s
     # one package per block class on disk, and the shape marked built (app.gpu_time reserves no compile for it)
     built = sorted(aot.glob("*.pt2"))
     assert sorted(p.name.split("-")[0] for p in built) == ["FluxSingleTransformerBlock", "FluxTransformerBlock"]
-    assert aot_built(random_model_dir, ("aot", "default", "sdpa"), "float32", (64, 64, 1, None))
-    assert not aot_built(random_model_dir, ("aot", "default", "sdpa"), "float32", (64, 64, 2, None))  # another batch
+    assert aot_built(aot, random_model_dir, ("aot", "default", "sdpa"), "float32", (64, 64, 1, None))
+    assert not aot_built(
+        aot, random_model_dir, ("aot", "default", "sdpa"), "float32", (64, 64, 2, None)
+    )  # another batch
     tr = runner.manager.current.pipe.transformer
     variant = stack_state(tr).compile.running
     assert isinstance(variant, AotVariant) and not variant.pending()
@@ -120,7 +122,7 @@ def test_zerogpu_compiles_ahead_of_time_on_the_eager_weights(random_model_dir, s
     again_variant = stack_state(fresh.manager.current.pipe.transformer).compile.running
     assert not again_variant.pending() and two.metrics.as_dict()["tag"].endswith("+aot")
     assert len(list(aot.glob("*.pt2"))) == 4 and aot_built(
-        random_model_dir, ("aot", "default", "sdpa"), "float32", (64, 64, 2, None)
+        aot, random_model_dir, ("aot", "default", "sdpa"), "float32", (64, 64, 2, None)
     )
 
 
@@ -169,7 +171,7 @@ def test_8bit_weights_quantized_before_the_export_run_ahead_of_time_on_their_own
     assert _pixels_apart(res.image, eager.image) <= 2, _pixels_apart(res.image, eager.image)
     variant = stack_state(runner.manager.current.pipe.transformer).compile.running
     assert isinstance(variant, AotVariant) and not variant.pending()
-    assert aot_built(random_model_dir, ("aot", "default", "sdpa", "int8_per_row"), "float32", (64, 64, 1, None))
+    assert aot_built(aot, random_model_dir, ("aot", "default", "sdpa", "int8_per_row"), "float32", (64, 64, 1, None))
     names = [n for b in variant.blocks for p in b.loaded.values() for n in p.get_constant_fqns()]
     assert any(".parametrizations.weight.original0" in n for n in names)  # the int8 weights' inner tensors
     # the packages read the int8 weight's storage in place: its scale changed (the weight x4), the compiled picture

@@ -294,19 +294,21 @@ def test_spec_defaults_validate():
         CompileSpec(enabled=True, fullgraph="yes")
 
 
-def test_prompt_length_is_bounded_and_not_echoed(settings):
-    GenerationRequest(prompt="x" * 2000)  # the default: far past any DiT's text window (FLUX: 512 T5 tokens)
+def test_prompt_length_is_bounded_and_not_echoed():
+    """Any request holds at most PROMPT_CHARS_CEILING characters; the operator's bound (STUDIO_MAX_PROMPT_CHARS,
+    2000 by default: far past any DiT's text window, FLUX's 512 T5 tokens) is a cap, checked with the others."""
+    from studio.spec.request import PROMPT_CHARS_CEILING, check_caps
+
     with pytest.raises(ConfigError) as e:
-        GenerationRequest(prompt="y" * 20_000)
+        GenerationRequest(prompt="y" * (PROMPT_CHARS_CEILING + 1))
+    assert str(e.value) == "request.prompt is 1000001 characters long: at most 1000000 are allowed in any request"
+    check_caps(GenerationRequest(prompt="x" * 2000), None, None, 2000)
+    with pytest.raises(ConfigError) as e:
+        check_caps(GenerationRequest(prompt="y" * 20_000), None, None, 2000)
     assert (
         str(e.value) == "request.prompt is 20000 characters long: at most 2000 are allowed (STUDIO_MAX_PROMPT_CHARS)"
     )
-    settings(max_prompt_chars=300)  # an operator's bound
-    with pytest.raises(ConfigError, match="request.prompt is 301 characters long: at most 300 are allowed"):
-        GenerationRequest(prompt="z" * 301)
-    with pytest.raises(
-        ConfigError, match="request.negative_prompt='str' is not valid: a string of at most 300 characters"
-    ):
-        GenerationRequest(prompt="z", negative_prompt="n" * 301)
+    with pytest.raises(ConfigError, match="request.negative_prompt is 301 characters long: at most 300 are allowed"):
+        check_caps(GenerationRequest(prompt="z", negative_prompt="n" * 301), None, None, 300)
     with pytest.raises(ConfigError, match=r"guidance=-5 is not valid: guidance is a finite number from 0 to 50"):
         GenerationRequest(prompt="x", guidance=-5)

@@ -60,7 +60,9 @@ def test_a_zerogpu_call_reserves_what_its_request_needs(tmp_path):
     with using(zerogpu=True, aot_dir=str(tmp_path)):
         # on ZeroGPU: an ahead-of-time build (engine.aot) for a stack that has one, at a shape not built yet
         assert d.generate(**{**one, "preset": "cache-compile"}, compare="off") > off
-        mark_aot_built(FLUX, ("aot", "default", "sdpa"), "auto", (1024, 1024, 1, None))  # what a warm-up leaves
+        mark_aot_built(
+            tmp_path, FLUX, ("aot", "default", "sdpa"), "auto", (1024, 1024, 1, None)
+        )  # what a warm-up leaves
         assert d.generate(**{**one, "preset": "cache-compile"}, compare="off") == off  # built: no compile
         assert d.generate(**{**one, "width": 512, "preset": "cache-compile"}, compare="off") > d.generate(
             **{**one, "width": 512}, compare="off"
@@ -68,13 +70,13 @@ def test_a_zerogpu_call_reserves_what_its_request_needs(tmp_path):
         # the tuner's compiled option builds too, once per shape (its compiled cache stacks run the same blocks)
         small = {**req, "width": 512, "floor": 30}
         unbuilt = d.tune(**small)
-        mark_aot_built(FLUX, ("aot", "default", "sdpa"), "auto", (512, 1024, 1, None))
+        mark_aot_built(tmp_path, FLUX, ("aot", "default", "sdpa"), "auto", (512, 1024, 1, None))
         assert d.tune(**small) < unbuilt
         # a quantized compiled stack builds too (its 8-bit weights quantized before the export: engine.aot), its own
         # packages: the full-precision stack's built marker does not cover it
         int8 = {**one, "preset": "cache-int8-sage"}
         assert d.generate(**int8, compare="off") > d.generate(**{**one, "preset": "cache-compile"}, compare="off")
-        mark_aot_built(FLUX, ("aot", "default", "sage", "auto"), "auto", (1024, 1024, 1, None))
+        mark_aot_built(tmp_path, FLUX, ("aot", "default", "sage", "auto"), "auto", (1024, 1024, 1, None))
         assert d.generate(**int8, compare="off") == off
     # a quarter of the pixels, fewer seconds; a form that cannot be read reserves the least (the handler refuses it)
     assert d.generate(**{**one, "width": 512, "height": 512}, compare="on") < on

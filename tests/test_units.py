@@ -22,7 +22,6 @@ from studio.report.card import metrics_card
 from studio.report.table import MatrixRow
 from studio.spec import ConfigError
 from studio.spec.devices import PROFILES, DeviceProfile
-from studio.spec.settings import using
 
 pytestmark = pytest.mark.quick  # the one-minute loop: no model is loaded here (pytest -m quick)
 
@@ -610,10 +609,8 @@ def test_zerogpu_settings_read_at_the_edge(tmp_path):
     assert zero.zerogpu and not zero.prewarm and zero.aot_dir == str(tmp_path)
     assert Settings.from_env({"SPACES_ZERO_GPU": "true", "STUDIO_PREWARM": "1"}).prewarm  # the operator's choice
     assert Settings.from_env({}).prewarm and not Settings.from_env({}).zerogpu
-    with using(aot_dir=str(tmp_path)):
-        assert aot_dir() == tmp_path
-    with using(aot_dir=None):
-        assert aot_dir().name == "studio-aot"
+    assert aot_dir(zero.aot_dir) == tmp_path  # the edge hands the engine its folder
+    assert aot_dir(Settings.from_env({}).aot_dir).name == "studio-aot"
 
 
 @pytest.mark.quick

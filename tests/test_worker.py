@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from worker_hooks import hooked
 
 from studio.spec import ConfigError, PresetLibrary, RunError
 from studio.spec.errors import StudioBug
+from studio.spec.settings import current
 from studio.worker import WorkerClient, WorkerConfig, WorkerCrashed
 
 CRASHES = "int8-weight-only"  # the stack whose runs kill the worker (tests/worker_hooks.py crash_on)
@@ -325,8 +327,10 @@ def test_on_zerogpu_the_device_runs_in_the_apps_process(random_model_dir, monkey
     from studio.engine.thread import DEVICE_THREAD
     from studio.worker.service import InProcess
 
-    monkeypatch.setattr(studio.worker, "on_zerogpu", lambda: True)
-    device = studio.worker.start_device(WorkerConfig(model=random_model_dir, device="cpu"), warm=["base"])
+    zero = replace(current(), zerogpu=True)  # the settings the edge read on ZeroGPU, handed to the device
+    device = studio.worker.start_device(
+        WorkerConfig(model=random_model_dir, device="cpu", settings=zero), warm=["base"]
+    )
     try:
         assert isinstance(device, InProcess)
         res = _generate(device)

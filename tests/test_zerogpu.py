@@ -113,7 +113,8 @@ def test_each_gpu_call_in_a_fresh_process_loses_nothing_the_studio_keeps(
 
     reserved, workers = forked_gpu
     log = tmp_path / "calls.log"
-    with using(zerogpu=True, proxy_hops=1):  # as on a ZeroGPU Space
+    aot = tmp_path / "aot"
+    with using(zerogpu=True, proxy_hops=1, aot_dir=str(aot)):  # as on a ZeroGPU Space (the settings read at start)
         device = studio.worker.start_device(WorkerConfig(model=random_model_dir, device="cpu", max_steps=20))
         assert isinstance(device, InProcess)  # the engine in the app's process, its model loaded at import
         demo = build_app(device, public=True, limits=PublicLimits(requests_per_minute=30))
@@ -154,8 +155,7 @@ def test_each_gpu_call_in_a_fresh_process_loses_nothing_the_studio_keeps(
         assert len({w.process.pid for w in workers}) == len(workers) == len(reserved)  # a fork a call
         # a compiled preset compiles ahead of time (engine.aot): the first call's process builds the packages, the
         # next call's process finds them on disk, and only the first reserved a compile (app.gpu_time)
-        aot = tmp_path / "aot"
-        with using(zerogpu=True, proxy_hops=1, aot_dir=str(aot)):  # what the forks inherit
+        with using(zerogpu=True, proxy_hops=1):  # what the forks inherit
             first = c.predict(prompt=PROMPT, **{**common, "preset": "cache-compile", "compare": "off"})
             built = {p.name: p.stat().st_mtime_ns for p in aot.glob("*.pt2")}
             second = c.predict(prompt=OTHER, **{**common, "preset": "cache-compile", "compare": "off"})

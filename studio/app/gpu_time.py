@@ -21,7 +21,7 @@ import gradio as gr
 from studio.app.admit import Asks
 from studio.spec.ask import Ask
 from studio.spec.checks import ConfigError
-from studio.spec.hosting import ahead_of_time_applies, aot_built, aot_marker_key
+from studio.spec.hosting import ahead_of_time_applies, aot_built, aot_dir, aot_marker_key
 from studio.spec.profiles import ModelProfile
 from studio.spec.settings import current
 
@@ -30,7 +30,8 @@ MAX_S = 600  # what one call may reserve at most
 MARGIN = 1.5  # the estimate is a guess: reserve half as much again
 OTHER_S = 3.0  # per run, outside the transformer: text encoders, VAE decode, the move of the picture off the GPU
 COMPILE_S = 90.0  # one stack's torch.compile (or AoT) warm-up at a new shape
-PAIRS = {"on": 2 * (3 + 4), "auto": 2 * 3, "off": 1}  # runs a Generate makes at most: pairs (+4 extra), or one
+# runs a Generate makes at most: pairs (+4 extra; `on`: and base at fewer steps for a cached run's card), or one
+PAIRS = {"on": 2 * (3 + 4) + 1, "auto": 2 * 3, "off": 1}
 TUNE_RUNS = 40  # the quick search's screening and timed runs, about
 TUNER_COMPILED = "compile"  # the preset whose compiled blocks the tuner's compiled option runs
 
@@ -92,7 +93,7 @@ class Durations:
             1
             for p in compiled
             if ahead_of_time_applies(p.compile, p.offload_config)  # (auto may choose none: reserved)
-            and not aot_built(ask.model, aot_marker_key(p), p.dtype, shape)
+            and not aot_built(aot_dir(current().aot_dir), ask.model, aot_marker_key(p), p.dtype, shape)
         )
 
     def _safe(self, event: str, args, values: dict, estimate) -> int:

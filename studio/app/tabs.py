@@ -47,6 +47,7 @@ def generate_tab(names: list[str], default_preset: str, compare: str) -> Generat
                     preview=False,
                     format="png",
                     elem_id="batch-gallery",
+                    visible=False,  # shown after a run of a batch (ui._shown_if_any)
                 )
                 card = gr.HTML(label="Metrics")
                 with gr.Accordion("Metrics as JSON (what the API returns)", open=False):

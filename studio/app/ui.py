@@ -41,11 +41,14 @@ from studio.worker.protocol import Device
 __all__ = ["CSS", "build_app"]
 
 
+def _shown_if_any(pictures):
+    """A panel with nothing to show is hidden: the batch gallery after a one-picture run."""
+    return gr.update(visible=bool(pictures))
+
+
 def _wire(ui: UI, h: Handlers, demo, described: dict) -> None:
     r, gen, ab, mx, tn, hist = ui.request, ui.gen, ui.ab, ui.mx, ui.tn, ui.hist
-    pics = PictureFiles(
-        h.studio.pictures_dir, h.studio.keeper
-    )  # every picture leaves an event as a file (app.pictures)
+    pics = PictureFiles(h.studio.pictures_dir, h.studio.keeper)  # every picture leaves as a file (app.pictures)
     _gpu = functools.partial(
         device_event, device=h.studio.device, by_id=components(ui), pictures=pics, size=current().zerogpu_size
     )
@@ -129,6 +132,8 @@ def _wire(ui: UI, h: Handlers, demo, described: dict) -> None:
     )
     _wire_keeping(ui, h, demo)
     _wire_maps(ui, pics, [generated, compared], [ab_done])
+    for event in (generated, compared):  # a one-picture run: no empty gallery (a panel with nothing is hidden)
+        event.then(_shown_if_any, gen.batch, gen.batch, **private)
     _wire_room(ui, h, demo, described)
 
 

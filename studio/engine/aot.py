@@ -22,8 +22,9 @@ docs/library-behaviour.md S5). What that asks of us, and what this module does:
 - not under a LoRA (peft adds modules and per-call scales), a memory regime that moves weights between calls, or a
   model without repeated blocks: refused with the reason (`refusal`), the stack runs eagerly.
 
-The packages live in spec.hosting.aot_dir() (STUDIO_AOT_DIR; <tmp>/studio-aot), written atomically; they outlive the
-process, and a marker per (model, variant, dtype, graph shape) says a shape is built (app.gpu_time reads it).
+The packages live in spec.hosting.aot_dir(settings.aot_dir) (STUDIO_AOT_DIR; <tmp>/studio-aot), written atomically;
+they outlive the process, and a marker per (model, variant, dtype, graph shape) says a shape is built (app.gpu_time
+reads it).
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from studio.engine.state import CompiledVariant, Engaged, stack_state
-from studio.spec.hosting import aot_dir
 
 CONFIGS = {"aot_inductor.package_constants_in_so": False}  # the package carries no weights: they are the block's
 NO_LORA = "not with a LoRA (peft's layers and scales are not in the package)"
@@ -87,7 +87,7 @@ def _leaves(value, prefix: str) -> list[tuple]:
 class Store:
     """The packages on disk, by what they are static in."""
 
-    folder: Path = field(default_factory=aot_dir)
+    folder: Path
     mode: str = "default"
     attention: str = ""  # attention_of(the transformer): part of every key
 
@@ -273,13 +273,14 @@ def variant_key(tr, spec) -> tuple:
     return ("aot", spec.mode, attention_of(tr))
 
 
-def aot_variant(tr, spec) -> AotVariant:
-    """The transformer's ahead-of-time variant for `spec` (a CompileSpec), made once per process."""
+def aot_variant(tr, spec, folder: Path) -> AotVariant:
+    """The transformer's ahead-of-time variant for `spec` (a CompileSpec), its packages in `folder`, made once per
+    process."""
     state = stack_state(tr)
     key = variant_key(tr, spec)
     variant = state.compile.variants.get(key)
     if variant is None:
-        store = Store(mode=spec.mode, attention=key[2])
+        store = Store(folder, mode=spec.mode, attention=key[2])
         blocks = [AotBlock(m, store) for m in tr.modules() if type(m).__name__ in tr._repeated_blocks]
         impls = [(b.block, "_compiled_call_impl", b, None) for b in blocks]
         how = f"ahead-of-time (AOTInductor packages reading the eager weights; {', '.join(tr._repeated_blocks)})"

@@ -10,6 +10,8 @@ of reloading weights and recompiling on every click.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from studio.engine import aot
 from studio.engine.state import CompiledVariant, Engaged, stack_state
 from studio.spec.devices import DeviceProfile
@@ -158,7 +160,7 @@ def _activate(tr, spec: CompileSpec, fullgraph: bool, guard: bool) -> CompiledVa
     return variant
 
 
-def _ahead_of_time(tr, spec: CompileSpec) -> Engaged:
+def _ahead_of_time(tr, spec: CompileSpec, folder: Path) -> Engaged:
     """The stack's compile where run-time graphs do not survive (ZeroGPU): its ahead-of-time form (engine.aot)."""
 
     why = aot.refusal(tr, spec)
@@ -167,7 +169,7 @@ def _ahead_of_time(tr, spec: CompileSpec) -> Engaged:
     failed = stack_state(tr).compile.failed.get(aot.variant_key(tr, spec))
     if failed:
         return failed_to_compile(failed)
-    variant = aot.aot_variant(tr, spec)
+    variant = aot.aot_variant(tr, spec, folder)
     _switch_on(tr, variant)
     return aot.engaged(variant)
 
@@ -209,15 +211,16 @@ def compiles(spec: CompileSpec, offload, profile: DeviceProfile) -> bool:
     return spec.enabled and getattr(offload, "policy", "none") != "group_offload"
 
 
-def apply_compile(pipe, spec: CompileSpec, *, cache_engaged: bool, ahead_of_time: bool = False) -> Engaged:
+def apply_compile(pipe, spec: CompileSpec, *, cache_engaged: bool, ahead_of_time: Path | None = None) -> Engaged:
     """Compile (or switch back on) the transformer as `spec` asks; switch compile off when it is not enabled.
-    `ahead_of_time`: the device profile's compile form is ahead of time (ZeroGPU: engine.aot)."""
+    `ahead_of_time`: where the device profile's compile form is ahead of time (ZeroGPU: engine.aot), the folder of
+    its packages; None: compiled at run time."""
     tr = pipe.transformer
     uncompile(tr)
     if not spec.enabled:
         return Engaged("compile", "off", False, "compile: off (eager)")
-    if ahead_of_time:
-        return _ahead_of_time(tr, spec)
+    if ahead_of_time is not None:
+        return _ahead_of_time(tr, spec, ahead_of_time)
     whole = not (spec.regional and getattr(tr, "_repeated_blocks", None))
     if whole and cache_engaged:
         # Measured on the embedded model: cache-dit under a whole-transformer graph cached 0 of 28 steps (the

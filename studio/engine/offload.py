@@ -16,6 +16,7 @@ Block-streaming regimes (group, layerwise) count the bytes they move onto the de
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -319,7 +320,9 @@ QUANT_UNDER_GROUP = (
 )
 
 
-def compile_under_offload(pipe, spec: CompileSpec, *, cache_engaged: bool, ahead_of_time: bool = False) -> Engaged:
+def compile_under_offload(
+    pipe, spec: CompileSpec, *, cache_engaged: bool, ahead_of_time: Path | None = None
+) -> Engaged:
     """engine.compile's apply_compile, under the regime on `pipe`: a block-streaming regime's hooks move weights
     inside every block call, and both libraries mark them torch.compiler.disable: regional graphs with fullgraph off
     around them (measured: fullgraph=True fails, "Skip inlining torch.compiler.disable()d function

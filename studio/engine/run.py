@@ -30,7 +30,7 @@ from studio.measure.estimate import Run, full_steps
 from studio.measure.memory import MemoryProbe, PeakMemory
 from studio.measure.timing import StepCounts, StepProbe, block_count, count_steps
 from studio.spec.errors import OverTime
-from studio.spec.hosting import aot_marker_key, mark_aot_built
+from studio.spec.hosting import aot_dir, aot_marker_key, mark_aot_built
 from studio.spec.preset import Preset
 from studio.spec.profiles import resolve_model
 from studio.spec.request import GenerationRequest
@@ -215,7 +215,8 @@ def warm(ctx: RunContext, pipe, stack: AppliedStack, preset: Preset) -> float | 
     seconds = first_run_or_eager(pipe.transformer, stack, timed)  # compile's failure policy is compile's own
     state.warm.add(key)
     if isinstance(state.compile.running, AotVariant):  # its packages are on disk for later calls (ZeroGPU's reserving)
-        mark_aot_built(ctx.model, aot_marker_key(preset), preset.dtype, ctx.request.graph_shape)
+        folder = aot_dir(ctx.manager.settings.aot_dir)
+        mark_aot_built(folder, ctx.model, aot_marker_key(preset), preset.dtype, ctx.request.graph_shape)
     return seconds
 
 

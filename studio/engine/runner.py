@@ -20,6 +20,7 @@ from studio.engine.baseline import (
     Pairing,
     base_itself,
     by_shape,
+    entry_of,
     regime_key,
     same_regime,
     shape_timing,
@@ -122,7 +123,7 @@ class Runner:
 
     def check_caps(self, request: GenerationRequest) -> None:
         """Raise ConfigError with a sentence when the request is over the operator's caps (before any load)."""
-        check_caps(request, self.max_steps, self.max_side)
+        check_caps(request, self.max_steps, self.max_side, self.manager.settings.max_prompt_chars)
 
     def check_request(self, request: GenerationRequest, model: str | None = None) -> None:
         """Raise ConfigError with a sentence when the request is over the caps or the model cannot take this size."""
@@ -246,8 +247,9 @@ class Runner:
 
     def _vs_fewer(self, ctx: RunContext, p: Preset, result: RunResult) -> dict | None:
         """A cached text-to-image run with a speed-up shown, against base at the step count of that speed-up (its
-        picture against the full-step base picture; HOUSE 18): one base run of fewer steps, kept as any base is, so
-        the same request again costs nothing. None where the run cached nothing or nothing divides."""
+        picture against the full-step base picture; HOUSE 18): one untimed base run of fewer steps (at most one base
+        run's cost), kept as any base picture is, so the same request again runs nothing more; no shape timing is
+        kept from it. None where the run cached nothing or nothing divides."""
         m, req = result.metrics, ctx.request
         sp, db = m.timing.speedup, m.quality.psnr_db
         if not m.cache.cached_steps or sp is None or sp <= 1.0 or db is None or result.base_image is None:
@@ -255,10 +257,11 @@ class Runner:
         if req.task != "text2img" or req.steps < 2:
             return None
         k = steps_at_speed(req.steps, sp)
-        fewer = self.generate(
-            replace(req, steps=k), self.base_preset(ctx.dtype.name, p), model=ctx.model, compare="on"
-        )
-        at = psnr(fewer.image, result.base_image)
+        base_p = self.base_preset(ctx.dtype.name, p)
+        fctx = self.context(replace(req, steps=k), base_p, ctx.model)
+        key = regime_key(fctx.key, base_p)
+        kept = self.bases.get(key) or self.bases.put(key, entry_of(measure(fctx, base_p, show_steps=False)))
+        at = psnr(kept.image, result.base_image)
         margin = db - at if not (db == at == float("inf")) else 0.0
         return {"steps": k, "full": req.steps, "speedup": req.steps / k, "psnr_db": at, "margin_db": margin}
 

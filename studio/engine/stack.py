@@ -26,6 +26,7 @@ from studio.engine.parallel import apply_parallel, remove_parallel, unavailable_
 from studio.engine.quantize import apply_quant
 from studio.engine.state import Engaged, ParallelState, stack_state
 from studio.spec.devices import DeviceProfile
+from studio.spec.hosting import aot_dir
 from studio.spec.preset import MIN_CACHE_STEPS, CacheSpec, ParallelSpec, Preset
 from studio.spec.settings import Settings
 
@@ -212,7 +213,7 @@ def apply_preset(
     out.attention = preset.attention_backend
     if state.compile.running is None:
         cached = state.step_cache.backend != "none"
-        aot = profile.zerogpu is not None
+        aot = aot_dir(settings.aot_dir) if profile.zerogpu is not None else None  # (its packages' folder)
         out.engaged["compile"] = compile_under_offload(pipe, preset.compile, cache_engaged=cached, ahead_of_time=aot)
         out.order.append("compile")
     compiled = state.compile.running.key if state.compile.running is not None else None

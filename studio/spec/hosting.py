@@ -8,8 +8,6 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from studio.spec.settings import current
-
 ROOT = str(Path(__file__).resolve().parents[2])  # the folder `studio` is in (the edges put it on PYTHONPATH)
 
 
@@ -92,16 +90,11 @@ def trim_malloc_every(seconds: float = TRIM_EVERY_S) -> str:
     return f"malloc trim: every {seconds:g} s"
 
 
-def on_zerogpu() -> bool:
-    """ZeroGPU Spaces (`spaces` installed and SPACES_ZERO_GPU set): the GPU is attached per call to a process that
-    `spaces` forks for the handler, and run-time compilation is not available."""
-    return current().zerogpu
-
-
-def aot_dir() -> Path:
-    """Where ahead-of-time packages live (engine.aot): STUDIO_AOT_DIR, or <tmp>/studio-aot. They outlive the
-    process that built them: on ZeroGPU each call's forked process finds what an earlier one built."""
-    return Path(current().aot_dir or Path(tempfile.gettempdir()) / "studio-aot")
+def aot_dir(configured: str | None) -> Path:
+    """Where ahead-of-time packages live (engine.aot): `configured` (the settings' STUDIO_AOT_DIR), or
+    <tmp>/studio-aot. They outlive the process that built them: on ZeroGPU each call's forked process finds what an
+    earlier one built."""
+    return Path(configured or Path(tempfile.gettempdir()) / "studio-aot")
 
 
 def ahead_of_time_applies(compile_spec, offload) -> bool:
@@ -120,18 +113,18 @@ def aot_marker_key(preset) -> tuple:
     return ("aot", preset.compile.mode, preset.attention_backend, *quant)
 
 
-def _built_marker(model: str, variant: tuple, dtype: str, shape: tuple) -> Path:
+def _built_marker(folder: Path, model: str, variant: tuple, dtype: str, shape: tuple) -> Path:
     what = repr((model, tuple(variant), dtype, tuple(shape))).encode()
-    return aot_dir() / f"built-{hashlib.sha256(what).hexdigest()[:20]}"
+    return folder / f"built-{hashlib.sha256(what).hexdigest()[:20]}"
 
 
-def mark_aot_built(model: str, variant: tuple, dtype: str, shape: tuple) -> None:
+def mark_aot_built(folder: Path, model: str, variant: tuple, dtype: str, shape: tuple) -> None:
     """Every package a stack needs at this graph shape is built (the engine, after a warm-up that built them)."""
-    marker = _built_marker(model, variant, dtype, shape)
+    marker = _built_marker(folder, model, variant, dtype, shape)
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.touch()
 
 
-def aot_built(model: str, variant: tuple, dtype: str, shape: tuple) -> bool:
+def aot_built(folder: Path, model: str, variant: tuple, dtype: str, shape: tuple) -> bool:
     """Whether a call of this stack at this shape finds its packages (so ZeroGPU reserves no compile for it)."""
-    return _built_marker(model, variant, dtype, shape).exists()
+    return _built_marker(folder, model, variant, dtype, shape).exists()

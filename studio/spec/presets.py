@@ -25,7 +25,6 @@ from studio.spec.lora import lora_from_yaml
 from studio.spec.methods import HOOK_BACKENDS
 from studio.spec.offload import OffloadSpec
 from studio.spec.preset import CacheSpec, CompileSpec, ParallelSpec, Preset, QuantSpec
-from studio.spec.settings import current
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent.parent / "presets"
 METHODS_SUBDIR = "methods"  # presets/methods/: one preset per step-cache method beside DBCache (spec.methods)
@@ -174,12 +173,12 @@ def load_preset(path_or_dict: str | os.PathLike | dict, name: str | None = None)
 
 
 class PresetLibrary:
-    """The built-in presets plus a user folder (STUDIO_PRESETS_DIR); a user file shadows nothing built in."""
+    """The built-in presets plus a user folder (the edges pass STUDIO_PRESETS_DIR's); a user file shadows nothing built
+    in."""
 
     def __init__(self, builtin_dir: Path = BUILTIN_DIR, user_dir: Path | str | None = None):
         self.builtin_dir = Path(builtin_dir)
-        env = current().presets_dir
-        self.user_dir = Path(user_dir) if user_dir else Path(env) if env else None
+        self.user_dir = Path(user_dir) if user_dir else None
 
     def with_user_dir(self, user_dir: Path | str | None) -> "PresetLibrary":
         """The same built-ins over another user folder (each visitor of a public app can have their own); None

@@ -10,9 +10,9 @@ import numpy as np
 
 from studio.spec.checks import ConfigError, Record, check_int, fail
 from studio.spec.lora import MAX_LORAS, LoraSpec, parse_loras  # noqa: F401  (re-exported: the request's own)
-from studio.spec.settings import current
 
 MAX_BATCH = 4  # pictures per request (num_images_per_prompt)
+PROMPT_CHARS_CEILING = 1_000_000  # what any request may hold (STUDIO_MAX_PROMPT_CHARS' own top); the operator's: caps
 # What each scale may be, and what its lowest value means. A negative or non-finite scale is refused, never dropped:
 # a caller that sends guidance=-5 to a model without guidance is told so (check_scale), not answered silently.
 SCALES = {"guidance": (0.0, 50.0, "0: no guidance"), "true_cfg_scale": (1.0, 50.0, "1: no true CFG")}
@@ -70,11 +70,10 @@ class GenerationRequest(Record):
         o = "request"
         if not isinstance(self.prompt, str) or not self.prompt.strip():
             fail(o, "prompt", self.prompt, "write a prompt (it is empty)")
-        most = current().max_prompt_chars
+        most = PROMPT_CHARS_CEILING  # (an operator's lower bound: check_caps)
         if len(self.prompt) > most:  # the message does not echo a huge prompt back
             raise ConfigError(
-                f"request.prompt is {len(self.prompt)} characters long: at most {most} are allowed "
-                "(STUDIO_MAX_PROMPT_CHARS)"
+                f"request.prompt is {len(self.prompt)} characters long: at most {most} are allowed in any request"
             )
         for name in ("negative_prompt",):
             v = getattr(self, name)
@@ -197,8 +196,18 @@ def image_inputs(image, mask, strength) -> dict:
     return out
 
 
-def check_caps(request: GenerationRequest, max_steps: int | None, max_side: int | None) -> None:
-    """Raise ConfigError with a sentence when the request is over an operator's caps (steps; width and height)."""
+def check_caps(
+    request: GenerationRequest, max_steps: int | None, max_side: int | None, max_prompt_chars: int | None = None
+) -> None:
+    """Raise ConfigError with a sentence when the request is over an operator's caps (steps; width and height; the
+    prompt's and the negative prompt's length)."""
+    for name in ("prompt", "negative_prompt"):
+        n = len(getattr(request, name))
+        if max_prompt_chars is not None and n > max_prompt_chars:  # the message does not echo a long prompt back
+            raise ConfigError(
+                f"request.{name} is {n} characters long: at most {max_prompt_chars} are allowed "
+                "(STUDIO_MAX_PROMPT_CHARS)"
+            )
     if max_steps is not None and request.steps > max_steps:
         raise ConfigError(f"steps {request.steps} is over this studio's limit of {max_steps}")
     for name in ("width", "height"):

@@ -15,7 +15,6 @@ import logging
 
 from studio.spec.devices import zerogpu_torch_note
 from studio.spec.errors import ModelLoadError
-from studio.spec.hosting import on_zerogpu
 from studio.worker.client import WorkerClient
 from studio.worker.protocol import Device, WorkerConfig, WorkerCrashed
 
@@ -48,7 +47,7 @@ def start_device(config: WorkerConfig, *, warm: list[str] | tuple[str, ...] = ()
     Args:
         warm: the presets a restarted worker warms up again on the current model (the app's pre-warm list).
     """
-    if on_zerogpu():
+    if config.settings is not None and config.settings.zerogpu:
         from studio.worker.service import InProcess, runner_for  # (torch: on ZeroGPU only; elsewhere none loads)
 
         runner = runner_for(config)

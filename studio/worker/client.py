@@ -90,8 +90,9 @@ class WorkerClient(Device):
         atexit.register(self.close)
 
     @property
-    def caps(self) -> tuple[int | None, int | None]:
-        return (self.config.max_steps, self.config.max_side)
+    def caps(self) -> tuple[int | None, int | None, int | None]:
+        s = self.config.settings
+        return (self.config.max_steps, self.config.max_side, s.max_prompt_chars if s is not None else None)
 
     @property
     def pid(self) -> int:

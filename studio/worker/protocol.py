@@ -175,9 +175,10 @@ class Device:
         return profile_for(resolve_model(model or self.model))
 
     @property
-    def caps(self) -> tuple[int | None, int | None]:
-        """The operator's caps (max steps, max side) the device refuses a request over; none unless a subclass has."""
-        return (None, None)
+    def caps(self) -> tuple[int | None, int | None, int | None]:
+        """The operator's caps (max steps, max side, max prompt characters) the device refuses a request over; none
+        unless a subclass has."""
+        return (None, None, None)
 
     def kept(self):
         """What the engine keeps between requests (engine.baseline.Kept), for a caller that carries it across processes

@@ -163,8 +163,8 @@ class InProcess(Device):
         self._closed = False
 
     @property
-    def caps(self) -> tuple[int | None, int | None]:
-        return (self.runner.max_steps, self.runner.max_side)
+    def caps(self) -> tuple[int | None, int | None, int | None]:
+        return (self.runner.max_steps, self.runner.max_side, self.runner.manager.settings.max_prompt_chars)
 
     def kept(self):
         """What the engine keeps between requests (engine.baseline.Kept); it crosses ZeroGPU calls (app.zerogpu)."""
