@@ -155,7 +155,7 @@ def test_each_gpu_call_in_a_fresh_process_loses_nothing_the_studio_keeps(
         assert len({w.process.pid for w in workers}) == len(workers) == len(reserved)  # a fork a call
         # a compiled preset compiles ahead of time (engine.aot): the first call's process builds the packages, the
         # next call's process finds them on disk, and only the first reserved a compile (app.gpu_time)
-        with using(zerogpu=True, proxy_hops=1):  # what the forks inherit
+        with using(zerogpu=True, proxy_hops=1, aot_dir=str(aot)):  # the app process's settings, as at start
             first = c.predict(prompt=PROMPT, **{**common, "preset": "cache-compile", "compare": "off"})
             built = {p.name: p.stat().st_mtime_ns for p in aot.glob("*.pt2")}
             second = c.predict(prompt=OTHER, **{**common, "preset": "cache-compile", "compare": "off"})
