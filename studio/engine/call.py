@@ -125,8 +125,25 @@ def dropped_tokens(pipe, request: GenerationRequest) -> tuple[int, int] | None:
 
 
 def call_pipe(pipe, request: GenerationRequest, probe=None) -> np.ndarray:
-    """Run the pipeline once; the image as HxWx3 uint8 (a batch's n pictures stacked top to bottom: (n*H)xWx3)."""
-    return strip(pipe(**pipe_kwargs(pipe, request, probe)).images)
+    """Run the pipeline once; the image as HxWx3 uint8 (a batch's n pictures stacked top to bottom: (n*H)xWx3).
+
+    A call that does not finish (the time limit between two steps, out of memory, any exception) leaves no step-cache
+    state behind: diffusers resets its hooks' state (TaylorSeer's factors, MagCache's accumulated error, PAB's cached
+    attention) only at the end of `__call__`, so the next request, maybe another visitor's, would start from this one's
+    (docs/library-behaviour.md). cache-dit opens a new context at every pipeline call."""
+    try:
+        return strip(pipe(**pipe_kwargs(pipe, request, probe)).images)
+    except BaseException:
+        reset_hook_state(getattr(pipe, "transformer", None))
+        raise
+
+
+def reset_hook_state(module) -> None:
+    """diffusers' cache hooks on `module` and its children back to a fresh run's state, as diffusers does at the end
+    of every pipeline call (`maybe_free_model_hooks`); a module without the method has none."""
+    reset = getattr(module, "_reset_stateful_cache", None)
+    if reset is not None:
+        reset()
 
 
 def strip(images) -> np.ndarray:
