@@ -116,6 +116,28 @@ PRESET = "cache_config:\n  residual_diff_threshold: 0.1\n"
 
 
 @pytest.mark.quick
+@pytest.mark.quick
+def test_visitors_are_networks_and_every_forwarded_line_is_read():
+    """An IPv6 visitor is their /64 (a host rotates addresses through it; STUDIO_IPV6_PREFIX widens it); behind a
+    trusted proxy that adds a second X-Forwarded-For line, the client's first line cannot pick the key."""
+    from starlette.datastructures import Headers
+
+    from studio.app.limits import visitor
+
+    rotated = [visitor(f"2001:db8:1:2:{i:x}::{i}", None, "s", 0) for i in range(1, 19)]
+    assert set(rotated) == {"network 2001:db8:1:2::/64"}
+    assert visitor("2001:db8:1:3::1", None, "s", 0) != rotated[0]
+    wide = {visitor(a, None, "s", 0, ipv6_prefix=48) for a in ("2001:db8:1:2::1", "2001:db8:1:ff::1")}
+    assert wide == {"network 2001:db8:1::/48"}
+    assert visitor("203.0.113.7", None, "s", 0) == "address 203.0.113.7"
+    assert visitor("::ffff:203.0.113.7", None, "s", 0) == "address 203.0.113.7"  # IPv4 as IPv6 is its address
+    two_lines = Headers(raw=[(b"x-forwarded-for", b"1.2.3.4"), (b"x-forwarded-for", b"198.51.100.9")])
+    assert visitor("10.0.0.1", two_lines, "s", 1) == "address 198.51.100.9"  # not the client's 1.2.3.4
+    forged = Headers(raw=[(b"x-forwarded-for", b"1.2.3.4, 5.6.7.8"), (b"x-forwarded-for", b"2001:db8:9::5")])
+    assert visitor("10.0.0.1", forged, "s", 1) == "network 2001:db8:9::/64"
+    assert visitor("10.0.0.1", {"x-forwarded-for": "9.9.9.9, 198.51.100.3"}, "s", 1) == "address 198.51.100.3"
+
+
 def test_a_visitor_saves_presets_within_their_count_whichever_session_they_open(tmp_path):
     """A new session gets a new preset folder; the count per visitor is over all of them, and a name saved again
     is free. Saving and exporting are writing events, counted a minute."""
@@ -178,6 +200,13 @@ def test_a_served_public_studio_counts_uploads_and_keeps_its_files_and_sessions_
         assert "this public studio writes at most 2 files a minute per visitor" in up[2].json()["error"]["message"]
         other = httpx.post(url + "gradio_api/upload", files=files, headers={"x-forwarded-for": "203.0.113.6"})
         assert other.status_code == 200  # another visitor's own count
+        # no route around the queue: gradio's direct-call routes do not run a handler in public mode
+        n = len(list(studio.pictures_dir.rglob("*.png")))
+        body = {"data": ["a blue square", 0]}
+        for path in ("gradio_api/run/generate", "gradio_api/api/generate"):
+            direct = httpx.post(url + path, json=body, headers={"x-forwarded-for": "203.0.113.7"})
+            assert direct.status_code == 404 and "does not accept direct HTTP POST" in direct.text, (path, direct.text)
+        assert len(list(studio.pictures_dir.rglob("*.png"))) == n  # nothing ran
     finally:
         demo.close()
         runner.manager.unload()

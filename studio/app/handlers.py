@@ -117,6 +117,7 @@ class Studio:
             getattr(request, "session_hash", None),
             self.guard.proxy_hops if self.guard is not None else 0,
             local=reached(request),
+            ipv6_prefix=self.guard.ipv6_prefix if self.guard is not None else 64,
         )
 
     def library(self, request=None) -> PresetLibrary:

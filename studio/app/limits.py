@@ -68,22 +68,46 @@ def internal_visitor(headers, host: str | None, local: str | None = None) -> str
     return None
 
 
-def visitor(host: str | None, headers, session: str | None, proxy_hops: int, local: str | None = None) -> str:
+def network(address: str, ipv6_prefix: int = 64) -> str:
+    """A visitor's key from their address: an IPv4 address as it is, an IPv6 one as its network of `ipv6_prefix`
+    bits (a host rotates addresses through its /64), anything else (a name) as it is."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return "address " + address
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        return "address " + str(ip.ipv4_mapped)
+    if ip.version == 6:
+        return "network " + str(ipaddress.ip_network(f"{ip}/{ipv6_prefix}", strict=False))
+    return "address " + str(ip)
+
+
+def forwarded_hops(headers) -> list[str]:
+    """Every X-Forwarded-For entry, over all the header's lines in order (a proxy that adds a second line instead of
+    appending to the first must not let the client's line pick the key)."""
+    lines = headers.getlist("x-forwarded-for") if hasattr(headers, "getlist") else [headers.get("x-forwarded-for")]
+    return [h.strip() for line in lines if line for h in str(line).split(",") if h.strip()]
+
+
+def visitor(
+    host: str | None, headers, session: str | None, proxy_hops: int, local: str | None = None, ipv6_prefix: int = 64
+) -> str:
     """Who a request comes from, for the per-visitor rate: `headers` a mapping (case-insensitive, as gradio's
     request's; or plain lower-case keys). Behind `proxy_hops` trusted proxies that each append the address they were
     reached from, the visitor is X-Forwarded-For's `proxy_hops`-th entry from the right: the one the last trusted
     proxy wrote. Every entry left of it is the client's own writing (a client can rotate a first hop per request),
     so none of them is read; with 0 hops (not behind a trusted proxy) nor is the header. The app's own calls to itself
-    say whom they act for (`internal_visitor`; `local` the address the connection reached)."""
+    say whom they act for (`internal_visitor`; `local` the address the connection reached). An IPv6 visitor is their
+    network (`network`: a /64 by default)."""
     inside = internal_visitor(headers, host, local)
     if inside:
         return inside
     if proxy_hops and headers is not None:
-        hops = [h.strip() for h in str(headers.get("x-forwarded-for") or "").split(",") if h.strip()]
+        hops = forwarded_hops(headers)
         if len(hops) >= proxy_hops:
-            return "address " + hops[-proxy_hops]
+            return network(hops[-proxy_hops], ipv6_prefix)
     if host:
-        return "address " + str(host)
+        return network(str(host), ipv6_prefix)
     return "session " + str(session) if session else "anonymous"
 
 
@@ -164,6 +188,7 @@ class PublicGuard:
 
     limits: PublicLimits = field(default_factory=PublicLimits)
     proxy_hops: int = 0  # trusted proxies in front that append to X-Forwarded-For (spec.settings: 1 on a Space)
+    ipv6_prefix: int = 64  # an IPv6 visitor's network (spec.settings: STUDIO_IPV6_PREFIX)
     _events: dict = field(default_factory=dict)  # visitor -> deque of event start times (monotonic)
     _writes: dict = field(default_factory=dict)  # visitor -> deque of writing events' times (monotonic)
     _saved: dict = field(default_factory=dict)  # visitor -> the preset files they saved (a name saved again: one)

@@ -228,7 +228,8 @@ def build_app(
     presets = device.presets
     if presets.user_dir is None:
         presets = presets.with_user_dir(Path(tempfile.gettempdir()) / "dit-speed-studio-presets")
-    guard = PublicGuard(limits or PublicLimits.from_settings(current()), current().proxy_hops) if public else None
+    s = current()
+    guard = PublicGuard(limits or PublicLimits.from_settings(s), s.proxy_hops, s.ipv6_prefix) if public else None
     if time_limit_s is None and guard is not None:
         time_limit_s = guard.limits.request_s
     studio = Studio(device, models or [device.model], presets, public=public, guard=guard, time_limit_s=time_limit_s)
@@ -259,5 +260,7 @@ def build_app(
     # the OpenAI images API beside it (app.serve mounts its routes on the same server)
     demo.studio_api = ImagesEndpoint(studio, default_preset, compare, current().api_key)
     # One generation at a time on the device; the rest wait with their queue position shown.
-    demo.queue(default_concurrency_limit=1, max_size=queue_size)
+    # Public: every call goes through the queue (gradio leaves `api_open` on off a Space, and /gradio_api/run/<api>
+    # would run a handler past the queue's concurrency, its size and the waiting cap).
+    demo.queue(default_concurrency_limit=1, max_size=queue_size, api_open=not public)
     return demo

@@ -85,6 +85,9 @@ class Settings:
     # entry the last of them wrote (app.limits.visitor). Default 1 on a Space (SPACE_ID; docs/deploy.md says why),
     # 1 with STUDIO_TRUST_FORWARDED=1 (a proxy of the operator's), else 0: the header is the client's to write
     proxy_hops: int = 0
+    # STUDIO_IPV6_PREFIX: an IPv6 visitor is keyed by their network of this prefix (every IPv6 host has a /64 to rotate
+    # addresses through; 56 or 48 for providers that hand out wider ones); an IPv4 visitor by their address
+    ipv6_prefix: int = 64
     compare: str | None = None  # STUDIO_COMPARE: on | auto | off (None: on, auto in public mode)
     device: str | None = None  # STUDIO_DEVICE: cpu or cuda
     max_steps: int | None = None  # STUDIO_MAX_STEPS
@@ -159,6 +162,7 @@ class Settings:
             worker_max_rss_gb=_number(env, "STUDIO_WORKER_MAX_RSS_GB", float, 0.1, 10_000),
             worker_hook=env.get("STUDIO_WORKER_HOOK", "").strip() or None,
             queue_size=_number(env, "STUDIO_QUEUE_SIZE", int, 1, 10_000) or cls.queue_size,
+            ipv6_prefix=_number(env, "STUDIO_IPV6_PREFIX", int, 16, 128) or cls.ipv6_prefix,
             max_body_mb=_number(env, "STUDIO_MAX_BODY_MB", float, 0.01, 100_000) or cls.max_body_mb,
             max_prompt_chars=_number(env, "STUDIO_MAX_PROMPT_CHARS", int, 1, 1_000_000) or cls.max_prompt_chars,
             max_files_mb=_number(env, "STUDIO_MAX_FILES_MB", float, 1, 10_000_000) or cls.max_files_mb,
