@@ -431,23 +431,29 @@ def test_a_history_kept_in_a_browser_is_read_back_checked():
 
 
 def test_a_body_over_the_cap_is_refused_413_unread_on_every_route(served):
-    """STUDIO_MAX_BODY_MB (16 by default) caps every request's body before a route reads it: by its Content-Length
-    at once, and a chunked one as it is counted; the studio serves on afterwards."""
+    """STUDIO_MAX_BODY_MB (16 by default) caps every request's body before a route reads it, and an OpenAI images
+    request's STUDIO_MAX_API_BODY_KB (64 by default): by its Content-Length at once, and a chunked one as it is
+    counted; the studio serves on afterwards."""
+    import time
+
     import httpx
 
     url = served[1]
     big = b"x" * (16 * 2**20 + 1)
-    for path in ("v1/images/generations", "gradio_api/upload"):
-        r = httpx.post(url + path, content=big, headers={"content-type": "application/json"}, timeout=60)
-        assert r.status_code == 413, (path, r.status_code, r.text[:200])
-        msg = r.json()["error"]["message"]
-        assert msg.startswith("request body of 16.0 MiB is over this studio's limit of 16 MiB (STUDIO_MAX_BODY_MB)")
+    r = httpx.post(url + "gradio_api/upload", content=big, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 413, (r.status_code, r.text[:200])
+    msg = r.json()["error"]["message"]
+    assert msg.startswith("request body of 16.0 MiB is over this studio's limit of 16 MiB (STUDIO_MAX_BODY_MB)")
+    t0 = time.monotonic()
+    r = httpx.post(url + "v1/images/generations", content=b"x" * 2**20, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and time.monotonic() - t0 < 1.0  # 1 MiB: refused unread, at once
+    assert r.json()["error"]["message"].startswith(
+        "request body of 1024.0 KiB is over this studio's limit of 64 KiB for an images request "
+        "(STUDIO_MAX_API_BODY_KB)"
+    )
 
-    def chunks():  # no Content-Length: counted as it arrives
-        for _ in range(17):
-            yield b"y" * 2**20
-
-    r = httpx.post(url + "v1/images/generations", content=chunks(), timeout=60)
-    assert r.status_code == 413 and "over this studio's limit of 16 MiB" in r.json()["error"]["message"]
+    # no Content-Length: counted as it arrives (the same count under either cap)
+    r = httpx.post(url + "v1/images/generations", content=(b"z" * 2**14 for _ in range(8)), timeout=60)
+    assert r.status_code == 413 and "limit of 64 KiB for an images request" in r.json()["error"]["message"]
     small = httpx.post(url + "v1/images/generations", json={"model": "tiny", "prompt": " "}, timeout=60)
     assert small.status_code == 400 and "prompt is empty" in small.json()["error"]["message"]  # still serving

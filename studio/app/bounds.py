@@ -22,32 +22,49 @@ from studio.app.limits import Refused
 MB = 2**20
 UPLOAD_ROUTES = ("/gradio_api/upload", "/upload")  # gradio's: each POST writes the files it carries to its cache
 JOIN_ROUTES = ("/gradio_api/queue/join", "/gradio_api/call/")  # gradio's: each POST puts one event in its queue
+API_ROUTES = ("/v1/",)  # the OpenAI endpoint's: a call holds a thread while its event waits (app.openai_api)
 
 
 class BodyTooLarge(Exception):
     """A body read past the cap (raised inside the route's receive; BodyCap answers it)."""
 
 
-def too_large(size: int, cap: int) -> str:
-    said = f"{size / MB:.1f} MiB" if size else "over the cap"
+def too_large(size: int, cap: int, setting: str = "STUDIO_MAX_BODY_MB") -> str:
+    if setting == "STUDIO_MAX_BODY_MB":
+        said = f"{size / MB:.1f} MiB" if size else "over the cap"
+        return (
+            f"request body of {said} is over this studio's limit of {cap / MB:g} MiB ({setting}): "
+            "send a smaller picture or request"
+        )
+    said = f"{size / 1024:.1f} KiB" if size else "over the cap"
     return (
-        f"request body of {said} is over this studio's limit of {cap / MB:g} MiB (STUDIO_MAX_BODY_MB): "
-        "send a smaller picture or request"
+        f"request body of {said} is over this studio's limit of {cap / 1024:g} KiB for an images request ({setting}): "
+        "send the prompt and its fields; a picture to edit goes as an upload"
     )
 
 
 class BodyCap:
-    """ASGI middleware: 413 for a request body over `max_bytes` (None: no cap)."""
+    """ASGI middleware: 413 for a request body over `max_bytes` (None: no cap), or over a tighter cap for the routes
+    `routes` names ((path prefix, bytes, setting)...: the OpenAI images requests)."""
 
-    def __init__(self, app, max_bytes: int | None):
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app, max_bytes: int | None, routes: tuple = ()):
+        self.app, self.max_bytes, self.routes = app, max_bytes, tuple(routes)
+
+    def _cap(self, path: str) -> tuple[int | None, str]:
+        for prefix, most, setting in self.routes:
+            if path.startswith(prefix):
+                return (most if self.max_bytes is None else min(most, self.max_bytes)), setting
+        return self.max_bytes, "STUDIO_MAX_BODY_MB"
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or self.max_bytes is None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        cap, setting = self._cap(scope.get("path", ""))
+        if cap is None:
             return await self.app(scope, receive, send)
         length = dict(scope.get("headers") or []).get(b"content-length", b"")
-        if length.isdigit() and int(length) > self.max_bytes:
-            return await _refuse(send, int(length), self.max_bytes)
+        if length.isdigit() and int(length) > cap:
+            return await _refuse(send, int(length), cap, setting)
         seen, started = 0, False
 
         async def counted():
@@ -55,7 +72,7 @@ class BodyCap:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > cap:
                     raise BodyTooLarge(seen)
             return message
 
@@ -69,7 +86,7 @@ class BodyCap:
         except BodyTooLarge:
             if started:  # the route answered before it read the rest: nothing more can be said on this response
                 raise
-            await _refuse(send, seen, self.max_bytes)
+            await _refuse(send, seen, cap, setting)
 
 
 class UploadCount:
@@ -100,10 +117,12 @@ class WaitingCap:
     its body is read. `who(scope)` is the request's visitor (app.handlers.Studio.visitor_scope), `queued(visitor)` how
     many of their events wait in the queue now (app.serve reads gradio's queue); the joins on their way in are counted
     here, so a burst that arrives at once is counted before any of it reaches the queue. `who` None: nothing counted
-    (not a public studio)."""
+    (not a public studio). An OpenAI images call (/v1) counts as one waiting request from the moment it arrives,
+    before its body is read; the event it joins for its caller (`internal(scope)`: signed by this process) is not
+    counted again, here or in `queued`."""
 
-    def __init__(self, app, who=None, queued=None, most: int = 4):
-        self.app, self.who, self.queued, self.most = app, who, queued, most
+    def __init__(self, app, who=None, queued=None, most: int = 4, internal=None):
+        self.app, self.who, self.queued, self.most, self.internal = app, who, queued, most, internal
         self.joining: Counter = Counter()  # visitor -> joins passed on and not yet answered
 
     async def __call__(self, scope, receive, send):
@@ -111,7 +130,8 @@ class WaitingCap:
             self.who is None
             or scope["type"] != "http"
             or scope.get("method") != "POST"
-            or not scope.get("path", "").startswith(JOIN_ROUTES)
+            or not scope.get("path", "").startswith(JOIN_ROUTES + API_ROUTES)
+            or (self.internal is not None and self.internal(scope))  # an OpenAI call's own join: counted as the call
         ):
             return await self.app(scope, receive, send)
         me = self.who(scope)
@@ -130,8 +150,8 @@ class WaitingCap:
                 del self.joining[me]
 
 
-async def _refuse(send, size: int, cap: int) -> None:
-    await _answer(send, 413, too_large(size, cap), "invalid_request_error")
+async def _refuse(send, size: int, cap: int, setting: str = "STUDIO_MAX_BODY_MB") -> None:
+    await _answer(send, 413, too_large(size, cap, setting), "invalid_request_error")
 
 
 async def _answer(send, status: int, sentence: str, kind: str) -> None:

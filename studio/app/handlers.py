@@ -26,7 +26,7 @@ from studio.app.forms import UI, TuneForm
 from studio.app.gpu_time import Durations
 from studio.app.history import History, history_csv, record, restored
 from studio.app.keep import FileKeeper
-from studio.app.limits import PublicGuard, visitor
+from studio.app.limits import PublicGuard, internal_visitor, visitor
 from studio.app.maps import AB_MAP_WHERE, GEN_MAP_WHERE, compared
 from studio.app.progress import progress_hooks
 from studio.app.values import batch_pictures, image_numbers, json_safe, notes_md, png, table_frame, tile_at
@@ -97,6 +97,18 @@ class Studio:
     def wrote_scope(self, scope) -> None:
         """`wrote` for a request that is not an event (an upload: app.bounds.UploadCount), from its ASGI scope."""
         self.wrote(StarletteRequest(scope))
+
+    def internal(self, request) -> bool:
+        """Whether `request` is this process's own call for a visitor (the OpenAI endpoint's: app.limits)."""
+        client = getattr(request, "client", None)
+        return (
+            internal_visitor(getattr(request, "headers", None), getattr(client, "host", None), reached(request))
+            is not None
+        )
+
+    def internal_scope(self, scope) -> bool:
+        """`internal` for a request seen at the ASGI door (app.bounds), from its scope."""
+        return self.internal(StarletteRequest(scope))
 
     def visitor_scope(self, scope) -> str:
         """`visitor` for a request seen at the ASGI door (app.bounds), from its scope."""

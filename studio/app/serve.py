@@ -25,7 +25,8 @@ def launch(demo: gr.Blocks, *, mcp: bool | None = None, **kwargs):
     kwargs.setdefault("css", CSS)
     settings = current()
     gate = Middleware(KeyGate, key=settings.api_key, open_page=settings.open_page)  # the first: before any reading
-    cap = Middleware(BodyCap, max_bytes=int(settings.max_body_mb * MB))  # before any route reads a body
+    api_cap = (("/v1/", int(settings.max_api_body_kb * 1024), "STUDIO_MAX_API_BODY_KB"),)
+    cap = Middleware(BodyCap, max_bytes=int(settings.max_body_mb * MB), routes=api_cap)  # before any body is read
     studio = demo.studio_api.studio
     public = studio.guard is not None  # a public studio counts what its visitors do
     uploads = Middleware(UploadCount, count=studio.wrote_scope if public else None)
@@ -34,6 +35,7 @@ def launch(demo: gr.Blocks, *, mcp: bool | None = None, **kwargs):
         who=studio.visitor_scope if public else None,
         queued=lambda who: queued(demo, studio, who),
         most=settings.waiting_per_visitor,
+        internal=studio.internal_scope if public else None,
     )
     middleware = [gate, cap, uploads, waiting]
     app_kwargs = {"routes": demo.studio_api.routes(), "middleware": middleware, **kwargs.pop("app_kwargs", {})}
@@ -46,7 +48,12 @@ def queued(demo: gr.Blocks, studio, who: str) -> int:
     """How many events of visitor `who` wait in `demo`'s queue now (gradio's Queue: its events per concurrency id,
     each with the request that joined it; app.bounds.WaitingCap)."""
     waiting = demo._queue.event_queue_per_concurrency_id.values()
-    return sum(1 for line in waiting for event in line.queue if studio.visitor(event.request) == who)
+    return sum(
+        1
+        for line in waiting
+        for event in line.queue
+        if not studio.internal(event.request) and studio.visitor(event.request) == who
+    )
 
 
 class SessionQueues(LRUCache):

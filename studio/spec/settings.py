@@ -100,6 +100,9 @@ class Settings:
     worker_hook: str | None = None
     queue_size: int = 32  # STUDIO_QUEUE_SIZE
     max_body_mb: float = 16.0  # STUDIO_MAX_BODY_MB: a request body over this is answered 413 unread (app.bounds)
+    # STUDIO_MAX_API_BODY_KB: the cap on an OpenAI images request's body (/v1: a prompt and a few fields; an edit's
+    # picture comes as an upload), answered 413 unread
+    max_api_body_kb: float = 64.0
     # what the studio keeps (docs/deploy.md: public mode's bounds)
     max_prompt_chars: int = 2000  # STUDIO_MAX_PROMPT_CHARS: a longer prompt (or negative prompt) is refused
     max_files_mb: float = 512.0  # STUDIO_MAX_FILES_MB: the pictures and downloads kept, oldest pruned (app.keep)
@@ -164,6 +167,7 @@ class Settings:
             queue_size=_number(env, "STUDIO_QUEUE_SIZE", int, 1, 10_000) or cls.queue_size,
             ipv6_prefix=_number(env, "STUDIO_IPV6_PREFIX", int, 16, 128) or cls.ipv6_prefix,
             max_body_mb=_number(env, "STUDIO_MAX_BODY_MB", float, 0.01, 100_000) or cls.max_body_mb,
+            max_api_body_kb=_number(env, "STUDIO_MAX_API_BODY_KB", float, 1, 100_000) or cls.max_api_body_kb,
             max_prompt_chars=_number(env, "STUDIO_MAX_PROMPT_CHARS", int, 1, 1_000_000) or cls.max_prompt_chars,
             max_files_mb=_number(env, "STUDIO_MAX_FILES_MB", float, 1, 10_000_000) or cls.max_files_mb,
             cache_age_s=_number(env, "STUDIO_CACHE_AGE_S", int, 60, 10_000_000) or (3600 if public else None),
