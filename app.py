@@ -8,7 +8,7 @@ ZeroGPU the engine runs in this process, inside the process `spaces` forks for e
 Environment (read once, here, into studio.spec.settings.Settings; a bad value stops the start with its name):
     STUDIO_MODEL        model to start with: 'tiny' (the embedded model, default), a Hub id or a local folder
     STUDIO_MODELS       extra models offered in the picker, comma-separated
-    STUDIO_PRESET       default preset of the Generate tab (default: cache)
+    STUDIO_PRESET       default preset of the Generate tab (default: the model profile's, else cache)
     STUDIO_PRESETS_DIR  folder for user presets (default: a temp folder)
     STUDIO_DEVICE       cpu or cuda (default: cuda when present)
     STUDIO_PREWARM      1 (default): load the model and warm base and the default preset up while the page opens
@@ -56,11 +56,13 @@ TRIM = trim_malloc_every()  # freed heap pages back to the system, every 30 s (d
 
 from studio.spec import PresetLibrary  # noqa: E402
 from studio.spec.errors import USER_ERRORS  # noqa: E402
+from studio.spec.profiles import profile_for, resolve_model  # noqa: E402
 from studio.spec.settings import Settings, install  # noqa: E402
 from studio.worker import WorkerConfig, start_device  # noqa: E402
 
 SETTINGS = install(Settings.from_env(os.environ))
-MODEL, MODELS, PRESET = SETTINGS.model, list(SETTINGS.models), SETTINGS.preset
+MODEL, MODELS = SETTINGS.model, list(SETTINGS.models)
+PRESET = SETTINGS.preset or profile_for(resolve_model(MODEL)).default_preset or "cache"
 WARM = ["base"] + ([PRESET] if PRESET != "base" else [])  # warmed up at start, and again after a worker restart
 
 # Public (a Space, or STUDIO_PUBLIC=1): models load only from the operator's list above, never from a name a visitor

@@ -48,6 +48,9 @@ class ModelProfile:
     # What to reserve on ZeroGPU per transformer call at this profile's size, in seconds (studio.app.gpu_time): an
     # estimate for the reservation only, never shown as a measurement; bf16 on an H200 slice, rounded up
     gpu_step_s: float = 0.15
+    # The preset a plain Generate runs on this model where the operator names none (STUDIO_PRESET): its searched best
+    # that beats base at fewer steps (docs/tiny-model.md); None: the studio's own default (`cache`)
+    default_preset: str | None = None
 
     def __post_init__(self):
         for f in ("width", "height", "steps", "size_multiple", "min_size", "max_size"):

@@ -79,7 +79,7 @@ class Settings:
     # the app's
     model: str = "tiny"  # STUDIO_MODEL
     models: tuple = ()  # STUDIO_MODELS: more models for the picker (in public mode the only ones that load)
-    preset: str = "cache"  # STUDIO_PRESET: the Generate tab's default
+    preset: str | None = None  # STUDIO_PRESET: the Generate tab's default (None: the model profile's, else `cache`)
     public: bool = False  # STUDIO_PUBLIC=1, or on a Space (SPACE_ID)
     # STUDIO_PROXY_HOPS: trusted proxies in front of the studio that append to X-Forwarded-For; the visitor is the
     # entry the last of them wrote (app.limits.visitor). Default 1 on a Space (SPACE_ID; docs/deploy.md says why),
