@@ -904,3 +904,35 @@ def test_a_lora_file_a_slot_cannot_take_is_refused_before_loading(tmp_path):
     with pytest.raises(ConfigError, match="has rank 96, over the LoRA slots' 64: set STUDIO_LORA_RANK"):
         _check_file(str(big), 64)  # the slots' rank (the lora_rank setting, STUDIO_LORA_RANK)
     _check_file(str(big), 128)  # within the slots' rank now
+
+
+def test_a_weight_set_that_fails_to_load_leaves_the_next_request_running(random_model_dir, tmp_path):
+    """Issue 57: with one slot the weights in use go first to make room; a load that then fails (here a weights file
+    that is not one; on a card, out of memory) leaves nothing named active that is gone: the error says so, and the
+    next request loads what it needs and runs (it raised KeyError until a restart)."""
+    import shutil
+
+    from studio.engine import ModelManager, Runner
+    from studio.spec import PresetLibrary
+
+    folder = tmp_path / "m"
+    shutil.copytree(random_model_dir, folder)
+    r = Runner(
+        ModelManager("cpu", settings=replace(current(), transformer_slots=1)), PresetLibrary(), model=str(folder)
+    )
+    req = r.request("a red circle", steps=4)
+    base = r.generate(req, "base", compare="off").image
+    weights = next((folder / "transformer").glob("*.safetensors"))
+    saved = weights.read_bytes()
+    weights.write_bytes(b"not a safetensors file")
+    try:
+        with pytest.raises(ModelLoadError, match="released to make room, so the next request loads the ones it needs"):
+            r.generate(req, "int8", compare="off")
+    finally:
+        weights.write_bytes(saved)
+    try:
+        assert np.array_equal(r.generate(req, "base", compare="off").image, base)  # the next request runs, as before
+        q = r.generate(req, "int8", compare="off").metrics
+        assert any(line.startswith("quantize:") for line in q.labels.engaged), q.labels.engaged
+    finally:
+        r.manager.unload()

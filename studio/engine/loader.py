@@ -302,9 +302,13 @@ class ModelManager:
         if loaded:
             if on_status:
                 on_status("loading transformer weights for this dtype/quantization")
-            while len(cur.variants) >= self.slots:
+            while len(cur.variants) >= self.slots:  # the outgoing weights go first: both at once may not fit
                 cur.variants.popitem(last=False)
-            cur.variants[key] = Variant(self._load_transformer(cur, cur.dtype, resident))
+            try:
+                cur.variants[key] = Variant(self._load_transformer(cur, cur.dtype, resident))
+            except ModelLoadError as e:
+                self._after_failed_load(cur, e)
+                raise
         cur.variants.move_to_end(key)
         cur.pipe.register_modules(transformer=cur.variants[key].transformer)
         if loaded and key[2]:
@@ -322,6 +326,18 @@ class ModelManager:
         if loaded:
             self._free()
         return loaded
+
+    def _after_failed_load(self, cur: Loaded, e: ModelLoadError) -> None:
+        """A variant that could not load (out of memory, a file that fails): what is active stays usable. Where the
+        active weights were released to make room, nothing is active: the next request loads the weights it needs
+        (never a key of weights that are gone), and the error says so."""
+        if cur.active not in cur.variants:
+            cur.active = None
+            e.args = (
+                f"{e.args[0]}; the weights in use were released to make room, so the next request loads "
+                "the ones it needs again",
+            )
+        log.warning("transformer weights failed to load (%s)", cur.source, exc_info=e)
 
     # presets ---------------------------------------------------------------------------------------------
     def pipeline(
