@@ -1,6 +1,6 @@
-"""engine: loads pipelines (loader), applies the speed stack in its fixed order (stack: quantize, cache,
+"""engine: loads pipelines (loader), applies the speed stack in its fixed order (stack: quantize, offload, cache,
 attention, compile, parallel; one typed StackState per transformer), calls the pipeline (call), measures one run
-(run), pairs it with its base (baseline: the measuring method), behind one facade (session.Runner).
+(run), pairs it with its base (baseline: the measuring method), behind one facade (runner.Runner).
 
 Imports `measure` and `spec` from the studio, nothing above.
 """
