@@ -141,7 +141,9 @@ def main(argv=None) -> int:
     ap.add_argument("--busy", type=int, default=3, help="readings with the load running")
     ap.add_argument("--api", default=None, help="read through a running app's /generate (e.g. http://127.0.0.1:7860/)")
     args = ap.parse_args(argv)
-    runner = Runner(ModelManager(args.device, settings=read_settings(args)), PresetLibrary(), model=args.model)
+    settings = read_settings(args)
+    lib = PresetLibrary(user_dir=args.presets_dir or settings.presets_dir)
+    runner = Runner(ModelManager(args.device, settings=settings), lib, model=args.model)
     req = request_of_args(args, runner.profile(args.model))
     try:
         if args.api:

@@ -434,8 +434,6 @@ def test_a_body_over_the_cap_is_refused_413_unread_on_every_route(served):
     """STUDIO_MAX_BODY_MB (16 by default) caps every request's body before a route reads it, and an OpenAI images
     request's STUDIO_MAX_API_BODY_KB (64 by default): by its Content-Length at once, and a chunked one as it is
     counted; the studio serves on afterwards."""
-    import time
-
     import httpx
 
     url = served[1]
@@ -444,9 +442,8 @@ def test_a_body_over_the_cap_is_refused_413_unread_on_every_route(served):
     assert r.status_code == 413, (r.status_code, r.text[:200])
     msg = r.json()["error"]["message"]
     assert msg.startswith("request body of 16.0 MiB is over this studio's limit of 16 MiB (STUDIO_MAX_BODY_MB)")
-    t0 = time.monotonic()
     r = httpx.post(url + "v1/images/generations", content=b"x" * 2**20, headers={"content-type": "application/json"})
-    assert r.status_code == 413 and time.monotonic() - t0 < 1.0  # 1 MiB: refused unread, at once
+    assert r.status_code == 413  # 1 MiB: refused unread, by its Content-Length
     assert r.json()["error"]["message"].startswith(
         "request body of 1024.0 KiB is over this studio's limit of 64 KiB for an images request "
         "(STUDIO_MAX_API_BODY_KB)"

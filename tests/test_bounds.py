@@ -116,7 +116,6 @@ PRESET = "cache_config:\n  residual_diff_threshold: 0.1\n"
 
 
 @pytest.mark.quick
-@pytest.mark.quick
 def test_visitors_are_networks_and_every_forwarded_line_is_read():
     """An IPv6 visitor is their /64 (a host rotates addresses through it; STUDIO_IPV6_PREFIX widens it); behind a
     trusted proxy that adds a second X-Forwarded-For line, the client's first line cannot pick the key."""
@@ -138,6 +137,7 @@ def test_visitors_are_networks_and_every_forwarded_line_is_read():
     assert visitor("10.0.0.1", {"x-forwarded-for": "9.9.9.9, 198.51.100.3"}, "s", 1) == "address 198.51.100.3"
 
 
+@pytest.mark.quick
 def test_a_visitor_saves_presets_within_their_count_whichever_session_they_open(tmp_path):
     """A new session gets a new preset folder; the count per visitor is over all of them, and a name saved again
     is free. Saving and exporting are writing events, counted a minute."""

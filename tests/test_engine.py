@@ -926,7 +926,9 @@ def test_a_weight_set_that_fails_to_load_leaves_the_next_request_running(random_
     saved = weights.read_bytes()
     weights.write_bytes(b"not a safetensors file")
     try:
-        with pytest.raises(ModelLoadError, match="released to make room, so the next request loads the ones it needs"):
+        with pytest.raises(
+            ModelLoadError, match="left their slot to make room, so the next request loads the ones it needs"
+        ):
             r.generate(req, "int8", compare="off")
     finally:
         weights.write_bytes(saved)

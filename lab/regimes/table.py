@@ -1,12 +1,12 @@
 """`python -m lab regimes`: the reference table's shape, stacks x memory regimes, on a random-weight FLUX
-transformer (FLUX.1-dev's size, studio.bench.doctor.FLUX_DEV, or `small`) built on the device afresh for each row and
+transformer (FLUX.1-dev's size, lab.regimes.kernels.FLUX_DEV, or `small`) built on the device afresh for each row and
 called `steps` times as a pipeline's loop would (each step's timestep, an Euler update; no VAE, no encoders), each
 call between two device syncs (studio.measure.clock). A row's stack is a Preset put on through the engine's own doors:
 engine.stack.apply_preset on a BareTransformer (the cache by engine.cache.apply_cache, its context refreshed before
 each run by prepare_run). Random weights do not cache by residual, so the cache rows run under a STATIC step mask
-(13 full / 27 cached at 40 steps), and cache-dit's own summary must list the mask's steps. Text: report.regimes.
-Its module level loads no torch: the CLI's parser reads its names (CONFIGS, PARTS, REGIMES); what runs imports
-the engine inside the functions that run it.
+(13 full / 27 cached at 40 steps), and cache-dit's own summary must list the mask's steps. Text: lab.regimes.report.
+Its module level loads no torch: `main`'s parser reads its names (CONFIGS, PARTS, REGIMES); what runs imports the
+engine inside the functions that run it.
 """
 
 from __future__ import annotations

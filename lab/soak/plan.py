@@ -46,6 +46,7 @@ from studio.spec.checks import check_int
 ROOT = Path(__file__).resolve().parents[2]  # the repository: app.py beside studio/
 PROMPTS = ("a red circle in the center, blue background", "a green square on the right, white background")
 BODY_MB = 16  # STUDIO_MAX_BODY_MB as the soak sets it
+API_BODY_KB = 64  # STUDIO_MAX_API_BODY_KB as the soak sets it
 KINDS = ("generate", "images", "v1")
 
 
@@ -89,6 +90,7 @@ class SoakPlan:
             "HF_HUB_OFFLINE": "1",
             "STUDIO_LPIPS_FETCH": "0",
             "STUDIO_MAX_BODY_MB": str(BODY_MB),
+            "STUDIO_MAX_API_BODY_KB": str(API_BODY_KB),
             "STUDIO_REQUESTS_PER_MINUTE": str(self.requests_per_minute),
             "STUDIO_WRITES_PER_MINUTE": str(self.writes_per_minute),
             "STUDIO_MAX_STEPS": str(self.max_steps),

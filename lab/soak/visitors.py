@@ -21,7 +21,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 from gradio_client.utils import QueueError
 
-from lab.soak.plan import BODY_MB, KINDS, PROMPTS, App, SoakPlan, SoakReport, Tally, percentile
+from lab.soak.plan import API_BODY_KB, BODY_MB, KINDS, PROMPTS, App, SoakPlan, SoakReport, Tally, percentile
 
 MODEL = "tiny"
 WAITING = 4  # STUDIO_WAITING_PER_VISITOR, its default (the soak leaves it)
@@ -181,23 +181,27 @@ class Visitors:
         return n
 
     def _body(self, gc, oai, address: str) -> int:
-        """A body past STUDIO_MAX_BODY_MB."""
-        big = b"x" * (BODY_MB * 2**20 + 1)
-        try:
-            r = httpx.post(
-                self.url + "v1/images/generations",
-                content=big,
-                headers={"content-type": "application/json", "x-forwarded-for": address},
-                timeout=self.plan.timeout_s,
-            )
-            said = r.json().get("error", {}).get("message", r.text[:200]) if r.status_code != 200 else ""
-            outcome = "served" if r.status_code == 200 else "refused"
-        except httpx.TimeoutException as e:
-            outcome, said = "hung", repr(e)
-        except (httpx.HTTPError, ValueError) as e:  # ValueError: an answer that is not JSON
-            outcome, said = "lost", repr(e)
-        self.judge("oversize body", outcome, said, (f"over this studio's limit of {BODY_MB} MiB",), may_serve=False)
-        return 1
+        """A body past STUDIO_MAX_BODY_MB (an upload), and an images request past STUDIO_MAX_API_BODY_KB (/v1)."""
+        cases = (
+            ("gradio_api/upload", BODY_MB * 2**20 + 1, f"over this studio's limit of {BODY_MB} MiB"),
+            ("v1/images/generations", 2**20, f"over this studio's limit of {API_BODY_KB} KiB for an images request"),
+        )
+        for path, size, sentence in cases:
+            try:
+                r = httpx.post(
+                    self.url + path,
+                    content=b"x" * size,
+                    headers={"content-type": "application/json", "x-forwarded-for": address},
+                    timeout=self.plan.timeout_s,
+                )
+                said = r.json().get("error", {}).get("message", r.text[:200]) if r.status_code != 200 else ""
+                outcome = "served" if r.status_code == 200 else "refused"
+            except httpx.TimeoutException as e:
+                outcome, said = "hung", repr(e)
+            except (httpx.HTTPError, ValueError) as e:  # ValueError: an answer that is not JSON
+                outcome, said = "lost", repr(e)
+            self.judge("oversize body", outcome, said, (sentence,), may_serve=False)
+        return len(cases)
 
     def _over(self, gc, oai, address: str) -> int:
         """A prompt, steps, a size (two ways in) and a batch over the limits."""

@@ -128,4 +128,5 @@ class Admission:
                 ask.request,
                 edits=ask.profile.edits,
             )
-            self.studio.device.check_caps(ask.request)  # the operator's caps, as the device would refuse them
+            for request in ask.requests:  # the operator's caps, as the device would refuse them (every prompt's)
+                self.studio.device.check_caps(request)

@@ -39,7 +39,7 @@ def too_large(size: int, cap: int, setting: str = "STUDIO_MAX_BODY_MB") -> str:
     said = f"{size / 1024:.1f} KiB" if size else "over the cap"
     return (
         f"request body of {said} is over this studio's limit of {cap / 1024:g} KiB for an images request ({setting}): "
-        "send the prompt and its fields; a picture to edit goes as an upload"
+        "send the prompt and its fields"
     )
 
 
@@ -119,7 +119,8 @@ class WaitingCap:
     here, so a burst that arrives at once is counted before any of it reaches the queue. `who` None: nothing counted
     (not a public studio). An OpenAI images call (/v1) counts as one waiting request from the moment it arrives,
     before its body is read; the event it joins for its caller (`internal(scope)`: signed by this process) is not
-    counted again, here or in `queued`."""
+    counted again, here or in `queued`. A /v1 call counts while it runs as well as while it waits (it holds a thread
+    of the pool either way), so a /v1 caller has one waiting place fewer than a page's visitor while one runs."""
 
     def __init__(self, app, who=None, queued=None, most: int = 4, internal=None):
         self.app, self.who, self.queued, self.most, self.internal = app, who, queued, most, internal

@@ -33,6 +33,7 @@ COMPILE_S = 90.0  # one stack's torch.compile (or AoT) warm-up at a new shape
 # runs a Generate makes at most: pairs (+4 extra; `on`: and base at fewer steps for a cached run's card), or one
 PAIRS = {"on": 2 * (3 + 4) + 1, "auto": 2 * 3, "off": 1}
 TUNE_RUNS = 40  # the quick search's screening and timed runs, about
+FEWER_RUNS = 5  # base at fewer steps beside the tuned stack, per prompt: its ladder (2.8 base runs) and its search
 TUNER_COMPILED = "compile"  # the preset whose compiled blocks the tuner's compiled option runs
 
 
@@ -54,7 +55,7 @@ def generate_s(run_s: float, compare: str, compiles: int) -> int:
 
 def matrix_s(run_s: float, presets: int, repeats: int, compiles: int, prompts: int = 1) -> int:
     """(presets + 1) x repeats timed runs per prompt (`presets`: the stacks of a round, base among them; then base
-    again), a warm-up of each stack and the settle run, and for each stack and prompt base at fewer steps (at most a
+    again), a warm-up of each stack and the settle run, and for each stack and prompt base at fewer steps (at most one
     base run: studio.bench.matrix.against_fewer_steps)."""
     return reserve(
         run_s, (presets + 1) * repeats * prompts + presets * prompts, warmups=presets + 1, compiles=compiles
@@ -63,7 +64,7 @@ def matrix_s(run_s: float, presets: int, repeats: int, compiles: int, prompts: i
 
 def tune_s(run_s: float, prompts: int, compiles: int = 0) -> int:
     """The search's runs; `compiles`: its compiled option's build (its compiled cache stacks run the same blocks)."""
-    return reserve(run_s, TUNE_RUNS * prompts, warmups=4, compiles=compiles)
+    return reserve(run_s, (TUNE_RUNS + FEWER_RUNS) * prompts, warmups=4, compiles=compiles)
 
 
 class Durations:

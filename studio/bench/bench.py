@@ -21,7 +21,7 @@ import math
 import statistics
 from dataclasses import dataclass, field, replace
 
-from studio.bench.fewer import FewerSteps, fewer_steps_reference, read_rows
+from studio.bench.fewer import FewerSteps, applies, fewer_steps_reference, read_rows
 from studio.bench.paired import Paired, paired
 from studio.bench.rotation import EXTRA_ROUNDS, Rotation, rotate, total_graphs
 from studio.bench.twins import cache_twins, with_twins
@@ -351,6 +351,11 @@ def run_bench(
     the Matrix tab does not). `fewer_steps`: base at fewer steps on the same requests, the fewest above `floor_db`
     and each cached row read against base at the step count of its speed-up (studio.bench.fewer; untimed runs)."""
     check_int("bench", "repeats", repeats, lo=1)  # none: no timed run, nothing to divide
+    if fewer_steps and not applies(requests):  # asked for, and no answer: said before anything runs
+        raise ConfigError(
+            "bench: fewer_steps=True needs text-to-image requests of one step count (base at fewer steps is no rival "
+            "to a request that runs a share of the schedule); drop --fewer-steps"
+        )
     extra_rounds = EXTRA_ROUNDS if extra_rounds is None else extra_rounds
     check_int("bench", "extra_rounds", extra_rounds, lo=0)
     lib = library or runner.presets
@@ -391,8 +396,8 @@ def run_bench(
     noise = _noise(rots, names, twins)
     rep = BenchReport(mat, rots, noise, _cost(rots, twins), twins, meta, paired=pairs)
     rep.pace = _pace(runner, rots, model or runner.model, crowding)
-    if fewer_steps:
-        judge = fewer_steps_reference(runner, requests, model, floor_db=floor_db)
+    judge = fewer_steps_reference(runner, requests, model, floor_db=floor_db) if fewer_steps else None
+    if judge is not None:
         read_rows(judge, mat.rows)
         rep.fewer = judge.result
     return rep

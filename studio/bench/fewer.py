@@ -3,8 +3,10 @@
 A step cache that skips half the transformer calls competes with simply asking for half the steps. For the same
 requests (prompt, seed, size), base runs at k of the request's N steps and its picture is judged against base's
 N-step picture, as a cache's is. Its speed-up is by step count, N / k: base's steps all cost the same (one
-transformer call each), so that is its denoise ratio up to the call's fixed cost, which only flatters fewer steps
-(a cache read against it is judged strictly, never leniently).
+transformer call each), so that is its denoise ratio up to the call's fixed cost, which only flatters fewer steps,
+and the step count at a stack's speed is rounded up (the rival never runs faster than the stack): a cache read
+against it is judged strictly, never leniently. Text-to-image requests only (an image input runs a share of the
+schedule: `reference_for` says None).
 
 `FewerSteps` keeps every step count it judged (a run per prompt, stopping at the first prompt under the floor when it
 is searching), so the table's rows, the fewest steps above the floor and the step count at a method's speed share
@@ -110,7 +112,8 @@ class FewerStepsJudge:
         self._full: dict[int, object] = {}  # request index -> its full-step base picture
 
     def _base_image(self, req):
-        return self.runner.generate(req, BASE, model=self.model, compare="on").image
+        """Base's picture of `req`, untimed: the kept one where a bench or a click ran it (Runner.base_picture)."""
+        return self.runner.base_picture(req, self.runner.resolve_preset(BASE), self.model)
 
     def point(self, steps: int, *, stop_under_floor: bool = False) -> StepsPoint:
         """Base at `steps` over the prompts (every prompt, or up to the first under the floor)."""
@@ -172,9 +175,16 @@ def _margin(a: float, b: float) -> float:
     return math.inf if math.isinf(a) else -math.inf if math.isinf(b) else a - b
 
 
-def fewer_steps_reference(runner, requests, model=None, *, floor_db: float, progress=None) -> FewerStepsJudge:
+def applies(requests) -> bool:
+    """Whether base at fewer steps is a reference for `requests`: text-to-image, one step count."""
+    return all(r.task == "text2img" for r in requests) and len({r.steps for r in requests}) == 1
+
+
+def fewer_steps_reference(runner, requests, model=None, *, floor_db: float, progress=None) -> FewerStepsJudge | None:
     """The reference every table reads against: the fewest steps above the floor and the ladder's curve, judged;
-    call `.versus(speedup, worst_db)` for each method's row."""
+    call `.versus(speedup, worst_db)` for each method's row. None where it does not apply (`applies`)."""
+    if not applies(requests):
+        return None
     j = FewerStepsJudge(runner, requests, model, floor_db=floor_db, progress=progress)
     j.curve()
     j.fewest()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from studio.bench.bench import resolve_presets, row, run_bench
-from studio.bench.fewer import FewerSteps, FewerStepsJudge, read_rows
+from studio.bench.fewer import FewerSteps, FewerStepsJudge, applies, read_rows
 from studio.bench.twins import cache_twins, with_twins
 from studio.engine import Runner
 from studio.measure.quality import GOOD_DB
@@ -48,7 +48,8 @@ def run_matrix(
         prompts: more prompts, each the request with that prompt: every stack over every prompt, paired per prompt
             (`Matrix.paired`: each stack's speed-up and PSNR/FLIP against each prompt's own base).
         fewer_steps: each row that cached steps read against base at the step count of its speed-up, on the same
-            requests (studio.bench.fewer; at most one base run a cached row and prompt, untimed).
+            requests (studio.bench.fewer; at most one untimed base run of fewer steps a cached row and prompt, none
+            where its picture is kept).
     """
     lib = library or runner.presets
     asked = resolve_presets(runner, presets, lib)  # base first
@@ -75,7 +76,7 @@ def against_fewer_steps(runner: Runner, requests: list[GenerationRequest], rows,
     """Each row that cached steps with a speed-up shown, against base at the step count of that speed-up (its worst
     PSNR over the requests against theirs); None where no row cached or a request is not text-to-image."""
     cached = [r for r in rows if r.cached_steps > 0 and r.speedup is not None and r.speedup > 1.0]
-    if not cached or any(q.task != "text2img" for q in requests):
+    if not cached or not applies(requests):
         return None
     judge = FewerStepsJudge(runner, requests, model, floor_db=GOOD_DB)
     read_rows(judge, cached)

@@ -239,8 +239,8 @@ def run_methods(
         runner, requests, [*also, *best], model=model, repeats=repeats, floor_db=floor, max_flip=max_flip
     )
     res.rows, res.best = method_rows(res.bench, searched, also)
-    if fewer_steps:
-        judge = fewer_steps_reference(runner, requests, model, floor_db=floor, progress=progress)
+    judge = fewer_steps_reference(runner, requests, model, floor_db=floor, progress=progress) if fewer_steps else None
+    if judge is not None:  # (None: an image input, where fewer steps is no rival: studio.bench.fewer.applies)
         for r in res.rows:
             r.vs_fewer = judge.versus(r.speedup, r.worst_psnr_db)
         res.fewer = judge.result

@@ -231,7 +231,7 @@ class Tuner:
         judge = fewer_steps_reference(
             self.runner, self.requests, self.model, floor_db=self.floor, progress=self.progress
         )
-        vs_fewer = judge.versus(r.speedup, r.worst_psnr_db)
+        vs_fewer = judge.versus(r.speedup, r.worst_psnr_db) if judge else None  # (None: an image input)
         desc = tuned_description(
             self.floor,
             len(self.requests),
@@ -262,7 +262,7 @@ class Tuner:
             worst_flip=r.worst_flip,
             paired=pair.as_dict() if pair else None,
             pace=list(rep.pace),
-            fewer=judge.result,
+            fewer=judge.result if judge else None,
             vs_fewer=vs_fewer,
         )
 

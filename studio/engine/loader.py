@@ -302,7 +302,7 @@ class ModelManager:
         if loaded:
             if on_status:
                 on_status("loading transformer weights for this dtype/quantization")
-            while len(cur.variants) >= self.slots:  # the outgoing weights go first: both at once may not fit
+            while len(cur.variants) >= self.slots:  # a slot for the coming weights (the pipeline still holds its own)
                 cur.variants.popitem(last=False)
             try:
                 cur.variants[key] = Variant(self._load_transformer(cur, cur.dtype, resident))
@@ -329,12 +329,12 @@ class ModelManager:
 
     def _after_failed_load(self, cur: Loaded, e: ModelLoadError) -> None:
         """A variant that could not load (out of memory, a file that fails): what is active stays usable. Where the
-        active weights were released to make room, nothing is active: the next request loads the weights it needs
+        active weights left their slot to make room, nothing is active: the next request loads the weights it needs
         (never a key of weights that are gone), and the error says so."""
         if cur.active not in cur.variants:
             cur.active = None
             e.args = (
-                f"{e.args[0]}; the weights in use were released to make room, so the next request loads "
+                f"{e.args[0]}; the weights in use left their slot to make room, so the next request loads "
                 "the ones it needs again",
             )
         log.warning("transformer weights failed to load (%s)", cur.source, exc_info=e)

@@ -352,6 +352,7 @@ CLEAR_DB = 1.0  # a stack beats base at fewer steps when its worst PSNR is this 
 
 
 def steps_at_speed(full: int, speedup: float) -> int:
-    """The step count whose speed-up by count (full / k) is nearest `speedup`, from 1 to full - 1: base at fewer
-    steps at a stack's speed (studio.bench.fewer; the card's line)."""
-    return min(full - 1, max(1, round(full / speedup)))
+    """Base at fewer steps at a stack's speed (studio.bench.fewer; the card's line): the fewest steps k whose speed-up
+    by count (full / k) is no more than `speedup`, from 1 to full - 1. The rival never runs faster than the stack,
+    so it keeps at least as many steps: a cache read against it is judged strictly."""
+    return min(full - 1, max(1, math.ceil(full / speedup - 1e-9)))
