@@ -138,6 +138,22 @@ def test_visitors_are_networks_and_every_forwarded_line_is_read():
 
 
 @pytest.mark.quick
+def test_every_table_per_visitor_is_bounded():
+    """A visitor that leaves is forgotten once MAX_VISITORS others came after: the rate's, the writes' and the
+    saved presets' tables stay bounded (the saved presets' grew one entry per address for ever)."""
+    from studio.app import limits
+
+    guard = PublicGuard(PublicLimits())
+    for i in range(limits.MAX_VISITORS + 50):
+        who = f"address 198.51.{i // 256}.{i % 256}"
+        guard.rate(who, now=0.0)
+        guard.write(who, now=0.0)
+        guard.saving(who, f"/s/{i}/p.yaml", saved_in_all=0)
+    assert len(guard._events) == len(guard._writes) == len(guard._saved) == limits.MAX_VISITORS
+    assert "address 198.51.0.0" not in guard._saved  # the oldest went first
+
+
+@pytest.mark.quick
 def test_a_visitor_saves_presets_within_their_count_whichever_session_they_open(tmp_path):
     """A new session gets a new preset folder; the count per visitor is over all of them, and a name saved again
     is free. Saving and exporting are writing events, counted a minute."""

@@ -39,6 +39,8 @@ class RateLimited(Refused):
     """The per-visitor rate: the one limit that passes by itself (the OpenAI endpoint answers it 429)."""
 
 
+MAX_VISITORS = 10_000  # a table per visitor keeps at most this many (the oldest go first): memory stays bounded
+
 # The app's own calls to itself (the OpenAI endpoint calls /images through gradio's queue from this process) carry
 # the visitor they act for in this header, signed with a token of this process: a client cannot write it.
 VISITOR_HEADER = "x-studio-visitor"
@@ -121,7 +123,7 @@ def _count(log: dict, lock, who: str | None, n: int, now: float | None, limit: s
         if len(seen) >= n:
             raise RateLimited(f"this public studio {limit}: try again in {60.0 - (now - seen[0]):.0f} s")
         seen.append(now)
-        if len(log) > 10_000:  # visitors that left: the oldest go first
+        if len(log) > MAX_VISITORS:  # visitors that left: the oldest go first
             log.pop(next(iter(log)))
 
 
@@ -212,6 +214,8 @@ class PublicGuard:
         `presets_per_visitor` (counted over all their sessions) or `presets_in_all`; a name saved again is free."""
         with self._lock:
             self._saving(self._saved.setdefault(who or "anonymous", set()), str(path), saved_in_all)
+            if len(self._saved) > MAX_VISITORS:  # visitors that left: the oldest go first, as every table per visitor
+                self._saved.pop(next(iter(self._saved)))
 
     def _saving(self, mine: set, path: str, saved_in_all: int) -> None:
         if path in mine:
