@@ -138,6 +138,24 @@ def test_visitors_are_networks_and_every_forwarded_line_is_read():
 
 
 @pytest.mark.quick
+def test_uploads_are_weighed_per_visitor_an_hour_with_when_it_frees():
+    guard = PublicGuard(PublicLimits(upload_mb_per_hour=64.0))
+    seven = 7 * 2**20
+    for i in range(9):  # 63 MiB
+        guard.uploaded("address 1", seven, now=60.0 * i)
+    with pytest.raises(RateLimited) as e:
+        guard.uploaded("address 1", seven, now=600.0)
+    assert str(e.value) == (
+        "this public studio takes at most 64 MiB of uploads an hour per visitor (STUDIO_UPLOAD_MB_PER_HOUR): you have "
+        "sent 63.0 MiB; room for this one in 50 min"  # the first upload (at 0 s) is an hour old at 3600 s
+    )
+    guard.uploaded("address 2", seven, now=600.0)  # another visitor's own bytes
+    guard.uploaded("address 1", seven, now=3600.0)  # the first is an hour old: room again
+    with pytest.raises(RateLimited, match="one of 65.0 MiB is over it on its own"):
+        guard.uploaded("address 3", 65 * 2**20, now=0.0)
+
+
+@pytest.mark.quick
 def test_every_table_per_visitor_is_bounded():
     """A visitor that leaves is forgotten once MAX_VISITORS others came after: the rate's, the writes' and the
     saved presets' tables stay bounded (the saved presets' grew one entry per address for ever)."""
@@ -149,7 +167,9 @@ def test_every_table_per_visitor_is_bounded():
         guard.rate(who, now=0.0)
         guard.write(who, now=0.0)
         guard.saving(who, f"/s/{i}/p.yaml", saved_in_all=0)
+        guard.uploaded(who, 10, now=0.0)
     assert len(guard._events) == len(guard._writes) == len(guard._saved) == limits.MAX_VISITORS
+    assert len(guard._uploads) == limits.MAX_VISITORS
     assert "address 198.51.0.0" not in guard._saved  # the oldest went first
 
 
@@ -223,6 +243,44 @@ def test_a_served_public_studio_counts_uploads_and_keeps_its_files_and_sessions_
             direct = httpx.post(url + path, json=body, headers={"x-forwarded-for": "203.0.113.7"})
             assert direct.status_code == 404 and "does not accept direct HTTP POST" in direct.text, (path, direct.text)
         assert len(list(studio.pictures_dir.rglob("*.png"))) == n  # nothing ran
+    finally:
+        demo.close()
+        runner.manager.unload()
+
+
+def test_a_visitors_uploads_are_bounded_in_bytes_and_gradios_cache_in_size(
+    tmp_path, random_model_dir, settings, monkeypatch
+):
+    """On the running app, behind one trusted proxy: 14 uploads of 7 MiB from one visitor keep at most 64 MiB (the
+    rest refused with the sentence, before the body is read), one file over 10 MiB is refused as one, another
+    visitor's small upload is served, and gradio's cache stays within STUDIO_MAX_CACHE_MB."""
+    import httpx
+    from test_api import _serve
+
+    from studio.engine import ModelManager, Runner
+    from studio.spec import PresetLibrary
+
+    settings(proxy_hops=1, max_cache_mb=20)
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))  # this app's own cache: pruned below
+    runner = Runner(ModelManager("cpu", settings=current()), PresetLibrary(user_dir=tmp_path), model=random_model_dir)
+    demo, url = _serve(runner, public=True, limits=PublicLimits(writes_per_minute=100), models=[random_model_dir])
+    keeper = demo.studio_api.studio.cache_keeper
+    keeper.grace_s = keeper.every_s = 0  # (a test that waits two minutes for the grace is not run)
+    try:
+        seven = {"files": ("p.png", b"\x89PNG" + b"x" * (7 * 2**20 - 4), "image/png")}
+        one = {"x-forwarded-for": "203.0.113.20"}
+        codes = [httpx.post(url + "gradio_api/upload", files=seven, headers=one, timeout=60) for _ in range(14)]
+        assert [r.status_code for r in codes] == [200] * 9 + [429] * 5, [r.text[:120] for r in codes]
+        assert "at most 64 MiB of uploads an hour per visitor (STUDIO_UPLOAD_MB_PER_HOUR)" in codes[-1].text
+        big = {"files": ("big.png", b"x" * (11 * 2**20), "image/png")}
+        r = httpx.post(url + "gradio_api/upload", files=big, headers={"x-forwarded-for": "203.0.113.21"}, timeout=60)
+        assert r.status_code == 413 and "over this public studio's limit of 10 MiB for one file" in r.text
+        small = {"files": ("s.yaml", b"cache_config: {}\n", "application/x-yaml")}
+        other = httpx.post(url + "gradio_api/upload", files=small, headers={"x-forwarded-for": "203.0.113.22"})
+        assert other.status_code == 200  # another visitor's own count
+        assert demo.GRADIO_CACHE == str(tmp_path / "gradio") and keeper.roots == [tmp_path / "gradio"]
+        held = sum(p.stat().st_size for p in (tmp_path / "gradio").rglob("*") if p.is_file())
+        assert 0 < held <= 20 * 2**20 + 1024, held  # pruned to the cap before the small upload went in
     finally:
         demo.close()
         runner.manager.unload()

@@ -29,7 +29,15 @@ class BodyTooLarge(Exception):
     """A body read past the cap (raised inside the route's receive; BodyCap answers it)."""
 
 
+UPLOAD = "STUDIO_MAX_UPLOAD_MB"
+
+
 def too_large(size: int, cap: int, setting: str = "STUDIO_MAX_BODY_MB") -> str:
+    if setting == UPLOAD:
+        return (
+            f"an upload of {size / MB:.1f} MiB is over this public studio's limit of {cap / MB:g} MiB for one file "
+            f"({setting}): a picture or a preset needs a few MiB"
+        )
     if setting == "STUDIO_MAX_BODY_MB":
         said = f"{size / MB:.1f} MiB" if size else "over the cap"
         return (
@@ -90,24 +98,33 @@ class BodyCap:
 
 
 class UploadCount:
-    """ASGI middleware: each upload (a POST to gradio's upload route) is a writing event of its visitor, counted by
-    `count(scope)` (app.handlers.Studio.wrote_scope: Refused over the visitor's writes a minute) and answered 429
-    with the sentence when over, before the body is read. `count` None: nothing counted (not a public studio)."""
+    """ASGI middleware: each upload (a POST to gradio's upload route) is a writing event of its visitor and weighs
+    its bytes, counted by `count(scope, nbytes)` (app.handlers.Studio.wrote_scope: Refused over the visitor's writes
+    a minute or their bytes an hour) and answered 429 with the sentence when over, before the body is read; one
+    upload over `max_bytes` (STUDIO_MAX_UPLOAD_MB) is 413, one that does not say its size (Content-Length) 411.
+    `count` None: nothing counted (not a public studio)."""
 
-    def __init__(self, app, count=None):
-        self.app, self.count = app, count
+    def __init__(self, app, count=None, max_bytes: int | None = None):
+        self.app, self.count, self.max_bytes = app, count, max_bytes
 
     async def __call__(self, scope, receive, send):
         if (
-            self.count is not None
-            and scope["type"] == "http"
-            and scope.get("method") == "POST"
-            and scope.get("path", "").rstrip("/") in UPLOAD_ROUTES
+            self.count is None
+            or scope["type"] != "http"
+            or scope.get("method") != "POST"
+            or scope.get("path", "").rstrip("/") not in UPLOAD_ROUTES
         ):
-            try:
-                self.count(scope)
-            except Refused as e:
-                return await _answer(send, 429, str(e), "rate_limit_error")
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if not length.isdigit():
+            sentence = "an upload to this public studio says its size (Content-Length): send it as a browser does"
+            return await _answer(send, 411, sentence, "invalid_request_error")
+        if self.max_bytes is not None and int(length) > self.max_bytes:
+            return await _answer(send, 413, too_large(int(length), self.max_bytes, UPLOAD), "invalid_request_error")
+        try:
+            self.count(scope, int(length))
+        except Refused as e:
+            return await _answer(send, 429, str(e), "rate_limit_error")
         return await self.app(scope, receive, send)
 
 

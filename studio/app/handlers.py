@@ -66,6 +66,7 @@ class Studio:
     time_limit_s: float | None = None  # seconds a request may run on the device (app.limits: request_s); None: none
     tmpdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="studio-")))
     keeper: FileKeeper | None = None  # the pictures and downloads within STUDIO_MAX_FILES_MB (app.keep)
+    cache_keeper: FileKeeper | None = None  # gradio's cache within STUDIO_MAX_CACHE_MB (app.ui sets it: its folder)
 
     def __post_init__(self):
         if self.keeper is None:
@@ -94,9 +95,15 @@ class Studio:
         if self.guard is not None:
             self.guard.write(self.visitor(request))
 
-    def wrote_scope(self, scope) -> None:
-        """`wrote` for a request that is not an event (an upload: app.bounds.UploadCount), from its ASGI scope."""
-        self.wrote(StarletteRequest(scope))
+    def wrote_scope(self, scope, nbytes: int = 0) -> None:
+        """`wrote` for a request that is not an event (an upload of `nbytes`: app.bounds.UploadCount), from its ASGI
+        scope: a writing event, and its bytes against the visitor's an hour (public); gradio's cache kept in bounds."""
+        request = StarletteRequest(scope)
+        self.wrote(request)
+        if self.guard is not None:
+            self.guard.uploaded(self.visitor(request), nbytes)
+        if self.cache_keeper is not None:
+            self.cache_keeper.noted()
 
     def internal(self, request) -> bool:
         """Whether `request` is this process's own call for a visitor (the OpenAI endpoint's: app.limits)."""

@@ -39,6 +39,8 @@ class RateLimited(Refused):
     """The per-visitor rate: the one limit that passes by itself (the OpenAI endpoint answers it 429)."""
 
 
+MB = 2**20
+HOUR_S = 3600.0
 MAX_VISITORS = 10_000  # a table per visitor keeps at most this many (the oldest go first): memory stays bounded
 
 # The app's own calls to itself (the OpenAI endpoint calls /images through gradio's queue from this process) carry
@@ -127,6 +129,17 @@ def _count(log: dict, lock, who: str | None, n: int, now: float | None, limit: s
             log.pop(next(iter(log)))
 
 
+def _frees(seen, total: int, nbytes: int, cap: int, now: float) -> str:
+    """When a visitor's uploads of the last hour leave room for `nbytes` more (their oldest turning an hour old)."""
+    if nbytes > cap:
+        return f"one of {nbytes / MB:.1f} MiB is over it on its own"
+    for t, n in seen:
+        total -= n
+        if total + nbytes <= cap:
+            return f"room for this one in {max(1, round((t + HOUR_S - now) / 60))} min"
+    return "room for this one within the hour"
+
+
 def compiled_shape(model: str, request, edits: bool = False) -> tuple:
     """What a compiled stack's graphs depend on in a request (Dynamo guards on tensor shapes): the latent size and
     the batch, and for a model that edits (`edits`: Kontext, Qwen-Image-Edit) its reference picture's size (its
@@ -158,6 +171,7 @@ class PublicLimits:
     writes_per_minute: int = 30  # events that write a file (a preset saved or exported, an upload), per visitor
     presets_per_visitor: int = 20  # presets one visitor may save (over all their sessions)
     presets_in_all: int = 500  # presets all visitors may save together
+    upload_mb_per_hour: float = 64.0  # bytes a visitor may upload in any hour (STUDIO_UPLOAD_MB_PER_HOUR)
 
     def __post_init__(self):
         for name, lo, hi in (
@@ -180,6 +194,7 @@ class PublicLimits:
             writes_per_minute=s.writes_per_minute,
             presets_per_visitor=s.presets_per_visitor,
             presets_in_all=s.presets_in_all,
+            upload_mb_per_hour=s.upload_mb_per_hour,
         )
         return cls(**kw, **({"request_s": int(s.max_request_s)} if s.max_request_s else {}))
 
@@ -193,6 +208,7 @@ class PublicGuard:
     ipv6_prefix: int = 64  # an IPv6 visitor's network (spec.settings: STUDIO_IPV6_PREFIX)
     _events: dict = field(default_factory=dict)  # visitor -> deque of event start times (monotonic)
     _writes: dict = field(default_factory=dict)  # visitor -> deque of writing events' times (monotonic)
+    _uploads: dict = field(default_factory=dict)  # visitor -> deque of (time, bytes) of their uploads (monotonic)
     _saved: dict = field(default_factory=dict)  # visitor -> the preset files they saved (a name saved again: one)
     _shapes: set = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -208,6 +224,26 @@ class PublicGuard:
         exported); Refused over `writes_per_minute`."""
         n = self.limits.writes_per_minute
         _count(self._writes, self._lock, who, n, now, f"writes at most {n} files a minute per visitor")
+
+    def uploaded(self, who: str | None, nbytes: int, now: float | None = None) -> None:
+        """Count an upload of `nbytes` by visitor `who`; Refused when their uploads of the last hour would pass
+        `upload_mb_per_hour`, saying when enough of them are an hour old."""
+        now = time.monotonic() if now is None else now
+        cap = int(self.limits.upload_mb_per_hour * MB)
+        with self._lock:
+            seen = self._uploads.setdefault(who or "anonymous", deque())
+            while seen and now - seen[0][0] >= HOUR_S:
+                seen.popleft()
+            total = sum(n for _, n in seen)
+            if total + nbytes > cap:
+                when = _frees(seen, total, nbytes, cap, now)
+                raise RateLimited(
+                    f"this public studio takes at most {self.limits.upload_mb_per_hour:g} MiB of uploads an hour per "
+                    f"visitor (STUDIO_UPLOAD_MB_PER_HOUR): you have sent {total / MB:.1f} MiB; {when}"
+                )
+            seen.append((now, nbytes))
+            if len(self._uploads) > MAX_VISITORS:
+                self._uploads.pop(next(iter(self._uploads)))
 
     def saving(self, who: str | None, path, saved_in_all: int) -> None:
         """Visitor `who` saves a preset at `path` while `saved_in_all` visitors' presets are on disk: Refused over

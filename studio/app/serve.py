@@ -29,7 +29,9 @@ def launch(demo: gr.Blocks, *, mcp: bool | None = None, **kwargs):
     cap = Middleware(BodyCap, max_bytes=int(settings.max_body_mb * MB), routes=api_cap)  # before any body is read
     studio = demo.studio_api.studio
     public = studio.guard is not None  # a public studio counts what its visitors do
-    uploads = Middleware(UploadCount, count=studio.wrote_scope if public else None)
+    uploads = Middleware(
+        UploadCount, count=studio.wrote_scope if public else None, max_bytes=int(settings.max_upload_mb * MB)
+    )
     waiting = Middleware(
         WaitingCap,
         who=studio.visitor_scope if public else None,

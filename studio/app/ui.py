@@ -23,6 +23,7 @@ from studio.app import forms, tabs
 from studio.app.forms import UI
 from studio.app.handlers import Handlers, Studio
 from studio.app.history import History
+from studio.app.keep import FileKeeper
 from studio.app.limits import PublicGuard, PublicLimits
 from studio.app.maps import AB_MAP_WHERE, GEN_MAP_WHERE, show_map
 from studio.app.openai_api import ImagesEndpoint
@@ -237,6 +238,8 @@ def build_app(
     default_preset = default_preset if default_preset in names else ("cache" if "cache" in names else BASE)
     age = current().cache_age_s  # gradio's cached files (pictures, uploads) older than this go, checked this often
     with gr.Blocks(title="DiT Speed Studio", delete_cache=(min(600, age), age) if age else None) as demo:
+        if public:  # gradio's cache (uploads, results) in total size too, not only in age: its oldest files go first
+            studio.cache_keeper = FileKeeper([Path(demo.GRADIO_CACHE)], current().max_cache_mb)
         gr.Markdown(
             "# DiT Speed Studio\nPick a speed/quality preset, generate, and see what it bought (denoise time, "
             "cached steps, speed-up) and what it cost (PSNR/SSIM against the `base` image of the same request)."

@@ -105,6 +105,12 @@ class Settings:
     max_api_body_kb: float = 64.0
     # what the studio keeps (docs/deploy.md: public mode's bounds)
     max_prompt_chars: int = 2000  # STUDIO_MAX_PROMPT_CHARS: a longer prompt (or negative prompt) is refused
+    # STUDIO_MAX_UPLOAD_MB, STUDIO_UPLOAD_MB_PER_HOUR: one upload's size (a picture or a preset needs a few MiB), and a
+    # public visitor's uploads in bytes over the last hour (app.bounds.UploadCount); STUDIO_MAX_CACHE_MB: gradio's
+    # cache of uploads and results, in total (app.keep: its oldest files go first)
+    max_upload_mb: float = 10.0
+    upload_mb_per_hour: float = 64.0
+    max_cache_mb: float = 2048.0
     max_files_mb: float = 512.0  # STUDIO_MAX_FILES_MB: the pictures and downloads kept, oldest pruned (app.keep)
     cache_age_s: int | None = None  # STUDIO_CACHE_AGE_S: gradio's cached files older than this go (None: kept)
     sessions: int = 10_000  # STUDIO_SESSIONS: the sessions whose state (history, last pictures) stays in memory
@@ -170,6 +176,10 @@ class Settings:
             max_api_body_kb=_number(env, "STUDIO_MAX_API_BODY_KB", float, 1, 100_000) or cls.max_api_body_kb,
             max_prompt_chars=_number(env, "STUDIO_MAX_PROMPT_CHARS", int, 1, 1_000_000) or cls.max_prompt_chars,
             max_files_mb=_number(env, "STUDIO_MAX_FILES_MB", float, 1, 10_000_000) or cls.max_files_mb,
+            max_upload_mb=_number(env, "STUDIO_MAX_UPLOAD_MB", float, 0.01, 100_000) or cls.max_upload_mb,
+            upload_mb_per_hour=_number(env, "STUDIO_UPLOAD_MB_PER_HOUR", float, 0.01, 10_000_000)
+            or cls.upload_mb_per_hour,
+            max_cache_mb=_number(env, "STUDIO_MAX_CACHE_MB", float, 1, 10_000_000) or cls.max_cache_mb,
             cache_age_s=_number(env, "STUDIO_CACHE_AGE_S", int, 60, 10_000_000) or (3600 if public else None),
             sessions=_number(env, "STUDIO_SESSIONS", int, 1, 1_000_000) or (64 if public else cls.sessions),
             history_rows=_number(env, "STUDIO_HISTORY_ROWS", int, 1, 100_000) or cls.history_rows,
