@@ -409,6 +409,17 @@ def test_the_key_is_read_from_a_bearer_token_or_a_browsers_sign_in_and_mcp_reads
     assert not open_to_all("/", False) and open_to_all("/", True) and open_to_all("/gradio_api/queue/join", True)
     for program in ("/v1/models", "/v1/images/generations", "/gradio_api/mcp", "/gradio_api/mcp/sse"):
         assert not open_to_all(program, True), program
+    # a reverse proxy on this machine connects from 127.0.0.1 too: what it forwards is a visitor's, not MCP's reads
+    proxied = dict(
+        get, client=("127.0.0.1", 5), headers=[(b"x-gradio-user", b"mcp"), (b"x-forwarded-for", b"1.2.3.4")]
+    )
+    assert not mcp_reading(proxied)
+    # behind a proxy that mounts the studio under a prefix, the doors read the path within the studio
+    from studio.app.limits import route
+
+    assert route({"path": "/studio/v1/models", "root_path": "/studio"}) == "/v1/models"
+    assert route({"path": "/v1/models", "root_path": "/studio"}) == "/v1/models"  # a server that strips it itself
+    assert route({"path": "/gradio_api/upload", "root_path": ""}) == "/gradio_api/upload"
 
 
 @pytest.mark.quick

@@ -21,13 +21,15 @@ import binascii
 import hmac
 import json
 
-from studio.app.limits import from_this_machine
+from studio.app.limits import from_this_machine, route
 
 # The paths that ask for the key even when the page is open: the ways in that are not the page's.
 PROGRAM_ONLY = ("/v1/", "/gradio_api/mcp")
 # Gradio's launch calls this itself, without headers, to start the queue: it does once what launch does (a second
 # call does nothing) and makes no picture, so it is open to all.
 ALWAYS_OPEN = ("/gradio_api/startup-events",)
+# Headers a proxy adds: a request carrying one came from outside through it, whatever address it connected from.
+FORWARDED = (b"x-forwarded-for", b"forwarded", b"x-real-ip")
 
 
 def needs_key(path: str) -> str:
@@ -64,6 +66,7 @@ def mcp_reading(scope) -> bool:
         scope.get("method") == "GET"
         and headers.get(b"x-gradio-user") == b"mcp"
         and from_this_machine(client[0], server[0])
+        and not any(h in headers for h in FORWARDED)  # a proxy on this machine forwarded it: a visitor's, not MCP's
     )
 
 
@@ -83,13 +86,9 @@ class KeyGate:
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket") or not self.key:
             return await self.app(scope, receive, send)
-        path = scope.get("root_path", "") + scope.get("path", "")
+        path = route(scope)
         authorization = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
-        if (
-            open_to_all(scope.get("path", ""), self.open_page)
-            or carries_key(authorization, self.key)
-            or mcp_reading(scope)
-        ):
+        if open_to_all(path, self.open_page) or carries_key(authorization, self.key) or mcp_reading(scope):
             return await self.app(scope, receive, send)
         if scope["type"] == "websocket":  # close before accepting (the client sees 403)
             return await send({"type": "websocket.close", "code": 1008, "reason": "this studio wants its API key"})

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from studio.app.limits import Refused
+from studio.app.limits import Refused, route
 
 MB = 2**20
 UPLOAD_ROUTES = ("/gradio_api/upload", "/upload")  # gradio's: each POST writes the files it carries to its cache
@@ -67,7 +67,7 @@ class BodyCap:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        cap, setting = self._cap(scope.get("path", ""))
+        cap, setting = self._cap(route(scope))
         if cap is None:
             return await self.app(scope, receive, send)
         length = dict(scope.get("headers") or []).get(b"content-length", b"")
@@ -112,7 +112,7 @@ class UploadCount:
             self.count is None
             or scope["type"] != "http"
             or scope.get("method") != "POST"
-            or scope.get("path", "").rstrip("/") not in UPLOAD_ROUTES
+            or route(scope).rstrip("/") not in UPLOAD_ROUTES
         ):
             return await self.app(scope, receive, send)
         length = dict(scope.get("headers") or []).get(b"content-length", b"")
@@ -148,7 +148,7 @@ class WaitingCap:
             self.who is None
             or scope["type"] != "http"
             or scope.get("method") != "POST"
-            or not scope.get("path", "").startswith(JOIN_ROUTES + API_ROUTES)
+            or not route(scope).startswith(JOIN_ROUTES + API_ROUTES)
             or (self.internal is not None and self.internal(scope))  # an OpenAI call's own join: counted as the call
         ):
             return await self.app(scope, receive, send)

@@ -49,6 +49,13 @@ VISITOR_HEADER = "x-studio-visitor"
 INTERNAL_TOKEN = secrets.token_urlsafe(24)
 
 
+def route(scope) -> str:
+    """A request's path within the studio: the ASGI path without the `root_path` a proxy mounts it under (servers
+    differ on whether `path` carries it), so the doors' checks read `/v1/...` behind `/studio` too."""
+    path, root = scope.get("path", "") or "", (scope.get("root_path", "") or "").rstrip("/")
+    return path[len(root) :] or "/" if root and path.startswith(root + "/") else path
+
+
 def from_this_machine(host: str | None, local: str | None = None) -> bool:
     """Whether a connection from `host` comes from this machine: a loopback address (any of 127/8, ::1), or the
     address the connection reached (`local`: a call from this machine to its own address leaves from it; a Space's
