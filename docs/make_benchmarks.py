@@ -195,9 +195,9 @@ SECTIONS = [
         "`python -m studio methods` (docs/methods.md): each step-cache method's fastest setting that keeps the "
         "profile's example prompts above 35 dB (its own search, screened eagerly, on the prompts `tune` tunes on), "
         "then all of them in one interleaved bench on `docs/prompts-heldout.txt`, which neither saw, each prompt "
-        "against its own base, with the shipped {p:cache} and the tuned preset beside them; each best kept as a "
-        "preset in docs/bench/methods/ (`--write`).",
-        "-m studio methods --presets-dir docs/bench --also cache,tuned-35db --search-prompts examples "
+        "against its own base, with the shipped {p:cache} beside them, and each read against base at fewer steps of "
+        "its speed on the same prompts; each best kept as a preset in docs/bench/methods/ (`--write`).",
+        "-m studio methods --presets-dir docs/bench --also cache --search-prompts examples "
         "--prompts docs/prompts-heldout.txt --min-psnr 35 --plot docs/bench/methods.png --write docs/bench/methods",
     ),
     Section(

@@ -111,6 +111,44 @@ def sample_scene(rng: random.Random, two_objects: bool, held_out: bool = False) 
             return scene
 
 
+def _draw_object(draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: float, fill, grow: float = 0.0):
+    """One object of half-size `r` at (cx, cy), every edge moved `grow` pixels outwards (an outline's ring)."""
+    if shape == "circle":
+        r += grow
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=fill)
+    elif shape == "square":
+        s = r * 0.9 + grow
+        draw.rectangle([cx - s, cy - s, cx + s, cy + s], fill=fill)
+    else:
+        pts = np.array([(cx, cy - r), (cx + r, cy + r * 0.8), (cx - r, cy + r * 0.8)])
+        if grow:  # about the incentre: each edge moves out by `grow`
+            side = np.linalg.norm(np.roll(pts, -1, axis=0) - np.roll(pts, 1, axis=0), axis=1)  # opposite each corner
+            centre = (side[:, None] * pts).sum(0) / side.sum()
+            inradius = 1.8 * r * r / (side.sum() / 2)  # area / semi-perimeter (area: base 2r, height 1.8r, halved)
+            pts = centre + (pts - centre) * (inradius + grow) / inradius
+        draw.polygon([tuple(p) for p in pts], fill=fill)
+
+
+def _render_flat(scene: Scene, size: int, rng: random.Random | None, supersample: int, style: str | None):
+    """The committed model's scenes: flat colours, `rng` a small jitter of position (±3%) and size (±10%)."""
+    big = size * supersample
+    img = Image.new("RGB", (big, big), COLOURS[scene.background])
+    draw = ImageDraw.Draw(img)
+    radius = SINGLE_RADIUS if len(scene.objects) == 1 else PAIR_RADIUS
+    for o in scene.objects:
+        cx, cy = PLACES[o.place]
+        r = radius
+        if rng is not None:
+            cx += rng.uniform(-0.03, 0.03)
+            cy += rng.uniform(-0.03, 0.03)
+            r *= rng.uniform(0.9, 1.1)
+        cx, cy, r = cx * big, cy * big, r * big
+        if style == "outline":
+            _draw_object(draw, o.shape, cx, cy, r, COLOURS[OUTLINE_COLOUR], grow=OUTLINE_WIDTH * big)
+        _draw_object(draw, o.shape, cx, cy, r, COLOURS[o.colour])
+    return img.resize((size, size), Image.Resampling.LANCZOS)
+
+
 # What a prompt leaves open (drawn at random for training, so the model's picture is not fixed by its prompt and its
 # flow curves as a real model's does: fewer steps change the picture). Each bound keeps the judge's reading of the
 # prompt (colour, shape, place): shapes are never rotated (a square's fill of its box would read as a circle's), the
@@ -162,13 +200,21 @@ def _mask(shape: str, cx: float, cy: float, rx: float, ry: float, big: int, size
 
 
 def render(
-    scene: Scene, size: int = 64, rng: random.Random | None = None, supersample: int = 4, style: str | None = None
+    scene: Scene,
+    size: int = 64,
+    rng: random.Random | None = None,
+    supersample: int = 4,
+    style: str | None = None,
+    varied: bool = False,
 ) -> Image.Image:
-    """Draw a scene; `rng` draws what the prompt leaves open (place within its region, size, aspect, shading, the
-    background's ramp and grain: JITTER .. GRAIN), None draws it exactly, flat; `style`: one of STYLES, or None (the
-    embedded model's own training pictures)."""
+    """Draw a scene; `rng` jitters it (training), None draws it exactly; `style`: one of STYLES, or None (the embedded
+    model's own training pictures). `varied`: `rng` draws what the prompt leaves open (place within its region, size,
+    aspect, shading, the background's ramp and grain: JITTER .. GRAIN; `python -m lab train --varied`); else the
+    committed model's flat scenes (a small jitter of place and size)."""
     if style is not None and style not in STYLES:
         raise ValueError(f"style {style!r} is not one of {list(STYLES)}")
+    if not varied:
+        return _render_flat(scene, size, rng, supersample, style)
     big = size * supersample
     img = np.empty((size, size, 3), np.float32)
     img[:] = COLOURS[scene.background]

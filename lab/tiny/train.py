@@ -34,19 +34,19 @@ def _to_tensor(imgs) -> torch.Tensor:
     return torch.from_numpy(arr).permute(0, 3, 1, 2).contiguous()
 
 
-def _draw_batch(rng: random.Random, n: int, size: int, two_share: float, style: str | None = None):
+def _draw_batch(rng: random.Random, n: int, size: int, two_share: float, style: str | None = None, varied=False):
     scenes = [sample_scene(rng, two_objects=rng.random() < two_share) for _ in range(n)]
-    return scenes, _to_tensor([render(s, size, rng, style=style) for s in scenes])
+    return scenes, _to_tensor([render(s, size, rng, style=style, varied=varied) for s in scenes])
 
 
-def train_vae(pipe, cfg: TinyConfig, steps: int, batch: int, rng: random.Random, bar) -> list[float]:
+def train_vae(pipe, cfg: TinyConfig, steps: int, batch: int, rng: random.Random, bar, varied=False) -> list[float]:
     vae = pipe.vae
     vae.train()
     opt = torch.optim.AdamW(vae.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=max(steps, 2), pct_start=0.05)
     losses = []
     for _ in range(steps):
-        _, x = _draw_batch(rng, batch, cfg.size, 0.4)
+        _, x = _draw_batch(rng, batch, cfg.size, 0.4, varied=varied)
         post = vae.encode(x).latent_dist
         rec = vae.decode(post.sample()).sample
         kl = post.kl().mean() / (x[0].numel())
@@ -74,6 +74,7 @@ def encode_pool(
     *,
     style: str | None = None,
     refit: bool = True,
+    varied: bool = False,
 ):
     """Latents (posterior means) of a pool of jittered training scenes drawn in `style`, and their prompts.
 
@@ -81,7 +82,7 @@ def encode_pool(
     LoRA of a trained model)."""
     prompts, lats = [], []
     for i in range(0, n, chunk):
-        scenes, x = _draw_batch(rng, min(chunk, n - i), cfg.size, pair_share, style)
+        scenes, x = _draw_batch(rng, min(chunk, n - i), cfg.size, pair_share, style, varied)
         prompts += [s.prompt for s in scenes]
         lats.append(pipe.vae.encode(x).latent_dist.mean)
     z = torch.cat(lats)
@@ -269,6 +270,11 @@ def _parser() -> argparse.ArgumentParser:
         "--compile", action=argparse.BooleanOptionalAction, default=True, help="torch.compile the transformer"
     )
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--varied",
+        action="store_true",
+        help="draw what a prompt leaves open at random (lab.tiny.scenes): a model that needs its steps",
+    )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--log", type=Path, default=None, help="log file (default: <out>/train_log.txt)")
     return ap
@@ -310,12 +316,12 @@ def main(argv=None) -> int:
     )
     t0 = time.perf_counter()
     with tqdm(total=args.vae_steps + args.text_steps + args.steps, desc="training tiny FLUX", mininterval=5) as bar:
-        vae_losses = train_vae(pipe, cfg, args.vae_steps, args.vae_batch, rng, bar)
+        vae_losses = train_vae(pipe, cfg, args.vae_steps, args.vae_batch, rng, bar, varied=args.varied)
         t_vae = time.perf_counter() - t0
         log.info(
             "vae done in %.0fs, final loss %.4f", t_vae, np.mean(vae_losses[-50:]) if vae_losses else float("nan")
         )
-        prompts, latents = encode_pool(pipe, cfg, args.pool, rng, pair_share=args.pair_share)
+        prompts, latents = encode_pool(pipe, cfg, args.pool, rng, pair_share=args.pair_share, varied=args.varied)
         log.info(
             "pool of %d latents; vae shift %.4f scale %.4f",
             len(prompts),

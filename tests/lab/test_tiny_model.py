@@ -35,16 +35,19 @@ def test_grammar_parses_articles_case_and_pairs():
         parse_prompt("a cat")
 
 
-def test_judge_reads_drawn_scenes_correctly():
-    """The evaluation's judge, on the renderer's own jittered scenes, must be right every time."""
+@pytest.mark.parametrize("varied", [False, True])
+def test_judge_reads_drawn_scenes_correctly(varied):
+    """The evaluation's judge, on the renderer's own jittered scenes, must be right every time: the committed model's
+    flat ones, and the varied ones (what a prompt leaves open drawn at random: `lab train --varied`), whose bounds
+    must keep every reading of the prompt."""
     rng = random.Random(0)
     singles = [sample_scene(rng, False) for _ in range(200)]
     for s in singles:
-        r = score_single(np.asarray(render(s, 64, rng)), s)
+        r = score_single(np.asarray(render(s, 64, rng, varied=varied)), s)
         assert r["background"] and r["colour"] and r["shape"], r
     for _ in range(100):
         s = sample_scene(rng, True)
-        assert score_pair(np.asarray(render(s, 64, rng)), s)["pair"]
+        assert score_pair(np.asarray(render(s, 64, rng, varied=varied)), s)["pair"]
 
 
 def test_held_out_split_is_fixed_and_never_sampled_for_training():
