@@ -266,13 +266,16 @@ class Runner:
         """A cached text-to-image run with a speed-up shown, against base at the step count of that speed-up (its
         picture against the full-step base picture; HOUSE 18): one untimed base run of fewer steps (at most one base
         run's cost), its picture kept (base_picture), so the same request again runs nothing more. None where the run
-        cached nothing or nothing divides, and where that extra run failed (the time limit, out of memory: logged;
-        the run's own result stands)."""
+        cached nothing or nothing divides, where the stack's 8-bit weights are not base's (the extra run would leave
+        base's weights in place, and a one-slot card would reload the stack's at the next click), and where that
+        extra run failed (the time limit, out of memory: logged; the run's own result stands)."""
         m, req = result.metrics, ctx.request
         sp, db = m.timing.speedup, m.quality.psnr_db
         if not m.cache.cached_steps or sp is None or sp <= 1.0 or db is None or result.base_image is None:
             return None
         if req.task != "text2img" or req.steps < 2:
+            return None
+        if p.quantize_config.enabled:  # base's weights are another set: a switch after the run (a reload on one slot)
             return None
         k = steps_at_speed(req.steps, sp)
         try:
