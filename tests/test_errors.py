@@ -9,6 +9,7 @@ import pickle
 
 import gradio as gr
 import pytest
+import torch
 
 from studio.app.errors import shown
 from studio.app.limits import Refused
@@ -63,3 +64,30 @@ def test_the_app_shows_user_errors_and_form_values_and_lets_a_bug_of_its_own_go_
     with pytest.raises(KeyError):  # not a user's error: gradio logs it
         with shown():
             {}["x"]
+
+
+@pytest.mark.quick
+def test_the_studios_invariants_are_bugs_never_run_failures_and_compile_does_not_take_a_bug_for_its_own():
+    """Issue 56: an invariant the studio keeps (spec.errors.Invariant) reaches the one boundary as a bug, never as
+    'the run failed' (every RuntimeError was a run failure); a bug under a compiled variant (a KeyError in the
+    ahead-of-time code) is raised as it is, not taken for compile's failure that marks the variant failed."""
+    from types import SimpleNamespace
+
+    from studio.engine.compile import first_run_or_eager
+    from studio.engine.state import stack_state
+    from studio.spec.errors import Invariant, is_run_failure
+
+    assert not is_run_failure(Invariant("transformer is already quantized")) and is_run_failure(RuntimeError("oom"))
+    tr = torch.nn.Linear(2, 2)
+    running = SimpleNamespace(key=("aot", "default", "sdpa"))
+    stack_state(tr).compile.running = running
+    calls = []
+
+    def run():
+        calls.append(1)
+        raise KeyError("parametrizations.weight.original0")
+
+    with pytest.raises(KeyError):
+        first_run_or_eager(tr, SimpleNamespace(), run)
+    assert calls == [1] and not stack_state(tr).compile.failed  # not re-run eagerly, nothing marked failed
+    stack_state(tr).compile.running = None

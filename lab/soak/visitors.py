@@ -9,6 +9,7 @@ otherwise (served past a limit among them), lost or hung.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import random
 import statistics
 import threading
@@ -146,7 +147,15 @@ class Visitors:
         attempts, rounds = 0, 0
         while (rounds == 0 or time.monotonic() < deadline) and attempts < self.plan.max_attempts:
             # every attack at least once, however slow the machine; the cheap ones (no device time) first
-            for attack in (self._body, self._over, self._uploads, self._burst, self._crowd):
+            for attack in (
+                self._body,
+                self._over,
+                self._uploads,
+                self._heavy,
+                self._burst,
+                self._rotating,
+                self._crowd,
+            ):
                 if rounds and time.monotonic() >= deadline:
                     break
                 attempts += attack(gc, oai, address)
@@ -239,6 +248,43 @@ class Visitors:
             except httpx.HTTPError as e:
                 outcome, said = "lost", repr(e)
             self.judge("uploads over the writes", outcome, said, (sentence,), may_serve=True)
+        return n
+
+    def _heavy(self, gc, oai, address: str) -> int:
+        """Uploads of 7 MiB (a real picture's size, under the 10 MiB a file) past the visitor's bytes an hour."""
+        n = self.plan.upload_mb_per_hour // 7 + 2
+        sentences = (
+            f"at most {self.plan.upload_mb_per_hour} MiB of uploads an hour per visitor",
+            f"writes at most {self.plan.writes_per_minute} files a minute per visitor",
+        )
+        body = b"\x89PNG" + os.urandom(7 * 2**20 - 4)
+        for i in range(n):
+            try:
+                r = httpx.post(
+                    self.url + "gradio_api/upload",
+                    files={"files": (f"big{i}.png", body, "image/png")},
+                    headers={"x-forwarded-for": address},
+                    timeout=self.plan.timeout_s,
+                )
+                outcome = "served" if r.status_code == 200 else "refused"
+                said = "" if r.status_code == 200 else r.text[:300]
+            except httpx.TimeoutException as e:
+                outcome, said = "hung", repr(e)
+            except httpx.HTTPError as e:
+                outcome, said = "lost", repr(e)
+            self.judge("heavy uploads over the bytes an hour", outcome, said, sentences, may_serve=True)
+        return n
+
+    def _rotating(self, gc, oai, address: str) -> int:
+        """Over the rate from one IPv6 /64, a new address of it each request (what the proxy writes last): one
+        visitor all the same (STUDIO_IPV6_PREFIX)."""
+        n = self.plan.requests_per_minute + 6
+        net = f"2001:db8:{address.rsplit('.', 1)[-1]}:{random.randint(1, 0xFFFF):x}"
+        for i in range(n):
+            rotated = {"x-forwarded-for": f"{net}:{random.randint(1, 0xFFFF):x}::{i + 1:x}"}
+            ask = dict(prompt=PROMPTS[i % 2], seed=random.randint(0, 2**31), num_inference_steps=4)
+            outcome, said = self.call("v1", gc, oai, headers=rotated, **ask)
+            self.judge("rotating addresses of one /64", outcome, said, (self.rate,), may_serve=True)
         return n
 
     # ------------------------------------------------------------------------------------------- all of them

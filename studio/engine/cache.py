@@ -102,14 +102,14 @@ def apply_cache(
     src = "set" if spec.residual_diff_threshold is not None else src
     if spec.backend in HOOK_BACKENDS:
         return apply_hook(pipe, spec, threshold=threshold, src=src, steps=steps)
-    try:
-        import cache_dit
+    import cache_dit
 
-        cfgs = cache_dit_configs(spec, quant=quant, steps=steps, separate_cfg=separate_cfg)
+    cfgs = cache_dit_configs(spec, quant=quant, steps=steps, separate_cfg=separate_cfg)  # the studio's own: not caught
+    try:
         cache_dit.enable_cache(_cache_dit_target(pipe), cache_config=cfgs.cache, calibrator_config=cfgs.calibrator)
     except Exception as e:  # a pipeline cache-dit has no adapter for, blocks it does not recognise (its errors vary
         # by adapter): handled here, the run goes on uncached and the card says why
-        log.warning("cache-dit could not engage: %s", e)
+        log.warning("cache-dit could not engage", exc_info=e)
         _undo_cache_dit(_cache_dit_target(pipe))
         return Engaged(
             "cache",

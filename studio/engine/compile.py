@@ -15,7 +15,7 @@ from pathlib import Path
 from studio.engine import aot
 from studio.engine.state import CompiledVariant, Engaged, stack_state
 from studio.spec.devices import DeviceProfile
-from studio.spec.errors import OverTime
+from studio.spec.errors import OverTime, is_run_failure
 from studio.spec.hosting import ahead_of_time_applies
 from studio.spec.preset import CompileSpec
 
@@ -78,7 +78,7 @@ def first_run_or_eager(tr, stack, run):
     except Exception as error:  # re-raised below unless the eager run shows it was compile's
         state = stack_state(tr)
         variant = state.compile.running
-        if variant is None:
+        if variant is None or not is_run_failure(error):  # a bug of the studio's (a KeyError in aot) is not compile's
             raise
         uncompile(tr)
         try:

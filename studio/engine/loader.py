@@ -140,6 +140,7 @@ class ModelManager:
         except ModelLoadError:
             raise
         except Exception as e:  # any failure of from_pretrained: one sentence with its likely cause (load_hint)
+            log.warning("from_pretrained(%r) failed", source, exc_info=e)  # the traceback once; the user a sentence
             msg = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
             hint = "" if looks_local else load_hint(e, self.settings.hub_offline)
             raise ModelLoadError(f"could not load model {source!r}: {type(e).__name__}: {msg}{hint}") from e

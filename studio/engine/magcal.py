@@ -17,6 +17,7 @@ from studio.engine.call import call_pipe, true_cfg
 from studio.engine.hooks import apply_hook, fingerprint
 from studio.engine.state import stack_state
 from studio.spec.checks import fail
+from studio.spec.errors import Invariant
 from studio.spec.preset import CacheSpec, CompileSpec, Preset
 from studio.spec.request import GenerationRequest
 
@@ -72,7 +73,7 @@ def calibrate_magcache(runner, requests: list[GenerationRequest], preset: Preset
                 remove_cache(pipe)
             cond = ratios.get("cond") or ratios.get("inference") or []
             if len(cond) != req.executed_steps:
-                raise RuntimeError(f"MagCache recorded {len(cond)} ratios over {req.executed_steps} steps")
+                raise Invariant(f"MagCache recorded {len(cond)} ratios over {req.executed_steps} steps")
             per_prompt.append(cond)
         here = fingerprint(pipe.transformer)
     mean = tuple(statistics.fmean(col) for col in zip(*per_prompt))

@@ -22,6 +22,7 @@ import torch
 from studio.engine.compile import compiles
 from studio.engine.state import Engaged, stack_state
 from studio.spec.devices import DeviceProfile, float8_reason, quant_form
+from studio.spec.errors import Invariant
 from studio.spec.preset import QUANT_SHORT, QuantSpec
 
 
@@ -69,14 +70,14 @@ def apply_quant(
     current = quantized_mode(tr)
     if not spec.enabled:
         if current != "none":
-            raise RuntimeError(f"transformer is quantized ({current}); reload its weights before running unquantized")
+            raise Invariant(f"transformer is quantized ({current}); reload its weights before running unquantized")
         return Engaged("quantize", "none", False, "quantize: off (full-precision weights)")
     form, why = quant_form(spec, profile, compiled)
     if current == form:
         detail = f"quantize: torchao {form} (already applied; {why})"
         return Engaged("quantize", spec.quant_type, True, detail, QUANT_SHORT[form])
     if current != "none":
-        raise RuntimeError(f"transformer is already quantized ({current}); reload before applying {form}")
+        raise Invariant(f"transformer is already quantized ({current}); reload before applying {form}")
     if form == "float8_per_row" and (float8_reason(profile) or device.type != "cuda"):
         why = float8_reason(profile) or f"{profile.name} decides float8, but this run computes on {device.type}"
         return Engaged("quantize", spec.quant_type, False, f"quantize: {form}: {why}, using full precision")

@@ -25,6 +25,11 @@ class OverTime(RunError):
     """A request ran past the studio's time limit per request and was stopped between two steps (engine.run)."""
 
 
+class Invariant(AssertionError):
+    """The studio's own invariant broken (a quantized transformer quantized again, a calibration that recorded the
+    wrong count): a bug, never a run failure nor a user's error, so it reaches the one boundary with its traceback."""
+
+
 class StudioBug(RunError):
     """An exception no part of the studio expected (a TypeError, an IndexError, a ValueError from a library) reached
     the edge of a device call: its traceback is logged where it happened, and the user reads `bug_sentence`."""
