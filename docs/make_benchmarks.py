@@ -115,7 +115,7 @@ SECTIONS = [
         "worker and says how far apart the two processes read it; the largest spread is kept in this machine's "
         "record and every later bench with a compiled row states it under its table (the `compiled rows` line): two "
         "benches' compiled rows within that agree as well as two processes can. Eager rows are held to 10%.",
-        "-m studio bench --presets base,compile,cache-compile,cache-int8-sage --repeats 5 --processes 2",
+        "-m lab processes --presets base,compile,cache-compile,cache-int8-sage --repeats 5 --processes 2",
     ),
     Section(
         "bench-all",

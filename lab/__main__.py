@@ -14,6 +14,7 @@ COMMANDS = {
     "clicks": ("lab.clicks", "what a Generate click costs through a running app, per compare mode"),
     "regimes": ("lab.regimes.table", "memory regimes x stacks on a transformer of real size (docs/memory.md)"),
     "kernels": ("lab.regimes.kernels", "the non-cache kernels on a FLUX.1-dev-sized transformer (GPU)"),
+    "processes": ("lab.processes", "a bench's compiled rows in fresh processes: how far apart they read"),
 }
 
 

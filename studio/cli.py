@@ -165,19 +165,9 @@ def _generate(runner, ask: Ask, args) -> int:
     return 0
 
 
-def _bench(runner, req, args) -> int:
-    from studio.report.plots import plot_paired, plot_tradeoff
-    from studio.report.text import bench_header, bench_markdown
-    from studio.spec import ConfigError
-    from studio.spec.checks import check_int
-    from studio.worker.service import InProcess
-
-    check_int("bench", "processes", args.processes, lo=1)
-    if args.processes > 1 and args.in_process:
-        raise ConfigError("bench: --processes needs a fresh device worker per process; leave out --in-process")
-    names = args.presets.split(",") if args.presets else None
-    requests = prompt_requests(runner, req, args, examples=False)
-    kw = dict(
+def bench_kw(args) -> dict:
+    """The bench's keywords from its arguments (studio.bench.run_bench's; the lab's `processes` reads them too)."""
+    return dict(
         model=args.model,
         repeats=args.repeats,
         cache_enabled=args.cache,
@@ -188,9 +178,33 @@ def _bench(runner, req, args) -> int:
         max_flip=args.max_flip,
         fewer_steps=args.fewer_steps,
     )
+
+
+def _bench(runner, req, args) -> int:
+    from studio.worker.service import InProcess
+
+    names = args.presets.split(",") if args.presets else None
+    requests, kw = prompt_requests(runner, req, args, examples=False), bench_kw(args)
     # in the device worker, each stack's native crash costs its own row (studio.worker.reruns); --in-process: here
-    rep = _bench_in(InProcess(runner) if args.in_process else device_worker(args, runner.presets), requests, names, kw)
-    _processes(runner, rep, args, requests, kw)
+    rep = bench_in(InProcess(runner) if args.in_process else device_worker(args, runner.presets), requests, names, kw)
+    spread_seen(runner, rep)
+    return bench_out(rep, args)
+
+
+def spread_seen(runner, rep) -> None:
+    """With a compiled row: the process-to-process spread this machine has measured (`python -m lab processes`
+    measures it), stated under the table."""
+    from studio.measure import pace
+
+    if rep.twins:  # compiled rows (timed beside their eager twins: studio.bench.twins)
+        rep.process_spread = pace.spread_seen(runner.manager.settings.pace_file, rep.meta["machine"])
+
+
+def bench_out(rep, args) -> int:
+    """A bench report as its arguments ask: JSON, CSV or the table; --out, --plot."""
+    from studio.report.plots import plot_paired, plot_tradeoff
+    from studio.report.text import bench_header, bench_markdown
+
     if args.json:
         print(json.dumps(rep.as_dict(), indent=1))
     elif args.csv:
@@ -207,7 +221,7 @@ def _bench(runner, req, args) -> int:
     return 0
 
 
-def _bench_in(device, requests: list, names, kw: dict, desc: str = "bench"):
+def bench_in(device, requests: list, names, kw: dict, desc: str = "bench"):
     """One bench in `device` (a device worker, or InProcess), closed after it."""
     from studio.worker import reruns
 
@@ -219,35 +233,6 @@ def _bench_in(device, requests: list, names, kw: dict, desc: str = "bench"):
     finally:
         close()
         device.close()
-
-
-def _processes(runner, rep, args, requests: list, kw: dict) -> None:
-    """--processes N: each compiled row timed again in N-1 fresh device workers (studio.bench.processes), the
-    spread kept for this machine; then, with or without it, the spread this machine has measured (rep's fields)."""
-    import datetime
-    import shlex
-
-    from studio.bench import processes
-    from studio.measure import pace
-
-    compiled = processes.compiled_rows(rep)
-    if args.processes > 1 and not compiled:
-        print("--processes: no compiled stack in this bench, so nothing was timed again", file=sys.stderr)
-    elif args.processes > 1:
-        reports = [rep]
-        for i in range(2, args.processes + 1):
-            device = device_worker(args, runner.presets)
-            again = {**kw, "vs_raw": False}  # the plain-diffusers side is the first process's
-            reports.append(_bench_in(device, requests, compiled, again, desc=f"process {i} of {args.processes}"))
-        rep.processes = processes.readings(reports)
-        command = "python -m studio " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        lost = processes.keep(
-            runner.manager.settings.pace_file, reports, rep.processes, command, str(datetime.date.today())
-        )
-        if lost:
-            print(f"--processes: {lost}", file=sys.stderr)
-    if compiled:
-        rep.process_spread = pace.spread_seen(runner.manager.settings.pace_file, rep.meta["machine"])
 
 
 def _sweep(runner, req, args) -> int:

@@ -129,13 +129,6 @@ def bench_args(sub) -> None:
     b.add_argument("--extra-rounds", type=int, default=None, help="rounds beyond --repeats while a row is withheld")
     b.add_argument("--prompts", default=None, help="a file of prompts, one per line: one rotation per prompt")
     b.add_argument("--vs-raw", action="store_true", help="time each preset through plain diffusers too")
-    b.add_argument(
-        "--processes",
-        type=int,
-        default=1,
-        help="time each compiled stack in this many processes (a fresh device worker each, base beside it) and show "
-        "how far apart they read; the spread is kept for this machine and stated under later benches (default 1)",
-    )
     b.add_argument("--json", action="store_true", help="print the rows and the run's settings as JSON")
     b.add_argument("--csv", action="store_true", help="print the rows as CSV")
     b.add_argument("--out", default=None, help="write the report: .md, .csv or .json by extension")

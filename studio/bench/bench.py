@@ -90,7 +90,7 @@ class BenchReport:
     # per request shape, base's floor against the fastest this machine has run it (was the machine quiet?)
     pace: list[machine_pace.Pace] = field(default_factory=list)
     paired: list[Paired] = field(default_factory=list)  # over several requests: each stack request by request
-    # --processes N: each compiled row in each process (studio.bench.processes.ProcessReading)
+    # `python -m lab processes`: each compiled row in each process (lab.processes.ProcessReading)
     processes: list = field(default_factory=list)
     # the compiled rows' process-to-process spread this machine has measured (studio.measure.pace.SpreadSeen)
     process_spread: machine_pace.SpreadSeen | None = None

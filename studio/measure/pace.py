@@ -149,14 +149,14 @@ def record(
     return Pace(key, floor_ms, best, seen, str(p), lost, agree, taken)
 
 
-# -- compiled rows, process to process (studio.bench.processes) ------------------------------------------------------
+# -- compiled rows, process to process (lab.processes) ------------------------------------------------------
 SPREAD_SUFFIX = "|compiled rows, process to process"
 SPREAD_KEPT = 20  # measurements kept per machine (the newest)
 
 
 @dataclass(frozen=True)
 class SpreadSeen:
-    """What `bench --processes N` has measured on this machine: how far apart the processes read a compiled row."""
+    """What `python -m lab processes` has measured on this machine: how far apart the processes read a compiled row."""
 
     apart: float  # the largest spread of the quiet measurements (0.05 = 5%); of all of them when none was quiet
     quiet: bool  # whether `apart` comes from measurements on a quiet machine (studio.measure.pace.Pace.quiet)

@@ -107,7 +107,7 @@ def raw_verdict(rows, noise) -> str | None:
 
 
 def process_lines(rep) -> list[str]:
-    """A bench's compiled rows against other processes (studio.bench.processes): each row in each process with how
+    """A bench's compiled rows against other processes (lab.processes): each row in each process with how
     far apart they read (--processes N), then the spread this machine has measured for compiled rows, or that it
     has measured none and the command that would. [] for a bench without a compiled row."""
     compiled = list(rep.twins)
@@ -131,7 +131,7 @@ def process_lines(rep) -> list[str]:
         names = ",".join(["base"] + compiled)
         out.append(
             "compiled rows: a compiled stack's speed differs from process to process, and this machine has not "
-            f"measured by how much (`python -m studio bench --presets {names} --processes 2` measures it)"
+            f"measured by how much (`python -m lab processes --presets {names}` measures it)"
         )
     else:
         busy = "" if seen.quiet else ", measured while the machine was busy"

@@ -1,4 +1,5 @@
-"""`bench --processes N`: each compiled stack timed in N processes, and how far apart the processes read it.
+"""`python -m lab processes [bench options] --processes N`: each compiled stack timed in N processes, and how far
+apart the processes read it.
 
 A compiled stack's speed is a property of the process that compiled it (Inductor's choices, where the code and the
 allocator's blocks landed): on the project's 2-core AMD EPYC, processes back to back read the same compiled stack up
@@ -11,7 +12,8 @@ and the compiled stacks (with their eager twins, as every bench does) over the s
 compiled row: its speed-up in each process, shown or withheld by the one rule (studio.measure.estimate.shown, already
 applied to the rows), and how far the shown points lie apart (largest / smallest - 1). The largest of those is kept
 in this machine's record (studio.measure.pace.keep_spread) with the command that measured it, and every later bench
-with a compiled row states it (studio.report.text.process_lines).
+with a compiled row states it (studio.report.text.process_lines). The bench's options are the studio's
+(`python -m studio bench --help`); its table is printed with the readings under it.
 """
 
 from __future__ import annotations
@@ -76,3 +78,55 @@ def keep(path, reports: list, got: list[ProcessReading], command: str, date: str
     if not spreads:
         return ""
     return pace.keep_spread(path, reports[0].meta["machine"], max(spreads), quiet(reports), command, date)
+
+
+def main(argv=None) -> int:
+    """The bench once in a device worker, then each compiled row in N-1 fresh ones; the readings under its table."""
+    import argparse
+    import datetime
+    import shlex
+    import sys
+
+    from studio.cli import bench_in, bench_kw, bench_out, device_worker
+    from studio.cli_args import parser, prompt_requests, read_settings, request_of_args
+    from studio.engine import ModelManager, Runner
+    from studio.spec import ConfigError, PresetLibrary
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own = argparse.ArgumentParser(prog="python -m lab processes", add_help=False)
+    own.add_argument("--processes", type=int, default=2, help="processes in all, the bench's own among them")
+    known, rest = own.parse_known_args(argv)
+    args = parser().parse_args(["bench", *rest])
+    if known.processes < 2 or args.in_process:
+        raise SystemExit(
+            f"error: processes: --processes {known.processes} and --in-process {args.in_process}: two or more "
+            "processes, each a fresh device worker (leave out --in-process)"
+        )
+    settings = read_settings(args)
+    lib = PresetLibrary(user_dir=args.presets_dir or settings.presets_dir)
+    runner = Runner(ModelManager(args.device, settings=settings), lib, model=args.model)
+    try:
+        requests = prompt_requests(runner, request_of_args(args, runner.profile(args.model)), args, examples=False)
+        kw, names = bench_kw(args), (args.presets.split(",") if args.presets else None)
+        rep = bench_in(device_worker(args, runner.presets), requests, names, kw)
+        compiled = compiled_rows(rep)
+        if not compiled:
+            print("processes: no compiled stack in this bench, so nothing was timed again", file=sys.stderr)
+        else:
+            reports = [rep]
+            for i in range(2, known.processes + 1):
+                again = {**kw, "vs_raw": False}  # the plain-diffusers side is the first process's
+                device = device_worker(args, runner.presets)
+                reports.append(bench_in(device, requests, compiled, again, desc=f"process {i} of {known.processes}"))
+            rep.processes = readings(reports)
+            command = "python -m lab processes " + " ".join(shlex.quote(a) for a in argv)
+            lost = keep(settings.pace_file, reports, rep.processes, command, str(datetime.date.today()))
+            if lost:
+                print(f"processes: {lost}", file=sys.stderr)
+            rep.process_spread = pace.spread_seen(settings.pace_file, rep.meta["machine"])
+        return bench_out(rep, args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        runner.manager.unload()

@@ -1,4 +1,4 @@
-"""`bench --processes N` (studio.bench.processes): each compiled stack timed in fresh device workers, how far apart
+"""`python -m lab processes` (lab.processes): each compiled stack timed in fresh device workers, how far apart
 the processes read it, kept per machine (studio.measure.pace) and stated under every later bench with a compiled
 row. No timing is asserted: the readings are compared with each other, as the report computes them."""
 
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from studio.bench.processes import ProcessReading, readings
+from lab.processes import ProcessReading, readings
 from studio.measure import pace
 from studio.report.text import process_lines
 
@@ -80,7 +80,7 @@ def test_a_bench_with_a_compiled_row_states_the_spread_or_the_command_that_measu
     rep.processes, rep.process_spread = [], None
     (line,) = process_lines(rep)
     assert "this machine has not measured by how much" in line
-    assert "`python -m studio bench --presets base,cache-compile --processes 2` measures it" in line
+    assert "`python -m lab processes --presets base,cache-compile` measures it" in line
     rep.process_spread = pace.SpreadSeen(0.072, True, 2, "python -m studio bench --processes 2", "2026-12-06")
     (line,) = process_lines(rep)
     assert "up to 7.2% apart (the largest of 2: `python -m studio bench --processes 2`, 2026-12-06)" in line
@@ -96,7 +96,7 @@ def test_cli_bench_times_a_compiled_stack_in_two_processes(tmp_path):
     """The real stack: `compile` (eager twin base) in the CLI's device worker, then again in a fresh one; the
     spread is kept in this machine's record and stated under the table."""
     record = tmp_path / "pace.json"
-    cmd = [sys.executable, "-m", "studio", "bench", "--presets", "compile", "--repeats", "1", "--extra-rounds", "0"]
+    cmd = [sys.executable, "-m", "lab", "processes", "--presets", "compile", "--repeats", "1", "--extra-rounds", "0"]
     cmd += ["--steps", "6", "--processes", "2", "--json"]
     env = dict(os.environ, STUDIO_PACE_FILE=str(record))
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
@@ -118,15 +118,19 @@ def test_cli_bench_times_a_compiled_stack_in_two_processes(tmp_path):
         assert g["apart"] is None and d["process_spread"] is None
 
 
-def test_processes_need_a_worker_per_process():
+def test_processes_need_a_worker_per_process_and_the_studios_bench_has_no_such_option():
     p = subprocess.run(
-        [sys.executable, "-m", "studio", "bench", "--presets", "compile", "--processes", "2", "--in-process"],
+        [sys.executable, "-m", "lab", "processes", "--presets", "compile", "--processes", "2", "--in-process"],
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert p.returncode == 2 and "--processes needs a fresh device worker per process" in p.stderr
+    assert p.returncode != 0 and "each a fresh device worker (leave out --in-process)" in p.stderr
     p = subprocess.run(
-        [sys.executable, "-m", "studio", "bench", "--processes", "0"], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "lab", "processes", "--processes", "1"], capture_output=True, text=True, timeout=300
     )
-    assert p.returncode == 2 and "processes" in p.stderr and "0" in p.stderr
+    assert p.returncode != 0 and "--processes 1" in p.stderr and "two or more" in p.stderr
+    p = subprocess.run(
+        [sys.executable, "-m", "studio", "bench", "--processes", "2"], capture_output=True, text=True, timeout=300
+    )
+    assert p.returncode == 2 and "unrecognized arguments: --processes 2" in p.stderr  # the lab's, not the product's
