@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from studio.measure.estimate import Run, shown, speedup
 from studio.spec.preset import CacheSpec
 
-# FLUX.1-dev's transformer is studio.bench.doctor.FLUX_DEV (imported when built: it pulls in the engine and torch).
+# FLUX.1-dev's transformer is lab.regimes.kernels.FLUX_DEV (imported when built: it pulls in the engine and torch).
 SMALL = dict(
     patch_size=1,
     in_channels=64,

@@ -233,20 +233,8 @@ class Visitors:
         n = self.plan.writes_per_minute + 3
         sentence = f"writes at most {self.plan.writes_per_minute} files a minute per visitor"
         for i in range(n):
-            files = {"files": (f"p{i}.yaml", f"cache_config: {{}}\n# {random.random()}\n".encode(), "text/yaml")}
-            try:
-                r = httpx.post(
-                    self.url + "gradio_api/upload",
-                    files=files,
-                    headers={"x-forwarded-for": address},
-                    timeout=self.plan.timeout_s,
-                )
-                outcome = "served" if r.status_code == 200 else "refused"
-                said = "" if r.status_code == 200 else r.text[:300]
-            except httpx.TimeoutException as e:
-                outcome, said = "hung", repr(e)
-            except httpx.HTTPError as e:
-                outcome, said = "lost", repr(e)
+            text = f"cache_config: {{}}\n# {random.random()}\n".encode()
+            outcome, said = self._upload(address, (f"p{i}.yaml", text, "text/yaml"))
             self.judge("uploads over the writes", outcome, said, (sentence,), may_serve=True)
         return n
 
@@ -259,21 +247,24 @@ class Visitors:
         )
         body = b"\x89PNG" + os.urandom(7 * 2**20 - 4)
         for i in range(n):
-            try:
-                r = httpx.post(
-                    self.url + "gradio_api/upload",
-                    files={"files": (f"big{i}.png", body, "image/png")},
-                    headers={"x-forwarded-for": address},
-                    timeout=self.plan.timeout_s,
-                )
-                outcome = "served" if r.status_code == 200 else "refused"
-                said = "" if r.status_code == 200 else r.text[:300]
-            except httpx.TimeoutException as e:
-                outcome, said = "hung", repr(e)
-            except httpx.HTTPError as e:
-                outcome, said = "lost", repr(e)
+            outcome, said = self._upload(address, (f"big{i}.png", body, "image/png"))
             self.judge("heavy uploads over the bytes an hour", outcome, said, sentences, may_serve=True)
         return n
+
+    def _upload(self, address: str, file: tuple) -> tuple[str, str]:
+        """One upload to gradio's upload route as `address`: (served | refused | hung | lost, what was said)."""
+        try:
+            r = httpx.post(
+                self.url + "gradio_api/upload",
+                files={"files": file},
+                headers={"x-forwarded-for": address},
+                timeout=self.plan.timeout_s,
+            )
+        except httpx.TimeoutException as e:
+            return "hung", repr(e)
+        except httpx.HTTPError as e:
+            return "lost", repr(e)
+        return ("served", "") if r.status_code == 200 else ("refused", r.text[:300])
 
     def _rotating(self, gc, oai, address: str) -> int:
         """Over the rate from one IPv6 /64, a new address of it each request (what the proxy writes last): one
