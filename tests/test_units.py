@@ -253,6 +253,8 @@ def test_the_card_leads_with_the_answer_and_no_cell_is_a_paragraph():
     cells = [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td>(.*?)</td>", card, re.S)]
     assert max(len(c) for c in cells) <= 300, max(cells, key=len)
     assert metrics_card(make_metrics(speedup=None, speedup_note="busy machine")).count("speed-up withheld (busy") == 1
+    same = make_metrics(psnr_db=math.inf, vs_fewer={**fewer, "margin_db": math.inf})  # bitwise base's picture
+    assert "beats base at 16 steps (identical to base)" in metrics_card(same) and "inf dB" not in metrics_card(same)
 
 
 def test_metrics_json_keys():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import math
 
 from studio.measure.estimate import CLEAR_DB, interval_words
 from studio.measure.quality import TILE, Verdict
@@ -99,6 +100,8 @@ def fewer_steps_cell(v: dict) -> str:
     """A cached run against base at the step count of its speed-up (RunQuality.vs_fewer), one line."""
     at = f"base at {v['steps']} of {v['full']} steps ({v['speedup']:.2f}x) keeps {fmt.psnr(v['psnr_db'])}"
     margin = v["margin_db"]
+    if math.isinf(margin) and margin > 0:
+        return f"beats it: this picture is identical to base; {at}"
     if margin >= CLEAR_DB:
         return f"beats it by {margin:.1f} dB: {at}"
     return f"fewer steps does {'as well' if margin > -CLEAR_DB else 'better'}: {at}"
@@ -138,7 +141,8 @@ def answer_line(m) -> str:
     if q.vs_fewer:
         v = q.vs_fewer
         verdict = "beats" if v["margin_db"] >= CLEAR_DB else "ties" if v["margin_db"] > -CLEAR_DB else "loses to"
-        parts.append(f"{verdict} base at {v['steps']} steps ({v['margin_db']:+.1f} dB)")
+        margin = "identical to base" if math.isinf(v["margin_db"]) else f"{v['margin_db']:+.1f} dB"
+        parts.append(f"{verdict} base at {v['steps']} steps ({margin})")
     return " · ".join(parts)
 
 

@@ -22,7 +22,11 @@ def versus_fewer(v) -> str:
         return "-"
     at = f"{v.at.steps} steps ({v.at.speedup:.2f}x) keep {_dbs(v.at.worst_db)} dB"
     if v.beats:
-        return f"beats it by {v.margin_db:.1f} dB: {at}"
+        return (
+            f"beats it: identical to base; {at}"
+            if math.isinf(v.margin_db)
+            else f"beats it by {v.margin_db:.1f} dB: {at}"
+        )
     return f"fewer steps does {'as well' if v.margin_db > -CLEAR_DB else 'better'}: {at}"
 
 
