@@ -130,9 +130,8 @@ def main(argv=None) -> int:
     """`python -m lab busy`: quiet readings, then with a CPU-bound load beside them: honest or flagged?"""
     import argparse
 
+    from studio.cli import runner_of
     from studio.cli_args import common_args, read_settings, request_of_args
-    from studio.engine import ModelManager, Runner
-    from studio.spec import PresetLibrary
 
     ap = argparse.ArgumentParser(prog="python -m lab busy", description=main.__doc__)
     common_args(ap)
@@ -141,9 +140,7 @@ def main(argv=None) -> int:
     ap.add_argument("--busy", type=int, default=3, help="readings with the load running")
     ap.add_argument("--api", default=None, help="read through a running app's /generate (e.g. http://127.0.0.1:7860/)")
     args = ap.parse_args(argv)
-    settings = read_settings(args)
-    lib = PresetLibrary(user_dir=args.presets_dir or settings.presets_dir)
-    runner = Runner(ModelManager(args.device, settings=settings), lib, model=args.model)
+    runner = runner_of(args, read_settings(args))
     req = request_of_args(args, runner.profile(args.model))
     try:
         if args.api:

@@ -87,10 +87,9 @@ def main(argv=None) -> int:
     import shlex
     import sys
 
-    from studio.cli import bench_in, bench_kw, bench_out, device_worker
+    from studio.cli import bench_in, bench_kw, bench_out, device_worker, runner_of
     from studio.cli_args import parser, prompt_requests, read_settings, request_of_args
-    from studio.engine import ModelManager, Runner
-    from studio.spec import ConfigError, PresetLibrary
+    from studio.spec import ConfigError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     own = argparse.ArgumentParser(prog="python -m lab processes", add_help=False)
@@ -103,8 +102,7 @@ def main(argv=None) -> int:
             "processes, each a fresh device worker (leave out --in-process)"
         )
     settings = read_settings(args)
-    lib = PresetLibrary(user_dir=args.presets_dir or settings.presets_dir)
-    runner = Runner(ModelManager(args.device, settings=settings), lib, model=args.model)
+    runner = runner_of(args, settings)
     try:
         requests = prompt_requests(runner, request_of_args(args, runner.profile(args.model)), args, examples=False)
         kw, names = bench_kw(args), (args.presets.split(",") if args.presets else None)

@@ -383,6 +383,16 @@ def _search_requests(runner, req, args) -> list | None:
     return [replace(req, prompt=p) for p in read_prompts(args.search_prompts)]
 
 
+def runner_of(args, settings, lib=None):
+    """The engine a command's arguments ask for: a model manager on --device with `settings` (read_settings: the
+    environment with the command's --dtype and --presets-dir over it), the presets with that user folder."""
+    from studio.engine import ModelManager, Runner
+    from studio.spec import PresetLibrary
+
+    lib = lib or PresetLibrary(user_dir=settings.presets_dir)
+    return Runner(ModelManager(args.device, settings=settings), lib, model=args.model)
+
+
 def _make_parents(args) -> None:
     """--out and --plot may name files in folders that do not exist yet."""
     for name in ("out", "plot"):
@@ -402,19 +412,19 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.cmd in ("bench", "sweep", "tune", "methods", "calibrate"):
         quiet_libraries()
-    from studio.engine import ModelLoadError, ModelManager, RunError, Runner
+    from studio.engine import ModelLoadError, RunError
     from studio.spec import ConfigError, PresetLibrary
 
     if args.cmd == "doctor":
         return _doctor(args)
-    lib = PresetLibrary(user_dir=getattr(args, "presets_dir", None) or settings.presets_dir)
+    lib = PresetLibrary(user_dir=settings.presets_dir)  # (read_settings put --presets-dir in it)
     if args.cmd in ("presets", "plan"):
         try:
             return (presets_command if args.cmd == "presets" else plan_command)(lib, args, settings)
         except (ConfigError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-    runner = Runner(ModelManager(args.device, settings=settings), lib, model=args.model)
+    runner = runner_of(args, settings, lib)
     try:
         if args.cmd == "generate":
             return _generate(runner, ask_of_args(runner, args), args)

@@ -33,6 +33,11 @@ def first_hop() -> str:
     return ".".join(str(random.randint(1, 254)) for _ in range(4))
 
 
+def _small_ask(i: int) -> dict:
+    """An images request of four steps, the i-th of a run of them (the prompts alternate, each seed new)."""
+    return dict(prompt=PROMPTS[i % 2], seed=random.randint(0, 2**31), num_inference_steps=4)
+
+
 def _rate_sentence(rpm: int) -> str:
     return f"this public studio runs at most {rpm} requests a minute per visitor"
 
@@ -168,7 +173,7 @@ class Visitors:
         n = self.plan.requests_per_minute + 3
         for i in range(n):
             spoofed = {"x-forwarded-for": f"{first_hop()}, {address}"}
-            ask = dict(prompt=PROMPTS[i % 2], seed=random.randint(0, 2**31), num_inference_steps=4)
+            ask = _small_ask(i)
             outcome, said = self.call("v1", gc, oai, headers=spoofed, **ask)
             self.judge("burst over the rate", outcome, said, (self.rate,), may_serve=True)
         return n
@@ -181,7 +186,7 @@ class Visitors:
 
         def one(i: int) -> tuple[str, str]:
             spoofed = {"x-forwarded-for": f"{first_hop()}, {address}"}
-            ask = dict(prompt=PROMPTS[i % 2], seed=random.randint(0, 2**31), num_inference_steps=4)
+            ask = _small_ask(i)
             return self.call("v1", gc, oai, headers=spoofed, **ask)
 
         with concurrent.futures.ThreadPoolExecutor(n) as pool:
@@ -274,7 +279,7 @@ class Visitors:
         net = f"2001:db8:{address.rsplit('.', 1)[-1]}:1"
         for i in range(n):
             rotated = {"x-forwarded-for": f"{net}:{random.randint(1, 0xFFFF):x}::{i + 1:x}"}
-            ask = dict(prompt=PROMPTS[i % 2], seed=random.randint(0, 2**31), num_inference_steps=4)
+            ask = _small_ask(i)
             outcome, said = self.call("v1", gc, oai, headers=rotated, **ask)
             self.judge("rotating addresses of one /64", outcome, said, (self.rate,), may_serve=True)
         return n

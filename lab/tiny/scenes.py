@@ -111,20 +111,22 @@ def sample_scene(rng: random.Random, two_objects: bool, held_out: bool = False) 
             return scene
 
 
-def _draw_object(draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: float, fill, grow: float = 0.0):
-    """One object of half-size `r` at (cx, cy), every edge moved `grow` pixels outwards (an outline's ring)."""
+def _draw_object(draw: ImageDraw.ImageDraw, shape: str, box: tuple, fill, grow: float = 0.0):
+    """One object at `box` (cx, cy, rx, ry: its centre and half-sizes), every edge moved `grow` pixels outwards (an
+    outline's ring)."""
+    cx, cy, rx, ry = box
     if shape == "circle":
-        r += grow
-        draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=fill)
+        rx, ry = rx + grow, ry + grow
+        draw.ellipse([cx - rx, cy - ry, cx + rx, cy + ry], fill=fill)
     elif shape == "square":
-        s = r * 0.9 + grow
-        draw.rectangle([cx - s, cy - s, cx + s, cy + s], fill=fill)
+        sx, sy = rx * 0.9 + grow, ry * 0.9 + grow
+        draw.rectangle([cx - sx, cy - sy, cx + sx, cy + sy], fill=fill)
     else:
-        pts = np.array([(cx, cy - r), (cx + r, cy + r * 0.8), (cx - r, cy + r * 0.8)])
+        pts = np.array([(cx, cy - ry), (cx + rx, cy + ry * 0.8), (cx - rx, cy + ry * 0.8)])
         if grow:  # about the incentre: each edge moves out by `grow`
             side = np.linalg.norm(np.roll(pts, -1, axis=0) - np.roll(pts, 1, axis=0), axis=1)  # opposite each corner
             centre = (side[:, None] * pts).sum(0) / side.sum()
-            inradius = 1.8 * r * r / (side.sum() / 2)  # area / semi-perimeter (area: base 2r, height 1.8r, halved)
+            inradius = 1.8 * rx * ry / (side.sum() / 2)  # area / semi-perimeter (area: base 2rx, height 1.8ry, halved)
             pts = centre + (pts - centre) * (inradius + grow) / inradius
         draw.polygon([tuple(p) for p in pts], fill=fill)
 
@@ -144,8 +146,8 @@ def _render_flat(scene: Scene, size: int, rng: random.Random | None, supersample
             r *= rng.uniform(0.9, 1.1)
         cx, cy, r = cx * big, cy * big, r * big
         if style == "outline":
-            _draw_object(draw, o.shape, cx, cy, r, COLOURS[OUTLINE_COLOUR], grow=OUTLINE_WIDTH * big)
-        _draw_object(draw, o.shape, cx, cy, r, COLOURS[o.colour])
+            _draw_object(draw, o.shape, (cx, cy, r, r), COLOURS[OUTLINE_COLOUR], grow=OUTLINE_WIDTH * big)
+        _draw_object(draw, o.shape, (cx, cy, r, r), COLOURS[o.colour])
     return img.resize((size, size), Image.Resampling.LANCZOS)
 
 
@@ -178,24 +180,10 @@ def _grain(size: int, rng: random.Random) -> np.ndarray:
     return np.asarray(field, np.float32) * GRAIN
 
 
-def _mask(shape: str, cx: float, cy: float, rx: float, ry: float, big: int, size: int, grow: float = 0.0):
-    """[size, size] coverage in [0, 1] of one object (drawn at `big`, area-averaged down)."""
+def _mask(shape: str, box: tuple, big: int, size: int, grow: float = 0.0):
+    """[size, size] coverage in [0, 1] of one object at `box` (_draw_object's, at `big`), area-averaged down."""
     img = Image.new("L", (big, big), 0)
-    draw = ImageDraw.Draw(img)
-    if shape == "circle":
-        draw.ellipse([cx - rx - grow, cy - ry - grow, cx + rx + grow, cy + ry + grow], fill=255)
-    elif shape == "square":
-        sx, sy = rx * 0.9 + grow, ry * 0.9 + grow
-        draw.rectangle([cx - sx, cy - sy, cx + sx, cy + sy], fill=255)
-    else:
-        pts = np.array([(cx, cy - ry), (cx + rx, cy + ry * 0.8), (cx - rx, cy + ry * 0.8)])
-        if grow:  # about the incentre: each edge moves out by `grow`
-            side = np.linalg.norm(np.roll(pts, -1, axis=0) - np.roll(pts, 1, axis=0), axis=1)  # opposite each corner
-            centre = (side[:, None] * pts).sum(0) / side.sum()
-            area = 0.5 * abs(np.cross(pts[1] - pts[0], pts[2] - pts[0]))
-            inradius = area / (side.sum() / 2)
-            pts = centre + (pts - centre) * (inradius + grow) / inradius
-        draw.polygon([tuple(p) for p in pts], fill=255)
+    _draw_object(ImageDraw.Draw(img), shape, box, 255, grow)
     return np.asarray(img.resize((size, size), Image.Resampling.BOX), np.float32) / 255.0
 
 
@@ -234,7 +222,7 @@ def render(
             rx, ry = r * aspect**0.5, r / aspect**0.5
             colour *= _ramp(size, rng, SHADE)[..., None]
             colour += _grain(size, rng)[..., None]
-        args = (o.shape, cx * big, cy * big, rx * big, ry * big, big, size)
+        args = (o.shape, (cx * big, cy * big, rx * big, ry * big), big, size)
         if style == "outline":
             ring = _mask(*args, grow=OUTLINE_WIDTH * big)[..., None]
             img = img * (1 - ring) + np.asarray(COLOURS[OUTLINE_COLOUR], np.float32) * ring

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from studio.measure.estimate import CLEAR_DB, steps_at_speed
+from studio.measure.estimate import CLEAR_DB, margin_db, steps_at_speed
 from studio.measure.quality import judge
 from studio.spec.presets import BASE
 
@@ -100,7 +100,7 @@ class FewerStepsJudge:
 
     def __init__(self, runner, requests, model=None, *, floor_db: float, progress=None):
         steps = {r.executed_steps for r in requests}
-        if len(steps) != 1 or any(r.task != "text2img" for r in requests):
+        if not applies(requests):
             raise ValueError(
                 f"fewer steps: the requests run {sorted(steps)} steps ({[r.task for r in requests]}); the reference "
                 "is made over text-to-image requests of one step count"
@@ -160,19 +160,13 @@ class FewerStepsJudge:
         if speedup is None or worst_db is None or speedup <= 1.0:
             return None
         p = self.point(self.result.steps_at(speedup))
-        return Versus(p, _margin(worst_db, p.worst_db))
+        return Versus(p, margin_db(worst_db, p.worst_db))
 
 
 def _mean_db(dbs: list[float]) -> float:
     """The mean over the prompts whose picture differs (inf: every one was identical)."""
     finite = [d for d in dbs if math.isfinite(d)]
     return sum(finite) / len(finite) if finite else math.inf
-
-
-def _margin(a: float, b: float) -> float:
-    if math.isinf(a) and math.isinf(b):
-        return 0.0
-    return math.inf if math.isinf(a) else -math.inf if math.isinf(b) else a - b
 
 
 def applies(requests) -> bool:

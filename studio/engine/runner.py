@@ -36,7 +36,7 @@ from studio.engine.loader import ModelManager
 from studio.engine.lora import check_loras
 from studio.engine.parallel import remove_parallel, workers
 from studio.engine.run import Deadline, Measured, RunContext, measure, pipeline_for, settle, warm
-from studio.measure.estimate import price_ms, steps_at_speed
+from studio.measure.estimate import margin_db, price_ms, steps_at_speed
 from studio.measure.pace import Pace, pace_key, record, work_of
 from studio.measure.quality import psnr
 from studio.measure.record import RunMemory, RunMetrics, RunPlacement, RunResult, Timing
@@ -286,8 +286,7 @@ class Runner:
             log.warning("base at %d steps for the card's fewer-steps line failed; the line is left out", k, exc_info=e)
             return None
         at = psnr(fewer, result.base_image)
-        margin = db - at if not (db == at == float("inf")) else 0.0
-        return {"steps": k, "full": req.steps, "speedup": req.steps / k, "psnr_db": at, "margin_db": margin}
+        return {"steps": k, "full": req.steps, "speedup": req.steps / k, "psnr_db": at, "margin_db": margin_db(db, at)}
 
     @contextmanager
     def _failures(self, p: Preset):

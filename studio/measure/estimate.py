@@ -351,6 +351,14 @@ def by_shape(bases: Sequence[Run], then: Sequence[Run], now: Run, *, draws: int 
 CLEAR_DB = 1.0  # a stack beats base at fewer steps when its worst PSNR is this much higher (within it: as well)
 
 
+def margin_db(a: float, b: float) -> float:
+    """A stack's worst PSNR `a` over its rival's `b`, in dB: inf where only the stack is bitwise base's, 0 where both
+    are, -inf where only the rival is."""
+    if math.isinf(a) and math.isinf(b):
+        return 0.0
+    return math.inf if math.isinf(a) else -math.inf if math.isinf(b) else a - b
+
+
 def steps_at_speed(full: int, speedup: float) -> int:
     """Base at fewer steps at a stack's speed (studio.bench.fewer; the card's line): the fewest steps k whose speed-up
     by count (full / k) is no more than `speedup`, from 1 to full - 1. The rival never runs faster than the stack,

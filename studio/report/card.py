@@ -5,9 +5,10 @@ from __future__ import annotations
 import html
 import math
 
-from studio.measure.estimate import CLEAR_DB, interval_words
+from studio.measure.estimate import interval_words
 from studio.measure.quality import TILE, Verdict
 from studio.report import fmt
+from studio.report.fewer import against, standing
 
 CSS = """
 .metrics-card table {border-collapse: collapse; width: 100%; font-size: 0.92em}
@@ -99,12 +100,7 @@ def _lpips(m) -> str:
 def fewer_steps_cell(v: dict) -> str:
     """A cached run against base at the step count of its speed-up (RunQuality.vs_fewer), one line."""
     at = f"base at {v['steps']} of {v['full']} steps ({v['speedup']:.2f}x) keeps {fmt.psnr(v['psnr_db'])}"
-    margin = v["margin_db"]
-    if math.isinf(margin) and margin > 0:
-        return f"beats it: this picture is identical to base; {at}"
-    if margin >= CLEAR_DB:
-        return f"beats it by {margin:.1f} dB: {at}"
-    return f"fewer steps does {'as well' if margin > -CLEAR_DB else 'better'}: {at}"
+    return against(v["margin_db"], at)
 
 
 def flip_words(v: float | None) -> str:
@@ -140,7 +136,7 @@ def answer_line(m) -> str:
     parts.append(f"{c.cached_steps} cached / {c.full_steps} full")
     if q.vs_fewer:
         v = q.vs_fewer
-        verdict = "beats" if v["margin_db"] >= CLEAR_DB else "ties" if v["margin_db"] > -CLEAR_DB else "loses to"
+        verdict = {"loses": "loses to"}.get(standing(v["margin_db"]), standing(v["margin_db"]))
         margin = "identical to base" if math.isinf(v["margin_db"]) else f"{v['margin_db']:+.1f} dB"
         parts.append(f"{verdict} base at {v['steps']} steps ({margin})")
     return " · ".join(parts)

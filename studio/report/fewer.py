@@ -8,26 +8,25 @@ from studio.measure.estimate import CLEAR_DB
 from studio.report import fmt
 
 
-def _dbs(v) -> str:
-    return "-" if v is None else ("identical" if math.isinf(v) else f"{v:.1f}")
+def standing(margin: float) -> str:
+    """beats | ties | loses: a stack against base at fewer steps of its speed, CLEAR_DB of worst PSNR either way."""
+    return "beats" if margin >= CLEAR_DB else "ties" if margin > -CLEAR_DB else "loses"
 
 
-def _flips(v) -> str:
-    return "not measured" if v is None else f"{v:.3f}"
+def against(margin: float, at: str) -> str:
+    """A stack against base at fewer steps (`at`: what that base keeps), in a few words: the one wording of the
+    tables and the card."""
+    said = standing(margin)
+    if said == "beats":
+        return f"beats it: identical to base; {at}" if math.isinf(margin) else f"beats it by {margin:.1f} dB: {at}"
+    return f"fewer steps does {'as well' if said == 'ties' else 'better'}: {at}"
 
 
 def versus_fewer(v) -> str:
-    """A row against base at the step count of its speed-up, in a few words."""
+    """A row against base at the step count of its speed-up (studio.bench.fewer.Versus), in a few words."""
     if v is None:
         return "-"
-    at = f"{v.at.steps} steps ({v.at.speedup:.2f}x) keep {_dbs(v.at.worst_db)} dB"
-    if v.beats:
-        return (
-            f"beats it: identical to base; {at}"
-            if math.isinf(v.margin_db)
-            else f"beats it by {v.margin_db:.1f} dB: {at}"
-        )
-    return f"fewer steps does {'as well' if v.margin_db > -CLEAR_DB else 'better'}: {at}"
+    return against(v.margin_db, f"{v.at.steps} steps ({v.at.speedup:.2f}x) keep {fmt.db_short(v.at.worst_db)} dB")
 
 
 def fewer_steps_markdown(fewer) -> list[str]:
@@ -41,10 +40,11 @@ def fewer_steps_markdown(fewer) -> list[str]:
         "| base at | speed-up | worst PSNR dB | mean PSNR dB | worst FLIP |",
         "|---|---|---|---|---|",
     ]
+    db, flip = fmt.db_short, fmt.flip_short
     for p in fewer.curve():
         out.append(
-            f"| {p.steps} of {p.full} steps | {p.speedup:.2f}x | {_dbs(p.worst_db)} | {_dbs(p.mean_db)} "
-            f"| {_flips(p.worst_flip)} |"
+            f"| {p.steps} of {p.full} steps | {p.speedup:.2f}x | {db(p.worst_db)} | {db(p.mean_db)} "
+            f"| {flip(p.worst_flip)} |"
         )
     if fewer.fewest is None:
         out += ["", f"No step count below {fewer.full} keeps every prompt above {fewer.floor_db:g} dB."]
@@ -53,7 +53,7 @@ def fewer_steps_markdown(fewer) -> list[str]:
         out += [
             "",
             f"Fewest steps above {fewer.floor_db:g} dB: {f.steps} of {f.full} ({f.speedup:.2f}x, worst "
-            f"{_dbs(f.worst_db)} dB): a step cache slower than that, or not clearly above it at its own speed, is not "
+            f"{db(f.worst_db)} dB): a step cache slower than that, or not clearly above it at its own speed, is not "
             "worth its complexity on this model.",
         ]
     return out

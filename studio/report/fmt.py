@@ -15,6 +15,16 @@ def psnr(v: float | None, unit: str = " dB") -> str:
     return "inf" if math.isinf(v) else f"{v:.2f}{unit}"
 
 
+def db_short(v: float | None) -> str:
+    """A PSNR in a table's cell: one decimal, `identical` for bitwise base, `-` when none."""
+    return "-" if v is None else ("identical" if math.isinf(v) else f"{v:.1f}")
+
+
+def flip_short(v: float | None) -> str:
+    """A FLIP in a sentence or a cell: three decimals, or `not measured`."""
+    return "not measured" if v is None else f"{v:.3f}"
+
+
 def ssim(v: float | None) -> str:
     """A score in [0, 1] to four places: SSIM, FLIP's mean error (0: no visible difference), LPIPS (0: the same)."""
     return "n/a" if v is None else f"{v:.4f}"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from studio.report import fmt
 from studio.report.fewer import fewer_steps_markdown, versus_fewer
 
@@ -24,18 +22,11 @@ def searched_description(s, res, model_name: str) -> str:
     cached = f"{s.cached:.1f}".rstrip("0").rstrip(".")
     return (
         f"{s.method.name} at its fastest setting ({s.method.knob} {s.value}) that kept all {len(res.search_prompts)} "
-        f"prompts above {floor} on {model_name}: worst {_db(s.worst_db)} dB, worst FLIP {_flip(s.worst_flip)}, "
+        f"prompts above {floor} on {model_name}: worst {fmt.db_short(s.worst_db)} dB, worst FLIP "
+        f"{fmt.flip_short(s.worst_flip)}, "
         f"{cached} steps cached on average. Searched by `python -m studio methods`; another model needs its own "
         "search."
     )
-
-
-def _flip(v) -> str:
-    return "not measured" if v is None else f"{v:.3f}"
-
-
-def _db(v) -> str:
-    return "-" if v is None else ("identical" if math.isinf(v) else f"{v:.1f}")
 
 
 def methods_markdown(res) -> str:
@@ -63,7 +54,7 @@ def methods_markdown(res) -> str:
         vs_best = "fastest" if r.preset == res.best else vs_best
         under = r.worst_psnr_db is not None and r.worst_psnr_db < res.floor_db
         out.append(
-            f"| {r.method} | {r.label} | {sp} | {_db(r.worst_psnr_db)}{' (under)' if under else ''} | {flip} "
+            f"| {r.method} | {r.label} | {sp} | {fmt.db_short(r.worst_psnr_db)}{' (under)' if under else ''} | {flip} "
             f"| {r.wins_vs_base} of {r.of} "
             f"| {vs_best} | {r.cached_steps}/{r.full_steps} | {versus_fewer(r.vs_fewer)} |"
         )
