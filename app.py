@@ -102,9 +102,10 @@ def fetch_lpips() -> None:
     """LPIPS' weights into torch's hub cache, once (studio.measure.lpips): until they are there, and wherever they
     cannot be fetched, the card says LPIPS has no weights here and everything else works."""
     from studio.measure.lpips import fetch_weights
+    from studio.spec.settings import torch_hub_checkpoints
 
     try:
-        w = fetch_weights()
+        w = fetch_weights(torch_hub_checkpoints())
     except (OSError, ValueError) as e:  # no network, a bad file: LPIPS stays off, with the card's sentence
         logging.getLogger("studio").warning("LPIPS weights not fetched (LPIPS stays off): %s", e)
     else:

@@ -1,17 +1,6 @@
-"""Command line: python -m studio generate|bench|sweep|tune|methods|calibrate|presets|doctor|plan (text:
-studio.report; the arguments: studio.cli_args). What measures the studio itself is the lab's: `python -m lab`.
-
-python -m studio generate --preset cache --prompt "a red circle in the center, blue background" --json
-python -m studio generate --preset cache --compile true --json
-python -m studio bench --presets base,cache,cache-compile --repeats 3 --out bench.md
-python -m studio tune --min-psnr 35 --presets-dir my-presets
-python -m studio methods --prompts docs/prompts-heldout.txt --min-psnr 35 --plot methods.png
-python -m studio calibrate --preset magcache --out presets/methods/magcache.yaml
-python -m studio doctor --families flux
-
-Each command imports what it runs inside its own function, so that one command does not pay for another's
-libraries: the engine (torch, diffusers: seconds on two cores), matplotlib, the worker, gradio's client.
-"""
+"""Command line: python -m studio generate|bench|sweep|tune|methods|calibrate|presets|doctor|plan (arguments:
+studio.cli_args). Each command imports what it runs inside its own function, so that one command does not pay for
+another's libraries (torch and diffusers take seconds on two cores)."""
 
 from __future__ import annotations
 
@@ -27,9 +16,7 @@ from studio.worker.quiet import quiet_libraries
 
 
 def device_worker(args, presets=None, quiet: bool = True):
-    """The device worker a command's contained runs go through (bench, doctor: studio.worker.reruns), started
-    without a warm-up (each call loads what it needs), with the CLI's settings (a worker hook among them).
-    `quiet`: library chatter below errors there too."""
+    """The device worker a command's contained runs go through (bench, doctor), with no warm-up: each call loads."""
     from studio.worker import WorkerClient, WorkerConfig
 
     config = WorkerConfig(
@@ -53,8 +40,7 @@ def progress_bar(desc: str):
 
 
 def presets_command(lib, args, settings) -> int:
-    """`python -m studio presets list|export`: each preset's asked stack, description and what it becomes here
-    (under the `dtype` setting of `settings`, the CLI's edge record)."""
+    """`python -m studio presets list|export`: each preset's asked stack, description and what it becomes here."""
     from studio.engine.device import profile_here
     from studio.engine.resolve import resolved
     from studio.report.fmt import on_this_machine
@@ -192,8 +178,7 @@ def _bench(runner, req, args) -> int:
 
 
 def spread_seen(runner, rep) -> None:
-    """With a compiled row: the process-to-process spread this machine has measured (`python -m lab processes`
-    measures it), stated under the table."""
+    """With a compiled row: the process-to-process spread this machine has measured, stated under the table."""
     from studio.measure import pace
 
     if rep.twins:  # compiled rows (timed beside their eager twins: studio.bench.twins)
@@ -360,8 +345,7 @@ def methods_command(runner, req, args) -> int:
 
 
 def _write_searched(runner, res, args) -> None:
-    """`methods --write DIR`: each method's best as a preset file there, marked with the transformer it was searched
-    on (the Matrix's "all step caches" picks them; on another transformer the card says their floor is unknown)."""
+    """`methods --write DIR`: each method's best as a preset file there (the Matrix's "all step caches" picks them)."""
     from studio.bench.methods import searched_on, searched_presets
     from studio.report.methods import searched_description
     from studio.spec.presets import preset_to_yaml
@@ -384,8 +368,7 @@ def _search_requests(runner, req, args) -> list | None:
 
 
 def runner_of(args, settings, lib=None):
-    """The engine a command's arguments ask for: a model manager on --device with `settings` (read_settings: the
-    environment with the command's --dtype and --presets-dir over it), the presets with that user folder."""
+    """The engine a command's arguments ask for: a model manager on --device with `settings`, and the presets."""
     from studio.engine import ModelManager, Runner
     from studio.spec import PresetLibrary
 
@@ -394,7 +377,6 @@ def runner_of(args, settings, lib=None):
 
 
 def _make_parents(args) -> None:
-    """--out and --plot may name files in folders that do not exist yet."""
     for name in ("out", "plot"):
         path = getattr(args, name, None)
         if path:

@@ -1,6 +1,5 @@
-"""What the command line takes: every command's arguments (`parser`), and the arguments read into the studio's
-records: the settings (the CLI's edge), a request, `generate`'s Ask (spec.ask, as the app builds one from a form),
-input pictures, seeds. studio.cli runs the commands."""
+"""What the command line takes: every command's arguments (`parser`), read into the studio's records (the settings,
+a request, `generate`'s Ask). studio.cli runs the commands."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ SWITCH_HELP = {
 
 
 def common_args(p: argparse.ArgumentParser, switches: str | None = None) -> None:
-    """The request and stack arguments every command that runs the model takes; `switches`: a command of
-    SWITCH_HELP, whose --cache and --compile say how it reads them."""
+    """The request and stack arguments of every command that runs the model; `switches`: its key in SWITCH_HELP."""
     p.add_argument("--model", default=None, help="Hub id, local folder, or 'tiny' (the embedded model; default)")
     p.add_argument("--prompt", default=None, help="default: the model profile's first example prompt")
     p.add_argument("--seed", type=int, default=42)
@@ -86,8 +84,8 @@ def common_args(p: argparse.ArgumentParser, switches: str | None = None) -> None
 
 
 def image_args(args, edits: bool = False) -> dict:
-    """--image, --mask and --strength as the request takes them (read here, converted as the UI's uploads are:
-    spec.request.image_inputs). An edit model's picture is a reference: strength 1 unless --strength says."""
+    """--image, --mask and --strength as the request takes them, converted as the UI's uploads are. An edit model's
+    picture is a reference: strength 1 unless --strength says."""
     if not getattr(args, "image", None):
         if getattr(args, "mask", None) or getattr(args, "strength", None) is not None:
             raise ValueError("--mask and --strength are read with an input picture: give --image too")
@@ -107,8 +105,7 @@ def image_args(args, edits: bool = False) -> dict:
 
 
 def read_settings(args) -> Settings:
-    """The CLI's edge: the environment read once into the settings record (spec.settings), the flags that stand for
-    a setting (--dtype, --presets-dir, --compare) over it; installed for this process and handed to its worker."""
+    """The CLI's edge: the environment read once into the settings, flags over it; installed for this process."""
     # cache-dit logs every hook to stdout (the --json output) unless told; children (the worker, Ray) inherit both
     os.environ.update(edge_environ(os.environ))
     s = Settings.from_env(os.environ)
@@ -119,7 +116,6 @@ def read_settings(args) -> Settings:
 
 
 def bench_args(sub) -> None:
-    """`python -m studio bench`'s arguments."""
     from studio.measure.quality import GOOD_DB  # (numpy only)
 
     b = sub.add_parser("bench", help="every preset (or --presets a,b) side by side on one request")
@@ -152,7 +148,6 @@ def bench_args(sub) -> None:
 
 
 def tune_args(sub) -> None:
-    """`python -m studio tune`'s arguments."""
     t = sub.add_parser("tune", help="the fastest stack whose worst PSNR over the prompts stays above a floor")
     common_args(t, "tune")
     t.add_argument("--min-psnr", type=float, required=True, help="the floor, dB, for the worst prompt")
@@ -296,8 +291,7 @@ def request_of_args(args, profile):
 
 
 def ask_of_args(runner, args) -> Ask:
-    """`generate`'s Ask (spec.ask), as the app builds one from the Generate form: the request, --preset resolved once
-    under the switches (--cache, --threshold, --compile), and --compare."""
+    """`generate`'s Ask, as the app builds one from the Generate form: --preset resolved once under the switches."""
     model = args.model or runner.model
     profile = runner.profile(model)
     switches = Switches.read(args.cache, args.threshold, args.compile)
@@ -307,8 +301,7 @@ def ask_of_args(runner, args) -> Ask:
 
 
 def prompt_requests(runner, req, args, examples: bool = True) -> list:
-    """The request with each prompt of --prompts FILE; without one, each of the model profile's example prompts
-    (sweep, tune) or the request alone (bench: `examples=False`); each at every seed of --seeds (bench)."""
+    """The request at each prompt of --prompts (else the profile's examples, or itself) and each seed of --seeds."""
     prompts = read_prompts(args.prompts)
     if not prompts and examples:
         prompts = list(runner.profile(args.model).example_prompts)

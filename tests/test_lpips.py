@@ -4,6 +4,8 @@ torchvision's file name and keys, non-negative random heads under lpips' keys), 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -17,12 +19,12 @@ from studio.measure.lpips import (
     HEADS_URL,
     NO_WEIGHTS,
     alexnet_features,
-    default_checkpoints,
     distance,
     fetch_weights,
     find_weights,
     lpips_against,
 )
+from studio.spec.settings import torch_hub_checkpoints
 
 
 def _weights(folder, head_scale: float = 1.0, seed: int = 0):
@@ -42,12 +44,11 @@ def _noise(seed: int, side: int = 64):
 
 
 @pytest.fixture
-def hub_dir(tmp_path):
-    """torch's hub cache pointed at an empty folder for the test (where the studio looks for the weights)."""
-    before = torch.hub.get_dir()
-    torch.hub.set_dir(str(tmp_path / "hub"))
-    yield tmp_path / "hub" / "checkpoints"
-    torch.hub.set_dir(before)
+def hub_dir(tmp_path, monkeypatch):
+    """torch's hub cache pointed at an empty folder for the test (where the studio looks for the weights), through
+    TORCH_HOME: torch.hub.set_dir would pin the folder for the process, TORCH_HOME unread from then on."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    return tmp_path / "hub" / "checkpoints"
 
 
 @pytest.mark.quick
@@ -101,9 +102,9 @@ def test_fetched_once_whole_and_checked(tmp_path, monkeypatch):
     urls = {BACKBONE: (src / BACKBONE).as_uri(), HEADS: wheel.as_uri()}
     sha = hashlib.sha256((src / BACKBONE).read_bytes()).hexdigest()[:8]
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
-    dest = default_checkpoints()
-    assert dest == tmp_path / "torch" / "hub" / "checkpoints"
-    w = fetch_weights(urls=urls, backbone_sha256=sha, heads_sha256=heads_sha)
+    dest = torch_hub_checkpoints()
+    assert dest == tmp_path / "torch" / "hub" / "checkpoints" == Path(torch.hub.get_dir()) / "checkpoints"
+    w = fetch_weights(dest, urls=urls, backbone_sha256=sha, heads_sha256=heads_sha)
     assert w == find_weights([dest]) and w.backbone.read_bytes() == (src / BACKBONE).read_bytes()
     assert sorted(p.name for p in dest.iterdir()) == sorted([BACKBONE, HEADS])  # no .part, no wheel left
     assert w.heads.read_bytes() == (src / HEADS).read_bytes()  # the heads as the wheel carries them
@@ -118,7 +119,7 @@ def test_fetched_once_whole_and_checked(tmp_path, monkeypatch):
     a, b = _noise(1), _noise(2)
     assert distance(a, b, w) == distance(a, b, find_weights([src]))  # the same network
     (src / BACKBONE).unlink()  # the site is gone: what is there already is not fetched again
-    assert fetch_weights(urls=urls, backbone_sha256=sha, heads_sha256=heads_sha) == w
+    assert fetch_weights(dest, urls=urls, backbone_sha256=sha, heads_sha256=heads_sha) == w
     _weights(src)  # the site has it again; but a hash that is not the one asked for
     with pytest.raises(ValueError, match=r"not 00000000\.\.\. as alexnet-owt-7be5be79\.pth says; not kept"):
         fetch_weights(tmp_path / "other", urls=urls, backbone_sha256="00000000")

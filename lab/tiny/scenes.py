@@ -153,15 +153,21 @@ def _render_flat(scene: Scene, size: int, rng: random.Random | None, supersample
 
 # What a prompt leaves open (drawn at random for training, so the model's picture is not fixed by its prompt and its
 # flow curves as a real model's does: fewer steps change the picture). Each bound keeps the judge's reading of the
-# prompt (colour, shape, place): shapes are never rotated (a square's fill of its box would read as a circle's), the
-# aspect stretch keeps each shape's fill, brightness moves stay within the nearest palette colour.
-JITTER = {1: 0.07, 2: 0.035}  # the centre's move, a fraction of the side, by object count
-SIZE = (0.8, 1.2)  # the half-size's factor
-ASPECT = (0.85, 1.18)  # width over height
-SHADE = 0.1  # an object's brightness ramps by up to this share across it, in a random direction
+# prompt (colour, shape, place). Texture alone cannot make a model need its steps: a smooth random field is a
+# Gaussian part of the picture, which Euler at half the steps only shrinks by a few per cent of its amplitude (the
+# first varied model: 40.7 dB at half the steps, docs/tiny-model.md). What does: SPECKS, small discs of any palette
+# colour at random spots the prompt does not name, which the flow decides on midway, as a real model decides on the
+# details a caption leaves out. They keep off the judge's windows around the named places and off the corners.
+JITTER = {1: 0.04, 2: 0.03}  # the centre's move, a fraction of the side, by object count
+SIZE = (0.9, 1.1)  # the half-size's factor
+SHADE = 0.08  # an object's brightness ramps by up to this share across it, in a random direction
 BACKDROP = 0.1  # the background's brightness ramps by up to this share across the picture
-GRAIN = 10.0  # the background's and objects' grain: levels (0-255) of a smooth random field, GRAIN_CELLS across
+GRAIN = 10.0  # the background's grain: levels (0-255) of a smooth random field, GRAIN_CELLS across
 GRAIN_CELLS = 8
+SPECKS = (1, 4)  # how many specks, at least and at most
+SPECK_RADIUS = (0.03, 0.05)  # a speck's radius, a fraction of the side
+SPECK_MARGIN = 0.14  # a speck's centre stays this far inside every edge (the judge reads the corners)
+SPECK_GAP = 0.04  # and its edge this far outside the judge's window (its anti-aliased rim reads as object colour)
 
 
 def _ramp(size: int, rng: random.Random, amount: float) -> np.ndarray:
@@ -197,7 +203,7 @@ def render(
 ) -> Image.Image:
     """Draw a scene; `rng` jitters it (training), None draws it exactly; `style`: one of STYLES, or None (the embedded
     model's own training pictures). `varied`: `rng` draws what the prompt leaves open (place within its region, size,
-    aspect, shading, the background's ramp and grain: JITTER .. GRAIN; `python -m lab train --varied`); else the
+    shading, the background's ramp and grain, specks: JITTER .. SPECK_GAP; `python -m lab train --varied`); else the
     committed model's flat scenes (a small jitter of place and size)."""
     if style is not None and style not in STYLES:
         raise ValueError(f"style {style!r} is not one of {list(STYLES)}")
@@ -209,26 +215,43 @@ def render(
     if rng is not None:
         img *= _ramp(size, rng, BACKDROP)[..., None]
         img += _grain(size, rng)[..., None]
+        img = _specks(img, scene, rng, big)
     radius = SINGLE_RADIUS if len(scene.objects) == 1 else PAIR_RADIUS
     for o in scene.objects:
         cx, cy = PLACES[o.place]
-        rx = ry = radius
+        r = radius
         colour = np.empty((size, size, 3), np.float32)
         colour[:] = COLOURS[o.colour]
         if rng is not None:
             j = JITTER[len(scene.objects)]
-            cx, cy = cx + rng.uniform(-j, j), cy + rng.uniform(-j, j)
-            r, aspect = radius * rng.uniform(*SIZE), rng.uniform(*ASPECT)
-            rx, ry = r * aspect**0.5, r / aspect**0.5
+            cx, cy, r = cx + rng.uniform(-j, j), cy + rng.uniform(-j, j), radius * rng.uniform(*SIZE)
             colour *= _ramp(size, rng, SHADE)[..., None]
-            colour += _grain(size, rng)[..., None]
-        args = (o.shape, (cx * big, cy * big, rx * big, ry * big), big, size)
+        args = (o.shape, (cx * big, cy * big, r * big, r * big), big, size)
         if style == "outline":
             ring = _mask(*args, grow=OUTLINE_WIDTH * big)[..., None]
             img = img * (1 - ring) + np.asarray(COLOURS[OUTLINE_COLOUR], np.float32) * ring
         cover = _mask(*args)[..., None]
         img = img * (1 - cover) + colour * cover
     return Image.fromarray(np.clip(np.rint(img), 0, 255).astype(np.uint8))
+
+
+def _specks(img: np.ndarray, scene: Scene, rng: random.Random, big: int) -> np.ndarray:
+    """SPECKS discs of random palette colours (never the background's) at random spots off the judge's windows."""
+    size = img.shape[0]
+    radius = SINGLE_RADIUS if len(scene.objects) == 1 else PAIR_RADIUS
+    keep_off = [(PLACES[o.place], radius * 1.6) for o in scene.objects]  # judge_object's windows
+    for _ in range(rng.randint(*SPECKS)):
+        r = rng.uniform(*SPECK_RADIUS)
+        for _try in range(50):
+            x, y = rng.uniform(SPECK_MARGIN, 1 - SPECK_MARGIN), rng.uniform(SPECK_MARGIN, 1 - SPECK_MARGIN)
+            if all(max(abs(x - px), abs(y - py)) > win + r + SPECK_GAP for (px, py), win in keep_off):
+                break
+        else:
+            continue  # no free spot (a crowded scene): one speck fewer
+        colour = COLOURS[rng.choice([c for c in COLOURS if c != scene.background])]
+        cover = _mask("circle", (x * big, y * big, r * big, r * big), big, size)[..., None]
+        img = img * (1 - cover) + np.asarray(colour, np.float32) * cover
+    return img
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,18 +1,6 @@
-"""One access rule for every way in: with STUDIO_API_KEY set, every request to the studio's server asks for the key.
-
-`KeyGate` is an ASGI middleware on the studio's server (app.serve), in front of every route: the page and its
-assets, gradio's events and API (what gradio_client calls), the OpenAI images endpoint (`/v1`) and gradio's MCP
-server. A request passes with `Authorization: Bearer <key>` (gradio_client's `headers=`, the OpenAI SDK's
-`api_key`, an MCP client's headers) or `Authorization: Basic <user:key>` (a browser: it asks for a user name, any,
-and the key as the password, once per session, then sends it with every request of the page). Anything else is
-answered 401 with the sentence in OpenAI's error shape, and `WWW-Authenticate` so a browser asks.
-
-The page is excepted only when the operator says so (STUDIO_OPEN_PAGE=1): then the page and the gradio events it
-calls are open, and so, to a program that calls them as the page does, is gradio's API (the same events; each under
-the public limits); `/v1` and MCP still ask for the key. No key set: nothing is asked, anywhere.
-
-The key is compared in constant time; it never appears in an answer or a log line.
-"""
+"""One access rule for every route: with STUDIO_API_KEY set, every request needs the key, as a Bearer token or as
+Basic's password (a browser asks once per session); else 401 in OpenAI's error shape. STUDIO_OPEN_PAGE=1 opens the
+page and its events (so gradio's API too), never `/v1` or MCP. The key never appears in an answer or a log line."""
 
 from __future__ import annotations
 
@@ -33,7 +21,7 @@ FORWARDED = (b"x-forwarded-for", b"forwarded", b"x-real-ip")
 
 
 def needs_key(path: str) -> str:
-    """The sentence a request without the key is answered with (its path says which client it likely is)."""
+    """The sentence a request without the key is answered with."""
     how = (
         "send `Authorization: Bearer <key>` (gradio_client: headers=; the OpenAI SDK: api_key=; an MCP client: its "
         "headers), or open the page and sign in with any user name and the key as the password"
@@ -42,7 +30,7 @@ def needs_key(path: str) -> str:
 
 
 def carries_key(authorization: str, key: str) -> bool:
-    """Whether an Authorization header carries `key`: as a Bearer token, or as Basic's password (any user)."""
+    """Whether an Authorization header carries `key` (Bearer, or Basic's password with any user), in constant time."""
     scheme, _, given = authorization.strip().partition(" ")
     given = given.strip()
     if scheme.lower() == "basic":
@@ -56,10 +44,8 @@ def carries_key(authorization: str, key: str) -> bool:
 
 
 def mcp_reading(scope) -> bool:
-    """Whether the request is gradio's MCP server reading the app through its own client, from this machine: gradio
-    6.31's MCP server makes that client with one header of its own (`x-gradio-user: mcp`) and forwards the caller's
-    headers, the key among them, only when it submits a call (docs/library-behaviour.md). Its reads (the config, the
-    API's description, a submitted call's results) are let through; what it submits carries the caller's key."""
+    """Whether the request is gradio's MCP server reading the app from this machine: its client sends the caller's key
+    only with a submit, so its GETs are let through (docs/library-behaviour.md G15)."""
     headers = dict(scope.get("headers") or [])
     client, server = scope.get("client") or (None,), scope.get("server") or (None,)
     return (
@@ -78,7 +64,7 @@ def open_to_all(path: str, open_page: bool) -> bool:
 
 
 class KeyGate:
-    """ASGI middleware: 401 for a request without `key` (None: every request passes; module doc)."""
+    """ASGI middleware: 401 for a request without `key` (None: every request passes)."""
 
     def __init__(self, app, key: str | None, open_page: bool = False):
         self.app, self.key, self.open_page = app, key, open_page

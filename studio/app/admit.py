@@ -1,15 +1,6 @@
 """An event's form read into its Ask (spec.ask), once, and a public studio's limits checked on it, in the app's main
-process, before the event's handler takes the device.
-
-On ZeroGPU the handler runs under `@spaces.GPU`, in a process `spaces` forks with a GPU reserved and billed to the
-visitor for the event's duration; whatever the handler changes there is lost when the next call gets a fresh fork
-(what the engine keeps crosses the call: app.zerogpu). So the Ask is built and the limits run here, outside it
-(app.zerogpu wraps each device event as ask, admit, then the GPU call, the Ask crossing into it): a form that cannot
-be read or a refused request reserves no GPU, and the limits' counters (the visitors' recent events, the compiled
-shapes met) live in the one process that sees every event. Off ZeroGPU the order is the same, in one process.
-
-Not torch: the forms and the device's profiles (spec) only.
-"""
+process before the handler takes the device: on ZeroGPU a bad or refused request then reserves no GPU, and the
+limits' counters live in the one process that sees every event (a forked GPU process's changes are lost)."""
 
 from __future__ import annotations
 
@@ -28,8 +19,7 @@ ASK = "_studio_ask"  # the keyword an event's Ask crosses into its handler (and 
 
 
 def build_request(profile: ModelProfile, form: RequestForm):
-    """The form's GenerationRequest (`profile`'s defaults for what the form leaves out, its guidance dropped where the
-    model takes none); a bad value raises gr.Error with its sentence."""
+    """The form's GenerationRequest, `profile`'s defaults filling what it leaves out; a bad value raises gr.Error."""
     if not form.prompt or not str(form.prompt).strip():
         raise gr.Error("Write a prompt first: the prompt is empty.", title=title_of(ConfigError()))
     with shown(REQUEST):
@@ -51,9 +41,8 @@ def build_request(profile: ModelProfile, form: RequestForm):
 
 
 class Asks:
-    """Each device event's Ask from the event's own arguments (the form's values by name, as gradio passes them):
-    built once where the event comes in (app.zerogpu.device_event), read by the limits, the GPU time, the handler.
-    A value that cannot be read raises gr.Error with its sentence."""
+    """Each device event's Ask from its own arguments (the form's values by name), built once where the event comes
+    in and read by the limits, the GPU time and the handler. An unreadable value raises gr.Error."""
 
     def __init__(self, studio):
         self.studio = studio
@@ -100,15 +89,14 @@ class Asks:
         return self._ask("tune", form, request, [], prompts=prompts)
 
     def of(self, event: str, request, values: dict, **inputs) -> Ask:
-        """The event's Ask: the one that came with its arguments (under ASK, taken out of `values`), or one built from
-        them (and the image `inputs`) now: a handler or a duration called directly (a test, an in-process call)."""
+        """The Ask that came in `values` under ASK (taken out), or one built now (a handler called directly)."""
         ask = values.pop(ASK, None)
         return ask if ask is not None else getattr(self, event)(request, **values, **inputs)
 
 
 class Admission:
-    """The admission of each device event, reading its Ask (app.ui calls it before the handler). Raises gr.Error
-    with the limit's sentence; with no public limits (`studio.guard` None) it admits all."""
+    """A device event's admission on its Ask, before the handler: gr.Error with the limit's sentence; with no public
+    limits (`studio.guard` None) it admits all."""
 
     def __init__(self, studio):
         self.studio = studio

@@ -1,16 +1,6 @@
-"""Bounds on what a request may bring: the size of a request's body, checked before any route reads it, and the
-uploads a visitor sends (each a file written into gradio's cache), counted against their writes a minute.
-
-A public Space takes requests from anyone; a route that reads a body whole (the OpenAI endpoint's JSON, gradio's
-uploads) would hold whatever it is sent. `BodyCap` is an ASGI middleware on the studio's server (app.serve): a body
-whose Content-Length says it is over the cap is answered 413 at once, unread; one sent without a length (chunked) is
-counted as it is read and answered 413 once it passes the cap, before its route answers. The answer is OpenAI's
-error shape with the sentence, so the images endpoint's callers read it as they read every other refusal.
-
-`WaitingCap` bounds a public visitor's requests waiting in gradio's queue: the rate is read when an event runs, inside
-the queue, so a burst of concurrent requests from one visitor would otherwise take every place in it
-(STUDIO_QUEUE_SIZE) before its rate is read, and every other visitor would be refused "queue full" meanwhile.
-"""
+"""ASGI middleware bounding what a request may bring, before any route reads it: a body's size (a route that reads a
+body whole would hold whatever it is sent), a visitor's uploads, and a visitor's requests waiting in gradio's queue.
+Refusals come in OpenAI's error shape, as every other refusal does."""
 
 from __future__ import annotations
 
@@ -26,7 +16,7 @@ API_ROUTES = ("/v1/",)  # the OpenAI endpoint's: a call holds a thread while its
 
 
 class BodyTooLarge(Exception):
-    """A body read past the cap (raised inside the route's receive; BodyCap answers it)."""
+    """A body read past the cap (raised inside the route's receive)."""
 
 
 UPLOAD = "STUDIO_MAX_UPLOAD_MB"
@@ -52,8 +42,8 @@ def too_large(size: int, cap: int, setting: str = "STUDIO_MAX_BODY_MB") -> str:
 
 
 class BodyCap:
-    """ASGI middleware: 413 for a request body over `max_bytes` (None: no cap), or over a tighter cap for the routes
-    `routes` names ((path prefix, bytes, setting)...: the OpenAI images requests)."""
+    """413 for a request body over `max_bytes` (None: no cap) or a route's tighter cap (`routes`: (path prefix, bytes,
+    setting)...): at once from its Content-Length, else (chunked) as soon as the count passes it."""
 
     def __init__(self, app, max_bytes: int | None, routes: tuple = ()):
         self.app, self.max_bytes, self.routes = app, max_bytes, tuple(routes)
@@ -98,11 +88,8 @@ class BodyCap:
 
 
 class UploadCount:
-    """ASGI middleware: each upload (a POST to gradio's upload route) is a writing event of its visitor and weighs
-    its bytes, counted by `count(scope, nbytes)` (app.handlers.Studio.wrote_scope: Refused over the visitor's writes
-    a minute or their bytes an hour) and answered 429 with the sentence when over, before the body is read; one
-    upload over `max_bytes` (STUDIO_MAX_UPLOAD_MB) is 413, one that does not say its size (Content-Length) 411.
-    `count` None: nothing counted (not a public studio)."""
+    """Each upload counted against its visitor by `count(scope, nbytes)` (None: not a public studio) before its body
+    is read: 429 when `count` refuses, 413 over `max_bytes`, 411 without a Content-Length."""
 
     def __init__(self, app, count=None, max_bytes: int | None = None):
         self.app, self.count, self.max_bytes = app, count, max_bytes
@@ -129,15 +116,9 @@ class UploadCount:
 
 
 class WaitingCap:
-    """ASGI middleware: at most `most` (STUDIO_WAITING_PER_VISITOR) of a visitor's requests wait in gradio's queue.
-    A POST that would join one more (gradio's queue join and its call routes) is answered 429 with the sentence before
-    its body is read. `who(scope)` is the request's visitor (app.handlers.Studio.visitor_scope), `queued(visitor)` how
-    many of their events wait in the queue now (app.serve reads gradio's queue); the joins on their way in are counted
-    here, so a burst that arrives at once is counted before any of it reaches the queue. `who` None: nothing counted
-    (not a public studio). An OpenAI images call (/v1) counts as one waiting request from the moment it arrives,
-    before its body is read; the event it joins for its caller (`internal(scope)`: signed by this process) is not
-    counted again, here or in `queued`. A /v1 call counts while it runs as well as while it waits (it holds a thread
-    of the pool either way), so a /v1 caller has one waiting place fewer than a page's visitor while one runs."""
+    """429 for a POST that would put more than `most` of a visitor's requests in gradio's queue (the rate is read only
+    when an event runs: a burst would fill it); joins on their way in count too. A /v1 call counts from arrival to end
+    (it holds a thread), its own join (`internal`) not again. `who` None: not a public studio."""
 
     def __init__(self, app, who=None, queued=None, most: int = 4, internal=None):
         self.app, self.who, self.queued, self.most, self.internal = app, who, queued, most, internal

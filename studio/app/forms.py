@@ -1,9 +1,6 @@
-"""The UI held by name: what each endpoint takes (a form record) and the components of each tab (a tab record).
-
-A form's fields are the endpoint's API parameters, in the API's order (gradio_client users call them by these
-names). The wiring (`inputs`) takes each field's component from the tab record by the same name, and the handler
-builds the form from the values gradio passes by that name: the list is written once, here.
-"""
+"""The UI held by name: what each endpoint takes (a form record) and the components of each tab (a tab record). A
+form's fields are the endpoint's API parameters in order; the wiring and the handler find components and values by
+those names, so the list is written once, here."""
 
 from __future__ import annotations
 
@@ -35,8 +32,7 @@ class RequestForm:
 
 @dataclass(frozen=True, kw_only=True)
 class GenerateForm(RequestForm):
-    """/generate. cache and compile: "true", "false" or "unset" (follow the preset); threshold: empty or 0 follows
-    the preset."""
+    """/generate. cache, compile: "true", "false" or "unset" (follow the preset); threshold: empty or 0 follows it."""
 
     preset: str
     cache: str = "unset"
@@ -87,8 +83,7 @@ def names(form: type) -> tuple[str, ...]:
 
 
 def inputs(form: type, request: RequestPanel, tab) -> dict[str, gr.components.Component]:
-    """An endpoint's input components by parameter name (gradio's `inputs_kwargs`): the request fields from the
-    request panel, the rest from the tab record's components of the same names."""
+    """An endpoint's input components by parameter name (gradio's `inputs_kwargs`), from the request panel or `tab`."""
     return {n: getattr(request if n in REQUEST_FIELDS else tab, n) for n in names(form)}
 
 
@@ -230,8 +225,8 @@ class HistoryTab:
 
 @dataclass
 class ApiOnly:
-    """/images: an endpoint for programs (gradio_client, the OpenAI endpoint, MCP), with no place on the page: the
-    Generate form's parameters in, each picture at its own size and its numbers out."""
+    """/images and /headroom: endpoints for programs with no place on the page (the Generate form's parameters in,
+    each picture at its own size and its numbers out)."""
 
     button: gr.Button  # never shown: the endpoint's trigger
     picture: gr.Image  # the run's picture, a batch's stacked top to bottom (what an MCP client receives as an image)

@@ -1,16 +1,7 @@
-"""How long a device event may hold a ZeroGPU GPU: `@spaces.GPU(duration=...)` computed per call from the request.
-
-ZeroGPU reserves a GPU for `duration` seconds per call (60 s unless said) and cuts the call at that time; a visitor's
-quota is charged for the reservation. So the duration is what this request needs, not a constant: the denoising
-work (steps x transformer calls x an estimated time per call at this size, from the model profile's `gpu_step_s`
-scaled by pixels), times the runs the event makes (the compare mode's pairs, a Matrix's presets and repeats, the
-tuner's search), plus a warm-up for each stack and a compile where one is asked for (on ZeroGPU only an ahead-of-time
-build, engine.aot, at a shape not built yet), with a margin. A small
-Generate reserves little; a Matrix of every preset reserves what it needs, up to `MAX_S`.
-
-Not torch: the event's Ask in (app.admit), seconds out (the callable ZeroGPU calls with the event's own arguments is
-built in app.ui).
-"""
+"""How long a device event may hold a ZeroGPU GPU (`@spaces.GPU(duration=...)`), from its Ask: ZeroGPU cuts the call
+at that time and charges the visitor's quota for all of it, so a small Generate reserves little, a Matrix up to MAX_S.
+The estimate: the event's runs at the profile's `gpu_step_s` scaled by pixels, warm-ups, and compiles (on ZeroGPU an
+ahead-of-time build at a shape not built yet), with a margin."""
 
 from __future__ import annotations
 
@@ -54,9 +45,8 @@ def generate_s(run_s: float, compare: str, compiles: int) -> int:
 
 
 def matrix_s(run_s: float, presets: int, repeats: int, compiles: int, prompts: int = 1) -> int:
-    """(presets + 1) x repeats timed runs per prompt (`presets`: the stacks of a round, base among them; then base
-    again), a warm-up of each stack and the settle run, and for each stack and prompt base at fewer steps (at most one
-    base run: studio.bench.matrix.against_fewer_steps)."""
+    """(presets + 1) x repeats timed runs per prompt (`presets` counts base; then base again), a warm-up per stack and
+    the settle run, and per stack and prompt at most one base run at fewer steps."""
     return reserve(
         run_s, (presets + 1) * repeats * prompts + presets * prompts, warmups=presets + 1, compiles=compiles
     )
@@ -68,8 +58,7 @@ def tune_s(run_s: float, prompts: int, compiles: int = 0) -> int:
 
 
 class Durations:
-    """The `duration` callables of the four device events, over the studio's profiles and presets. ZeroGPU calls
-    each with the event's own arguments, its Ask among them (app.admit.ASK; built from the values when it is not); a
+    """The `duration` callables of the four device events, called with the event's arguments (its Ask among them); a
     form that cannot be read reserves MIN_S (the event refuses it before any GPU call)."""
 
     def __init__(self, studio):
@@ -82,8 +71,8 @@ class Durations:
         return run_seconds(ask.profile, r.steps, r.width, r.height, cfg_calls=cfg * r.num_images_per_prompt)
 
     def _compiles(self, ask: Ask, stacks) -> int:
-        """Compile warm-ups the event makes. On ZeroGPU only the stacks that compile ahead of time
-        (spec.hosting.ahead_of_time_applies; none with a LoRA) and only at a shape whose packages are not built yet."""
+        """Compile warm-ups the event makes; on ZeroGPU only ahead-of-time stacks (none with a LoRA) at a shape not
+        built yet."""
         compiled = [p for p in stacks if p.compile.enabled]
         if not current().zerogpu:
             return len(compiled)

@@ -1,12 +1,6 @@
-"""The UI's event handlers: thin translations between form values and the engine, returning {component: value}.
-
-`Handlers` is bound to a facade (`Studio`: the device, the models offered, a folder for downloads, the preset
-library) and to the laid-out components (`ui`, an app.forms.UI: a record of components per tab), so the handlers
-can be called in a test with a fake engine and plain keys for components, no server. The device is a
-studio.worker.Device: off ZeroGPU the client of the supervised worker process that owns the engine, on ZeroGPU the
-engine in this process; either way this module loads no torch. A device endpoint's handler
-takes its form's values by name (app.forms: the API's parameter names) and builds the form from them.
-"""
+"""The UI's event handlers: thin translations between form values (by the API's parameter names) and the device,
+returning {component: value}. Bound to a facade (`Studio`) and the laid-out components (an app.forms.UI), so a test
+can call them with a fake engine and no server. Loads no torch."""
 
 from __future__ import annotations
 
@@ -53,10 +47,8 @@ PREDICTED = "speed-up the counts predict (screening, not timed)"
 
 @dataclass
 class Studio:
-    """The facade the UI talks to: `device` does the device work (studio.worker), the rest stays in this process.
-
-    In public mode each visitor's presets live in a folder of their own session (under `tmpdir`), so what one
-    visitor saves no other visitor sees; otherwise the one user folder of `presets` is shared."""
+    """The facade the UI talks to: `device` does the device work, the rest stays in this process. In public mode each
+    session's presets live in a folder of its own (under `tmpdir`); otherwise `presets`' user folder is shared."""
 
     device: Device
     models: list[str]
@@ -77,8 +69,8 @@ class Studio:
         return self.tmpdir / "pictures"
 
     def write(self, name: str, text: str) -> str:
-        """Write a download under `name`, in a folder named by its content (two visitors' downloads of the same name
-        never meet; the same download twice is one file), atomically (a crash leaves no half of one)."""
+        """Write a download as `name`, atomically, in a folder named by its content (two visitors' same-named
+        downloads never meet); its path."""
         data = text.encode()
         path = self.tmpdir / "downloads" / hashlib.sha256(data).hexdigest()[:24] / name
         if not path.exists():
@@ -91,13 +83,13 @@ class Studio:
         return str(path)
 
     def wrote(self, request) -> None:
-        """Count an event that writes a file against its visitor (public: app.limits.PublicGuard.write)."""
+        """Count an event that writes a file against its visitor (public)."""
         if self.guard is not None:
             self.guard.write(self.visitor(request))
 
     def wrote_scope(self, scope, nbytes: int = 0) -> None:
-        """`wrote` for a request that is not an event (an upload of `nbytes`: app.bounds.UploadCount), from its ASGI
-        scope: a writing event, and its bytes against the visitor's an hour (public); gradio's cache kept in bounds."""
+        """`wrote` for an upload of `nbytes` seen at the ASGI door, its bytes counted too (public); gradio's cache
+        kept in bounds."""
         request = StarletteRequest(scope)
         self.wrote(request)
         if self.guard is not None:
@@ -106,7 +98,7 @@ class Studio:
             self.cache_keeper.noted()
 
     def internal(self, request) -> bool:
-        """Whether `request` is this process's own call for a visitor (the OpenAI endpoint's: app.limits)."""
+        """Whether `request` is this process's own call for a visitor (the OpenAI endpoint's)."""
         client = getattr(request, "client", None)
         return (
             internal_visitor(getattr(request, "headers", None), getattr(client, "host", None), reached(request))
@@ -114,21 +106,21 @@ class Studio:
         )
 
     def internal_scope(self, scope) -> bool:
-        """`internal` for a request seen at the ASGI door (app.bounds), from its scope."""
+        """`internal` from an ASGI scope."""
         return self.internal(StarletteRequest(scope))
 
     def visitor_scope(self, scope) -> str:
-        """`visitor` for a request seen at the ASGI door (app.bounds), from its scope."""
+        """`visitor` from an ASGI scope."""
         return self.visitor(StarletteRequest(scope))
 
     def saving(self, request, lib: PresetLibrary, name: str) -> None:
-        """A visitor is about to save preset `name` in `lib` (public: within app.limits' counts of presets)."""
+        """Check a visitor's save of preset `name` in `lib` against the public preset counts."""
         if self.guard is not None and lib.user_dir is not None:
             in_all = sum(1 for _ in (self.tmpdir / "sessions").glob("*/*.yaml"))
             self.guard.saving(self.visitor(request), lib.user_dir / f"{name}.yaml", in_all)
 
     def visitor(self, request) -> str:
-        """Who `request` (a gr.Request) comes from, for the public limits (app.limits.visitor)."""
+        """Who `request` comes from, for the public limits (app.limits.visitor)."""
         client = getattr(request, "client", None)
         return visitor(
             getattr(client, "host", None),
@@ -151,8 +143,8 @@ class Studio:
 
 
 def reached(request) -> str | None:
-    """The address `request`'s connection reached on this machine (ASGI's `server`), from a starlette request or a
-    gr.Request around one; None where it is not known (a gr.Request rebuilt in a ZeroGPU call)."""
+    """The address `request`'s connection reached on this machine (ASGI's `server`); None where not known (a
+    gr.Request rebuilt in a ZeroGPU call)."""
     inner = request.__dict__.get("request") if hasattr(request, "__dict__") else None  # gr.Request's, not its getattr
     scope = getattr(inner if inner is not None else request, "scope", None)
     server = scope.get("server") if isinstance(scope, dict) else None
@@ -170,8 +162,6 @@ class Handlers:
 
     # helpers ---------------------------------------------------------------------------------------------
     def _ask(self, event: str, request, image, mask_image, values: dict) -> Ask:
-        """The event's Ask: the one built where the event came in (taken out of `values`, app.admit.ASK), or one
-        built now from the form (a handler called directly: a test, an in-process call)."""
         return self.asks.of(event, request, values, image=image, mask_image=mask_image)
 
     def _run(self, ask: Ask, stack, progress):
@@ -237,8 +227,7 @@ class Handlers:
         mask_image=None,
         **values,
     ):
-        """ "Compare with base": the Generate form's request with compare `on` (the same request's base picture,
-        PSNR, SSIM and the error map, and base timed beside the run)."""
+        """ "Compare with base": the Generate form's request with compare `on`."""
         values = {**values, "compare": "on", "image": image, "mask_image": mask_image}
         return self.generate(request, progress, history=history, **values)
 
@@ -356,8 +345,8 @@ class Handlers:
         }
 
     def tune(self, request: gr.Request = None, progress=gr.Progress(), *, image=None, mask_image=None, **values):
-        """The tuner (studio.bench.tune) on the form's request with each prompt; a public studio runs the quick
-        search on at most MAX_PUBLIC_PROMPTS prompts (one tuner holds the device for minutes)."""
+        """The tuner on the form's request with each prompt; public: the quick search only (it holds the device for
+        minutes)."""
         ask = self._ask("tune", request, image, mask_image, values)
         form = TuneForm(image=image, mask_image=mask_image, **values)  # the tuner's own fields (not a stack's)
         size = "quick" if self.studio.public else form.size
@@ -389,9 +378,8 @@ class Handlers:
         }
 
     def all_methods(self, request: gr.Request = None):
-        """The Matrix's "all step caches": base, the shipped DBCache and every method, at its searched best where
-        `methods --write` left one in the presets, else its shipped preset (docs/methods.md), at one repeat (a
-        public studio's matrix limit holds them all: its sentence says otherwise)."""
+        """The Matrix's "all step caches": base, the shipped DBCache and every method (its searched best where `methods
+        --write` left one: docs/methods.md), at one repeat (within a public studio's matrix limit)."""
         picked = matrix_picks(self.studio.library(request).names())
         return {self.ui.mx.presets: gr.update(value=picked), self.ui.mx.repeats: 1}
 
@@ -407,11 +395,11 @@ class Handlers:
 
     @staticmethod
     def keep_history(hist):
-        """The session's rows, for the browser's storage (a reload restores them)."""
+        """The session's rows, for the browser's storage."""
         return json_safe(hist.rows) if isinstance(hist, History) else []
 
     def restore_history(self, saved):
-        """The page opened: the rows this browser kept (app.history.restored)."""
+        """On page load: the rows this browser kept."""
         hist = restored(saved)
         return {self.ui.hist.table: hist.rows, self.ui.hist.rows: hist}
 
@@ -437,14 +425,14 @@ class Handlers:
 
     @staticmethod
     def on_lora_pick(name, text):
-        """A shipped LoRA picked: added to the LoRA box at scale 1 (a line of its own), unless it is there."""
+        """A picked shipped LoRA added to the LoRA box at scale 1, unless it is there."""
         lines = [x for x in str(text or "").splitlines() if x.strip()]
         if not name or any(x.strip().rpartition("@")[0] == name or x.strip() == name for x in lines):
             return text
         return "\n".join(lines + [f"{name}@1"])
 
     def on_aspect(self, label, model):
-        """An aspect ratio chosen: width and height become that size of the model's profile."""
+        """Width and height from the model profile's size for the chosen aspect ratio."""
         sizes = {a[0]: a[1:] for a in self.studio.device.profile(model).aspect_sizes()}
         if label not in sizes:
             return {}
@@ -473,8 +461,8 @@ class Handlers:
         return {pv.desc: desc, pv.yaml: text, pv.yaml_file: self.studio.write(f"{name}.yaml", text)}
 
     def show_plan(self, name, device="here", model=None, request: gr.Request = None):
-        """What the preset would run on `device` (here, or a named profile) for the request's model, part by part,
-        and its memory plan (engine.plan, on the device: it reads the model's configs on the meta device)."""
+        """What the preset would run on `device` (here, or a named profile) for the model, and its memory plan
+        (engine.plan, on the device)."""
         with shown():
             p = self.studio.library(request).get(name)
         try:
@@ -483,8 +471,8 @@ class Handlers:
             return f"no plan: {e}"
 
     def export_preset(self, name, steps=None, request: gr.Request = None):
-        """The preset as the YAML `cache_dit.load_configs` reads, a step mask sized to the request's `steps`: made by
-        the device (cache-dit's own config objects load torch, which the app's process does not)."""
+        """The preset as the YAML `cache_dit.load_configs` reads (step mask sized to `steps`), made by the device:
+        cache-dit's config objects load torch."""
         with shown():
             self.studio.wrote(request)
             p = self.studio.library(request).get(name)

@@ -1,16 +1,7 @@
-"""A visitor's history: a table row and a thumbnail for every run, both bounded.
-
-The history lives in one gr.State per session (a `History`), added to by every device endpoint: the table's rows
-(the Matrix columns after the request's own), and the pictures as small thumbnails with a caption naming the row,
-so a visitor can find a picture again without its full-size copy being kept per session (a 1024x1024 image is
-3 MB; its 128-pixel thumbnail 48 kB of pixels, kept as JPEG in 2-6 kB: a public studio holds 64 sessions' histories,
-up to 48 thumbnails each, and as pixels they were 150 MB of its memory).
-
-The rows are kept in the visitor's browser too (gr.BrowserState: its localStorage, encrypted with this process's
-key), so a reload finds them: `restored` reads them back, checked, since a browser's storage is its owner's to edit.
-The thumbnails are not (48 of them would fill a browser's storage quota): they last the visit. A restart of the
-studio starts a new key, and the history afresh.
-"""
+"""A visitor's history (a gr.State per session): a table row and a thumbnail for every run, both bounded. Thumbnails
+are small JPEGs, not full pictures (memory across a public studio's sessions). The rows are kept in the browser too
+(gr.BrowserState, so a reload finds them; `restored` checks them: the browser's owner can edit them); thumbnails
+would fill its storage quota and last the visit. A studio restart starts a new key, and the history afresh."""
 
 from __future__ import annotations
 
@@ -26,7 +17,7 @@ HISTORY_COLUMNS = ["#", "prompt", "seed", "steps", "size"] + list(COLUMNS)
 
 
 def history_max() -> int:
-    """Rows kept per session (STUDIO_HISTORY_ROWS, default 200): a visitor's history never grows without bound."""
+    """Rows kept per session (STUDIO_HISTORY_ROWS)."""
     return current().history_rows
 
 
@@ -39,7 +30,7 @@ class History:
     thumbs: list = field(default_factory=list)  # [(thumbnail JPEG bytes, caption)], newest first (the gallery's order)
 
     def gallery(self) -> list:
-        """The thumbnails as the gallery shows them: (picture, caption), newest first."""
+        """(picture, caption), newest first."""
         return [(from_jpeg(data), cap) for data, cap in self.thumbs]
 
 
@@ -66,8 +57,8 @@ def _cell(c) -> bool:
 
 
 def restored(saved) -> History:
-    """The History a browser kept (its rows; no thumbnails): rows of the table's shape, numbered, of plain cells, at
-    most history_max(); anything else in `saved` is left out."""
+    """The History a browser kept (rows only): numbered rows of the table's shape and plain cells, at most
+    history_max(); anything else in `saved` is left out."""
     rows = saved if isinstance(saved, list) else []
     ok = [
         list(r)
@@ -78,7 +69,7 @@ def restored(saved) -> History:
 
 
 def caption(row: list) -> str:
-    """A thumbnail's caption: its row number, preset, speed-up and PSNR, as the table shows them."""
+    """A thumbnail's caption: row number, preset, speed-up and PSNR."""
     cells = dict(zip(HISTORY_COLUMNS, row, strict=True))
     return f"#{cells['#']} {cells['preset']} · {cells['vs base']} · {cells['PSNR']}"
 

@@ -1,14 +1,6 @@
-"""What the studio keeps on disk, bounded: the files it hands to gradio (pictures, downloads) by their total size.
-
-Every picture an event returns leaves it as a file (app.pictures), and every download (a run's metrics.json, a
-matrix's CSV, a preset's YAML) is a file too (app.handlers.Studio.write), all under the studio's folder. gradio
-copies each into its own cache when the event's result is sent (processing_utils.save_file_to_cache) and serves the
-copy from there, so the studio's file is needed only until then. `FileKeeper` deletes the oldest of them once their
-total passes the cap (STUDIO_MAX_FILES_MB), never one younger than `grace_s` (an event whose result gradio is still
-copying), at most once every `every_s` (a listing of the folder per event would cost more than the files). gradio's
-cache itself is bounded by age (`delete_cache`, STUDIO_CACHE_AGE_S: app.serve); a visitor's saved presets by count
-(app.limits: presets_per_visitor, presets_in_all).
-"""
+"""The files the studio hands to gradio (pictures, downloads), kept within a total size (STUDIO_MAX_FILES_MB). gradio
+copies each into its own cache when the result is sent, so a file is needed only until then: the oldest go first,
+never one younger than `grace_s` (gradio may still be copying it), at most once every `every_s`."""
 
 from __future__ import annotations
 
@@ -23,17 +15,14 @@ MB = 2**20
 
 @dataclass(frozen=True)
 class Pruned:
-    """What one pruning did: files removed and their bytes, and what is kept."""
-
     removed: int
     freed_bytes: int
     kept_bytes: int
 
 
 def prune(roots: list[Path], cap_bytes: int, grace_s: float, now: float | None = None) -> Pruned:
-    """Delete the oldest files under `roots` (by modification time) until their total is at most `cap_bytes`,
-    keeping every file modified within `grace_s`; then the folders left empty. A file another thread removed
-    meanwhile is skipped."""
+    """Delete the oldest files under `roots` until their total is at most `cap_bytes`, keeping every file modified
+    within `grace_s`, and the folders left empty."""
     now = time.time() if now is None else now
     files = []
     for root in roots:
@@ -70,7 +59,7 @@ def _drop_empty(folder: Path, roots: list[Path]) -> None:
 
 @dataclass
 class FileKeeper:
-    """Keeps the files under `roots` within `cap_mb` (module doc); `noted()` after each file written."""
+    """Keeps the files under `roots` within `cap_mb`; call `noted()` after each file written."""
 
     roots: list[Path]
     cap_mb: float
@@ -81,7 +70,7 @@ class FileKeeper:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def noted(self, now: float | None = None) -> Pruned | None:
-        """Prune if the last pruning is older than `every_s` (None: not due, or another thread is at it)."""
+        """Prune if the last pruning is older than `every_s` (None: not due, or another thread is pruning)."""
         now = time.monotonic() if now is None else now
         if now - self._at < self.every_s or not self._lock.acquire(blocking=False):
             return None

@@ -1,21 +1,7 @@
-"""What a visitor of a public studio may ask of its device: every rule checked in the app's process from
-the form and the preset alone, before any model work or load, and refused with a sentence that says the limit.
-
-- compile and its mode are the operator's: a visitor's per-request `compile=true`, and a visitor's own preset that
-  compiles (saved, uploaded or tuned), are refused; the operator's built-in presets compile as they say;
-- compiled stacks meet a bounded number of distinct shapes per process (each new one is a compile of minutes on a
-  real model, and torch.compile's recompile limit is 8 per frame). A shape is what makes Dynamo build new graphs
-  (`compiled_shape`: size, batch, an edit model's reference picture), not the steps, seed or true CFG;
-- a Matrix is at most `max_matrix_runs` timed runs (presets + 1 for `base (again)`, times repeats);
-- each visitor may start at most `requests_per_minute` device events in any 60 s. A visitor is an address
-  (`visitor`): the X-Forwarded-For entry the last trusted proxy wrote (STUDIO_PROXY_HOPS from the right; on a
-  Space 1), the connection's address elsewhere, the session only when neither is known; a script that opens a new
-  client per request, or writes its own X-Forwarded-For, is the same visitor;
-- a request (one Generate, A/B, Matrix or tuner's search) stops between two denoising steps once it has run
-  `request_s` seconds, with a sentence (engine.run.Deadline: the only limit that is checked while it runs).
-
-Not gradio: the handlers call these and turn a refusal into the page's error.
-"""
+"""What a visitor of a public studio may ask of its device, checked in the app's process from the form and preset
+alone, before any model work, and refused with a sentence naming the limit: compile is the operator's; compiled
+stacks meet a bounded number of shapes (each a compile of minutes; torch.compile's recompile limit is 8 per frame);
+the Matrix size and each visitor's rates are capped. Only the time limit is checked while a request runs."""
 
 from __future__ import annotations
 
@@ -32,7 +18,7 @@ from studio.spec.preset import Preset
 
 
 class Refused(ConfigError):
-    """A public studio's limit, in a sentence (a ConfigError: the handlers show it as they show a bad request)."""
+    """A public studio's limit, in a sentence (a ConfigError: shown as a bad request is)."""
 
 
 class RateLimited(Refused):
@@ -50,16 +36,15 @@ INTERNAL_TOKEN = secrets.token_urlsafe(24)
 
 
 def route(scope) -> str:
-    """A request's path within the studio: the ASGI path without the `root_path` a proxy mounts it under (servers
-    differ on whether `path` carries it), so the doors' checks read `/v1/...` behind `/studio` too."""
+    """A request's path without the `root_path` a proxy mounts it under (servers differ on whether `path` carries
+    it)."""
     path, root = scope.get("path", "") or "", (scope.get("root_path", "") or "").rstrip("/")
     return path[len(root) :] or "/" if root and path.startswith(root + "/") else path
 
 
 def from_this_machine(host: str | None, local: str | None = None) -> bool:
-    """Whether a connection from `host` comes from this machine: a loopback address (any of 127/8, ::1), or the
-    address the connection reached (`local`: a call from this machine to its own address leaves from it; a Space's
-    proxy reaches the pod's address from another)."""
+    """Whether a connection from `host` comes from this machine: a loopback address, or `local`, the address the
+    connection reached (a call to its own address leaves from it; a Space's proxy reaches it from another)."""
     if not host:
         return False
     if host == "localhost" or (local is not None and host == local):
@@ -80,8 +65,8 @@ def internal_visitor(headers, host: str | None, local: str | None = None) -> str
 
 
 def network(address: str, ipv6_prefix: int = 64) -> str:
-    """A visitor's key from their address: an IPv4 address as it is, an IPv6 one as its network of `ipv6_prefix`
-    bits (a host rotates addresses through its /64), anything else (a name) as it is."""
+    """A visitor's key from their address; an IPv6 one as its network of `ipv6_prefix` bits (a host rotates addresses
+    through its /64)."""
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
@@ -94,8 +79,7 @@ def network(address: str, ipv6_prefix: int = 64) -> str:
 
 
 def forwarded_hops(headers) -> list[str]:
-    """Every X-Forwarded-For entry, over all the header's lines in order (a proxy that adds a second line instead of
-    appending to the first must not let the client's line pick the key)."""
+    """Every X-Forwarded-For entry over all the header's lines, in order (a proxy may add a line, not append)."""
     lines = headers.getlist("x-forwarded-for") if hasattr(headers, "getlist") else [headers.get("x-forwarded-for")]
     return [h.strip() for line in lines if line for h in str(line).split(",") if h.strip()]
 
@@ -103,13 +87,9 @@ def forwarded_hops(headers) -> list[str]:
 def visitor(
     host: str | None, headers, session: str | None, proxy_hops: int, local: str | None = None, ipv6_prefix: int = 64
 ) -> str:
-    """Who a request comes from, for the per-visitor rate: `headers` a mapping (case-insensitive, as gradio's
-    request's; or plain lower-case keys). Behind `proxy_hops` trusted proxies that each append the address they were
-    reached from, the visitor is X-Forwarded-For's `proxy_hops`-th entry from the right: the one the last trusted
-    proxy wrote. Every entry left of it is the client's own writing (a client can rotate a first hop per request),
-    so none of them is read; with 0 hops (not behind a trusted proxy) nor is the header. The app's own calls to itself
-    say whom they act for (`internal_visitor`; `local` the address the connection reached). An IPv6 visitor is their
-    network (`network`: a /64 by default)."""
+    """Who a request comes from, for the per-visitor limits: the app's own call's `internal_visitor`, else the
+    X-Forwarded-For entry the last of `proxy_hops` trusted proxies wrote (entries left of it are the client's own
+    writing: never read), else the connection's address, else the session."""
     inside = internal_visitor(headers, host, local)
     if inside:
         return inside
@@ -148,12 +128,9 @@ def _frees(seen, total: int, nbytes: int, cap: int, now: float) -> str:
 
 
 def compiled_shape(model: str, request, edits: bool = False) -> tuple:
-    """What a compiled stack's graphs depend on in a request (Dynamo guards on tensor shapes): the latent size and
-    the batch, and for a model that edits (`edits`: Kontext, Qwen-Image-Edit) its reference picture's size (its
-    latents join the transformer's sequence). Counted in Dynamo graphs on the embedded model (tests/test_compile.py):
-    a new batch or size builds graphs; steps, seed, prompt, true CFG (the negative prompt is a second call of the same
-    shapes) and an img2img picture (encoded outside the transformer) build none. A key is one compile at most:
-    Dynamo marks a dimension dynamic once it has changed, so a third size may build nothing."""
+    """What a compiled stack's Dynamo graphs depend on in a request: size, batch, and an edit model's reference picture
+    (its latents join the sequence); not steps, seed, prompt, true CFG or an img2img picture (tests/test_compile.py).
+    A key is one compile at most: Dynamo marks a dimension dynamic once it has changed."""
     image = getattr(request, "image", None)
     picture = tuple(image.shape[:2]) if image is not None and edits else None
     return (model, request.width, request.height, request.num_images_per_prompt, picture)
@@ -195,7 +172,7 @@ class PublicLimits:
 
     @classmethod
     def from_settings(cls, s) -> PublicLimits:
-        """The limits an operator set in the environment (spec.settings.Settings); the rest as they are."""
+        """The limits the operator set in the environment (spec.settings.Settings); the rest default."""
         kw = dict(
             requests_per_minute=s.requests_per_minute,
             writes_per_minute=s.writes_per_minute,
@@ -221,20 +198,17 @@ class PublicGuard:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def rate(self, who: str | None, now: float | None = None) -> None:
-        """Count one device event of visitor `who` (`visitor`); Refused when it would be over the per-minute
-        limit."""
+        """Count one device event of visitor `who`; RateLimited over `requests_per_minute`."""
         n = self.limits.requests_per_minute
         _count(self._events, self._lock, who, n, now, f"runs at most {n} requests a minute per visitor")
 
     def write(self, who: str | None, now: float | None = None) -> None:
-        """Count one event of visitor `who` that writes a file (a preset saved or exported, an upload, a history
-        exported); Refused over `writes_per_minute`."""
+        """Count one event of visitor `who` that writes a file; RateLimited over `writes_per_minute`."""
         n = self.limits.writes_per_minute
         _count(self._writes, self._lock, who, n, now, f"writes at most {n} files a minute per visitor")
 
     def uploaded(self, who: str | None, nbytes: int, now: float | None = None) -> None:
-        """Count an upload of `nbytes` by visitor `who`; Refused when their uploads of the last hour would pass
-        `upload_mb_per_hour`, saying when enough of them are an hour old."""
+        """Count an upload of `nbytes` by `who`; RateLimited past `upload_mb_per_hour`, saying when there is room."""
         now = time.monotonic() if now is None else now
         cap = int(self.limits.upload_mb_per_hour * MB)
         with self._lock:
@@ -253,8 +227,8 @@ class PublicGuard:
                 self._uploads.pop(next(iter(self._uploads)))
 
     def saving(self, who: str | None, path, saved_in_all: int) -> None:
-        """Visitor `who` saves a preset at `path` while `saved_in_all` visitors' presets are on disk: Refused over
-        `presets_per_visitor` (counted over all their sessions) or `presets_in_all`; a name saved again is free."""
+        """Visitor `who` saves a preset at `path`: Refused over `presets_per_visitor` (all their sessions) or
+        `presets_in_all` (`saved_in_all` on disk); a name saved again is free."""
         with self._lock:
             self._saving(self._saved.setdefault(who or "anonymous", set()), str(path), saved_in_all)
             if len(self._saved) > MAX_VISITORS:  # visitors that left: the oldest go first, as every table per visitor
@@ -278,8 +252,7 @@ class PublicGuard:
     def event(
         self, who: str | None, switch: bool | None, presets: list, model: str, request, edits: bool = False
     ) -> None:
-        """One device event of visitor `who`: the rate, the compile switch, and each (preset, built in?) it runs
-        (`edits`: the model takes a reference picture, compiled_shape)."""
+        """One device event of `who`: the rate, the compile switch, LoRA paths, each (preset, built in?) it runs."""
         self.rate(who)
         self.compile_switch(switch)
         own = [lo.path for lo in getattr(request, "loras", ()) if not lo.is_name]  # a shipped name reads no path
@@ -301,8 +274,8 @@ class PublicGuard:
             )
 
     def preset(self, p: Preset, builtin: bool) -> None:
-        """A visitor's own preset may not compile (nor choose a compile mode), nor name LoRA files: the operator's
-        may. A shipped LoRA's name is not a file (spec.lora.NAME): a visitor's preset may name it."""
+        """A visitor's own preset may neither compile nor name LoRA files (a shipped LoRA's name is not a file); the
+        operator's may."""
         if any(not lo.is_name for lo in p.loras) and not builtin:
             raise Refused(
                 f"preset {p.name!r} names LoRA adapters: on this public studio only the operator's presets do (a "
@@ -316,7 +289,7 @@ class PublicGuard:
             )
 
     def shape(self, p: Preset, model: str, request, compiled: bool, edits: bool = False) -> None:
-        """A compiled stack at a shape it has not met: Refused once `compiled_shapes` distinct ones were met."""
+        """A compiled stack at a new shape: Refused once `compiled_shapes` distinct ones were met."""
         if not compiled:
             return
         key = compiled_shape(model, request, edits)

@@ -1,6 +1,5 @@
-"""The error map beside a picture, as the person picks it: the x8 difference (drawn with every run) or FLIP's map
-(drawn when picked, from the pair kept at its own size, outside any GPU call: FLIP takes ~2 s a megapixel on a CPU,
-too much to pay on every click for a view that may never be opened)."""
+"""The error map beside a picture, as picked: the x8 difference (drawn with every run) or FLIP's map (drawn only when
+picked, outside any GPU call: FLIP takes ~2 s a megapixel on a CPU)."""
 
 from __future__ import annotations
 
@@ -20,8 +19,8 @@ MAP_INFO = "FLIP: what a viewer would notice (NVIDIA FLIP); ×8 difference: ever
 
 @dataclass(frozen=True)
 class Compared:
-    """A picture and the picture it is measured against, at their own size, with where each map's worst tile lies
-    (None: not known yet; FLIP's is found when its map is drawn) and how the caption names them."""
+    """A picture and the one it is measured against, at their own size, with each map's worst tile (None: not known
+    yet) and how the caption names them."""
 
     image: np.ndarray
     base: np.ndarray
@@ -40,8 +39,7 @@ def compared(image, base, tile_yx, flip_yx, where: str, names=("image", "base"),
 
 
 def show_map(kind: str, c: Compared | None, where: str, also: str = "") -> tuple[np.ndarray | None, str]:
-    """The map of `kind` (MAP_KINDS) for the kept pair `c`, and its caption (`where`/`also` name the place when
-    there is no pair yet)."""
+    """The map of `kind` for the kept pair `c` and its caption (`where`/`also` serve when there is no pair yet)."""
     if kind not in MAP_KINDS:
         raise ValueError(f"map kind: {kind!r} is not one of {', '.join(MAP_KINDS)}")
     where, names, also = (c.where, c.names, c.also) if c is not None else (where, ("image", "base"), also)

@@ -1,17 +1,7 @@
-"""The OpenAI images API on the studio's own server and port: `POST /v1/images/generations` and `GET /v1/models`.
-
-A protocol adapter over the `/images` endpoint, not a second way in: each generation is read and checked
-(spec.images_api), then called through gradio's queue like any gradio_client call (the same admission and public
-limits, the same device worker, the same time limit and sentences), on behalf of the caller: the call carries the
-caller's address signed for this process (app.limits.internal_visitor), so a public visitor's rate is the same
-whichever way they come, and ZeroGPU's `x-ip-token` so a Space bills the caller's quota.
-
-Answers follow OpenAI's shapes: `{"created", "data": [{"b64_json" | "url", "revised_prompt", "studio"}]}` with the
-studio's numbers per picture in `studio` (app.values.image_numbers); errors as `{"error": {"message", "type",
-"param", "code"}}` with the studio's sentence, and the HTTP status OpenAI uses for the kind (400 a bad request, 401
-a wrong key, 404 an unknown model, 429 the rate, 500 a failed run, 503 a full queue). With STUDIO_API_KEY set,
-app.access's gate asks for the key before these routes are reached, as before every other way in.
-"""
+"""The OpenAI images API on the studio's own server: `POST /v1/images/generations` and `GET /v1/models`. An adapter
+over `/images`, not a second way in: each call goes through gradio's queue on the caller's behalf (its address
+signed for this process, so its public limits are the same; ZeroGPU's `x-ip-token`, so it bills the caller's quota).
+Answers and errors take OpenAI's shapes and statuses, with the studio's numbers per picture under `studio`."""
 
 from __future__ import annotations
 
@@ -30,7 +20,7 @@ from studio.app.limits import INTERNAL_TOKEN, VISITOR_HEADER
 from studio.spec.checks import ConfigError
 from studio.spec.images_api import ImagesRequest, Served, UnknownModel
 
-READ_S = 120.0  # the longest silence of a call back's event stream (app.openai_api.ImagesEndpoint.http)
+READ_S = 120.0  # the longest silence of a call back's event stream
 
 # The status and OpenAI error type of each kind of error the studio says (app.errors.TITLES' titles).
 STATUS = {
@@ -68,9 +58,8 @@ def _outcome(http: httpx.Client, url: str, headers: dict) -> tuple[str, object]:
 
 
 def self_url(request: Request) -> str:
-    """Where this server answers a call from this process: the address and port the caller's connection reached (the
-    server surely listens there, whatever it is bound to; a call to it comes from this machine, which
-    app.limits.from_this_machine knows), loopback where the server did not say."""
+    """This server's URL for a call from this process: the address and port the caller's connection reached (surely
+    listened on, whatever the bind), loopback where the server did not say."""
     host, port = request.scope.get("server") or ("127.0.0.1", 7860)
     host = "127.0.0.1" if host in ("0.0.0.0", "::", "", None) else host  # noqa: S104 (reading, not binding)
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
@@ -89,7 +78,7 @@ class ApiFailure(Exception):
 
 
 class ImagesEndpoint:
-    """The two routes, bound to the studio's facade (app.handlers.Studio) and its defaults."""
+    """The two routes, over the studio's facade (app.handlers.Studio) and its defaults."""
 
     def __init__(self, studio, default_preset: str, compare: str, api_key: str | None = None):
         self.studio, self.default_preset, self.compare, self.api_key = studio, default_preset, compare, api_key
@@ -98,7 +87,7 @@ class ImagesEndpoint:
         self.http = httpx.Client(timeout=httpx.Timeout(READ_S, connect=10.0))
 
     def routes(self) -> list[APIRoute]:
-        """For FastAPI's `routes` (app.serve passes them to gradio's app before its own routes)."""
+        """For FastAPI's `routes` (ahead of gradio's own)."""
         return [
             APIRoute("/v1/images/generations", self.generations, methods=["POST"], include_in_schema=True),
             APIRoute("/v1/models", self.models, methods=["GET"]),
@@ -170,9 +159,8 @@ class ImagesEndpoint:
         return {"created": int(time.time()), "data": data, "studio": {"ignored": list(ask.ignored)}}
 
     def _call(self, request: Request, params: dict) -> tuple[list, list]:
-        """/images through gradio's queue, on behalf of the caller: gradio's keyword route (`/call/v2/images`, then
-        its event stream). Plain HTTP with the caller's headers on each call: no client, session or heartbeat thread
-        outlives the call (a gradio_client per call left a heartbeat thread and its connection behind, each)."""
+        """/images through gradio's queue for the caller (`/call/v2/images`, then its event stream), in plain HTTP:
+        a gradio_client per call would leave its heartbeat thread and connection behind."""
         headers = {VISITOR_HEADER: f"{INTERNAL_TOKEN} {self.studio.visitor(request)}"}
         if self.api_key:  # the caller passed app.access's gate with it; the call back passes the same gate
             headers["authorization"] = f"Bearer {self.api_key}"

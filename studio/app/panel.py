@@ -1,5 +1,4 @@
-"""The request panel above the tabs: what every device endpoint's request is made of (the prompt, model, seed, size
-and steps; true CFG and its negative prompt; a batch; an input picture, its mask and strength)."""
+"""The request panel above the tabs: the fields every device endpoint's request is made of."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from studio.spec.request import MAX_BATCH
 
 
 def request_panel(studio) -> RequestPanel:
-    """The request form above the tabs: `studio` is the app's facade (app.handlers.Studio)."""
     prof = studio.device.profile(studio.models[0])
     with gr.Row():
         with gr.Column(scale=3):

@@ -1,14 +1,6 @@
-"""Pictures handed to gradio as files, each written once, atomically, and named by its content.
-
-gradio (6.31, processing_utils.save_pil_to_cache) caches a numpy or PIL picture an event returns by writing its
-encoded bytes to `<cache>/<hash of the bytes>/image.png` with `Path.write_bytes`: in place, every time. Two events
-that return the same picture (two visitors asking for the default prompt and seed; two servers sharing /tmp/gradio)
-rewrite that file while the first one's download is streaming it: starlette has sent a Content-Length from a stat,
-reads the file as it is being rewritten, and the download ends short ("peer closed connection without sending
-complete message body (received 0 bytes, expected 14160)", seen once in CI). A file path goes another way
-(processing_utils.save_file_to_cache): copied under a temporary name and renamed into place, and never rewritten
-once there. So every picture leaves an event as a file (docs/library-behaviour.md G13).
-"""
+"""Pictures handed to gradio as files, each written once, atomically, named by its content: gradio rewrites a
+returned numpy/PIL picture's cache file in place on every event, cutting short a download of the same picture, while
+a file path is copied and renamed into place (docs/library-behaviour.md G13)."""
 
 from __future__ import annotations
 
@@ -31,15 +23,13 @@ DIGITS = 24  # hex digits of the content's sha256 in a picture's file name
 
 @dataclass(frozen=True)
 class PictureFiles:
-    """Writes the pictures an event returns into `folder` and gives gradio their paths; `keeper` (app.keep) keeps the
-    folder within its cap."""
+    """Writes the pictures an event returns into `folder` and gives gradio their paths; `keeper` bounds the folder."""
 
     folder: Path
     keeper: FileKeeper | None = None
 
     def file(self, picture):
-        """A uint8 array or a PIL image as the path of its PNG (the same picture: the same path, not written again);
-        anything else (a path, None) as it is."""
+        """A uint8 array or PIL image as the path of its PNG (written once per content); anything else as it is."""
         if isinstance(picture, np.ndarray):
             if picture.dtype != np.uint8:
                 raise TypeError(f"picture: dtype {picture.dtype} (want uint8, as the pipelines' pictures are)")
@@ -61,7 +51,7 @@ class PictureFiles:
         return str(path)
 
     def value(self, component, value):
-        """`value` as `component` shows it, its pictures as files (gr.Image, gr.Gallery, gr.ImageSlider)."""
+        """`value` with its pictures as files, for an image, gallery or slider `component`."""
         if value is None or not isinstance(component, (gr.Image, gr.Gallery, gr.ImageSlider)):
             return value
         if isinstance(component, gr.Image):
@@ -71,8 +61,7 @@ class PictureFiles:
         return [(self.file(p[0]), *p[1:]) if isinstance(p, (tuple, list)) else self.file(p) for p in value]
 
     def served(self, fn, outputs=None):
-        """`fn` (an event's handler) with its result's pictures as files (`outputs`: the event's, for a result
-        that is not a dict)."""
+        """Event handler `fn` with its result's pictures as files (`outputs`: the event's, for a non-dict result)."""
 
         @functools.wraps(fn)  # gradio reads the handler's signature through it
         def event(*args, **kwargs):
@@ -81,8 +70,7 @@ class PictureFiles:
         return event
 
     def result(self, result, outputs=None):
-        """An event's result with its pictures as files: {component: value}, or values in the order of
-        `outputs` (one value when there is one output)."""
+        """An event's result ({component: value}, or values in the order of `outputs`) with its pictures as files."""
         if isinstance(result, dict):
             return {c: self.value(c, v) for c, v in result.items()}
         if outputs is None:

@@ -8,12 +8,8 @@ PROGRESS_EVERY_S = 1.0
 
 
 def progress_hooks(progress, every_s: float = PROGRESS_EVERY_S):
-    """(on_step, on_status) callbacks that drive a gr.Progress from the engine.
-
-    Step updates go out at most once every `every_s` seconds, so a run under a second sends none: each update
-    costs the server several ms and makes the browser redraw (measured on the embedded model: +6.5 ms per step
-    with one update per step, and with the browser on the same 2 cores, stack runs slowed while the base runs
-    beside them, which report no steps, did not: a speed-up of 1.19x where the bench said 1.64x)."""
+    """(on_step, on_status) callbacks that drive a gr.Progress from the engine. Step updates go out at most once every
+    `every_s` seconds: each costs the server several ms and a browser redraw, which slows the timed run."""
     cached = []
     started = [None]
 

@@ -1,12 +1,6 @@
-"""Before the click: what the Generate form's step cache can skip at all, said while the form is filled in.
-
-A cache needs room: its warm-up steps, its caps on cached steps and its step mask leave a few-step request (8 steps; a
-distilled model's 4 or 9) little or none (spec.headroom, cache-dit's own rules). The card says so after a run; here
-the same bound is read from the form as it stands, through the event's own Ask (app.admit: the preset as the run
-would resolve and switch it, the steps the request would execute: img2img's strength shortens them), so what is
-said before the run is what the run would meet. The UI shows it under the preset picker; programs ask the
-`headroom` endpoint (and its MCP tool) with /generate's parameters.
-"""
+"""Before the click: how many steps the Generate form's step cache can skip at all (spec.headroom; a few-step request
+leaves it little or none), read through the event's own Ask so it is what the run would meet. Shown under the preset
+picker and served as the `headroom` endpoint."""
 
 from __future__ import annotations
 
@@ -25,9 +19,8 @@ class BeforeRun:
     # The image inputs are named with their default (None), as the device endpoints name them (app.handlers): gradio's
     # API marks a parameter optional from the handler's own default when its component starts empty.
     def headroom(self, request: gr.Request = None, *, image=None, mask_image=None, **values) -> dict:
-        """The Generate request's step-cache room as the API returns it: the preset that would run, the model's own
-        schedule, and spec.headroom's bound (`cache: false` without a step cache). A form that cannot be read raises
-        gr.Error with its sentence, as /generate would."""
+        """The preset that would run, the model's steps and spec.headroom's bound (`cache: false` without a step
+        cache); an unreadable form raises gr.Error as /generate would."""
         values.pop("history", None)
         values["prompt"] = values.get("prompt") or ANY_PROMPT
         ask = self.asks.generate(request, image=image, mask_image=mask_image, **values)
@@ -40,9 +33,8 @@ class BeforeRun:
         return {**out, "cache": True, **with_room.as_dict(ask.profile.steps)}
 
     def note(self, request: gr.Request = None, *, image=None, mask_image=None, **values) -> str:
-        """The UI's line under the preset picker: the warning when the room is tight, else a short bound; where the
-        form cannot be read into its Ask, what stops it (the device's own checks, a size off the grid among them, come
-        with the run)."""
+        """The line under the preset picker: the warning when the room is tight, else a short bound, or what stops an
+        unreadable form (the device's own checks come with the run)."""
         try:
             d = self.headroom(request, image=image, mask_image=mask_image, **values)
         except gr.Error as e:  # the form as it stands cannot run: the run's own sentence will say so on the click

@@ -1,10 +1,5 @@
-"""Serving the studio: gradio's server with the OpenAI images API on the same port, the MCP server, the cap on a
-request's body (app.bounds) and the API key's one rule (app.access).
-
-gradio builds its FastAPI app inside `launch`; FastAPI's own `routes` argument (through gradio's documented
-`app_kwargs`) puts the OpenAI routes (app.openai_api) on that app before gradio's, so they share the server, the
-port, and the queue they call through.
-"""
+"""Serving the studio: gradio's server with the OpenAI images API on the same port (FastAPI's `routes` through
+gradio's `app_kwargs`, so both share the server and queue), the MCP server, and the door's middleware."""
 
 from __future__ import annotations
 
@@ -19,8 +14,8 @@ from studio.spec.settings import current
 
 
 def launch(demo: gr.Blocks, *, mcp: bool | None = None, **kwargs):
-    """`demo.launch(**kwargs)` with the OpenAI routes (`demo.studio_api`, set by app.ui.build_app) and gradio's MCP
-    server when `mcp` (None: the settings' STUDIO_MCP, off on a public studio unless the operator turns it on)."""
+    """`demo.launch(**kwargs)` with the OpenAI routes (`demo.studio_api`) and gradio's MCP server when `mcp` (None:
+    STUDIO_MCP)."""
     mcp = current().mcp if mcp is None else mcp
     kwargs.setdefault("css", CSS)
     settings = current()
@@ -47,8 +42,7 @@ def launch(demo: gr.Blocks, *, mcp: bool | None = None, **kwargs):
 
 
 def queued(demo: gr.Blocks, studio, who: str) -> int:
-    """How many events of visitor `who` wait in `demo`'s queue now (gradio's Queue: its events per concurrency id,
-    each with the request that joined it; app.bounds.WaitingCap)."""
+    """How many events of visitor `who` wait in `demo`'s queue now (for app.bounds.WaitingCap)."""
     waiting = demo._queue.event_queue_per_concurrency_id.values()
     return sum(
         1
@@ -59,16 +53,9 @@ def queued(demo: gr.Blocks, studio, who: str) -> int:
 
 
 class SessionQueues(LRUCache):
-    """gradio's message queue of each session (`Queue.pending_messages_per_session`, an LRU of 2,000) that drops the
-    oldest IDLE session when full, never one with an event still pending (`Queue.pending_event_ids_session`).
-
-    gradio's own drops the oldest by when the session was first seen, busy or not, and a session seen again keeps
-    its old place: after 2,000 newer sessions (each OpenAI call, each gradio_client, each page load is one) a
-    long-open session with an event waiting loses its queue, the queue's loop raises KeyError sending it its place
-    in line (`broadcast_estimations`), and that loop, which runs every event, is gone: every later request waits
-    or is refused "queue full" until the server restarts (seen in the 30-minute soak at 23 minutes). Dropping an
-    idle session also drops its empty entry of pending events, which gradio otherwise keeps for every session
-    ever seen."""
+    """gradio's per-session message queues (`Queue.pending_messages_per_session`) that, when full, drop the oldest IDLE
+    session, never one with an event pending: gradio's own LRU drops busy ones and its queue loop dies of the
+    KeyError (docs/library-behaviour.md G19)."""
 
     def __init__(self, queue, max_size: int):
         super().__init__(max_size)
@@ -85,7 +72,7 @@ class SessionQueues(LRUCache):
 
 
 def keep_waiting_sessions(demo: gr.Blocks) -> None:
-    """Put SessionQueues in place of the queue's per-session message queues (before it serves: none is lost)."""
+    """Put SessionQueues in place of the queue's per-session message queues (before it serves)."""
     q = demo._queue
     if isinstance(q.pending_messages_per_session, SessionQueues):
         return

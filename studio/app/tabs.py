@@ -1,5 +1,4 @@
-"""The Gradio studio's tabs: a layout function per tab, returning its record of components (app.forms); the
-events are wired in app.ui."""
+"""The studio's tabs: a layout function per tab, returning its record of components (app.forms)."""
 
 from __future__ import annotations
 
@@ -324,7 +323,7 @@ def history_tab(rows: gr.State, saved: gr.BrowserState) -> HistoryTab:
 
 
 def api_only() -> ApiOnly:
-    """The /images endpoint's components, never shown (app.forms.ApiOnly)."""
+    """The program-only endpoints' components, never shown."""
     with gr.Column(visible=False):
         button = gr.Button("images")
         picture = gr.Image(label="picture", format="png")

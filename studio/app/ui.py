@@ -1,14 +1,5 @@
-"""The Gradio studio: a layout function per tab returning its record of components (app.forms), then the events
-wired to the handlers (app.handlers).
-
-Named API endpoints (gradio_client), each taking the request fields (prompt, model, seed, steps, width, height,
-guidance) and then (app.forms lists them, in this order):
-    /generate  preset, cache, threshold, compile
-    /compare   preset_a, preset_b, cache, threshold, compile
-    /matrix    presets, repeats, cache, threshold, compile (on every preset but base)
-    /tune      floor, prompts_text, size (no switches: the tuner chooses the stack)
-cache and compile: "true", "false", or "unset" to follow the preset; threshold: empty or 0 follows the preset.
-"""
+"""The Gradio studio: the tabs laid out (app.tabs), then their events wired to the handlers as the named API endpoints
+(/generate, /images, /compare, /matrix, /tune, /headroom; their parameters are app.forms' fields)."""
 
 from __future__ import annotations
 
@@ -43,7 +34,7 @@ __all__ = ["CSS", "build_app"]
 
 
 def _shown_if_any(pictures):
-    """A panel with nothing to show is hidden: the batch gallery after a one-picture run."""
+    """Hide a panel with nothing to show (the batch gallery after a one-picture run)."""
     return gr.update(visible=bool(pictures))
 
 
@@ -139,8 +130,7 @@ def _wire(ui: UI, h: Handlers, demo, described: dict) -> None:
 
 
 def _wire_room(ui: UI, h: Handlers, demo, described: dict) -> None:
-    """Before the click (app.room): the step cache's room under the preset picker as the form changes, and
-    /headroom for programs, both read from the Generate form as /generate reads it."""
+    """app.room: the step cache's room under the preset picker as the form changes, and /headroom for programs."""
     r, gen, before = ui.request, ui.gen, BeforeRun(h.studio, h.asks)
     room_in = forms.inputs(forms.GenerateForm, r, gen)
     changed = [gen.preset.change, gen.cache.change, r.steps.change, r.model.change, r.strength.change]
@@ -181,8 +171,8 @@ def _wire_keeping(ui: UI, h: Handlers, demo) -> None:
 
 
 def _wire_maps(ui: UI, pics, gen_events: list, ab_events: list) -> None:
-    """The error map the person picked (app.maps), drawn again after each run and when the pick changes: in this
-    process, after the device event (FLIP's map costs ~2 s a megapixel: never inside a GPU call)."""
+    """The picked error map (app.maps), drawn after each run and on a new pick, in this process after the device event
+    (FLIP's map costs ~2 s a megapixel: never inside a GPU call)."""
     for tab, events, where, also in (
         (ui.gen, gen_events, GEN_MAP_WHERE, ""),
         (ui.ab, ab_events, AB_MAP_WHERE, fmt.AB_TILE_NOTE),
@@ -207,18 +197,9 @@ def build_app(
     time_limit_s: float | None = None,
     queue_size: int = 32,
 ) -> gr.Blocks:
-    """The studio over `device` (a studio.worker.Device: app.py passes the worker's client; a Runner, as tests pass,
-    runs in this process; None: a Runner on the embedded model, in this process).
-
-    Args:
-        public: each visitor's saved presets stay in their own session (a public Space), and the public limits
-            (`limits`, app.limits: compile only from the operator's presets, bounded shapes, Matrix size, rate)
-            are checked before any device work, and a request stops once it has run `limits.request_s` seconds.
-        time_limit_s: the seconds a request may run on the device (public: `limits.request_s` unless given;
-            otherwise none unless given; app.py: STUDIO_MAX_REQUEST_S).
-        compare: the Generate tab's default compare mode (on / auto / off; app.py: STUDIO_COMPARE, `auto` on a
-            public studio): `auto` costs about one image a click once a shape's base timing is kept.
-    """
+    """The studio over `device` (a studio.worker.Device; a Runner, or None for one on the embedded model, runs in this
+    process). `public`: per-session presets and the public `limits` before any device work; `time_limit_s`: a
+    request's device seconds (public: `limits.request_s` unless given); `compare`: the Generate tab's default mode."""
     compare = compare_mode(compare)
     if not isinstance(device, Device):
         from studio.engine import ModelManager, Runner  # (torch: only where no device was given, as in tests)

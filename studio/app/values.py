@@ -1,6 +1,5 @@
-"""Values between the forms and the pictures: a form's fields read as the engine takes them, and what the engine
-returns made into what a component shows (a rendered plot, a JSON-safe record, a batch's captioned pictures).
-Not gradio."""
+"""Values between forms and components, without gradio: form fields as the engine takes them, and the engine's
+results as components show them."""
 
 from __future__ import annotations
 
@@ -45,8 +44,7 @@ def json_safe(value):
 
 
 def batch_pictures(res) -> list:
-    """A batch's pictures for the gallery, each captioned with its seed and its PSNR against its base picture; [] for
-    one picture (the image above is all of it)."""
+    """A batch's pictures for the gallery, captioned with seed and PSNR; [] for one picture."""
     if not res.metrics.quality.batch:
         return []
     pics = split_batch(res.image, len(res.metrics.quality.batch))
@@ -88,8 +86,8 @@ RUN_KEYS = (
 
 
 def image_numbers(metrics: dict) -> list[dict]:
-    """One record per picture of a run (`metrics`: RunMetrics.as_dict()): the run's numbers (`RUN_KEYS`; `tag` is
-    what ran) with the picture's own seed and, in a batch, its own PSNR, SSIM and verdict against its base picture."""
+    """One record per picture of a run (`metrics`: RunMetrics.as_dict()): the run's RUN_KEYS with the picture's own
+    seed and, in a batch, its own PSNR, SSIM and verdict."""
     run = {k: metrics.get(k) for k in RUN_KEYS}
     seed = (metrics.get("request") or {}).get("seed")
     each = metrics.get("batch") or [{"seed": seed}]
@@ -97,8 +95,8 @@ def image_numbers(metrics: dict) -> list[dict]:
 
 
 def table_frame(mat):
-    """A matrix (report.table.Matrix) as the Matrix tab's table: its rows under its own columns, the optional ones
-    (FLIP; the worst over prompts) where some row has a value (a frame, so that the headers travel with the data)."""
+    """A report.table.Matrix as a DataFrame (the headers travel with the data), with the optional columns some row
+    fills."""
     import pandas as pd
 
     opt = mat.optional()

@@ -1,20 +1,7 @@
-"""A device event as ZeroGPU runs it: admitted here, then its handler in the process `spaces` forks for the GPU.
-
-`spaces` (0.51.3, zero/wrappers.py) runs a `@spaces.GPU` handler in a forked worker process: the event's arguments
-are pickled into it and the handler's result pickled back; the worker is reused only while its GPU is idle and is
-otherwise forked afresh from this process. Two things follow, and this module does both:
-
-- the result must pickle. A handler returns {component: value}, and a gradio component does not pickle (it holds
-  its Blocks, with weak references and locks): the handler's result crosses as {component id: value} and is turned
-  back into components here (gradio matches an output by its `_id`);
-- what the engine keeps between requests (engine.baseline.Kept: the kept base pictures and timings, the timings by
-  shape that let compare `auto` cost one run) would live in the forked process and be lost with it. It lives in this
-  process instead and crosses each call: in as an argument, out beside the result. Device events run one at a time
-  (their concurrency id is "device"), so what comes back replaces what went in.
-
-The public limits are checked before the GPU call (`admit`, app.admit), so a refused request reserves nothing.
-Off ZeroGPU `spaces.GPU` hands the handler back as it is and nothing here wraps it.
-"""
+"""A device event as ZeroGPU runs it: admitted here, then its handler in the process `spaces` forks for the GPU
+(docs/library-behaviour.md S1, S3). The result crosses back as {component id: value} (a component does not pickle);
+the engine's kept state (engine.baseline.Kept) lives here and crosses each call in and out, since a fork's is lost
+(device events run one at a time: what comes back replaces what went in)."""
 
 from __future__ import annotations
 
@@ -30,7 +17,7 @@ KEPT = "_studio_kept"  # the keyword the kept state crosses a GPU call under (no
 
 
 def components(ui) -> dict[int, Block]:
-    """Every component of a laid-out UI (app.forms.UI: a record of tab records), by its gradio id."""
+    """Every component of a laid-out app.forms.UI, by its gradio id."""
     found = {}
     for tab in dataclasses.fields(ui):
         record = getattr(ui, tab.name)
@@ -42,7 +29,6 @@ def components(ui) -> dict[int, Block]:
 
 
 def _plain(result):
-    """A handler's result as something that pickles: {component: value} as {component id: value}."""
     if isinstance(result, dict) and result and all(isinstance(k, Block) for k in result):
         return {"by_id": {k._id: v for k, v in result.items()}}
     return {"as_is": result}
@@ -55,17 +41,9 @@ def _blocks(plain: dict, by_id: dict[int, Block]):
 
 
 def device_event(fn, duration=None, admit=None, ask=None, *, device=None, by_id=None, pictures=None, size="large"):
-    """`fn` (a device event's handler) as the event runs it: its Ask built once from the event's arguments (`ask`,
-    app.admit.Asks), the public limits on it (`admit`, in this process), then `fn` under @spaces.GPU for `duration`
-    (a callable of the event's arguments, app.gpu_time) where `spaces` wraps it, the Ask crossing in with the
-    arguments (under app.admit.ASK), the result and the engine's kept state crossing back (module doc), then its
-    pictures written as files here (`pictures`, app.pictures.PictureFiles).
-
-    Args:
-        device: the studio's device (studio.worker.Device): its kept() state crosses each GPU call.
-        by_id: the laid-out components by id (components(ui)), to turn a crossed result back into components.
-        size: the ZeroGPU slice each call asks for (the `zerogpu_size` setting, STUDIO_ZEROGPU_SIZE).
-    """
+    """Device event handler `fn` as the event runs it: its Ask built once (`ask`), the public limits on it (`admit`),
+    then `fn` under @spaces.GPU for `duration` on slice `size`, then its pictures written as files (`pictures`).
+    `by_id`: components(ui), to turn a crossed result back into components."""
     run = fn
     if importlib.util.find_spec("spaces") is not None:
         import spaces  # noqa: PLC0415  (optional: installed on a Space)
@@ -90,7 +68,7 @@ def device_event(fn, duration=None, admit=None, ask=None, *, device=None, by_id=
 
 
 def _without_kept(duration):
-    """The duration callable, which `spaces` calls with the GPU call's own arguments (the kept state among them)."""
+    """`duration` without the kept state, which `spaces` passes it with the GPU call's own arguments."""
     if not callable(duration):
         return duration
 
@@ -103,7 +81,7 @@ def _without_kept(duration):
 
 
 def _in_gpu_process(fn, device):
-    """What runs in the GPU process: the kept state taken in, the handler, its result and the kept state out."""
+    """What runs in the GPU process: the kept state in, the handler, its result and the kept state out."""
 
     @functools.wraps(fn)
     def on_gpu(*args, **kwargs):
@@ -117,7 +95,7 @@ def _in_gpu_process(fn, device):
 
 
 def _crossing(fn, wrapped, device, by_id: dict[int, Block]):
-    """What runs here around the GPU call: the kept state sent with the arguments, the one that comes back kept."""
+    """What runs here around the GPU call: the kept state sent with the arguments, the returned one kept."""
 
     @functools.wraps(fn)
     def call(*args, **kwargs):

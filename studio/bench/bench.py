@@ -1,19 +1,6 @@
-"""`python -m studio bench`: the stack table in one command, with its noise floor and compile's cost.
-
-Method (the engine's own loading, timing and measuring; nothing here times anything itself):
-- every preset's stack is warmed up untimed by the engine on its first run, and each rotation starts with an untimed
-  run of its first stack (Runner.settle: the first timed slot then follows a run, as every other does); then the
-  presets are timed round-robin (base A B C base' base A B C base' ...), so machine noise hits every preset alike;
-  rows hold medians of repeats, and each speed-up is the one estimator's (studio.measure.estimate) over the rounds:
-  each round's runs are a pair (same moment, same load);
-- `base'` is base run a second time in the same rotation: base against itself is the noise floor of a speed-up;
-- a compiled preset is timed beside its eager twin (studio.bench.twins): compile's noise floor and saving per image;
-- with several prompts, each prompt is a rotation of its own; a row's speed-up is the median over prompts (its
-  interval the bootstrap's over every prompt's pairs) and its PSNR and FLIP the mean and the worst, so one lucky
-  prompt cannot hide a bad stack;
-- with several prompts or seeds, each stack request by request against each request's own base (studio.bench.paired);
-- --vs-raw: the plain pipeline's runs beside the studio's, round by round (studio.bench.raw, studio.bench.vsraw).
-"""
+"""`python -m studio bench`: the stack table in one command, with its noise floor and compile's cost. Presets are
+timed round-robin (base A B C base') so machine noise hits all alike; base' (base again) is the noise floor; over
+several prompts a row takes the median speed-up and the worst PSNR, so one lucky prompt cannot hide a bad stack."""
 
 from __future__ import annotations
 
@@ -43,8 +30,7 @@ from studio.spec.request import GenerationRequest
 
 
 def resolve_presets(runner: Runner, presets, lib, cache_enabled=None, compile_enabled=None) -> list[Preset]:
-    """The presets to time, `base` first (added when not named; every one-process preset when none is named),
-    with the per-request switches applied to all but base."""
+    """The presets to time (default: every one-process one), `base` first, the switches applied to all but base."""
     names = list(presets) if presets else lib.one_process_names()
     resolved = [runner.resolve_preset(p, lib) for p in names]
     switches = Switches(cache_enabled, None, compile_enabled)  # (the one rule: spec.ask)
@@ -114,9 +100,8 @@ class BenchReport:
 def row(
     name: str, rots: list[Rotation], base_name: str = BASE, ref: str | None = None, crowded: str = ""
 ) -> MatrixRow:
-    """One preset's row over every prompt's rotation. `ref`: its non-cache twin in the rotation (the reference its
-    `of ideal` is measured against); None: the engine's own reading (against base, or the run's own full steps).
-    `crowded`: what other programs took of the cores over the rounds, when enough to withhold (measure.crowding)."""
+    """One preset's row over every prompt's rotation. `ref`: its non-cache twin, its `of ideal`'s reference (None: the
+    engine's own reading); `crowded`: what other programs took of the cores, when enough to withhold."""
     ms = [rot.last[name].metrics for rot in rots]
     meds = [rot.median(name) for rot in rots]
     est = replace(speedup_over([rot.pair(base_name, name) for rot in rots]), crowded=crowded)
@@ -168,7 +153,6 @@ def row(
 
 
 def _meta(runner, requests, resolved, rots, model, repeats, *, twins, refs, vs_raw, crowding) -> dict:
-    """What the bench ran, on what, and how (BenchReport.meta)."""
     dtype = rots[0].last[BASE].metrics.labels.dtype
     return {
         "model": model or runner.model,
@@ -249,9 +233,7 @@ def _noise(rots: list[Rotation], names: list[str], twins: dict[str, str]) -> Noi
 
 
 def _pace(runner: Runner, rots: list[Rotation], model: str, crowding=None) -> list[machine_pace.Pace]:
-    """Base's floor per step in this bench, per request shape, against this machine's record, base against its own
-    second run, and what other programs took of the cores (`crowding`, measure.crowding) (studio.measure.pace: was
-    the machine quiet?); the record then keeps the faster floor, of a bench that others did not crowd."""
+    """Per request shape, base's floor per step against this machine's record (was the machine quiet?)."""
     import torch
 
     by_work: dict[str, list[Rotation]] = {}
@@ -297,8 +279,7 @@ def _cost(rots: list[Rotation], twins: dict[str, str]) -> list[CostRow]:
 
 
 def _without(resolved: list[Preset], twins: dict, refs: dict, gone: set) -> tuple[list[Preset], dict, dict]:
-    """The presets, eager twins and non-cache twins less the stacks in `gone` (a pairing loses its row's reference
-    when either side is gone; that row then reads its ideal as the engine does)."""
+    """The presets and twin pairings less the stacks in `gone`; a pairing goes when either side does."""
     if BASE in gone:
         raise ConfigError("base cannot be left out of a bench: every speed-up is measured against it")
     keep = [p for p in resolved if p.name not in gone]
@@ -307,8 +288,7 @@ def _without(resolved: list[Preset], twins: dict, refs: dict, gone: set) -> tupl
 
 
 def _rounds(runner: Runner, requests, resolved, repeats, model, tick, *, vs_raw, extra, on_extra, tighten):
-    """Every prompt's rotation (studio.bench.rotation), the cores watched on the CPU (measure.crowding): (rotations,
-    what other programs took of the cores; None off the CPU)."""
+    """(every prompt's rotation, what other programs took of the cores meanwhile; None off the CPU)."""
     raw = None
     if vs_raw:
         raw = RawPool(runner, model)
@@ -342,14 +322,8 @@ def run_bench(
     tighten: bool = True,
     fewer_steps: bool = False,
 ) -> BenchReport:
-    """The bench (module doc). `progress(done, total, label)` after each timed run; `vs_raw` runs each preset
-    through plain diffusers too (studio.bench.raw) for the studio_over_raw column. `exclude`: stacks left out
-    after the twins are added (the stacks that crashed the device worker: studio.worker.reruns). `extra_rounds`: rounds
-    beyond `repeats` while a speed-up would be withheld (studio.bench.rotation; None: EXTRA_ROUNDS; 0: exactly
-    `repeats`). `floor_db`, `max_flip`: the quality a paired win needs over several requests (studio.bench.paired).
-    `tighten`: extra rounds also while a row is wider than ±10% or base disagrees with itself (studio.bench.rotation;
-    the Matrix tab does not). `fewer_steps`: base at fewer steps on the same requests, the fewest above `floor_db`
-    and each cached row read against base at the step count of its speed-up (studio.bench.fewer; untimed runs)."""
+    """The bench (module doc); `progress(done, total, label)` after each timed run; `exclude`: stacks left out after
+    the twins are added (those that crashed the worker); `extra_rounds` (None: EXTRA_ROUNDS), `tighten`: rotate's."""
     check_int("bench", "repeats", repeats, lo=1)  # none: no timed run, nothing to divide
     if fewer_steps and not applies(requests):  # asked for, and no answer: said before anything runs
         raise ConfigError(

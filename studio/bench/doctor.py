@@ -1,10 +1,5 @@
-"""`python -m studio doctor`: every shipped preset on a tiny instance of every DiT family, on this machine.
-
-For each family (studio.tiny.families) and preset: what engaged or fell back and why, cached/full steps by the
-studio's count and by the cache's own list (they must agree), PSNR against the family's base image, and the
-broken/lossy verdict. Weights are random, so cached presets run at a threshold that caches on random weights
-(CACHING_THRESHOLD) instead of the preset's own, and the table says so.
-"""
+"""`python -m studio doctor`: every shipped preset on a tiny instance of every DiT family, on this machine. Weights are
+random, so cached presets run at CACHING_THRESHOLD (one that caches on random weights), and the table says so."""
 
 from __future__ import annotations
 
@@ -82,8 +77,7 @@ def _row(family: str, preset: str, m) -> DoctorRow:
 
 
 def family_instance(family: str, folder: Path, on_status=None) -> Path:
-    """The family's tiny random-weight instance in `folder`: built there, unless a run before (in a worker that
-    crashed since) finished building it. Its profile file is written last: a half-built folder has none."""
+    """The family's tiny instance in `folder`, built unless already whole (its profile file is written last)."""
     folder = Path(folder)
     if not (folder / PROFILE_FILE).is_file():
         if on_status:
@@ -95,8 +89,7 @@ def family_instance(family: str, folder: Path, on_status=None) -> Path:
 def check_family(
     family: str, folder: Path, presets: list[str], runner: Runner, on_status=None, on_row=None
 ) -> list[DoctorRow]:
-    """The presets on one family's instance in `folder`, on `runner` (base timed once beside each); `on_row(row)` as
-    each row is done. The model is unloaded after."""
+    """The presets on one family's instance (base timed once beside each); `on_row(row)` as each is done; unloads."""
     lib, model = PresetLibrary(), str(folder)
     pairing = replace(runner.pairing, cheap_pairs=1)
     rows, eager_rows = [], {}
@@ -127,9 +120,7 @@ def check_family(
 
 
 def run_doctor(families=FAMILIES, presets=None, device=None, on_status=None, settings=None) -> list[DoctorRow]:
-    """Build each family's tiny instance in a temporary folder and run the presets on it, in this process (the CLI's
-    doctor runs each family in the device worker instead: studio.worker.reruns); `settings`: the engine's
-    (spec.settings; None: the defaults)."""
+    """Each family's tiny instance built and the presets run on it, in this process (the CLI uses the worker)."""
     presets = list(presets or PresetLibrary().one_process_names())
     runner = Runner(ModelManager(device, settings=settings), PresetLibrary())
     rows = []

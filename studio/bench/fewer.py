@@ -1,17 +1,7 @@
 """Base at fewer steps: the cheapest rival of every step cache (HOUSE 18; the papers' "60% / 34% of the steps" rows).
-
-A step cache that skips half the transformer calls competes with simply asking for half the steps. For the same
-requests (prompt, seed, size), base runs at k of the request's N steps and its picture is judged against base's
-N-step picture, as a cache's is. Its speed-up is by step count, N / k: base's steps all cost the same (one
-transformer call each), so that is its denoise ratio up to the call's fixed cost, which only flatters fewer steps,
-and the step count at a stack's speed is rounded up (the rival never runs faster than the stack): a cache read
-against it is judged strictly, never leniently. Text-to-image requests only (an image input runs a share of the
-schedule: `reference_for` says None).
-
-`FewerSteps` keeps every step count it judged (a run per prompt, stopping at the first prompt under the floor when it
-is searching), so the table's rows, the fewest steps above the floor and the step count at a method's speed share
-runs.
-"""
+Base at k of N steps is judged against base's N-step picture, as a cache is; its speed-up is N / k (the call's fixed
+cost only flatters fewer steps, and the step count at a stack's speed is rounded up), so a cache is judged strictly.
+Text-to-image requests only: an image input runs a share of the schedule."""
 
 from __future__ import annotations
 
@@ -112,7 +102,7 @@ class FewerStepsJudge:
         self._full: dict[int, object] = {}  # request index -> its full-step base picture
 
     def _base_image(self, req):
-        """Base's picture of `req`, untimed: the kept one where a bench or a click ran it (Runner.base_picture)."""
+        """Base's picture of `req`, untimed: the kept one where a bench or a click ran it."""
         return self.runner.base_picture(req, self.runner.resolve_preset(BASE), self.model)
 
     def point(self, steps: int, *, stop_under_floor: bool = False) -> StepsPoint:
@@ -136,8 +126,7 @@ class FewerStepsJudge:
         return p
 
     def fewest(self) -> StepsPoint | None:
-        """The fewest steps whose worst PSNR keeps the floor: a binary search (fewer steps lose quality), its
-        answer judged on every prompt."""
+        """The fewest steps whose worst PSNR keeps the floor (binary search), its answer judged on every prompt."""
         lo, hi, best = 1, self.result.full - 1, None
         while lo <= hi:
             mid = (lo + hi) // 2
@@ -155,8 +144,7 @@ class FewerStepsJudge:
         return self.result.curve()
 
     def versus(self, speedup: float | None, worst_db: float | None) -> Versus | None:
-        """A method at `speedup` keeping `worst_db`, against base at the step count of that speed (None where the
-        method has no speed-up shown or no faster step count exists)."""
+        """A method at `speedup` keeping `worst_db`, against base at that speed's step count (None: no speed-up)."""
         if speedup is None or worst_db is None or speedup <= 1.0:
             return None
         p = self.point(self.result.steps_at(speedup))
@@ -175,8 +163,7 @@ def applies(requests) -> bool:
 
 
 def fewer_steps_reference(runner, requests, model=None, *, floor_db: float, progress=None) -> FewerStepsJudge | None:
-    """The reference every table reads against: the fewest steps above the floor and the ladder's curve, judged;
-    call `.versus(speedup, worst_db)` for each method's row. None where it does not apply (`applies`)."""
+    """The fewest steps above the floor and the ladder's curve, judged (None where not `applies`)."""
     if not applies(requests):
         return None
     j = FewerStepsJudge(runner, requests, model, floor_db=floor_db, progress=progress)
@@ -186,8 +173,7 @@ def fewer_steps_reference(runner, requests, model=None, *, floor_db: float, prog
 
 
 def read_rows(judge: FewerStepsJudge, rows) -> None:
-    """Each bench row that cached steps with a speed-up above 1 (studio.report.table.MatrixRow), against base at the
-    step count of that speed-up: its worst PSNR over the requests (its PSNR with one) against theirs."""
+    """Sets `vs_fewer` on each row that cached steps with a speed-up above 1."""
     for r in rows:
         if r.cached_steps > 0 and r.speedup is not None and r.speedup > 1.0:
             r.vs_fewer = judge.versus(r.speedup, r.worst_psnr_db if r.worst_psnr_db is not None else r.psnr_db)

@@ -1,7 +1,5 @@
-"""The step-cache methods `python -m studio methods` searches (studio.bench.methods), as data: each method's shipped
-preset, the knob its search walks with the values it tries (gentlest first), and the variants of its other knobs;
-and which presets the Matrix's "all step caches" runs. Nothing here runs a model: the app's process reads it
-without the engine (it loads no torch)."""
+"""The step-cache methods `python -m studio methods` searches, as data, and the Matrix's "all step caches" picks.
+Nothing here runs a model: the app's process reads it without the engine (it loads no torch)."""
 
 from __future__ import annotations
 
@@ -12,8 +10,8 @@ from studio.spec.preset import CacheSpec
 
 @dataclass(frozen=True)
 class Method:
-    """One method: its shipped preset, the knob searched with its values (gentlest first), and the variants of its
-    other knobs (warm-up, run caps) each searched in turn: the variant whose best caches the most steps wins."""
+    """One method: its shipped preset, the knob searched (values gentlest first), and variants of its other knobs,
+    each searched in turn: the variant whose best caches the most steps wins."""
 
     name: str
     preset: str | None  # None: not shipped (it cannot engage on the embedded model): a default spec of `backend`
@@ -77,8 +75,7 @@ def with_knob(spec: CacheSpec, knob: str, value) -> CacheSpec:
 
 
 def matrix_picks(names: list[str]) -> list[str]:
-    """The Matrix's "all step caches" among the presets `names`: base and the shipped `cache` for reference, then
-    each method at its searched best where `methods --write` left one (Method.best_name), else its shipped preset."""
+    """The Matrix's "all step caches": base, `cache`, then each method's searched best if written, else its preset."""
     picked = [n for n in ("base", "cache") if n in names]
     for m in METHODS:
         pick = m.best_name if m.best_name in names else m.preset

@@ -1,9 +1,6 @@
-"""The preset matrix (the UI's Matrix tab and /matrix): every preset side by side on one request.
-
-The bench's own method (studio.bench.bench) on one request, `base (again)` its last row (the noise floor). Only the
-presets asked are timed (no twins: a Matrix is as many runs as the public limits and the reserved GPU time count), and
-on ZeroGPU exactly the rounds asked for (app.gpu_time.matrix_s reserved them; extra rounds would be cut or charged).
-"""
+"""The preset matrix (the UI's Matrix tab and /matrix): the bench on one request, `base (again)` its last row. Only the
+presets asked are timed (no twins: the public limits and reserved GPU time count runs), and on ZeroGPU exactly the
+rounds asked for (app.gpu_time.matrix_s reserved them; extra rounds would be cut or charged)."""
 
 from __future__ import annotations
 
@@ -38,19 +35,8 @@ def run_matrix(
     prompts: tuple | list = (),
     fewer_steps: bool = True,
 ) -> Matrix:
-    """Run every preset (base always included, first) on one request through the bench, base again last in each
-    round (the last row, `base (again)`), for the UI's Matrix tab and its API.
-
-    Args:
-        presets: the stacks to time (an event's Ask: resolved and switched once, spec.ask) or preset names.
-        progress: callable(done, total, label) after each timed run.
-        library: where preset names are looked up (a visitor's own library); the runner's by default.
-        prompts: more prompts, each the request with that prompt: every stack over every prompt, paired per prompt
-            (`Matrix.paired`: each stack's speed-up and PSNR/FLIP against each prompt's own base).
-        fewer_steps: each row that cached steps read against base at the step count of its speed-up, on the same
-            requests (studio.bench.fewer; at most one untimed base run of fewer steps a cached row and prompt, none
-            where its picture is kept).
-    """
+    """Every preset (base first) on the request and on each of `prompts` in its place, paired per prompt; `library`:
+    where preset names are looked up (a visitor's own); `fewer_steps`: cached rows read against fewer steps."""
     lib = library or runner.presets
     asked = resolve_presets(runner, presets, lib)  # base first
     more = [p for p in dict.fromkeys(prompts) if p and p != request.prompt]
@@ -73,8 +59,7 @@ def run_matrix(
 
 
 def against_fewer_steps(runner: Runner, requests: list[GenerationRequest], rows, model=None) -> FewerSteps | None:
-    """Each row that cached steps with a speed-up shown, against base at the step count of that speed-up (its worst
-    PSNR over the requests against theirs); None where no row cached or a request is not text-to-image."""
+    """Each cached row with a speed-up shown against base at fewer steps; None: no such row, or not text-to-image."""
     cached = [r for r in rows if r.cached_steps > 0 and r.speedup is not None and r.speedup > 1.0]
     if not cached or not applies(requests):
         return None

@@ -1,26 +1,7 @@
-"""`python -m studio methods --prompts FILE [--min-psnr DB | --max-flip F]`: every step-cache method on the same
-model, prompts and seeds, each at its fastest setting that keeps every prompt above the floor, side by side.
-
-1. Each method (METHODS: cache-dit's DBCache alone and with each calibrator, with a step mask, DBPrune; diffusers'
-   First-Block-Cache, MagCache, TaylorSeer, FasterCache, Pyramid Attention Broadcast, SeaCache) starts from its
-   shipped preset (presets/methods/, `cache` for DBCache) and walks its one knob from gentle to aggressive (a
-   threshold, a mask policy, a skip interval): a binary search, each setting screened over the prompts by the
-   engine (`Runner.screen`: the pictures and the step counts against each prompt's base, no timing), a prompt that
-   falls under the floor ending the setting early. The most aggressive setting whose worst prompt keeps the floor
-   is the method's best. A method that cannot engage here (the engine refused it, with the reason) is listed with
-   that reason and not timed; MagCache without ratios for this model is calibrated first, on these prompts
-   (studio.engine.magcal).
-2. Every method's best, with base and the shipped `cache`, in ONE interleaved bench over the prompts
-   (studio.bench.bench: the same estimator, intervals and withholding rule as every speed-up the studio shows):
-   speed-up with its interval, worst-prompt PSNR and FLIP, paired wins against base (studio.bench.paired) and
-   against the fastest method (each request's runs of the two, round by round: `Rotation.ratio`), cached/full.
-3. The cheapest rival (studio.bench.fewer): base at fewer steps on the bench's requests, the fewest steps that keep
-   the floor and the ladder's curve; each row reads against base at the step count of its own speed-up ("beats fewer
-   steps by N dB", or fewer steps does as well).
-
-The search screens eagerly (no compile, no warm-up): the knob decides which steps are cached, and quality is a
-property of the pictures, not of the clock.
-"""
+"""`python -m studio methods`: every step-cache method (METHODS) on the same prompts and seeds, side by side. Step 1
+binary-searches each method's knob for its most aggressive setting whose worst prompt keeps the floor (screened
+eagerly: quality is a property of the pictures, not the clock); step 2 times every method's best beside base in one
+bench; step 3 reads each row against base at fewer steps."""
 
 from __future__ import annotations
 
@@ -143,8 +124,7 @@ class MethodSearch:
         self.progress = progress or (lambda msg: None)
 
     def screen(self, found: Searched, p: Preset) -> tuple[bool, float | None, float | None, float]:
-        """Every prompt (stopping at the first that fails: studio.bench.screening): (passed, worst dB, worst FLIP,
-        mean cached steps); sets `refused` where the engine could not engage the method."""
+        """(passed, worst dB, worst FLIP, mean cached steps), stopping at the first failing prompt; sets `refused`."""
         s = screen_prompts(self.runner, self.requests, p, self.model, floor_db=self.floor, max_flip=self.max_flip)
         found.screened += s.runs
         found.refused = s.refused
@@ -169,8 +149,7 @@ class MethodSearch:
         return found
 
     def _ladder(self, found: Searched, start: Preset) -> None:
-        """The most aggressive value of the method's knob that keeps the floor (binary search: quality falls as it
-        rises); kept in `found` when it caches more steps than the best so far."""
+        """The most aggressive knob value that keeps the floor (binary search), kept if it caches more than found."""
         m = found.method
         lo, hi = 0, len(m.values) - 1
         while lo <= hi and found.refused is None:
@@ -212,12 +191,8 @@ def run_methods(
     search_requests=None,
     fewer_steps: bool = True,
 ) -> MethodsResult:
-    """The module doc's two steps; `names`: the methods to run (default every one of METHODS); `also`: presets
-    timed beside them for reference (the shipped `cache`; a tuned preset); `compile_enabled`: the compile switch on
-    every method's best in the bench (the search screens eagerly either way); `search_requests`: the prompts the
-    search runs over (default `requests`): others than the bench's make the bench a held-out test, as `tune`'s
-    preset is tested on prompts it was not tuned on; `fewer_steps`: each row read against base at fewer steps
-    (step 3)."""
+    """The module doc's steps; `also`: presets timed beside for reference; `search_requests`: the search's prompts
+    (default `requests`; others make the bench a held-out test)."""
     check_floor(floor_db, max_flip)
     floor = DEFAULT_FLOOR_DB if floor_db is None else floor_db
     chosen = _chosen(names)
@@ -248,8 +223,7 @@ def run_methods(
 
 
 def searched_presets(res: MethodsResult, tuned_for: str, describe) -> list[Preset]:
-    """Each method's best as a preset to write (`methods --write`): named Method.best_name, marked with the
-    transformer it was searched on, described by `describe(searched)` (report.methods.searched_description)."""
+    """Each method's best as a preset to write (`methods --write`), marked with the transformer it was searched on."""
     return [replace(s.preset, description=describe(s), tuned_for=tuned_for) for s in res.searched if s.preset]
 
 
@@ -271,8 +245,7 @@ def _chosen(names: list[str] | None) -> list[Method]:
 
 
 def method_rows(rep: BenchReport, searched: list[Searched], also=()) -> tuple[list[MethodRow], str | None]:
-    """Each timed method's row, and each reference preset's (`also`), fastest first, with their paired wins against
-    base and against the fastest row (None where no row's speed-up could be shown)."""
+    """Each timed method's and reference's row, fastest first, with paired wins; and the fastest's name (or None)."""
     rows = {r.preset: r for r in rep.matrix.rows}
     paired = {p.preset: p for p in rep.paired}
     entries = [(s.method.name, s.preset.name, s.preset.cache_config.label()) for s in searched if s.preset is not None]

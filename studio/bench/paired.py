@@ -1,19 +1,6 @@
-"""Paired figures over prompts and seeds: each stack against each request's OWN base, request by request.
-
-A bench over several prompts (and seeds) already gives each stack a median speed-up and its mean and worst PSNR.
-Caches are compared by what happens prompt by prompt: a stack may be fast on one prompt and break another. So for
-every request (one rotation of the bench: a prompt at a seed) and every stack:
-
-- the paired speed-up: that request's base runs over the stack's, the same rounds (each round's runs a pair, same
-  moment, same load), by the one estimator (studio.measure.estimate), with its interval;
-- the quality against that request's own base picture: PSNR and FLIP;
-- a WIN: faster (the whole interval above 1.00x, against base and against base's second run in the same rounds:
-  one slow base slot makes a stack identical to base read 1.2x against it, never against both) and above the floor
-  (PSNR >= `floor_db`, and FLIP <= `max_flip` where one is given). A stack's line says its wins as N of N, its
-  slowest request and its worst (lowest PSNR, then highest FLIP) by name.
-
-Nothing here times anything: it reads the rotations the bench timed.
-"""
+"""Paired figures: each stack against each request's OWN base, request by request (a stack may be fast on one prompt
+and break another). A WIN is faster (the whole interval above 1.00x against base AND base's second run: one slow base
+slot makes a twin of base read 1.2x against one, never both) and above the floor (PSNR, and FLIP where given)."""
 
 from __future__ import annotations
 
@@ -126,8 +113,7 @@ def _figures(
 def paired(
     rots: list[Rotation], names: list[str], floor_db: float, max_flip: float | None = None, crowded: str = ""
 ) -> list[Paired]:
-    """Each stack of `names` (base and its second run left out) request by request (module doc); `crowded`: what
-    other programs took of the cores over the rounds, when enough to withhold every speed-up (measure.crowding)."""
+    """Each stack of `names` but base and AGAIN, request by request; a non-empty `crowded` withholds every speed-up."""
     tags = labels(rots)
     out = []
     for name in names:

@@ -1,18 +1,7 @@
-"""`bench --vs-raw`: the same request through plain diffusers (and plain cache-dit / torchao calls), without the
-studio, to measure what the studio's own machinery costs.
-
-Each preset's plain pipeline lives in a worker process of its own (`python -m studio.bench.raw`), written the way a
-user would write it from the libraries' docs; the worker imports nothing of the studio, on purpose: it builds
-cache-dit's configs itself (the studio's one builder, studio.spec.cachedit, is what it is compared against).
-It times the denoising loop as a user would: a clock read at the transformer's first call (a forward pre-hook) and
-at the end of the last step (`callback_on_step_end`), with CUDA events on a GPU. A separate process per preset keeps
-cache-dit's patching of the pipeline class and torch.compile's caches apart from the studio's and from each other; a
-worker waits idle on its stdin while the others run, so runs still alternate one at a time (studio A, plain A,
-studio B, plain B, ...).
-
-Protocol: one JSON object per line on stdin ({"cmd": "run", "request": {...}, "out": path} or {"cmd": "quit"}),
-one JSON answer per line on stdout. The first message is the recipe (model folder, dtype, device, stack knobs).
-"""
+"""`bench --vs-raw`: the request through plain diffusers, cache-dit and torchao as a user would write it from their
+docs, to measure what the studio's own machinery costs. One worker process per preset keeps cache-dit's class patching
+and compile's caches apart; it imports nothing of the studio, on purpose. Protocol: the recipe, then one JSON message
+per line on stdin ({"cmd": "run", "request": {...}, "out": path} or {"cmd": "quit"}), one JSON answer per line out."""
 
 from __future__ import annotations
 
@@ -164,8 +153,7 @@ def worker_main() -> int:
 
 # ---- the studio side ----------------------------------------------------------------------------------------------
 class RawWorker:
-    """One plain pipeline in a worker process; `run(request_kwargs, seed)` -> (the answer: denoise_s, step_ms, cached
-    (cache-dit's cached steps, None without DBCache), call_s, warmup_s; the image)."""
+    """One plain pipeline in a worker process; `run(kwargs, seed)` -> (the answer dict, the image)."""
 
     def __init__(self, recipe: dict):
         self.recipe = recipe

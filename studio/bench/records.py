@@ -47,8 +47,7 @@ class TuneResult:
         return self.screened + self.timed
 
     def as_dict(self) -> dict:
-        """The result as plain data (the CLI's --json, the Tune tab's JSON); studio.report.text.tune_summary says
-        it in a sentence."""
+        """The result as plain data (the CLI's --json, the Tune tab's JSON)."""
         return {
             "preset": self.preset.name,
             "floor_db": self.floor_db,

@@ -1,13 +1,6 @@
-"""One prompt's round-robin for the bench (studio.bench.bench): every preset timed in turn, base twice per round.
-
-Rounds: the `repeats` asked for, then up to `extra` more while some preset's speed-up over base would be withheld
-(its interval is useless: studio.measure.estimate), and for a bench that asks to `tighten` (the CLI's bench and the
-tuner's finalists, not the Matrix tab, where each round is a visitor's wait) while one is wider than +-LOOSE or base
-disagrees with its own second run by more than studio.measure.pace.AGREE (noisy rounds: a floor over more of them
-finds the quiet moments). So a `--repeats 1` bench on a quiet machine measures a small speed-up rather than saying
-"more --repeats would help" (the card's adaptive pairing, engine.baseline, does the same for one click). Each round's
-runs are a pair for the estimator: same moment, same load.
-"""
+"""One prompt's round-robin for the bench: every preset timed in turn, base twice per round (a round is a pair: same
+moment, same load). After `repeats` rounds, up to `extra` more while a speed-up would be withheld, or to `tighten`
+(not the Matrix tab: a round is a visitor's wait) while one is wider than ±LOOSE or base disagrees with itself."""
 
 from __future__ import annotations
 
@@ -118,7 +111,6 @@ def _round(rot: Rotation, runner: Runner, order, model, tick, raw) -> None:
 
 
 def _speedups(rot: Rotation) -> dict[str, Estimate]:
-    """Each preset's speed-up over base in these rounds (base and its second run left out)."""
     return {n: rot.ratio(BASE, n) for n in rot.runs if n not in (BASE, AGAIN)}
 
 
@@ -174,9 +166,8 @@ def rotate(
     on_extra=None,
     tighten: bool = True,
 ) -> Rotation:
-    """Round-robin timing of `presets` (base first, then base a second time last: AGAIN) on one request, for
-    `repeats` rounds and up to `extra` more while a speed-up would be withheld (module doc); with `raw` (a RawPool),
-    each preset's plain run beside its studio run. `tick(label)` after each run; `on_extra()` before an extra round."""
+    """Round-robin timing of `presets` (base first, and again last: AGAIN) on one request (module doc); with `raw` (a
+    RawPool), each preset's plain run beside its studio run. `tick(label)` after each run; `on_extra()` before one."""
     rot = Rotation(request)
     order = [(p.name, p) for p in presets] + [(AGAIN, presets[0])]
     runner.settle(request, presets[0], model)  # untimed: the first slot then runs right after a run, as all others do

@@ -1,11 +1,6 @@
-"""One setting screened over the prompts against a quality floor: the step both searches make (`tune`'s thresholds,
-`methods`' knobs). Each prompt runs through the engine's `screen` (its picture and step counts against that prompt's
-base, no timing: quality is a property of the pictures, not of the clock), in the order given, and the first prompt
-under the floor (or over the FLIP ceiling) ends the setting: the rest cannot make it pass.
-
-A FLIP that could not be measured fails a ceiling (nothing shows the picture within it) and is left out of the
-worst; without a ceiling it is not asked for.
-"""
+"""One setting screened over the prompts against a quality floor, untimed: the step both searches (tune, methods)
+make. The first prompt under the floor (or over the FLIP ceiling) ends the setting; an unmeasured FLIP fails a
+ceiling (nothing shows the picture within it) and is left out of the worst."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """`python -m studio sweep`: one cache knob varied over a prompt set, speed-up and worst PSNR against it, the cliff
-marked (the value where worst PSNR drops the most from the one before). Timed and measured by the bench.
-
-The per-request switches: compile applies to every value's stack (base stays as it is, as in the bench); the cache
-is on for every value (a sweep of a cache knob with the cache off would time one uncached stack again and again), so
-turning it off is refused; the threshold is a knob of its own here (`--knob residual_diff_threshold`)."""
+(the steepest drop in worst PSNR) marked. The compile switch applies to every value's stack, not base; the cache is
+always on (off, each value would time one uncached stack again)."""
 
 from __future__ import annotations
 
@@ -39,8 +36,7 @@ def parse_values(knob: str, text: str | None) -> list:
 
 
 def variant(p: Preset, knob: str, value, compile_enabled: bool | None = None) -> Preset:
-    """The preset with one cache knob set (the cache turned on if it was off), compiled or not as the switch says
-    (None: as the preset is)."""
+    """The preset with one cache knob set and the cache on, compiled as the switch says (None: as the preset is)."""
     p = Switches(cache=True, compile=compile_enabled).apply(p)  # (the one rule: spec.ask)
     short = KNOBS[knob][2]
     name = f"{p.name}.{short}{value:g}" if isinstance(value, float) else f"{p.name}.{short}{value}"

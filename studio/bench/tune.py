@@ -1,27 +1,7 @@
 """`python -m studio tune --min-psnr 35 [--max-flip 0.05]`: the fastest stack whose worst PSNR (and FLIP) over the
-prompts stays above the floor.
-
-1. The device's best non-cache options: the shipped non-cache presets timed by the bench on the first prompt; the
-   fastest whose worst PSNR keeps a margin above the floor (on a CPU: often compile alone; INT8 weight-only and Sage
-   do not pay there).
-2. Cache knobs, screened eagerly (the engine's `screen`: pictures and step counts, no warm-up): for each calibrator
-   (none, TaylorSeer, DMD), run length cap and warm-up, a binary search for the largest residual threshold whose
-   worst PSNR over the prompts meets the floor (a prompt that fails ends a candidate early); then the step-mask
-   policies. Candidates are ranked by the speed-up their counts predict (cached steps costing Fn+Bn of the blocks).
-3. The best few, stacked on the options of step 1, timed by the bench side by side (with `cache`, the shipped
-   preset, as the bar to beat); of those that still meet the floor on every prompt, the one whose WORST paired
-   speed-up over the prompts (each prompt against its own base: studio.bench.paired) is highest is the result, and
-   its paired figures are printed with it.
-4. The cheapest rival (studio.bench.fewer): base at fewer steps on the same prompts, the fewest steps that keep the
-   floor, and the result read against base at the step count of its speed-up.
-
-`--max-flip` adds a ceiling on FLIP's mean error (studio.measure.quality) for the worst prompt beside the PSNR floor:
-a candidate must meet both, the non-cache options stay within half the ceiling.
-
-The per-request switches: compile on or off applies to the options of step 1 (true: each option compiled; false:
-none is), so the result runs as the switch says; the result always caches (what is tuned is the step cache), so the
-cache switch may be on, and turning it off is refused: there would be nothing to search.
-"""
+prompts stays above the floor. 1. the fastest non-cache preset with a margin; 2. cache knobs screened eagerly (a
+binary search of the threshold per calibrator, run cap and warm-up, then step masks), ranked by predicted speed-up;
+3. the best few timed side by side: the highest worst paired speed-up wins; 4. the result against fewer steps."""
 
 from __future__ import annotations
 
@@ -183,9 +163,7 @@ class Tuner:
 
     # 3 -----------------------------------------------------------------------------------------------------------
     def _pick(self, rep, finalists: list[Preset]) -> Preset:
-        """The finalist that keeps every prompt above the floor (and under the FLIP ceiling) once timed with the
-        best worst case of its paired speed-ups over the prompts (studio.bench.paired; its median speed-up breaks a
-        tie, and is all there is with one prompt)."""
+        """The finalist that keeps the floor once timed with the best worst paired speed-up (median breaks a tie)."""
         rows = {r.preset: r for r in rep.matrix.rows}
         worst = {p.preset: p.worst_speedup for p in rep.paired}
         ok = [
@@ -280,9 +258,7 @@ def tune(
     compile_enabled: bool | None = None,
     max_flip: float | None = None,
 ) -> TuneResult:
-    """See the module doc. `max_flip`: a ceiling on FLIP's mean error for the worst prompt beside the PSNR floor.
-    `name`: the tuned preset's (default tuned-<floor>db); `space`: what is searched;
-    `cache_enabled`, `compile_enabled`: the per-request switches (None: the search decides)."""
+    """See the module doc; `compile_enabled` applies to the non-cache options; the result always caches."""
     if cache_enabled is False:
         fail(
             "tune",

@@ -1,13 +1,6 @@
-"""The twins a bench times beside a preset, so each of its ratios has the right reference.
-
-- the EAGER twin of a compiled preset (the same stack without torch.compile): their PSNR is compile's noise floor,
-  and the twin's time gives compile's saving per image;
-- the NON-CACHE twin of a cached preset (the same stack without its step cache: `cache-compile` -> `compile`,
-  `cache` -> `base`): its `of ideal` is measured against it, so compile's or INT8's gain does not leak into what
-  the cache's own machinery costs.
-
-A twin already among the presets is used as it is; a missing one is added under the preset's name with a suffix.
-"""
+"""The twins a bench times beside a preset, so each ratio has the right reference: a compiled preset's EAGER twin
+(compile's noise floor and saving per image) and a cached preset's NON-CACHE twin (its `of ideal`, so compile's or
+INT8's gain does not leak into the cache's). A twin already among the presets is used; a missing one is added."""
 
 from __future__ import annotations
 
@@ -20,7 +13,6 @@ NOCACHE_SUFFIX = "-nocache"
 
 
 def eager_twin(p: Preset) -> Preset:
-    """The same stack without torch.compile."""
     return replace(p, name=p.name + EAGER_SUFFIX, compile=replace(p.compile, enabled=False))
 
 

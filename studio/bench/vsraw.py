@@ -72,8 +72,7 @@ def call_kwargs(runner, request) -> dict:
 
 
 class RawPool:
-    """One plain worker per preset (or per `worker` name: base's second run gets a process of its own, so that plain
-    against plain shows what two processes of one recipe differ by), started on first use and closed together."""
+    """One plain worker per preset or `worker` name (base's second run gets its own: two processes' noise)."""
 
     def __init__(self, runner, model=None):
         self.runner, self.model, self.workers, self.failed = runner, model, {}, {}

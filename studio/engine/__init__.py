@@ -1,9 +1,5 @@
-"""engine: loads pipelines (loader), applies the speed stack in its fixed order (stack: quantize, offload, cache,
-attention, compile, parallel; one typed StackState per transformer), calls the pipeline (call), measures one run
-(run), pairs it with its base (baseline: the measuring method), behind one facade (runner.Runner).
-
-Imports `measure` and `spec` from the studio, nothing above.
-"""
+"""engine: loads pipelines, applies the speed stack in its fixed order, measures runs and pairs them with their base,
+behind one facade (runner.Runner). Imports `measure` and `spec` from the studio, nothing above."""
 
 from studio.engine.baseline import CALLER_TIMES_BASE, Pairing
 from studio.engine.loader import ModelLoadError, ModelManager

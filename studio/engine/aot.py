@@ -1,31 +1,7 @@
-"""Ahead-of-time compile where run-time graphs do not survive (ZeroGPU): each repeated block served by an
-AOTInductor package that reads the eager block's own weights in place.
-
-On ZeroGPU every GPU call runs in a process `spaces` forks for it, so torch.compile's graphs die with the call. A
-package compiled once and kept on disk does not. Built WITHOUT its weights (`aot_inductor.package_constants_in_so:
-False`) and handed each block's parameters as user-managed constants, it runs on the eager storage: no second copy
-of the transformer, and base beside the stack runs the same weights eagerly (measured on the CPU:
-docs/library-behaviour.md S5). What that asks of us, and what this module does:
-
-- a package is static in shape and in the structure of its inputs: one per block class and per the call's tensor
-  shapes, dtypes and device (`Store.key`); a call with no package yet runs the eager block and is remembered; after
-  the stack's warm-up run those are exported and compiled (`AotVariant.build`) and the timed runs use them;
-- the constants are raw pointers: given again whenever the variant is switched on (weights moved, a new process);
-  the call before them would segfault, so a package is never called before its block's constants are loaded;
-- cache-dit calls blocks positionally: the call is bound to the block's own signature and passed by name, the
-  package's input spec;
-- 8-bit weights (torchao's tensor subclasses, quantized BEFORE the export, as ZeroGPU's own recipe does float8):
-  `torch.export` flattens each into its inner tensors, which the package names
-  `<module>.parametrizations.<weight>.original<i>` in the order of the subclass's `__tensor_flatten__` (qdata,
-  scale, ...); they are handed over as the plain weights are (`_constants`), aliases of the eager storage. A weight
-  whose inner tensors are subclasses again is refused with its type;
-- not under a LoRA (peft adds modules and per-call scales), a memory regime that moves weights between calls, or a
-  model without repeated blocks: refused with the reason (`refusal`), the stack runs eagerly.
-
-The packages live in spec.hosting.aot_dir(settings.aot_dir) (STUDIO_AOT_DIR; <tmp>/studio-aot), written atomically;
-they outlive the process, and a marker per (model, variant, dtype, graph shape) says a shape is built (app.gpu_time
-reads it).
-"""
+"""Ahead-of-time compile where run-time graphs do not survive (ZeroGPU forks a process per GPU call): each repeated
+block served by an AOTInductor package built WITHOUT its weights and handed the eager block's parameters as
+user-managed constants, so no second copy of the transformer exists (docs/library-behaviour.md S5). Packages live in
+spec.hosting.aot_dir (STUDIO_AOT_DIR), written atomically, and outlive the process."""
 
 from __future__ import annotations
 
@@ -44,8 +20,7 @@ NO_LORA = "not with a LoRA (peft's layers and scales are not in the package)"
 
 
 def refusal(tr, spec) -> str | None:
-    """Why this transformer's stack cannot run ahead-of-time compiled (words that follow "ahead-of-time compile is"),
-    or None when it can."""
+    """Why this stack cannot run ahead-of-time compiled (words after "ahead-of-time compile is"); None: it can."""
     state = stack_state(tr)
     if not getattr(tr, "_repeated_blocks", None):
         return f"per block, and {type(tr).__name__} has no _repeated_blocks"
@@ -85,15 +60,14 @@ def _leaves(value, prefix: str) -> list[tuple]:
 
 @dataclass
 class Store:
-    """The packages on disk, by what they are static in."""
+    """The packages on disk, keyed by what they are static in (block class, input shapes, dtypes, device)."""
 
     folder: Path
     mode: str = "default"
     attention: str = ""  # attention_of(the transformer): part of every key
 
     def key(self, block, weights: tuple, named: dict) -> str:
-        """The package's name: the block's class and `weights` (its constants' names, shapes and dtypes), torch,
-        the compile mode and the call's inputs (`named`)."""
+        """The package's name: a hash of the block's class and weights, torch, compile mode and the call's inputs."""
         import torch
 
         what = (type(block).__qualname__, torch.__version__, self.mode, self.attention, weights, _leaves(named, "kw"))
@@ -133,8 +107,8 @@ class Store:
 
 
 def _constants(block) -> dict:
-    """The block's parameters and buffers by the names its package gives them: aliases of the eager storage (no
-    copy). An 8-bit weight (a torchao tensor subclass) gives its inner tensors, as the export flattened it."""
+    """The block's parameters and buffers by their package names, aliases of the eager storage. An 8-bit weight (a
+    torchao subclass, quantized before export) gives its inner tensors, named as the export flattened them."""
     out = {}
     for n, t in [*block.named_parameters(), *block.named_buffers()]:
         inner = _flattened(t)
@@ -158,8 +132,7 @@ def _flattened(t) -> list | None:
 
 
 def _nested_subclass(tr) -> str | None:
-    """The type of a weight whose inner tensors are tensor subclasses again (None: every weight flattens to plain
-    tensors, or is one)."""
+    """The type of a weight whose inner tensors are tensor subclasses again (None: none is)."""
     for t in tr.parameters():
         inner = _flattened(t) or []
         if any(_flattened(x) is not None for x in inner):
@@ -168,9 +141,8 @@ def _nested_subclass(tr) -> str | None:
 
 
 def _weights(block) -> tuple:
-    """What a package is static in of the block's weights: its constants' names, shapes, dtypes and devices, and
-    each 8-bit weight's subclass and flatten context (an int8 weight-only and an int8 dynamic-activation weight have
-    the same inner tensors and different graphs)."""
+    """What a package is static in of the block's weights, with each 8-bit weight's subclass and flatten context (int8
+    weight-only and dynamic-activation weights have the same inner tensors, different graphs)."""
     plain = tuple((n, tuple(t.shape), str(t.dtype), t.device.type) for n, t in _constants(block).items())
     forms = tuple(
         (n, type(t).__qualname__, re.sub(r" at 0x[0-9a-f]+", "", repr(t.__tensor_flatten__()[1])))
@@ -181,8 +153,8 @@ def _weights(block) -> tuple:
 
 
 class AotBlock:
-    """What a repeated block's call runs (set as its `_compiled_call_impl`): its package for this call's shapes,
-    else the eager block, the call remembered for the next build."""
+    """A repeated block's `_compiled_call_impl`: its package for this call's shapes, else the eager block, the call
+    remembered for the build after the warm-up."""
 
     def __init__(self, block, store: Store):
         self.block, self.store = block, store
@@ -194,7 +166,8 @@ class AotBlock:
         self.pid = os.getpid()  # the process whose weights the loaded packages point at
 
     def _named(self, args, kwargs) -> dict:
-        """The call by name (None kept: a block may require an argument the pipeline passes as None)."""
+        """The call by name, the package's input spec (cache-dit calls blocks positionally). None is kept: a block may
+        require an argument the pipeline passes as None."""
         return dict(self.signature.bind(*args, **kwargs).arguments)
 
     def __call__(self, *args, **kwargs):
@@ -229,7 +202,7 @@ class AotBlock:
         package.load_constants(wanted, check_full_update=True, user_managed=True)
 
     def point(self) -> None:
-        """Give every loaded package this block's weights as they are now (they may have moved)."""
+        """Give every loaded package this block's weights as they are now: the constants are raw pointers."""
         self.weights, self.pid = _weights(self.block), os.getpid()
         for package in self.loaded.values():
             self._point(package)
@@ -253,7 +226,7 @@ class AotVariant(CompiledVariant):
     blocks: list = field(default_factory=list)
 
     def finish(self) -> int:
-        """After the warm-up run: the packages its calls had none of, built and loaded."""
+        """After the warm-up run: build and load the missing packages; how many were built."""
         return sum(b.build() for b in self.blocks)
 
     def switched_on(self) -> None:
@@ -268,14 +241,12 @@ class AotVariant(CompiledVariant):
 
 
 def variant_key(tr, spec) -> tuple:
-    """The ahead-of-time variant's key: its compile mode and the attention backend it traces (another: other
-    packages)."""
+    """The ahead-of-time variant's key: its compile mode and the attention backend it traces."""
     return ("aot", spec.mode, attention_of(tr))
 
 
 def aot_variant(tr, spec, folder: Path) -> AotVariant:
-    """The transformer's ahead-of-time variant for `spec` (a CompileSpec), its packages in `folder`, made once per
-    process."""
+    """The transformer's ahead-of-time variant for `spec`, its packages in `folder`, made once per process."""
     state = stack_state(tr)
     key = variant_key(tr, spec)
     variant = state.compile.variants.get(key)

@@ -1,10 +1,6 @@
-"""Attention backend (diffusers attention dispatcher), probed before it is trusted, with a CPU fallback.
-
-A preset's backend may run in more than one form: `sage` is diffusers' own `sage` (sageattention >= 2.1.1, built
-from source), else SageAttention 1 from PyPI registered as `sage1` (engine.sage1), else the Hub kernel `sage_hub`;
-`flash3` is `_flash_3`, else `_flash_3_hub`. The first form that passes its checks and a test call runs, and the
-message says which; when none does, sdpa runs and the message gives each form's reason.
-"""
+"""Attention backend (diffusers attention dispatcher), probed before it is trusted. A backend may run in several
+forms (`sage`: diffusers' own, else `sage1`, else the Hub kernel): the first that passes its checks and a test call
+runs; when none does, sdpa runs and the message gives each form's reason."""
 
 from __future__ import annotations
 
@@ -46,7 +42,7 @@ def _probe(backend: str, device: torch.device, dtype: torch.dtype) -> None:
 
 
 def _too_old(pkg: str, backend: str, msg: str) -> str | None:
-    """'sageattention 1.0.6 installed, diffusers' sage needs sageattention>=2.1.1' from diffusers' requirement text."""
+    """'<pkg> <version> installed, diffusers' <backend> needs <requirement>', from diffusers' requirement text."""
     need = re.search(r"install `([^`]+)`", msg)
     try:
         have = importlib.metadata.version(pkg)
@@ -104,8 +100,7 @@ def _hub_reason(backend: str, device: torch.device) -> str | None:
 
 
 def usable(backend: str, device: torch.device, dtype: torch.dtype, head_dim: int | None = None) -> str | None:
-    """Why `backend` (a diffusers dispatcher name, or `sage1`) cannot be used here, or None when it passed a test
-    call. `head_dim`: the transformer's, where a kernel takes only some (None: unknown, the test call decides)."""
+    """Why `backend` (a dispatcher name, or `sage1`) cannot be used here; None: it passed a test call."""
     if backend == sage1.NAME:
         reason = sage1.unavailable_reason(device, dtype, head_dim)
     elif backend in _HUB:
@@ -126,7 +121,6 @@ def _head_dim(tr) -> int | None:
 
 
 def _ran(backend: str, name: str, form: str) -> str:
-    """What runs, in words: "attention: sage (SageAttention 1.0.6 Triton kernel, registered as sage1)"."""
     if form == name:
         return "attention: sdpa" if name == "native" else f"attention: {backend}"
     if form == sage1.NAME:
@@ -137,15 +131,14 @@ def _ran(backend: str, name: str, form: str) -> str:
 
 
 def refusal(name: str, tried: list[tuple[str, str]], device: torch.device) -> str:
-    """Each form's reason, the backend's own first: "unavailable on cpu", or "...; sage1: ...; sage_hub: ..."."""
+    """Each form's reason, the backend's own first."""
     first = tried[0][1]
     note = sage1.package_note() if name == "sage" and device.type != "cuda" else None
     return "; ".join([f"{first} ({note})" if note else first] + [f"{form}: {why}" for form, why in tried[1:]])
 
 
 def resolve(name: str, device: torch.device, dtype: torch.dtype, head_dim: int | None = None):
-    """The first form of diffusers backend `name` that can run here (None: none can), and each refused form with
-    its reason, in the order tried."""
+    """(the first form of backend `name` that runs here or None, [(refused form, reason)] in the order tried)."""
     forms = (name,) + (_ALTERNATES.get(name, ()) if device.type == "cuda" else ())
     tried = []
     for form in forms:
@@ -157,9 +150,8 @@ def resolve(name: str, device: torch.device, dtype: torch.dtype, head_dim: int |
 
 
 def apply_attention(pipe, backend: str, device: torch.device) -> Engaged:
-    """Set the transformer's attention backend (`backend` as a preset names it: sdpa, sage, flash, ...), probed on
-    `device`, where the pipeline computes (engine.offload.run_device: under an offload regime the weights wait on
-    the host, so their own device says nothing)."""
+    """Set the transformer's attention backend (as a preset names it), probed on `device`, where the pipeline
+    computes (under offload the weights' own device says nothing)."""
     tr = pipe.transformer
     name = ATTENTION_BACKENDS[backend]
     if not hasattr(tr, "set_attention_backend"):

@@ -1,44 +1,7 @@
-"""How a speed-up is taken: the base run each stack is divided by, and when a kept base may stand in for it.
-
-The method (the numbers are the product):
-- the base of a request is the `base` preset on the same model, dtype, prompt, seed, size, steps and guidance;
-  its picture never changes, so it is kept (a bounded LRU, `BaseStore`); its timing does (machine load);
-- every run is warm (engine.run: the first run of a stack at a shape is an untimed warm-up); a speed-up comes from
-  the one estimator (studio.measure.estimate): each side priced by its floor (each kind of step's fastest over the
-  runs), with an interval from a bootstrap; withheld only when the interval is useless, and then it says what
-  would help;
-- SIDE BY SIDE, the default: base and the stack are timed alternately (B S B S), since load changes within seconds;
-  at least `cheap_pairs` pairs while a base run is cheap (denoise under `retime_under_s`, 5 s: one pair's interval
-  comes only from its steps, which cannot see a whole run slowed, measured on 2 cores), one for an expensive base.
-  Then more pairs while the interval is wider than +-5% of its point, at most `max_extra_pairs` of them, and only
-  while the next pair fits the time budget: `budget_pairs` times what the fastest pair so far took. The budget
-  counts pairs, not runs of the stack: counted in runs of the stack, a pair of a 2x stack costs 3 of them, and any
-  stack over about 1.5x stopped after its first 3 pairs however wide its interval. Quiet pairs reach the cap;
-  slowed ones (a stall lifts what they took, not the fastest) stop earlier. The record says how many pairs ran and
-  why they stopped. Both sides have the same
-  number of runs, timed in the same moments: a floor over more runs is lower (the fastest of more tries, and of
-  other moments' load), so base runs kept from earlier calls never join a new pairing (measured: they read a quiet
-  stack at 0.75x where its own pairs read 1.14x). A kept base timing is reused alone for an expensive base while
-  younger than `max_age_s` (60 s);
-- CALLER_TIMES_BASE: a caller that times base itself in its own rotation (the bench, the matrix) asks for no
-  pairing: a kept base is used as it is, and only a missing one (another dtype, say) is computed, once;
-- a `base` run is itself compared with the kept base picture: bitwise equal, it refreshes the kept timing (median
-  of its repeats while cheap); different, it is news, shown against the kept picture;
-- BY SHAPE (compare `auto`, a public studio's default: a click costs about one image): a DiT's denoise time depends
-  on the shape of a request (model, dtype, size, steps, text length, guidance, true CFG), not on its prompt or seed,
-  so a kept base timing of the same shape younger than `shape_max_age_s`, taken beside this same stack, divides the
-  run; the stack runs once. The ratio is split where the machine's speed cancels (studio.measure.estimate.by_shape):
-  base then over the stack's own full steps then (timed together), times the new run's full steps over its price
-  (one run, one moment); a useless interval is withheld ("compare on" times base beside it). Absent or stale, the
-  run is paired side by side as above, which keeps a new one. The same request's base picture is used where it is
-  kept; otherwise PSNR is not computed (the caller asks for it);
-- SAME REGIME: a stack with a memory regime (`offload_config`) is compared with `base` under that regime
-  (`same_regime`), kept under its own key (`regime_key`): its speed-up and PSNR are those of its other features at the
-  same weight traffic; a resident base would fold the offload's cost into the speed-up;
-- WATCHED (`watched`): on the CPU, the pairing's cores are watched; a program that held them through it moves the
-  speed-up itself (no floor escapes it), so the number is withheld and the card says what took the cores; the
-  watch is read after each pair, and a pairing it calls crowded stops there (more pairs would show nothing).
-"""
+"""How a speed-up is taken: the base run each stack is divided by, and when a kept base may stand in for it. The
+base (the `base` preset on the same request) keeps its picture, so it is kept (`BaseStore`), but not its timing
+(machine load), so base and the stack are timed alternately, in the same moments. The ratio comes from
+studio.measure.estimate (each side priced by its floor, with a bootstrap interval)."""
 
 from __future__ import annotations
 
@@ -55,7 +18,7 @@ from studio.spec.preset import Preset
 
 
 def same_regime(base: Preset, preset: Preset) -> Preset:
-    """The base `preset` is compared with: `base` under `preset`'s memory regime (module doc)."""
+    """`base` under `preset`'s memory regime: a resident base would fold the offload's cost into the speed-up."""
     if not preset.offload_config.enabled:
         return base
     return replace(base, offload_config=preset.offload_config)
@@ -82,8 +45,7 @@ class BaseEntry:
 
     @property
     def agreed(self) -> bool:
-        """A timing that may be kept alone: timed more than once, or once without a stall (studio.measure.estimate),
-        with no other program on the cores."""
+        """A timing that may be kept alone: timed more than once, or once without a stall, on uncrowded cores."""
         if self.crowded:
             return False
         return len(self.runs) > 1 or (len(self.runs) == 1 and not stalled(self.runs))
@@ -125,11 +87,8 @@ class BaseStore:
 
 @dataclass
 class Kept:
-    """What a Runner keeps between requests, as plain data that pickles: the kept base pictures and timings by
-    request, the base timings by shape (compare `auto`) and the stack's runs beside each. On ZeroGPU each device call
-    runs in a process `spaces` may fork afresh, so this crosses the call (app.zerogpu): in as an argument, out with
-    the result. Warm-ups do not cross: a warm-up is a fact about one process (its kernels, its graphs), and a fresh
-    process warms again."""
+    """What a Runner keeps between requests, as plain data that pickles: on ZeroGPU it crosses each device call, whose
+    process may be fresh (app.zerogpu). Warm-ups do not cross: they are facts about one process."""
 
     bases: BaseStore
     shapes: BaseStore
@@ -138,7 +97,10 @@ class Kept:
 
 @dataclass(frozen=True)
 class Pairing:
-    """When base is timed beside a stack (module doc)."""
+    """When base is timed beside a stack, alternately (B S B S): a cheap base `cheap_pairs` times (one pair's steps
+    cannot see a whole run slowed), an expensive one once; then more pairs while the interval is wider than ±5%, within
+    the caps. The budget counts pairs, not stack runs, so a fast stack is not cut short. Base runs kept from earlier
+    calls never join a new pairing: a floor over more runs is lower."""
 
     retime_under_s: float = 5.0  # a base cheaper than this is timed again beside every run, `cheap_pairs` times
     max_age_s: float = 60.0  # an expensive base's kept timing is reused while younger than this
@@ -149,9 +111,8 @@ class Pairing:
     shape_max_age_s: float = 120.0  # compare `auto`: a kept timing of the shape divides runs while younger than this
 
     def reusable(self, entry: BaseEntry, now: float | None = None) -> bool:
-        """Whether a kept base timing may divide a new run's without timing base again: for an expensive base, one
-        timed more than once (or once without a stall), while recent (or always, for a caller that times base
-        itself)."""
+        """Whether a kept base timing may divide a new run without timing base again: an agreed, expensive, recent
+        one (any, for a caller that times base itself)."""
         if self.caller_times_base:
             return True
         return entry.agreed and entry.denoise_s >= self.retime_under_s and entry.age(now) <= self.max_age_s
@@ -160,8 +121,7 @@ class Pairing:
         return not self.caller_times_base and denoise_s < self.retime_under_s
 
     def stop(self, est: Estimate, pairs: int, first: int, spent_s: float, pair_s: float) -> str | None:
-        """Why the pairing stops after `pairs` pairs (None: time another): `spent_s` on them so far, `pair_s` what
-        the fastest of them took (base and stack)."""
+        """Why the pairing stops after `pairs` pairs (None: time another); `pair_s`: what the fastest pair took."""
         if pairs < first:
             return None
         if est.tight:
@@ -191,9 +151,8 @@ class Paired:
     crowding: Crowding | None = None  # what other programs took of the cores while it was timed (None: not watched)
 
     def priced_s(self) -> dict:
-        """What the speed-up divides, in seconds: the stack's and the base's floor prices (each kind of step at its
-        fastest over the timed runs, studio.measure.estimate.price_ms), and what other programs took of the cores
-        meanwhile, as RunMetrics fields; None where not timed (not watched)."""
+        """The stack's and base's floor prices in seconds and what other programs took of the cores, as RunMetrics
+        fields; None where not timed (not watched)."""
         base_runs = self.base.runs if self.base is not None else ()
         return {
             "denoise_priced_s": price_ms(self.stack_runs) / 1e3 if self.stack_runs else None,
@@ -204,8 +163,8 @@ class Paired:
 
 
 def median_run(runs: list):
-    """The median run by denoise time, the faster of the middle two for an even count (a real run, whose step times
-    add up to it); a load and the warm-up (or compile) came before the first run: they belong to it."""
+    """The median run by denoise time (the faster middle one for an even count: a real run), carrying the first run's
+    load and warm-up."""
     mid = sorted(runs, key=lambda r: r.denoise_s)[(len(runs) - 1) // 2]
     return replace(mid, warmup_s=runs[0].warmup_s, reloaded=runs[0].reloaded)
 
@@ -219,13 +178,8 @@ def _timed(fn) -> tuple[object, float]:
 def side_by_side(
     pairing: Pairing, store: BaseStore, key: tuple, time_base, time_stack, on_status=None, crowded=None
 ) -> Paired:
-    """The stack's run and its base, as the pairing says (module doc).
-
-    Args:
-        time_base, time_stack: callables running one measured run (engine.run.Measured) of base / of the stack.
-        crowded: a callable saying whether other programs hold the cores so far (`watched`): then no more pairs,
-            the number will be withheld whatever they add.
-    """
+    """The stack's run and its base, as the pairing says; `time_base`/`time_stack` each run one measured run.
+    `crowded()` true stops the pairs: the number will be withheld whatever they add."""
     kept = store.get(key)
     if kept is not None and pairing.reusable(kept):
         run = time_stack()
@@ -258,10 +212,8 @@ def side_by_side(
 
 
 def watched(time_it, threads: int | None, store: BaseStore, key: tuple) -> Paired:
-    """`time_it(crowded)`'s pairing, the cores watched while it runs when `threads` is given (a CPU timing on this
-    process's threads, studio.measure.crowding; `crowded()` says so far, None when not watched): other programs that
-    held them withhold the speed-up, whatever its interval, and a base timed meanwhile is kept in `store` for its
-    picture only (`BaseEntry.crowded`)."""
+    """`time_it(crowded)`'s pairing, the cores watched when `threads` is given (a CPU timing): other programs holding
+    them move the speed-up itself, so it is withheld, and a base timed meanwhile is kept for its picture only."""
     if threads is None:
         return time_it(None)
     with CoreWatch(threads) as watch:
@@ -277,8 +229,8 @@ def watched(time_it, threads: int | None, store: BaseStore, key: tuple) -> Paire
 
 
 def shape_timing(pairing: Pairing, shapes: BaseStore, shape: tuple, now: float | None = None) -> BaseEntry | None:
-    """A kept base timing of this shape that may divide a run of any prompt of it, while younger than
-    `pairing.shape_max_age_s` (module doc); None: time base beside the run."""
+    """A kept, recent base timing of this shape (denoise time depends on the shape, not the prompt or seed) that may
+    divide a run (compare `auto`); None: time base beside the run."""
     kept = shapes.get(shape)
     if kept is None or not kept.agreed or kept.age(now) > pairing.shape_max_age_s:
         return None
@@ -286,9 +238,8 @@ def shape_timing(pairing: Pairing, shapes: BaseStore, shape: tuple, now: float |
 
 
 def by_shape(shaped: BaseEntry, then: tuple[Run, ...], same_request: BaseEntry | None, time_stack) -> Paired:
-    """The stack timed once, divided by the shape's kept base timing; `then`: the same stack's runs when that base
-    timing was taken beside it (how much the machine's speed moved since corrects the ratio: module doc). The base
-    picture is the same request's where it is kept (PSNR), else none."""
+    """The stack timed once, divided by the shape's kept base timing; `then` (the stack's runs beside that base)
+    corrects for how the machine's speed moved since. The base picture: the same request's where kept, else none."""
     run = time_stack()
     base = replace(shaped, image=same_request.image if same_request is not None else None)
     r = estimate_by_shape(shaped.runs, then, run.timed)
@@ -296,8 +247,8 @@ def by_shape(shaped: BaseEntry, then: tuple[Run, ...], same_request: BaseEntry |
 
 
 def base_itself(pairing: Pairing, store: BaseStore, key: tuple, time_base) -> Paired:
-    """A `base` run: repeated like the base beside any stack while cheap (so an A/B of base against a stack shows the
-    same base time in both rows, within the noise), then checked against the kept picture (module doc)."""
+    """A `base` run, repeated while cheap like a base beside any stack; bitwise equal to the kept picture, it refreshes
+    the kept timing; different, it is news, shown against the kept one."""
     runs = [time_base()]
     if pairing.cheap(runs[0].denoise_s):
         runs += [time_base() for _ in range(pairing.cheap_pairs - 1)]

@@ -1,11 +1,6 @@
-"""Step caches: cache-dit DBCache (calibrators, step masks) and DBPrune here; diffusers' cache hooks
-(First-Block-Cache, MagCache, TaylorSeer, FasterCache, PAB, SeaCache) in studio.engine.hooks.
-
-Best-effort by design: a pipeline cache-dit does not recognise runs uncached, it never fails to load.
-cache-dit patches the pipeline CLASS, so the model manager keeps one pipeline per class and toggles here.
-A transformer run without its pipeline (a bench's own loop) comes as a `BareTransformer`: cache-dit goes on the
-transformer itself, which keeps one context across calls, so `prepare_run` refreshes it before every run.
-"""
+"""Step caches: cache-dit DBCache and DBPrune here, diffusers' cache hooks in engine.hooks. Best-effort: a pipeline
+cache-dit does not recognise runs uncached, never fails. cache-dit patches the pipeline CLASS, so the model manager
+keeps one pipeline per class."""
 
 from __future__ import annotations
 
@@ -25,8 +20,7 @@ CACHE_DIT = ("cache-dit", "dbprune")  # the backends cache-dit runs
 
 @dataclass(frozen=True)
 class BareTransformer:
-    """A transformer without its pipeline, where the engine takes a pipeline (`apply_preset`, `apply_cache`, ...):
-    only `transformer` and `components`, as a pipeline has them. Its caller runs the denoising loop itself."""
+    """A transformer passed where the engine takes a pipeline, for a caller that runs the denoising loop itself."""
 
     transformer: object  # a diffusers transformer (torch.nn.Module)
 
@@ -36,8 +30,8 @@ class BareTransformer:
 
 
 def _cache_dit_target(pipe):
-    """What cache-dit is enabled on: the pipeline (its adapter opens a fresh context per call), or a bare
-    transformer itself (one context across calls: refreshed per run)."""
+    """What cache-dit is enabled on: the pipeline (a fresh context per call), or a bare transformer (one context
+    across calls: refreshed per run)."""
     return pipe.transformer if isinstance(pipe, BareTransformer) else pipe
 
 
@@ -54,16 +48,15 @@ class CacheReport:
     block_calls: int | None = None
 
     def listed(self) -> list[int] | None:
-        """cache-dit's own list of cached steps, for the cross-check (None for a backend that keeps none). With true
-        CFG a step is cached when either branch was served."""
+        """cache-dit's own list of cached steps (None: the backend keeps none); under true CFG: either branch."""
         if self.backend not in CACHE_DIT:
             return None
         return sorted(set(self.cached_steps) | set(self.cfg_cached_steps or []))
 
 
 def remove_cache(pipe) -> None:
-    """Turn off whatever step cache is engaged; afterwards the pipeline computes every block again. (Run before any
-    cache is engaged: the transformer's child order is kept here first, before cache-dit can change it.)"""
+    """Turn off whatever step cache is engaged. Run before any cache is engaged: it first keeps the transformer's
+    child order, before cache-dit can change it."""
     state = stack_state(pipe.transformer)
     if not state.step_cache.children:
         state.step_cache.children = tuple(pipe.transformer._modules)
@@ -80,13 +73,8 @@ def remove_cache(pipe) -> None:
 def apply_cache(
     pipe, spec: CacheSpec, *, quant: str = "none", steps: int | None = None, separate_cfg: bool = False
 ) -> Engaged:
-    """Engage the preset's step cache on `pipe` (after any previous one is removed).
-
-    Args:
-        quant: the quantized form that runs ("none": full precision); an unset threshold takes its default.
-        steps: number of inference steps of the coming run (needed for step masks; refreshed per run).
-        separate_cfg: the run calls the transformer twice per step (true CFG: conditional, then unconditional).
-    """
+    """Engage the preset's step cache on `pipe`, replacing any previous one. `quant` picks an unset threshold's
+    default; `steps` sizes step masks; `separate_cfg`: true CFG, two transformer calls a step."""
     remove_cache(pipe)
     if not spec.enabled:
         return Engaged("cache", "none", False, "cache: off (every step computed)")
@@ -128,7 +116,6 @@ def apply_cache(
 
 
 def _undo_cache_dit(target) -> None:
-    """After a failed enable_cache: take off whatever cache-dit had patched before it gave up."""
     import cache_dit
 
     try:
@@ -138,8 +125,8 @@ def _undo_cache_dit(target) -> None:
 
 
 def prepare_run(pipe, spec: CacheSpec, *, quant: str, steps: int, separate_cfg: bool = False) -> None:
-    """Per-run refresh: a step mask is sized to this run's step count; a bare transformer's context starts afresh
-    (its counts would pile up across runs, and each run would start from the last one's residuals)."""
+    """Per-run refresh: a step mask sized to this run's steps; a bare transformer's context afresh (else counts and
+    residuals carry over from the last run)."""
     bare = isinstance(pipe, BareTransformer)
     if stack_state(pipe.transformer).step_cache.backend in CACHE_DIT and (spec.has_mask or bare):
         import cache_dit
@@ -149,9 +136,8 @@ def prepare_run(pipe, spec: CacheSpec, *, quant: str, steps: int, separate_cfg: 
 
 
 def step_counts(steps: list, report: CacheReport) -> StepCounts:
-    """The run's cached/full counts (measure.timing.count_steps). DBPrune skips blocks inside a step, not steps: the
-    block hooks, which see the last block alone, cannot tell its steps, so its own list of steps with a pruned block
-    is the one source."""
+    """The run's cached/full counts. DBPrune skips blocks inside a step, which the block hooks cannot see: its own
+    list of steps with a pruned block is the one source."""
     if report.backend == "dbprune":
         source = "dbprune (steps with a pruned block)"
         return StepCounts(len(steps), sorted(report.listed() or []), source)
@@ -159,7 +145,7 @@ def step_counts(steps: list, report: CacheReport) -> StepCounts:
 
 
 def read_report(pipe, spec: CacheSpec, quant: str) -> CacheReport:
-    """Read the cache backend's own account of the last run."""
+    """The cache backend's own account of the last run."""
     backend = stack_state(pipe.transformer).step_cache.backend
     if backend == "none":
         return CacheReport()

@@ -1,8 +1,5 @@
-"""The pipeline call: one request as the arguments this pipeline takes, run once, the image as uint8.
-
-Shared by the engine's measured runs and the bench's plain-diffusers recipe (studio.bench.vsraw), so both call a
-pipeline the same way.
-"""
+"""The pipeline call: one request as the arguments this pipeline takes, run once, the image as uint8. Shared with
+the bench's plain-diffusers recipe, so both call a pipeline the same way."""
 
 from __future__ import annotations
 
@@ -28,7 +25,7 @@ def true_cfg(pipe, request: GenerationRequest) -> bool:
 
 
 def cfg_lines(request: GenerationRequest, pipe, calls_per_step: int) -> list[str]:
-    """What the request's true CFG did, in words (the measured transformer calls per step), where it asked for it."""
+    """What the request's true CFG did, in words, where it asked for it."""
     scale = request.true_cfg_scale
     if scale is None:
         return []
@@ -82,8 +79,7 @@ def pipe_kwargs(pipe, request: GenerationRequest, probe=None) -> dict:
 
 
 def _image_kwargs(pipe, request: GenerationRequest, params) -> dict:
-    """The picture inputs: an img2img/inpaint pipeline's start picture, strength and mask (engine.tasks makes it from
-    the loaded one); an edit pipeline's reference picture."""
+    """The picture inputs: img2img/inpaint's start picture, strength and mask, or an edit pipeline's reference."""
     from PIL import Image
 
     picture = Image.fromarray(request.image)
@@ -125,12 +121,9 @@ def dropped_tokens(pipe, request: GenerationRequest) -> tuple[int, int] | None:
 
 
 def call_pipe(pipe, request: GenerationRequest, probe=None) -> np.ndarray:
-    """Run the pipeline once; the image as HxWx3 uint8 (a batch's n pictures stacked top to bottom: (n*H)xWx3).
-
-    A call that does not finish (the time limit between two steps, out of memory, any exception) leaves no step-cache
-    state behind: diffusers resets its hooks' state (TaylorSeer's factors, MagCache's accumulated error, PAB's cached
-    attention) only at the end of `__call__`, so the next request, maybe another visitor's, would start from this one's
-    (docs/library-behaviour.md). cache-dit opens a new context at every pipeline call."""
+    """Run the pipeline once; the image as HxWx3 uint8 (a batch stacked top to bottom: (n*H)xWx3). A call that does
+    not finish leaves no hook state behind: diffusers resets it only at the end of `__call__`, so the next request
+    would start from this one's (docs/library-behaviour.md)."""
     try:
         return strip(pipe(**pipe_kwargs(pipe, request, probe)).images)
     except BaseException:
@@ -139,8 +132,7 @@ def call_pipe(pipe, request: GenerationRequest, probe=None) -> np.ndarray:
 
 
 def reset_hook_state(module) -> None:
-    """diffusers' cache hooks on `module` and its children back to a fresh run's state, as diffusers does at the end
-    of every pipeline call (`maybe_free_model_hooks`); a module without the method has none."""
+    """diffusers' cache hooks on `module` back to a fresh run's state, as diffusers does at a pipeline call's end."""
     reset = getattr(module, "_reset_stateful_cache", None)
     if reset is not None:
         reset()

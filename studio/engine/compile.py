@@ -1,12 +1,6 @@
-"""torch.compile, last in the stack: regional (the repeated blocks) where the model has them.
-
-fullgraph must be False whenever a step cache is engaged: caches branch on runtime values (a residual diff
-against a threshold) and call torch.compiler.disable()d code, which a full graph cannot hold.
-
-A compiled variant is switched off and on in place (torch keeps a module's compiled call in `_compiled_call_impl`):
-the base run of a request runs the same weights eagerly, and the next compiled run finds its graphs again instead
-of reloading weights and recompiling on every click.
-"""
+"""torch.compile, last in the stack: regional (the repeated blocks) where the model has them. fullgraph is off under
+a step cache (it branches on run-time values and calls torch.compiler.disable()d code). A variant is switched off and
+on in place, so base runs the same weights eagerly and the next compiled run finds its graphs again."""
 
 from __future__ import annotations
 
@@ -20,9 +14,7 @@ from studio.spec.hosting import ahead_of_time_applies
 from studio.spec.preset import CompileSpec
 
 _UNSET = object()  # "forward" was not an instance attribute before compile
-# Why a compiled preset runs eagerly on ZeroGPU when its ahead-of-time form cannot serve it (tests/test_space.py):
-# run-time graphs die with each call's forked process; the ahead-of-time path (engine.aot: AOTInductor packages
-# reading the eager weights in place) is refused for the reason that follows.
+# Why a compiled preset runs eagerly on ZeroGPU when its ahead-of-time form cannot serve it (tests/test_space.py)
 ZEROGPU_COMPILE = (
     "compile: skipped on ZeroGPU: torch.compile at run time does not survive ZeroGPU's per-call processes, and "
     "ahead-of-time compile is {why}; running eager"
@@ -55,22 +47,16 @@ def _compile_impls(tr, spec: CompileSpec, kwargs: dict) -> tuple[list, bool]:
 
 
 def variant_key(tr, spec: CompileSpec, fullgraph: bool) -> tuple:
-    """What identifies a compiled variant. A whole-model graph holds the forward it was traced from, which a cache
-    may have patched: it is keyed by the engaged cache too."""
+    """What identifies a compiled variant; a whole-model one also by the cache (which may patch what it traced)."""
     whole = not (spec.regional and getattr(tr, "_repeated_blocks", None))
     key = (spec.mode, fullgraph, spec.dynamic, spec.regional)
     return key + (stack_state(tr).step_cache.backend,) if whole else key
 
 
 def first_run_or_eager(tr, stack, run):
-    """`run()` (the warm-up of `stack` on `tr`); when it fails under a compiled variant, the same run eagerly
-    decides whose failure it was. Eager passes: compile's (torch.compile compiles on the first run), so the variant
-    is dropped, never tried again in this process, and `stack` says it runs eagerly. Eager fails too: the error is
-    not compile's (an out-of-memory, a cache bug), the variant is switched back on and the first error raised.
-
-    Args:
-        stack: the AppliedStack being warmed up (engine.stack); its compile line and signature change on a fall-back.
-    """
+    """`run()`, the warm-up of `stack`; when it fails compiled, the same run eagerly decides whose failure it was.
+    Eager passes: compile's, so the variant is dropped for this process and `stack` says it runs eagerly. Eager
+    fails too: not compile's, so the variant is switched back on and the first error raised."""
     try:
         return run()
     except OverTime:  # the request's time limit, between two steps: not compile's failure
@@ -107,10 +93,9 @@ def uncompile(tr) -> None:
     state.counter.see_blocks(True)
 
 
-# Every block instance, variant (fullgraph on/off), shape and transformer reload is one more entry in Dynamo's cache
-# for the same code object; past the default limit (8) Dynamo silently runs the blocks eagerly, or fails outright
-# under fullgraph=True ("found no compiled frames"). A studio switches stacks all day: give it room, but not so
-# much that a graph that recompiles on every call (a guard on a changing value) is not cut off in time.
+# Every block instance, variant, shape and reload is one more Dynamo cache entry for the same code object; past the
+# default limit (8) Dynamo silently runs eagerly (or fails under fullgraph). Room for a studio, but a graph that
+# recompiles on every call is still cut off in time.
 RECOMPILE_LIMIT = 64
 
 
@@ -162,7 +147,6 @@ def _activate(tr, spec: CompileSpec, fullgraph: bool, guard: bool) -> CompiledVa
 
 def _ahead_of_time(tr, spec: CompileSpec, folder: Path) -> Engaged:
     """The stack's compile where run-time graphs do not survive (ZeroGPU): its ahead-of-time form (engine.aot)."""
-
     why = aot.refusal(tr, spec)
     if why is not None:
         return Engaged("compile", "on", False, ZEROGPU_COMPILE.format(why=why))
@@ -175,9 +159,7 @@ def _ahead_of_time(tr, spec: CompileSpec, folder: Path) -> Engaged:
 
 
 def after_loras(tr, stack) -> None:
-    """A request's LoRAs are loaded after the stack is applied (engine.lora, last): an ahead-of-time variant cannot
-    serve them (engine.aot.refusal), so the stack runs eagerly, and says why."""
-
+    """Under a request's LoRAs (loaded after the stack) an ahead-of-time variant cannot serve: run eagerly, say why."""
     state = stack_state(tr)
     if isinstance(state.compile.running, aot.AotVariant) and (state.lora.slots or state.lora.fused):
         uncompile(tr)
@@ -185,8 +167,8 @@ def after_loras(tr, stack) -> None:
 
 
 def finish_first_run(tr) -> None:
-    """After a stack's warm-up run: what its compiled form builds from that run (engine.aot's packages), now, so
-    that a failure is caught by first_run_or_eager as the first run's."""
+    """After a stack's warm-up run: build what its compiled form builds from it (engine.aot), inside that run so
+    first_run_or_eager catches a failure."""
     state = stack_state(tr)
     if state.compile.running is not None:
         state.compile.running.finish()
@@ -202,19 +184,16 @@ def _switch_on(tr, variant: CompiledVariant) -> None:
 
 
 def compiles(spec: CompileSpec, offload, profile: DeviceProfile) -> bool:
-    """Whether a quantized stack with this compile spec (and memory regime, an OffloadSpec) is compiled on `profile`:
-    the quantized form follows it (engine.quantize). On ZeroGPU where it runs ahead of time
-    (spec.hosting.ahead_of_time_applies); elsewhere not under group offload, where torchao's weights fail to compile
-    (engine.offload.QUANT_UNDER_GROUP)."""
+    """Whether a quantized stack with this compile spec and regime is compiled on `profile` (the 8-bit form follows
+    it): on ZeroGPU where ahead-of-time applies; elsewhere not under group offload (QUANT_UNDER_GROUP)."""
     if profile.zerogpu is not None:
         return ahead_of_time_applies(spec, offload)
     return spec.enabled and getattr(offload, "policy", "none") != "group_offload"
 
 
 def apply_compile(pipe, spec: CompileSpec, *, cache_engaged: bool, ahead_of_time: Path | None = None) -> Engaged:
-    """Compile (or switch back on) the transformer as `spec` asks; switch compile off when it is not enabled.
-    `ahead_of_time`: where the device profile's compile form is ahead of time (ZeroGPU: engine.aot), the folder of
-    its packages; None: compiled at run time."""
+    """Compile (or switch back on) the transformer as `spec` asks, or off. `ahead_of_time`: the packages' folder where
+    compile is ahead of time (ZeroGPU); None: at run time."""
     tr = pipe.transformer
     uncompile(tr)
     if not spec.enabled:
@@ -223,9 +202,8 @@ def apply_compile(pipe, spec: CompileSpec, *, cache_engaged: bool, ahead_of_time
         return _ahead_of_time(tr, spec, ahead_of_time)
     whole = not (spec.regional and getattr(tr, "_repeated_blocks", None))
     if whole and cache_engaged:
-        # Measured on the embedded model: cache-dit under a whole-transformer graph cached 0 of 28 steps (the
-        # picture of the uncached compile, 55 dB) while its config said DBCache. Only regional compile keeps the
-        # cache's decisions outside the graphs.
+        # cache-dit under a whole-transformer graph caches nothing (0 of 28 steps, measured) while its config says
+        # DBCache: only regional compile keeps the cache's decisions outside the graphs.
         why = (
             "set compile.regional: true"
             if not spec.regional

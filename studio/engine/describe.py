@@ -21,8 +21,7 @@ def fallback_lines(run: Measured) -> list[str]:
 
 
 def tuned_lines(p: Preset, pipe) -> list[str]:
-    """Whose settings these are: a preset a search chose on one transformer (`methods --write`) says whether this is
-    that transformer (its floor was checked on its pictures) or another (it was not)."""
+    """For a preset a search tuned on one transformer: whether this is that transformer (its quality floor known)."""
     if not p.tuned_for:
         return []
     here = fingerprint(pipe.transformer)
@@ -56,8 +55,7 @@ def engaged_lines(ctx: RunContext, run: Measured, pipe) -> list[str]:
 
 
 def labels(ctx: RunContext, p: Preset, run: Measured, pipe) -> RunLabels:
-    """The run's label from its engaged stack, what the preset asked for, the parts that differ (spec.label), and
-    the engaged and fallback lines."""
+    """The run's label from its engaged stack, beside what the preset asked for, and its engaged and fallback lines."""
     n = len(ctx.request.loras)
     lora = f"lora{n}" if n else ""
     ran = {"dtype": DTYPE_SHORT[ctx.dtype.name], **run.stack.label_parts(), "lora": lora}

@@ -1,11 +1,6 @@
-"""The device and the dtype that fits it.
-
-`dtype: auto` means the device's best exact dtype: bfloat16 on CUDA (float16 where the GPU has no bf16) and on
-CPUs with native bf16 (AVX512-BF16 or AMX), float32 on other CPUs, where bf16 is emulated and measured 2-4x
-slower (the embedded model's denoise: 2.14 s in bf16 vs 0.91 s in float32 on an AVX2-only CPU).
-The `dtype` setting (STUDIO_DTYPE, or the CLI's --dtype: spec.settings) replaces what `auto` picks, for a machine
-where the rule is wrong and for benchmarks that compare dtypes.
-"""
+"""The device and the dtype that fits it. `dtype: auto` is the device's best exact dtype: bfloat16 on CUDA and on
+CPUs with native bf16, float32 on other CPUs (emulated bf16 is 2-4x slower). The `dtype` setting (STUDIO_DTYPE)
+replaces what `auto` picks."""
 
 from __future__ import annotations
 
@@ -27,8 +22,7 @@ def default_device() -> torch.device:
 
 
 def cpu_threads(device) -> int | None:
-    """The threads this process computes on when `device` is the CPU (what studio.measure.crowding watches); None off
-    the CPU, where a timing is the accelerator's."""
+    """The threads this process computes on when `device` is the CPU (what crowding watches); None off the CPU."""
     return torch.get_num_threads() if torch.device(device).type == "cpu" else None
 
 
@@ -56,13 +50,8 @@ class DtypeChoice:
 
 
 def profile_here(device: torch.device | str | None = None, zerogpu: str | None = None) -> DeviceProfile:
-    """The profile of the machine the studio runs on, read once from torch and /proc/cpuinfo.
-
-    Args:
-        device: the device the model is placed on (default: CUDA where present).
-        zerogpu: the ZeroGPU slice (large | xlarge) where the app runs on ZeroGPU: there torch reports the whole card
-            in the app's process (spaces emulates it), so the slice's profile is the named one.
-    """
+    """The profile of the machine the studio runs on, from torch and /proc/cpuinfo. On ZeroGPU (`zerogpu`: the
+    slice) torch reports the whole card, so the slice's named profile is used."""
     if zerogpu:
         return named("zerogpu" if zerogpu == "large" else "zerogpu-xlarge")
     device = torch.device(device) if device is not None else default_device()
@@ -76,6 +65,6 @@ def profile_here(device: torch.device | str | None = None, zerogpu: str | None =
 
 
 def resolve_dtype(asked: str, profile: DeviceProfile, *, forced: str | None = None) -> DtypeChoice:
-    """The dtype to run in for a preset's `dtype` on `profile` (spec.devices.dtype_for); `forced`: what `auto`
-    becomes instead (the `dtype` setting, STUDIO_DTYPE; validated where it was read)."""
+    """The dtype to run in for a preset's `dtype` on `profile`; `forced`: what `auto` becomes instead (validated
+    where it was read)."""
     return DtypeChoice(*dtype_for(asked, profile, forced))

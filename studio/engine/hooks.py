@@ -1,14 +1,6 @@
-"""diffusers' cache hooks as step caches: First-Block-Cache, MagCache, TaylorSeer, FasterCache, Pyramid Attention
-Broadcast and SeaCache, each engaged through `transformer.enable_cache(<its config>)` with the knobs the preset
-gives by the library's own names (spec.methods), or refused with the reason where it cannot engage.
-
-The studio's per-step hook (measure.timing.StepCounter: the last block's last Linear) counts a step cached when that
-layer did not run: for the block-skipping methods (First-Block-Cache, MagCache, SeaCache) the whole stack after the
-head was skipped; for the attention methods (TaylorSeer, FasterCache, PAB) the last block's attention was reused or
-predicted while its feed-forward ran. Where the hook keeps its own per-call decision (First-Block-Cache's and
-MagCache's `should_compute`, TaylorSeer's last update step), a state reader hands it to the counter, which is the
-library's own count beside the studio's.
-"""
+"""diffusers' cache hooks as step caches (First-Block-Cache, MagCache, TaylorSeer, FasterCache, PAB, SeaCache), each
+engaged through `transformer.enable_cache(<its config>)` with the preset's knobs under the library's own names, or
+refused with the reason."""
 
 from __future__ import annotations
 
@@ -64,10 +56,9 @@ def hook_config(pipe, spec: CacheSpec, *, threshold: float, steps: int | None, c
         return FasterCacheConfig(
             **k,
             current_timestep_callback=lambda: _timestep(pipe),
-            # Attention reuse only. Its unconditional-branch reuse splits each call's batch in halves, which is right
-            # only where THIS request batches CFG's two branches in one call: the stack is wired before the request's
-            # guidance is known here (a pipeline's `do_classifier_free_guidance` is its last call's), and a wrong
-            # guess would mix two pictures' halves silently. FLUX calls its branches apart anyway (D24).
+            # Attention reuse only: its unconditional-branch reuse splits each batch in halves, right only where this
+            # request batches CFG's branches, which is not known when the stack is wired; a wrong guess mixes two
+            # pictures silently. FLUX calls its branches apart anyway (D24).
             is_guidance_distilled=True,
             tensor_format="BCHW",
         )
@@ -105,8 +96,8 @@ def _magcache(pipe, k: dict, steps: int | None, calibrate: bool, MagCacheConfig)
 
 
 def _seacache(pipe, k: dict):
-    """SeaCache decides from the scheduler's step and sigma, which the pipeline must pass in its cache_context;
-    one that does not makes it run every step ("fail-open"), so it is refused here with the reason."""
+    """SeaCache's config, or why not: it decides from the step and sigma the pipeline passes in its cache_context, and
+    without them silently computes every step."""
     from diffusers.hooks.sea_cache import SeaCacheConfig
 
     try:
@@ -141,7 +132,7 @@ def _passes_sigma(source: str) -> bool:
 def apply_hook(
     pipe, spec: CacheSpec, *, threshold: float, src: str, steps: int | None, calibrate: bool = False
 ) -> Engaged:
-    """Engage `spec`'s diffusers cache hook on `pipe.transformer` (nothing engaged before: engine.cache removed it)."""
+    """Engage `spec`'s diffusers cache hook on `pipe.transformer` (engine.cache removed any before)."""
     tr = pipe.transformer
     _unpatch_cache_dit(tr)
     cfg = hook_config(pipe, spec, threshold=threshold, steps=steps, calibrate=calibrate)
@@ -183,10 +174,9 @@ def _detail(spec: CacheSpec, threshold: float, src: str, calibrate: bool) -> str
 
 
 def state_reader(transformer, backend: str, ratios: dict | None = None):
-    """A callable telling whether the hook ran the full computation on the last transformer call, from the hook's
-    own per-call state (None where the hook keeps none the counter can read). `ratios`: MagCache calibrating, the
-    dict its recorded ratios are copied into after every call, by branch ("cond", "uncond"): the hook clears its own
-    when the pipeline ends."""
+    """A callable telling whether the hook computed in full on the last call, from its own state (None: it keeps none):
+    the library's count beside the studio's. `ratios`: MagCache calibrating, where its ratios are copied by branch
+    after every call (the hook clears its own when the pipeline ends)."""
     if backend in _LEADER_HOOK:
         head = _find_hook(transformer, _LEADER_HOOK[backend])
         if head is None:
@@ -224,13 +214,9 @@ def _find_hook(transformer, name: str, last: bool = False):
 
 
 def _unpatch_cache_dit(transformer) -> None:
-    """Undo what cache-dit leaves on a transformer after `cache_dit.disable_cache` (docs/library-behaviour.md C17):
-    - its block lists re-registered, so they come in another order (FLUX: the single blocks before the double ones).
-      diffusers' hooks take the first block they find as the head: First-Block-Cache then puts its leader on a single
-      block, its other hooks run before it, and the first call fails (`head_block_output` is None). The loaded order
-      (kept when the studio first saw the transformer) is put back;
-    - its patch functor's forward, set on the instances (FLUX: the transformer's): diffusers' own forward is given
-      back, and cache-dit patches again on its next `enable_cache` (`_is_patched` off)."""
+    """Undo what cache-dit leaves after `disable_cache` (docs/library-behaviour.md C17): its re-registered block lists
+    (diffusers' hooks would take the wrong first block as the head) go back to the loaded order, and its patched
+    instance forwards are removed (cache-dit patches again on its next `enable_cache`)."""
     loaded = stack_state(transformer).step_cache.children
     if loaded and tuple(transformer._modules) != loaded:
         mods = transformer._modules  # a plain dict in torch 2.13: re-inserted in the loaded order
@@ -245,7 +231,6 @@ def _unpatch_cache_dit(transformer) -> None:
 
 
 def _is_cache_dit_forward(forward) -> bool:
-    """Whether an instance's own forward is one of cache-dit's patch functors' (bound with `__get__`)."""
     fn = getattr(forward, "__func__", forward)
     return forward is not None and getattr(fn, "__module__", "").startswith("cache_dit.")
 

@@ -12,8 +12,8 @@ from studio.spec.preset import CacheSpec, Preset
 
 
 def ideal_check(p: Preset, paired: Paired, base: Preset) -> IdealCheck | None:
-    """The cached run of `p` against its ideal, or None when nothing is cached or the blocks' times are unknown
-    (compiled blocks and no eager base beside them). `base`: the library's base preset."""
+    """The cached run of `p` against its ideal; None when nothing is cached or the blocks' times are unknown
+    (compiled blocks, no eager base)."""
     run, kept = paired.run, paired.base
     in_workers = run.stack.workers is not None and p.cache_config.backend == "cache-dit"
     if not (run.stack.is_engaged("cache") or in_workers) or not run.counts.full:
@@ -50,8 +50,7 @@ def ideal_check(p: Preset, paired: Paired, base: Preset) -> IdealCheck | None:
 
 def cached_blocks(c: CacheSpec) -> tuple[int, int] | None:
     """The blocks a cached step of `c` still runs, as (first, last); None where a cached step is not a block count
-    (DBPrune prunes blocks inside a step; TaylorSeer, FasterCache and PAB reuse attention while the feed-forward
-    runs): its ideal would not bound it, so none is given."""
+    (DBPrune, and the attention-reuse methods), so no ideal bounds it."""
     if c.backend == "cache-dit":
         return c.Fn_compute_blocks, c.Bn_compute_blocks
     if c.backend == "fbcache":

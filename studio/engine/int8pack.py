@@ -1,18 +1,7 @@
-"""Keep torch.compile's INT8 weight-only matmuls off the CPU kernel that crashes on them (docs/known-crashes.md).
-
-torchao's INT8 weight-only linear is `mm(x, w_int8.t().to(x.dtype)) * scale`. On a CPU tensor in bfloat16, Inductor
-rewrites that to `aten._weight_int8pack_mm` (torch/_inductor/fx_passes/quantization.py, `_register_woq_mm_int8_*`).
-That ATen kernel (aten/src/ATen/native/cpu/int8mm_kernel.cpp, torch 2.13) walks K in steps of 16 (AVX512) or 8
-(AVX2) with ALIGNED vector loads and no tail: a K that is not a multiple of the step puts row 1 of x off alignment
-(SIGSEGV) and reads past each row's end (measured: NaN for a single row, K=170). The tiny Z-Image's feed-forward
-`w2` has K = int(64 / 3 * 8) = 170, and the whole process dies inside the compiled block.
-
-The avoidance is one graph pass, in the compile of the studio's own graphs only: for those matmuls (bfloat16 x int8
-on the CPU, K not a multiple of 16) the weight's conversion goes int8 -> float32 -> bfloat16, which is exact and
-which the rewrite's pattern does not match (it wants the int8 weight as the conversion's input). Inductor then
-lowers them as it lowers float32 INT8 weights: the converted weight into a plain matmul, the scale after it, the
-same math as torchao's eager path. Every other matmul and op of the graph is lowered as before.
-"""
+"""Keep torch.compile's INT8 weight-only matmuls off the CPU kernel that crashes on them (docs/known-crashes.md):
+Inductor rewrites bfloat16 x int8 matmuls on the CPU to `aten._weight_int8pack_mm`, whose aligned loads with no tail
+segfault when K is not a multiple of 16. One graph pass converts those weights int8 -> float32 -> bfloat16 (exact),
+which the rewrite's pattern does not match; every other op is lowered as before."""
 
 from __future__ import annotations
 
@@ -70,7 +59,7 @@ def _convert_via_float32(graph, conv) -> None:
 
 
 class KeepOffInt8PackMM(CustomGraphPass):
-    """Inductor post-grad pre-pass: the at-risk matmuls' weights are converted via float32 (see the module doc)."""
+    """Inductor post-grad pre-pass: the at-risk matmuls' weights are converted via float32."""
 
     def __init__(self):
         self.rewritten = 0  # matmuls changed so far in this process (graphs from Inductor's cache are not counted)

@@ -1,17 +1,7 @@
-"""ModelManager: the only caller of `from_pretrained`. Loads, keeps and frees one pipeline; the engine's stack
-module applies presets to it.
-
-Where a model goes is decided before it is loaded (engine.placement, from its files' sizes: engine.sizes): resident
-on the device when its regime keeps it there and it fits; on the host when its regime offloads (explicitly, or
-`auto` deciding so), each component then placed by the regime; refused, with the numbers and the fix, when not even
-the least regime fits. `from_pretrained` reads onto the host; nothing goes onto the device before that decision, and
-a new model goes there only after the old one has let go of it.
-
-Switching presets re-applies only what changed: cache, attention and compile toggle in place; a different dtype or
-quantization needs other transformer weights. Those are kept as variants (bounded: STUDIO_TRANSFORMER_SLOTS, 2 on
-the CPU and 1 on a GPU by default), so A/B between `base` and an INT8 stack does not reload weights on every click.
-INT8 is never stacked on INT8, and a quantized transformer never runs under a label that says otherwise.
-"""
+"""ModelManager, the only caller of `from_pretrained`: loads, keeps and frees one pipeline, placed by a decision taken
+from its files' sizes before loading (engine.placement). Transformer weights of another dtype or quantization are kept
+as bounded variants (STUDIO_TRANSFORMER_SLOTS), so A/B between `base` and an INT8 stack does not reload on every click;
+INT8 is never stacked on INT8, nor run under a label that says otherwise."""
 
 from __future__ import annotations
 
@@ -72,9 +62,8 @@ class Loaded:
 
 
 def load_hint(e: BaseException, offline: bool = False) -> str:
-    """Why a Hub model did not load, as the fix: a gated model without a token (huggingface_hub's GatedRepoError,
-    anywhere in the exception's chain, or diffusers' wrapped message), offline (`offline`: the hub_offline
-    setting, HF_HUB_OFFLINE), or else the id or the network."""
+    """Why a Hub model did not load, as the fix: gated (GatedRepoError anywhere in the chain, or diffusers' wrapped
+    message), offline, or else the id or the network."""
     from huggingface_hub.errors import GatedRepoError
 
     chain, seen = [], e
@@ -101,18 +90,9 @@ class ModelManager:
         settings: Settings | None = None,
         profile: DeviceProfile | None = None,
     ):
-        """
-        Args:
-            allowed: the only models this manager may load (names as a user types them; the embedded model is
-                always allowed). None: any Hub id or local folder. A public studio passes its operator's list.
-            settings: the engine's settings (spec.settings), read at the edge that builds the engine (app.py, the
-                CLI, the device worker, the tests' conftest) and handed down; nothing below reads the environment or
-                the process's record. None: the defaults.
-            profile: the device profile every device decision reads (spec.devices), read here once. None: this
-                machine's (engine.device.profile_here; on ZeroGPU the slice's). A named GPU profile on a CPU
-                simulates that GPU: the model is placed as on that card (its memory, its regimes) and every decision
-                is the profile's, while the run computes on `device`.
-        """
+        """`allowed`: the only models it may load (the embedded one always; None: any). `settings`: handed down from
+        the edge that read them; nothing below reads the environment. `profile`: what every device decision reads
+        (None: this machine's); a GPU profile on a CPU simulates that card's placement while computing on `device`."""
         self.settings = settings or Settings()
         self.device = torch.device(device) if device is not None else default_device()
         self.profile = profile or profile_here(self.device, self.settings.zerogpu_slice)
@@ -156,7 +136,7 @@ class ModelManager:
         return decide(sizes, spec, device, self._room(0, releasable), margin)
 
     def _room(self, held: int, releasable: int = 0) -> Free:
-        """The device memory the studio may fill on its profile (placement.free_on), under its budget."""
+        """The device memory the studio may fill on its profile, under its budget."""
         return free_on(self.profile, self.device, held, releasable, self.settings.device_memory_gb)
 
     def _held(self) -> int:
@@ -165,13 +145,8 @@ class ModelManager:
         return (cur.placement or {}).get("device_bytes", 0) if cur is not None else 0
 
     def load(self, model: str | None, dtype: DtypeChoice | None = None, offload: OffloadSpec | None = None) -> Loaded:
-        """Load `model` where its regime says (module doc); on failure the previously loaded model stays loaded and
-        working, except where both would not fit on the device: then it went first, and the error says so.
-
-        Args:
-            offload: the regime the model is loaded for; None (a model loaded before any preset): the loader's own
-                choice, `auto`'s (resident where the whole pipeline fits, else on the host).
-        """
+        """Load `model` for the regime `offload` (None: `auto`), placed before it reaches the device. On failure the
+        previous model stays loaded, unless both would not fit: then it went first, and the error says so."""
         with self.lock:
             source = resolve_model(model)
             if self.allowed is not None and source not in self.allowed:
@@ -207,8 +182,8 @@ class ModelManager:
             return self._install(model, source, pipe, dtype, plan, sizes, spec)
 
     def _install(self, model, source, pipe, dtype, plan: Plan, sizes: ModelSizes, spec: OffloadSpec) -> Loaded:
-        """The new pipeline in place of the old one, on the device only once the old one let go of it (one pipeline
-        per class too: cache-dit patches the class, so the old pipeline's hooks come off first)."""
+        """The new pipeline in place of the old one, which lets go of the device (and its cache-dit hooks, patched on
+        the class) first."""
         self.unload()
         if plan.resident:
             pipe.to(self.device)
@@ -225,7 +200,7 @@ class ModelManager:
     def ensure(
         self, model: str | None, dtype: DtypeChoice | None = None, on_status=None, offload: OffloadSpec | None = None
     ) -> Loaded:
-        """The loaded `model`, loading it first (for the regime `offload`: load) if another (or none) is loaded."""
+        """The loaded `model`, loading it first if another (or none) is loaded."""
         with self.lock:
             if self.current is not None and self.current.source == resolve_model(model):
                 return self.current
@@ -234,8 +209,7 @@ class ModelManager:
             return self.load(model, dtype, offload)
 
     def placement(self) -> dict | None:
-        """Where each component of the loaded model lives now (engine.placement.describe; the record's
-        `placement`), None when nothing is loaded."""
+        """Where each component of the loaded model lives now (the record's `placement`); None: nothing loaded."""
         return self.current.placement if self.current is not None else None
 
     def unload(self) -> None:
@@ -256,7 +230,6 @@ class ModelManager:
 
     @staticmethod
     def _uncache(cur: Loaded) -> None:
-        """Take the step cache off the pipeline it was applied to."""
         remove_cache(cur.cache_on or cur.pipe)
         cur.cache_on = None
 
@@ -329,9 +302,8 @@ class ModelManager:
         return loaded
 
     def _after_failed_load(self, cur: Loaded, e: ModelLoadError) -> None:
-        """A variant that could not load (out of memory, a file that fails): what is active stays usable. Where the
-        active weights left their slot to make room, nothing is active: the next request loads the weights it needs
-        (never a key of weights that are gone), and the error says so."""
+        """A variant that could not load: what is active stays usable; where the active weights left their slot to
+        make room, nothing is active (the next request loads what it needs), and the error says so."""
         if cur.active not in cur.variants:
             cur.active = None
             e.args = (
@@ -350,11 +322,8 @@ class ModelManager:
         separate_cfg: bool = False,
         task: str = "text2img",
     ):
-        """The pipeline for `model` and `task` (engine.tasks) with `preset` applied, loading only the weights that
-        must change; a step cache is moved to the task's pipeline (its call starts the cache's context).
-
-        Returns (pipe, stack, reloaded) where reloaded says whether weights were (re)loaded for this call.
-        """
+        """(pipe, stack, reloaded): the pipeline for `model` and `task` with `preset` applied, loading only the weights
+        that must change; a step cache moves to the task's pipeline (its call starts the cache's context)."""
         if task != "text2img" and preset.wants_workers:
             raise ConfigError(f"preset {preset.name!r}: parallel workers take text-to-image requests only here")
         with self.lock:
@@ -395,9 +364,8 @@ class ModelManager:
             return pipe, stack, fresh or loaded
 
     def _fits(self, cur: Loaded, preset: Preset) -> Plan | None:
-        """The plan for `preset`'s regime on the loaded model (its own device bytes given back: it is the one being
-        placed); ConfigError with the numbers and the fix when it does not fit. None for parallel workers (they
-        load the model in their own processes)."""
+        """The plan for `preset`'s regime on the loaded model (its own device bytes given back); ConfigError when it
+        does not fit. None for parallel workers (they load the model themselves)."""
         if preset.wants_workers:
             return None
         sizes = sizes_of_pipe(cur.pipe)

@@ -1,33 +1,7 @@
-"""LoRA adapters on a request, through diffusers' own `load_lora_weights` (peft), hot-swapped into fixed slots.
-
-A bare name (`outline`) is a LoRA shipped with the model that runs (studio/models/tiny/loras for the embedded one),
-resolved here against the pipeline's own model folder (spec.profiles.resolve_lora); any other entry is a file, folder
-or Hub id, as diffusers reads it.
-
-Where they go in the stack: on the weights of the run, after the model manager has put the transformer for the
-preset's dtype and quantization in place and applied the preset (quantize, cache, attention, compile), before the
-call. The adapters live inside the blocks' Linear layers, which a step cache runs or skips whole.
-
-Slots, so that switching never reloads the base weights and never recompiles: the transformer holds adapters `lora0`,
-`lora1`, ... (engine.state.LoraState.slots: the file in each). A request's i-th LoRA goes into slot i, hot-swapped
-there (`load_lora_weights(..., hotswap=True)`: its weights copied into the slot's tensors) when the slot holds another
-file. `enable_lora_hotswap` is called before the first adapter, so every slot is padded to one rank (the lora_rank
-setting) and its scale is a tensor: a compiled block traced with the slots sees new values in the same tensors and does
-not recompile (tests/test_compile.py counts Dynamo's graphs). Scales are written into those tensors in place, from each
-slot's own scale at 1 (what the load set), because peft's set_scale keeps the first adapter's alpha/rank and writes a
-float. A slot the request does not use is at scale 0 under compile (the same graph) and the adapters are disabled for
-an eager run without LoRA (the base weights exactly). Only a new slot (more LoRAs than ever before on these weights)
-changes the modules, and so does a failed load (every slot is dropped): the next run is a warm-up again
-(engine.run.warm keys by LoraState.modules).
-
-What is refused, with the reason, rather than run wrong:
-- a request's LoRA on quantized weights: an unfused LoRA beside INT8 weights is not what a fused-then-quantized
-  model computes (a preset's own `loras` are fused into the weights before quantization: engine.loader);
-- LoRA on parallel workers (they load the model's own weights);
-- a LoRA of higher rank than the slots (set STUDIO_LORA_RANK before the first LoRA), one with text-encoder weights
-  (read from a local .safetensors file before loading), or one that targets layers the slot's first LoRA did not
-  (peft cannot hot-swap it; diffusers then deletes the slot, so every slot is dropped and loaded again when asked).
-"""
+"""LoRA adapters on a request, through diffusers' own `load_lora_weights` (peft), hot-swapped into fixed slots
+`lora0`, `lora1`, ... padded to one rank with tensor scales, so switching never reloads the base weights and a
+compiled block never recompiles. What cannot run right (on quantized weights, on parallel workers, over the slots'
+rank, with text-encoder weights) is refused with the reason."""
 
 from __future__ import annotations
 
@@ -43,7 +17,8 @@ _LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, TypeError)
 
 
 def check_loras(request, preset) -> None:
-    """Refuse a request's LoRAs on a stack they cannot run on, before any model work."""
+    """Refuse a request's LoRAs on a stack they cannot run on, before any model work: an unfused LoRA beside INT8
+    weights is not what a fused-then-quantized model computes."""
     own = {lo.path for lo in preset.loras}
     if all(lo.path in own for lo in request.loras):  # only the preset's own (fused where the preset quantizes)
         return
@@ -85,7 +60,8 @@ def _note_unit_scales(tr, slot: str, units: dict) -> None:
 
 
 def _set_scales(tr, scales: dict, units: dict) -> None:
-    """Each slot's scale, written into its tensors in place (a compiled graph reads them, no recompile)."""
+    """Each slot's scale, written into its tensors in place (a compiled graph reads them, no recompile); not peft's
+    set_scale, which keeps the first adapter's alpha/rank and writes a float."""
     import torch
 
     for m in _lora_layers(tr):
@@ -102,8 +78,7 @@ def _set_scales(tr, scales: dict, units: dict) -> None:
 
 def _check_file(path: str, rank: int) -> None:
     """Refuse, before any load, a local LoRA file a slot cannot take: text-encoder weights (diffusers hot-swaps the
-    transformer only, and the text encoders are shared by every variant), or a rank over the slots' (peft would grow
-    the slot's tensors, and a compiled graph recompile in a timed run). Folders and Hub ids are read by diffusers."""
+    transformer only), or a rank over the slots' (peft would grow the slot's tensors; a compiled graph recompile)."""
     if not (path.endswith(".safetensors") and os.path.isfile(path)):
         return
     from safetensors import safe_open
@@ -124,21 +99,20 @@ def _check_file(path: str, rank: int) -> None:
 
 
 def _file(pipe, lora) -> str:
-    """What diffusers loads for `lora`: a shipped name resolved against the model this pipeline was loaded from (its
-    `name_or_path`, kept by from_pipe), refused when the model does not ship it; a path or Hub id as given."""
+    """What diffusers loads for `lora`: a shipped name resolved against the pipeline's model (refused when the model
+    does not ship it); a path or Hub id as given."""
     return resolve_lora(lora, getattr(pipe, "name_or_path", None))
 
 
 def _reset(pipe, state) -> None:
-    """After a failed load (diffusers deletes a slot whose swap failed): every adapter off these weights, and the
-    slots start again with the next LoRA; the modules changed, so the next run warms up again."""
+    """After a failed load (diffusers deletes a slot whose swap failed): every adapter off, the slots start again;
+    the modules changed, so the next run warms up again."""
     pipe.unload_lora_weights()
     state.lora.reset()
 
 
 def _fill(pipe, tr, state, wanted, rank: int) -> bool:
-    """Put each wanted LoRA in its slot (hot-swapped into a slot that holds another) of rank `rank`; True when a
-    slot was added."""
+    """Put the i-th wanted LoRA in slot i, hot-swapped where it holds another; True when a slot was added."""
     slots, added = state.lora.slots, False
     for i, lora in enumerate(wanted):
         slot = f"lora{i}"
@@ -167,8 +141,8 @@ def _fill(pipe, tr, state, wanted, rank: int) -> bool:
 
 
 def apply_loras(pipe, request, rank: int) -> None:
-    """Make `request.loras` the adapters of this run (the card's lines come from `lora_lines`); `rank`: every
-    hot-swap slot's (the `lora_rank` setting, STUDIO_LORA_RANK)."""
+    """Make `request.loras` the adapters of this run; `rank`: every slot's (STUDIO_LORA_RANK). Unused slots sit at
+    scale 0 under compile (the same graph); an eager run without LoRA disables them (the base weights exactly)."""
     tr = pipe.transformer
     state = stack_state(tr)
     fused = {lo.path for lo in state.lora.fused}
@@ -189,8 +163,7 @@ def apply_loras(pipe, request, rank: int) -> None:
 
 
 def fuse_loras(pipe, loras: tuple) -> None:
-    """Fuse a quantized preset's own `loras` into freshly loaded full-precision weights, before they are quantized
-    (diffusers fuse_lora, then unload_lora_weights: the adapters go, their product stays in the weights)."""
+    """Fuse a quantized preset's own `loras` into freshly loaded full-precision weights, before they are quantized."""
     if not loras:
         return
     names = [f"fuse{i}" for i in range(len(loras))]
@@ -203,7 +176,7 @@ def fuse_loras(pipe, loras: tuple) -> None:
 
 
 def lora_lines(request, state) -> list[str]:
-    """The run's adapters, in words (the card's `engaged`); `state` is the StackState of the transformer that ran."""
+    """The run's adapters, in words (the card's `engaged`); `state`: the StackState of the transformer that ran."""
     fused = {lo.path for lo in state.lora.fused}
     out = []
     for lo in request.loras:

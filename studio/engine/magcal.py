@@ -1,11 +1,6 @@
-"""MagCache's calibration: the per-step magnitude ratios of this model's residuals, measured by diffusers' own
-MagCache hook in its calibration mode (every step computed, each step's mean ratio of residual norms recorded) and
-written into a preset's `cache_config.options` with the transformer they belong to (`calibrated_for`).
-
-diffusers ships ratios for FLUX.1-dev alone; any other model (the embedded one included) needs its own, and ratios of
-another model make MagCache skip the wrong steps while the timings look fine, so the engine refuses a preset whose
-`calibrated_for` is not the transformer it runs on (studio.engine.hooks).
-"""
+"""MagCache's calibration: this model's per-step residual magnitude ratios, measured by diffusers' MagCache hook in
+calibration mode and written into a preset with the transformer they belong to (`calibrated_for`): diffusers ships
+ratios for FLUX.1-dev alone, and another model's ratios skip the wrong steps while the timings look fine."""
 
 from __future__ import annotations
 
@@ -50,8 +45,7 @@ class Calibration:
 
 
 def calibrate_magcache(runner, requests: list[GenerationRequest], preset: Preset, model=None) -> Calibration:
-    """Run `requests` with MagCache calibrating on `preset`'s stack (compile off: the hook's bookkeeping runs
-    eagerly) and return the ratios. Every request must run the same number of steps."""
+    """MagCache's ratios over `requests` (one step count), calibrating on `preset`'s stack with compile off."""
     if preset.cache_config.backend != "magcache":
         fail("calibrate", "preset", preset.name, "give a preset whose cache_config.backend is magcache")
     steps = {r.executed_steps for r in requests}

@@ -1,17 +1,6 @@
-"""The memory regime of a preset (`offload_config`), second in the stack: where the weights live between uses.
-
-    quantize -> OFFLOAD -> step cache -> attention -> compile
-
-After quantization, so what moves is the final weights (diffusers moves torchao tensors with swap_tensors). Before
-the step cache, which must wrap the regime and not the other way round: accelerate's model offload wraps the
-transformer's `forward` and cache-dit wraps whatever it finds (it calls accelerate's hook itself); diffusers' group
-offload wraps the forward of the transformer itself too, but cache-dit's FLUX adapter replaces that forward with its
-own copy, so here those root hooks run from the module call instead (`_root_hooks_at_call`). A regime change takes
-the cache off first and puts it back on after (engine.stack).
-
-Block-streaming regimes (group, layerwise) count the bytes they move onto the device per transformer call
-(engine.streams); a step cache that skips blocks makes a cached step stream less.
-"""
+"""The memory regime of a preset (`offload_config`): where the weights live between uses. Second in the stack: after
+quantization, so the final weights move; before the step cache, which must wrap the regime, not the other way round
+(a regime change takes the cache off first and puts it back after: engine.stack)."""
 
 from __future__ import annotations
 
@@ -49,14 +38,12 @@ def _groups(tr) -> list:
 
 
 def placed_for(transformer, device) -> None:
-    """The loader placed `transformer` for `device`: its pipeline computes there, wherever its weights wait (a model
-    loaded on the host for an offload regime)."""
+    """Record that `transformer`'s pipeline computes on `device`, wherever its weights wait."""
     stack_state(transformer).offloading.run_device = str(device)
 
 
 def run_device(pipe) -> torch.device:
-    """The device the pipeline computes on: the one the loader placed it for (placed_for), else where its weights
-    say."""
+    """The device the pipeline computes on: the one it was placed for, else where its weights say."""
     state = stack_state(pipe.transformer)
     if state.offloading.run_device is not None:
         return torch.device(state.offloading.run_device)
@@ -69,9 +56,8 @@ def run_device(pipe) -> torch.device:
 
 
 def remove_offload(pipe, device) -> None:
-    """Take off whatever regime is on (counting hooks, diffusers groups, cache-dit layerwise handles, accelerate's
-    model hooks) and leave the weights it moved on `device` (the host, when the next regime streams). The step cache
-    must be off already (module doc)."""
+    """Take off whatever regime is on and leave the weights it moved on `device` (the host, when the next regime
+    streams). The step cache must be off already."""
     from cache_dit.offload import get_layerwise_offload_handles, remove_layerwise_offload
     from diffusers.hooks import HookRegistry
 
@@ -98,8 +84,8 @@ def remove_offload(pipe, device) -> None:
 
 
 def offload_changed(pipe, spec: OffloadSpec, device) -> bool:
-    """Whether `spec` must be (re)applied: another spec or device than the regime on this transformer, or a pipeline
-    setting (the VAE's, accelerate's hooks) that another transformer variant's stack changed since."""
+    """Whether `spec` must be (re)applied: another spec or device, or a pipeline setting (the VAE's, accelerate's
+    hooks) that another transformer variant's stack changed since."""
     state = stack_state(pipe.transformer)
     if state.offloading.key != (spec, str(device)):
         return True
@@ -141,11 +127,8 @@ def _apply_vae(pipe, spec: OffloadSpec) -> tuple[bool, list[str]]:
 
 
 def _root_hooks_at_call(tr) -> list:
-    """Run diffusers' hooks on the transformer itself (the rest of its weights in and out; under streams, the tracer
-    of the prefetch order) from the module call, not from its `forward`: cache-dit's FLUX adapter replaces the
-    transformer's forward with its own copy (a patch functor, CACHE_DIT_FLUX_ENABLE_DUMMY_BLOCKS=1 by default), which
-    drops them (measured: under the cache the rest was never onloaded, and disable_cache leaves cache-dit's copy in
-    place). The torch hooks on the module call survive any forward. The handles, to remove with the regime."""
+    """Run diffusers' hooks on the transformer itself from the module call, not its `forward`: cache-dit's FLUX
+    adapter replaces that forward with its own copy, dropping them (the rest was never onloaded). The handles."""
     registry = getattr(tr, "_diffusers_hook", None)
     if registry is None or not registry._hook_order:
         return []
@@ -210,7 +193,6 @@ def _group(pipe, spec: OffloadSpec, device: torch.device) -> tuple[bool, str]:
 
 
 def _engaged_text(head: str, notes: list[str], device: torch.device) -> str:
-    """A streaming regime's line: what it does, and on a CPU-only run that nothing crosses a bus."""
     if device.type == "cpu":
         notes = notes + [
             "onload and offload device are both the cpu: nothing crosses a bus (the hooks run as on a GPU)"
@@ -269,9 +251,8 @@ def _margin(pipe, device: torch.device | None) -> tuple[int, str]:
 
 
 def _auto(pipe, spec: OffloadSpec, device: torch.device, budget: float | None) -> tuple[str, str]:
-    """The first policy of AUTO_ORDER that can run here and fits, and why (engine.placement.decide). The pipeline's
-    own bytes on the device are free for this choice: it is the one being placed. Nothing fitting, the least hungry,
-    saying so (the loader refuses that case before it gets here)."""
+    """`auto`'s policy and why (engine.placement.decide), the pipeline's own device bytes counted free: it is the one
+    being placed. Nothing fitting: the least hungry, saying so."""
     free = free_memory(device, 0, device_bytes(pipe, device), budget)
     plan = decide(sizes_of_pipe(pipe), spec, device, free, _margin(pipe, device))
     return plan.policy, (plan.why if plan.fits else f"{plan.why}, may not fit")
@@ -281,12 +262,8 @@ _POLICIES = {"group_offload": _group, "layerwise_offload": _layerwise, "model_cp
 
 
 def apply_offload(pipe, spec: OffloadSpec, device, budget: float | None = None) -> Engaged:
-    """Put `pipe` under the memory regime `spec` on `device` (after taking off the one it was under), each component
-    where the regime keeps it (engine.placement.place). Weights that leave the device go to the host first: a model
-    bigger than the card never passes through a resident state between two regimes.
-
-    The step cache must be off (engine.stack takes it off and puts it back after). `budget`: the device-memory
-    budget in GiB `auto` places against (engine.placement.free_memory)."""
+    """Put `pipe` under the memory regime `spec` on `device`, the step cache off. Weights leaving the device go to the
+    host first: a model bigger than the card never passes through a resident state. `budget`: GiB, for `auto`."""
     device = torch.device(device)
     policy, why = _auto(pipe, spec, device, budget) if spec.policy == "auto" else (spec.policy, "")
     remove_offload(pipe, device if policy == "none" else HOST)
@@ -311,9 +288,8 @@ def apply_offload(pipe, spec: OffloadSpec, device, budget: float | None = None) 
     return Engaged("offload", requested, engaged, "; ".join(["offload: " + head] + vae_notes), ran)
 
 
-# Measured (python -m lab regimes --config small, CPU): torchao int8 weights (int8_per_row) under diffusers' group
-# offload with regional compile fail on the first compiled call: "_apply(): Couldn't swap Linear.weight" ("Cannot swap
-# t1 because it has weakref associated with it", raised when the group moves back to the CPU). Eager, they run.
+# torchao int8 weights under group offload with regional compile fail on the first compiled call ("Couldn't swap
+# Linear.weight ... weakref", when the group moves back to the CPU); eager, they run.
 QUANT_UNDER_GROUP = (
     "torchao's quantized weights under group_offload fail to compile (measured: group offload cannot swap a "
     "Linear.weight that compile holds a weakref to)"
@@ -323,10 +299,8 @@ QUANT_UNDER_GROUP = (
 def compile_under_offload(
     pipe, spec: CompileSpec, *, cache_engaged: bool, ahead_of_time: Path | None = None
 ) -> Engaged:
-    """engine.compile's apply_compile, under the regime on `pipe`: a block-streaming regime's hooks move weights
-    inside every block call, and both libraries mark them torch.compiler.disable: regional graphs with fullgraph off
-    around them (measured: fullgraph=True fails, "Skip inlining torch.compiler.disable()d function
-    ModuleGroup.onload_"; fullgraph=False compiles and matches eager within 2e-6), never a whole-transformer graph."""
+    """apply_compile under the regime on `pipe`: a streaming regime's weight moves are torch.compiler.disable'd, so
+    only regional graphs with fullgraph off around them (fullgraph=True fails), never a whole-transformer graph."""
     state = stack_state(pipe.transformer)
     if state.offloading.regime not in STREAMING or not spec.enabled:
         return apply_compile(pipe, spec, cache_engaged=cache_engaged, ahead_of_time=ahead_of_time)

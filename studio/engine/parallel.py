@@ -1,18 +1,7 @@
-"""Parallel presets: cache-dit's ParallelismConfig (Ulysses / ring context parallelism, tensor parallelism) with
-Ray placing one worker per rank. No process management of our own: cache-dit starts the actors, wires
-torch.distributed between them (NCCL on GPUs, gloo on CPUs) and proxies the pipeline call.
-
-Pipeline level, by choice: each worker loads the whole pipeline from the model's own source (`ray_transfer_fn`:
-no snapshot is written anywhere, and the studio's hooks on the main process's modules never travel) and runs the
-whole call, so text encoding, the denoising loop and the VAE all run where the transformer runs, with no tensor
-round trip through the main process per step. (cache-dit 1.5's transformer-level Ray path failed to apply a cache
-inside the workers on FLUX: "'list' object has no attribute 'transformer'".) The step cache and the attention
-backend are applied inside the workers by cache-dit; the main process keeps its pipeline uncached and eager.
-Timing and counts come from the workers (studio.measure.remote), rank 0's clock.
-
-A Ray runtime this module starts (no RAY_ADDRESS / ray_address) is shut down with the workers: on a preset
-change, on unload, or on the next request after a worker died.
-"""
+"""Parallel presets: cache-dit's ParallelismConfig (context or tensor parallelism) with Ray workers, one per rank;
+cache-dit starts and wires them. Pipeline level, by choice: each worker loads and runs the whole pipeline, so no
+tensor round-trips through the main process per step (cache-dit's transformer-level Ray path failed to cache on FLUX).
+Timing and counts come from rank 0 (studio.measure.remote)."""
 
 from __future__ import annotations
 
@@ -44,8 +33,8 @@ def load_for_worker(source: str, dtype: str):
 
 
 def worker_options(spec: ParallelSpec, device: torch.device) -> dict:
-    """Ray resources per worker: a GPU each on a GPU machine, one CPU and no GPU on a CPU one (Ray's default of
-    num_gpus=1 would wait forever there)."""
+    """Ray resources per worker: a GPU each, or on a CPU machine one CPU and no GPU (Ray's default num_gpus=1 would
+    wait forever)."""
     opts = {"num_gpus": 1} if device.type == "cuda" else {"num_gpus": 0, "num_cpus": 1}
     opts.update(spec.ray_worker_options or {})
     return opts
@@ -106,7 +95,7 @@ def workers(pipe) -> ParallelState | None:
 
 
 def remove_parallel(pipe) -> None:
-    """Stop the workers (and a Ray runtime the engine started). A worker that died is killed rather than asked."""
+    """Stop the workers (and a Ray runtime the engine started); a dead worker is killed rather than asked."""
     state = stack_state(pipe.transformer)
     if state.workers.running is None:
         return
@@ -171,8 +160,8 @@ def _configs(preset: Preset, steps, separate_cfg, device, dtype):
 
 
 def apply_parallel(pipe, preset: Preset, *, source: str, steps, separate_cfg: bool = False) -> ParallelState:
-    """Start parallel workers running `pipe`'s model as `preset` says (its cache and attention inside them).
-    The caller has checked `unavailable_reason` (engine.stack)."""
+    """Start parallel workers running `pipe`'s model as `preset` says (its cache and attention inside them); the
+    caller has checked `unavailable_reason`."""
     import cache_dit
     import ray
 
@@ -184,8 +173,8 @@ def apply_parallel(pipe, preset: Preset, *, source: str, steps, separate_cfg: bo
     device, dtype = next(tr.parameters()).device, next(tr.parameters()).dtype
     cache_cfg, cal, pc, attn_note = _configs(preset, steps, separate_cfg, device, dtype)
     pc.ray_transfer_fn = functools.partial(load_for_worker, source, str(dtype).split(".")[-1])
-    # A pipeline object of its own for cache-dit to turn into the workers' proxy (it sets its class): it shares the
-    # main pipeline's modules, so the main process's own stacks (a base run beside this one) stay untouched.
+    # A pipeline object of its own for cache-dit to turn into the proxy (it sets its class), so the main pipeline's
+    # own stacks (a base run beside this one) stay untouched.
     shell = type(pipe)(**pipe.components)
     shell.set_progress_bar_config(disable=True)
     cache_dit.enable_cache(shell, cache_config=cache_cfg, calibrator_config=cal, parallelism_config=pc)

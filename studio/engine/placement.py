@@ -1,18 +1,7 @@
-"""Where a pipeline's components live, decided from their sizes against the device's free memory, BEFORE anything is
-placed on the device (and, for a model read from its files, before its weights are loaded: engine.sizes).
-
-One decision code on every device: `free_memory` is the least of the device-memory budget (STUDIO_DEVICE_MEMORY_GB,
-less what the studio already holds there) and, on CUDA, what `torch.cuda.mem_get_info` says is free. On a CPU with
-no budget nothing bounds it (everything resident, the studio's behaviour before budgets); on a CPU with a budget the
-accounting is logical (bytes the studio keeps "on the device" against bytes it keeps on the host: onload and offload
-device are both the CPU, nothing crosses a bus) and the same `decide` places the model as it would on a card that
-size. That is what makes the 24 GB-card case testable on a CPU.
-
-`needs` is what each regime holds on the device at its peak: the weights it keeps there plus an activation estimate
-(`activation_bytes`, from the model's own VAE and transformer configs at its profile's default size); the loader,
-`offload_config: auto` (engine.offload) and the refusals all read it, so a refusal before loading and a choice
-after it use the same numbers.
-"""
+"""Where a pipeline's components live, decided from their sizes against the device's free memory BEFORE anything is
+placed (or, from its files, loaded). One decision on every device: on a CPU with a budget (STUDIO_DEVICE_MEMORY_GB)
+the accounting is logical, so the same `decide` places the model as on a card that size (testable on a CPU).
+The loader, `auto` and the refusals all read `needs`, so a refusal before loading and a choice after agree."""
 
 from __future__ import annotations
 
@@ -46,16 +35,9 @@ def gib(n: int | None) -> str:
 
 
 def activation_bytes(configs: dict, width: int, height: int, text_tokens: int, elem: int) -> int | None:
-    """The largest activation peak of one run, in bytes (None: the configs do not say enough).
-
-    The VAE decode and the transformer do not run at once, so the peak is the larger of the two:
-      VAE (AutoencoderKL): level i of `block_out_channels` is upsampled into level i-1's area, so the largest map is
-        max(c_i x H x W / 4^(i-1)), and VAE_ALIVE of its size are alive at the peak (measured: a FLUX-config VAE's
-        decode on a CPU in bf16 peaked 112 MiB over its weights at 256x256 and 528 MiB at 512x512, i.e. 3.5 and 4.1
-        maps; 5 leaves room): FLUX at 1024x1024 in bf16, 256 channels x 1 M pixels x 5 x 2 B = 2.5 GiB.
-      transformer: (image tokens + text tokens) x its width x 12 alive (hidden states, q/k/v, attention out, the
-        4x MLP): FLUX at 1024x1024, 4608 x 3072 x 12 x 2 B = 0.3 GiB.
-    """
+    """The largest activation peak of one run, in bytes (None: the configs do not say enough): the larger of the VAE
+    decode (VAE_ALIVE maps of its largest level; a FLUX VAE at 1024x1024 in bf16: 2.5 GiB, 4.1 maps measured) and
+    the transformer (tokens x width x 12 alive: hidden states, q/k/v, attention out, 4x MLP): they never overlap."""
     chans = (configs.get("vae") or {}).get("block_out_channels")
     if not chans:
         return None
@@ -69,7 +51,6 @@ def activation_bytes(configs: dict, width: int, height: int, text_tokens: int, e
 
 def margin_bytes(sizes: ModelSizes, source: str | None, elem: int, device: torch.device) -> tuple[int, str]:
     """What `needs` adds to the weights: the activation estimate at the model's default size, and how it was made."""
-
     prof = profile_for(source) if source else None
     w, h = (prof.width, prof.height) if prof else (1024, 1024)
     act = activation_bytes(sizes.configs, w, h, (prof.max_sequence_length if prof else None) or 512, elem)
@@ -80,12 +61,8 @@ def margin_bytes(sizes: ModelSizes, source: str | None, elem: int, device: torch
 
 
 def needs(sizes: ModelSizes, spec: OffloadSpec, margin: int, device: torch.device | None = None) -> dict[str, int]:
-    """Device bytes each policy holds at its peak (weights it keeps there + `margin`).
-
-    Args:
-        device: where it runs (None: a CUDA device): a prefetching regime (cache-dit's async copies, diffusers'
-            streams) holds the next unit beside the running one only on CUDA; elsewhere each onloads as it runs.
-    """
+    """Device bytes each policy holds at its peak (weights it keeps there + `margin`). A prefetching regime holds the
+    next unit beside the running one only on CUDA (`device` None: CUDA); elsewhere each onloads as it runs."""
     cuda = device is None or device.type == "cuda"
     largest = sizes.largest_block
     resident = sizes.total - sizes.block_total  # the encoders, the VAE and the transformer's non-block weights
@@ -125,9 +102,8 @@ class Free:
 
 
 def free_memory(device: torch.device, held: int = 0, releasable: int = 0, budget: float | None = None) -> Free:
-    """The device memory the studio may still fill: the least of the budget less `held` (what the studio keeps on
-    the device now) and CUDA's free memory plus `releasable` (device bytes of the pipeline about to be replaced).
-    `budget`: the device-memory budget in GiB (the `device_memory_gb` setting, STUDIO_DEVICE_MEMORY_GB); None: none."""
+    """The device memory the studio may still fill: the least of `budget` (GiB; None: none) less `held`, and CUDA's
+    free memory plus `releasable` (the pipeline about to be replaced). On a CPU without a budget: unbounded."""
     parts = []
     if budget is not None:
         less = f" less {gib(held)} held by the loaded model" if held else ""
@@ -142,8 +118,8 @@ def free_memory(device: torch.device, held: int = 0, releasable: int = 0, budget
 
 
 def free_on(profile: DeviceProfile, device, held: int = 0, releasable: int = 0, budget: float | None = None) -> Free:
-    """The device memory the studio may fill on `profile`: this machine's (`here`: free_memory on `device`), or a
-    named profile's (profile_free: a ZeroGPU slice, whose whole card torch reports, or a simulated card)."""
+    """The device memory the studio may fill on `profile`: this machine's, or a named profile's (a ZeroGPU slice,
+    whose whole card torch reports, or a simulated card)."""
     if profile.name != "here":
         return profile_free(profile, held, budget)
     return free_memory(device, held, releasable, budget)
@@ -197,9 +173,8 @@ class Plan:
 
 
 def decide(sizes: ModelSizes, spec: OffloadSpec, device: torch.device, free: Free, margin: tuple[int, str]) -> Plan:
-    """The regime for `spec` on `device` with `free` bytes: `auto` takes the first of AUTO_ORDER that can run here
-    and fits; an explicit policy that cannot run here falls back to resident (engine.offload says why), and then
-    must fit resident."""
+    """The regime for `spec` on `device`: `auto` takes the first of AUTO_ORDER that runs here and fits; an explicit
+    policy that cannot run here falls back to resident, and must then fit resident."""
     need = needs(sizes, spec, margin[0], device)
     if spec.policy == "auto":
         if free.bytes is None:
@@ -224,7 +199,6 @@ def modules(pipe) -> dict:
 
 def device_bytes(pipe, device: torch.device) -> int:
     """Bytes of the pipeline's tensors on `device` now (a CUDA device: what replacing this pipeline gives back)."""
-
     return sum(
         tensor_bytes(t)
         for c in modules(pipe).values()
@@ -234,10 +208,8 @@ def device_bytes(pipe, device: torch.device) -> int:
 
 
 def place(pipe, policy: str, device: torch.device) -> None:
-    """Move what `policy` keeps on the device there, after its hooks went on (a no-op for what is there already):
-    resident, everything; layerwise, all but the transformer's blocks (cache-dit onloads those as they run); group
-    offload, all but the transformer (diffusers onloads its groups, the rest of it included); model offload, nothing
-    (accelerate moves each component for its turn)."""
+    """Move what `policy` keeps on the device there, after its hooks went on: layerwise keeps back the transformer's
+    blocks, group offload the whole transformer (diffusers onloads its groups), model offload everything."""
     if policy == "model_cpu_offload":
         return
     for name, comp in modules(pipe).items():

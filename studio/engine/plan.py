@@ -1,12 +1,6 @@
 """What a preset would run on a device, part by part with the reason, and its memory plan: `python -m studio plan`.
-
-Every part comes from the code a run applies, fed the device profile (spec.devices): the dtype and 8-bit form from
-its rules, the attention kernel probed here or judged by its requirements on a named profile (engine.resolve), the
-compile form from engine.compile's rules, and the offload regime from engine.placement.decide against the profile's
-memory (or a budget). The sizes are counted from the model's configs on the meta device, in the dtype and 8-bit form
-that would run (engine.sizes.sizes_from_configs): the families the studio names ship their configs
-(studio/models/configs), so a plan reads no weights and needs no network.
-"""
+Every part comes from the rules a run applies, fed the device profile; sizes come from the model's shipped configs
+on the meta device, so a plan reads no weights and needs no network."""
 
 from __future__ import annotations
 
@@ -67,8 +61,7 @@ class DevicePlan:
 
 
 def model_folder(model: str | None) -> Path:
-    """The folder whose configs describe `model`: the embedded model, a local folder, or the shipped configs of a
-    family the studio names (by Hub id or by its short name, e.g. FLUX.1-dev)."""
+    """The folder whose configs describe `model`: a local folder, or a named family's shipped configs."""
     return _source(model)[0]
 
 
@@ -100,8 +93,8 @@ def make_plan(
     budget: float | None = None,
     forced_dtype: str | None = None,
 ) -> DevicePlan:
-    """What `preset` would run on `profile` for `model` at `size` (default: the model's), under a device-memory
-    budget in GiB (None: the profile's memory)."""
+    """What `preset` would run on `profile` for `model` at `size` (default: the model's), under `budget` GiB (None:
+    the profile's memory)."""
     folder, hub = _source(model)
     mprof = profile_for(hub)
     w, h = size or (mprof.width, mprof.height)
@@ -182,8 +175,7 @@ def _where(sizes: ModelSizes, regime: str) -> dict:
 
 
 def compile_plan(preset: Preset, profile: DeviceProfile, regime: str, quantized: bool, folder: Path) -> tuple:
-    """(the compile form, why) by engine.compile's and engine.offload's rules (apply_compile,
-    compile_under_offload, aot.refusal), for the regime the plan chose."""
+    """(the compile form, why) by engine.compile's and engine.offload's rules, for the regime the plan chose."""
     spec = preset.compile
     if not spec.enabled:
         return "off", "eager, as the preset asks"

@@ -1,19 +1,7 @@
-"""8-bit quantization of the transformer with torchao, in the forms cache-dit names.
-
-float8_per_row    float8 activations and weights, scaled per row (GPUs with float8 matmuls: sm89+)
-int8_per_row      int8 activations and weights, per row (torch._int_mm)
-int8_weight_only  int8 weights dequantized per call: half the weight bytes; eager a memory option, not a speed one
-auto              the fastest of these for the device, as measured (quant_form):
-                  - GPU sm89+: float8_per_row; other GPUs: int8_per_row (compiled FLUX on an H100, public numbers:
-                    weight-only 5.25 s, int8 dynamic 3.66 s, float8 per-row 3.47 s);
-                  - CPU with AMX-INT8: int8_per_row (embedded model, bf16: 1.44x compiled; with the cache 2.28x
-                    against cache-compile's 2.14x);
-                  - other CPUs: int8_weight_only (Ice Lake, AVX512-VNNI, fp32, `python -m studio bench`: compiled
-                    weight-only 1.49x against dynamic's 1.32x; with the cache 2.48x against 2.26x, cache-compile
-                    2.31x);
-                  - where the stack runs eagerly, weight-only: dynamic-activation forms eager are slower than full
-                    precision (each call quantizes its activations in separate kernels; 0.42x on the AMX CPU).
-"""
+"""8-bit quantization of the transformer with torchao, in the forms cache-dit names: float8_per_row (sm89+ GPUs),
+int8_per_row (int8 activations and weights) and int8_weight_only (half the weight bytes; eager, a memory option, not
+a speed one). `auto` takes the fastest measured for the device (spec.devices.quant_form); eagerly, weight-only, as
+dynamic-activation forms run eager are slower than full precision."""
 
 from __future__ import annotations
 
@@ -42,8 +30,8 @@ def _torchao_config(form: str):
 
 
 def preset_form(preset, profile: DeviceProfile) -> tuple[str, str]:
-    """(the 8-bit form `preset` runs on `profile`, why): its quant spec, compiled or not as the stack is there (the
-    model manager keys weights by it; the presets list, the export and `plan` say it)."""
+    """(the 8-bit form `preset` runs on `profile`, why), compiled or not as its stack is there; the model manager
+    keys weights by it."""
     return quant_form(preset.quant, profile, compiles(preset.compile, preset.offload_config, profile))
 
 
@@ -59,13 +47,9 @@ def quantized_mode(transformer) -> str:
 def apply_quant(
     pipe, spec: QuantSpec, profile: DeviceProfile, device: torch.device, compiled: bool = False
 ) -> Engaged:
-    """Quantize `pipe.transformer`'s Linear layers in place, skipping names containing any of `spec.exclude`, in the
-    form `profile` decides (spec.devices.quant_form); `device`: where it computes (engine.offload.run_device: under
-    an offload regime the weights wait on the host, so their own device says nothing).
-
-    A transformer that is already quantized is never quantized again: the model manager reloads weights when
-    the form changes (it keys them by quant_form), so reaching here with a different mark is a wiring bug and raises.
-    """
+    """Quantize `pipe.transformer`'s Linear layers in place, in the form `profile` decides; `device`: where it
+    computes (under offload the weights' own device says nothing). Never quantizes twice: the model manager reloads
+    weights when the form changes, so a different mark here is a wiring bug and raises."""
     tr = pipe.transformer
     current = quantized_mode(tr)
     if not spec.enabled:

@@ -1,8 +1,4 @@
-"""What a preset's `auto` choices and asked kernels become on a device, from the resolvers the engine itself runs.
-
-A preset's description says what it asks for; this says what it runs here, before it runs: the presets list, the
-Presets tab and the cache-dit export header show it (report.text.on_this_machine words it).
-"""
+"""What a preset's `auto` choices and asked kernels become on a device, before it runs, by the engine's resolvers."""
 
 from __future__ import annotations
 
@@ -16,9 +12,8 @@ from studio.spec.preset import ATTENTION_BACKENDS, Preset
 
 
 def resolved(preset: Preset, profile: DeviceProfile, forced_dtype: str | None = None) -> dict[str, tuple[str, str]]:
-    """{part: (what runs, why)} for the parts whose choice depends on the device: dtype (`forced_dtype`: the `dtype`
-    setting, STUDIO_DTYPE), 8-bit form, attention. On this machine (`here`) the attention kernels are probed as a run
-    probes them; on a named profile they are judged by their published requirements (spec.devices.attention_for)."""
+    """{part: (what runs, why)} for dtype, 8-bit form and attention. Attention is probed as a run probes it on this
+    machine, judged by its published requirements on a named profile."""
     dtype = resolve_dtype(preset.dtype, profile, forced=forced_dtype)
     out = {"dtype": (dtype.name, dtype.note or "")}  # a note names the dtype and says why; none: as the preset asks
     if preset.quant.enabled:

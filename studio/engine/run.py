@@ -1,10 +1,5 @@
-"""One measured run of one stack: the pipeline with the stack applied, its warm-up, one timed call, its counts.
-
-Every stack runs once untimed the first time it meets a shape in a process (the warm-up; under torch.compile that
-run compiles, and its time is reported apart as compile time); the timed run follows. Its denoise time runs from the
-first transformer call to the last scheduler step; the counts come from the block hooks where blocks run eagerly
-and from the cache's own record otherwise (studio.measure.timing).
-"""
+"""One measured run of one stack: the pipeline with the stack applied, its warm-up (untimed, once per shape per
+process: a compile happens there), one timed call, its counts."""
 
 from __future__ import annotations
 
@@ -38,8 +33,8 @@ from studio.spec.request import GenerationRequest
 
 @dataclass(frozen=True)
 class Deadline:
-    """When a request must have ended (a public studio's limit per request): checked before each run and after
-    each denoising step, so a request over it stops between two steps and says where."""
+    """When a request must have ended: checked before each run and after each step, so a request over it stops
+    between two steps and says where."""
 
     limit_s: float
     ends: float  # time.monotonic()
@@ -59,7 +54,7 @@ class Deadline:
 
 @dataclass(frozen=True)
 class RunContext:
-    """What every run of one request shares: where it runs, what it asks, and who hears about its progress."""
+    """What every run of one request shares."""
 
     manager: ModelManager
     request: GenerationRequest
@@ -76,9 +71,8 @@ class RunContext:
 
     @property
     def timing_key(self) -> tuple:
-        """The request's shape, as a timing key: what a DiT's denoise time depends on (model, dtype, size, steps,
-        text length, guidance, whether true CFG runs: two transformer calls a step, the batch, the task and the steps
-        it runs), and not the prompt, the seed or the input picture."""
+        """The request's shape, as a timing key: what a DiT's denoise time depends on, not the prompt, the seed or
+        the input picture."""
         r, cur = self.request, self.manager.current
         cfg = true_cfg(cur.pipe, r) if cur is not None else r.true_cfg_scale
         return (
@@ -104,7 +98,7 @@ class RunContext:
             self.deadline.check(where)
 
     def stepper(self, run: str, then=None):
-        """A step callback that checks the deadline after each step of `run`, then calls `then` (the progress)."""
+        """A step callback that checks the deadline, then calls `then` (the progress)."""
 
         def on_step(step_index, total, record=None):
             self.check(f"after step {step_index + 1} of {total} of {run}")
@@ -151,7 +145,7 @@ class Measured:
 
     @property
     def timed(self) -> Run:
-        """The run as the estimator reads it: its step times and cached steps (studio.measure.estimate)."""
+        """The run as the estimator reads it (studio.measure.estimate)."""
         return Run.of(self.step_ms, self.counts.cached_indices)
 
     @property
@@ -166,8 +160,8 @@ class Measured:
 
 
 def pipeline_for(ctx: RunContext, preset: Preset):
-    """The model's pipeline with `preset` applied, its cache wired to how this request calls the transformer;
-    (pipe, stack, reloaded). A parallel stack's pipe is the proxy whose calls go to the workers."""
+    """(pipe, stack, reloaded): the model's pipeline with `preset` and the request's LoRAs applied; a parallel stack's
+    pipe is the proxy whose calls go to the workers."""
     check_loras(ctx.request, preset)
     cur = ctx.manager.ensure(ctx.model, ctx.manager.resolve_dtype(preset.dtype), ctx.on_status)
     separate = true_cfg(cur.pipe, ctx.request)
@@ -221,9 +215,8 @@ def warm(ctx: RunContext, pipe, stack: AppliedStack, preset: Preset) -> float | 
 
 
 def settle(ctx: RunContext, preset: Preset) -> float:
-    """One untimed run of a warm stack (warmed first where it is not), its seconds: a round of timed runs starts
-    after it, so what another process does at the start of an event (the app's process handling the click: measured
-    1.09-1.15x on the first slot of an app Matrix) lands here rather than in the first timed run."""
+    """One untimed run of a warm stack, its seconds: what other processes do at the start of an event (the app
+    handling the click) lands here rather than in the first timed run."""
     pipe, stack, _ = pipeline_for(ctx, preset)
     warm(ctx, pipe, stack, preset)
     ctx.check(f"before the untimed run of {preset.name}")
@@ -234,12 +227,8 @@ def settle(ctx: RunContext, preset: Preset) -> float:
 
 
 def measure(ctx: RunContext, preset: Preset, *, warm_up: bool = True, show_steps: bool = True) -> Measured:
-    """Warm the stack up for this shape if it is its first run in this process, then one timed run.
-
-    Args:
-        warm_up: False skips the warm-up: for a screening run whose time is not reported (the tuner's).
-        show_steps: report each step to `ctx.progress` (the stack's runs do; the base runs beside them do not).
-    """
+    """Warm the stack up for this shape where needed (`warm_up` False: a screening run, time not reported), then one
+    timed run; `show_steps`: report each step to `ctx.progress` (base runs beside a stack do not)."""
     ctx.check(f"before the run of {preset.name}")
     pipe, stack, reloaded = pipeline_for(ctx, preset)
     state = stack_state(pipe.transformer)
@@ -299,8 +288,8 @@ def measure(ctx: RunContext, preset: Preset, *, warm_up: bool = True, show_steps
 
 
 def _aot_misses(aot, before: int) -> tuple[str, ...]:
-    """Block calls of the timed run that found no ahead-of-time package (a shape the warm-up did not see, e.g. a
-    new text length where the model does not pad its prompt): they ran eagerly, and the card says so."""
+    """Block calls of the timed run that found no ahead-of-time package (a shape the warm-up did not see) ran
+    eagerly: the card says so."""
     missed = aot.eager_calls() - before if aot is not None else 0
     if not missed:
         return ()

@@ -1,9 +1,5 @@
-"""Runner: the engine's facade. `generate` is one measured generation compared with its base; `screen` a quick
-look at a stack's picture and counts; `warm_up` the untimed first runs.
-
-The parts: the pipeline call (engine.call), one measured run (engine.run), and the measuring method, how base is
-paired with a stack and when a kept base may stand in (engine.baseline: read it to know how a speed-up is taken).
-"""
+"""Runner, the engine's facade: `generate` is one measured generation compared with its base (how: engine.baseline),
+`screen` a quick look at a stack's picture and counts, `warm_up` the untimed first runs."""
 
 from __future__ import annotations
 
@@ -88,13 +84,8 @@ class Runner:
         max_steps: int | None = None,
         max_side: int | None = None,
     ):
-        """
-        Args:
-            base_max_age_s, base_retime_under_s, cheap_pairs, shape_max_age_s: when base is timed beside a stack,
-                and how long a kept timing of a shape divides runs under compare `auto` (engine.baseline).
-            max_steps, max_side: an operator's caps on steps and on width/height (a public Space), on top of what
-                the model's profile allows.
-        """
+        """The base_* and pairs arguments: engine.baseline.Pairing; max_steps, max_side: an operator's caps (a public
+        Space) on top of the model profile's."""
         self.manager = manager or ModelManager()
         self.presets = presets or PresetLibrary()
         self.model = model or "tiny"
@@ -109,11 +100,10 @@ class Runner:
         self.deadline: Deadline | None = None  # the running request's time limit (time_limit)
 
     def kept(self) -> Kept:
-        """What this runner keeps between requests (engine.baseline.Kept): what must outlive a ZeroGPU call."""
+        """What this runner keeps between requests: what must outlive a ZeroGPU call."""
         return Kept(self.bases, self.shapes, self.stack_prices)
 
     def keep(self, kept: Kept) -> None:
-        """Take `kept` (from kept(), maybe of another process) as what this runner keeps."""
         self.bases, self.shapes, self.stack_prices = kept.bases, kept.shapes, kept.stack_prices
 
     # requests --------------------------------------------------------------------------------------------
@@ -128,11 +118,11 @@ class Runner:
         return self.profile(model).request(prompt, **overrides)
 
     def check_caps(self, request: GenerationRequest) -> None:
-        """Raise ConfigError with a sentence when the request is over the operator's caps (before any load)."""
+        """Raise ConfigError when the request is over the operator's caps (before any load)."""
         check_caps(request, self.max_steps, self.max_side, self.manager.settings.max_prompt_chars)
 
     def check_request(self, request: GenerationRequest, model: str | None = None) -> None:
-        """Raise ConfigError with a sentence when the request is over the caps or the model cannot take this size."""
+        """Raise ConfigError when the request is over the caps or the model cannot take this size."""
         self.check_caps(request)
         prof = self.profile(model)
         for name in ("width", "height"):
@@ -148,8 +138,8 @@ class Runner:
         return self.bases.get(request.key(resolve_model(model or self.model), dtype))
 
     def context(self, request: GenerationRequest, preset: Preset, model: str | None = None, **hooks) -> RunContext:
-        """The run context of `request` under `preset`'s dtype, with the preset's own LoRAs first in its `loras`
-        (so its base image has them too); hooks: progress, on_status."""
+        """The run context of `request` under `preset`'s dtype, the preset's own LoRAs first (so its base image has
+        them too)."""
         dtype = self.manager.resolve_dtype(preset.dtype)
         if preset.loras:
             request = replace(request, loras=merge_loras(preset.loras, request.loras))
@@ -157,9 +147,8 @@ class Runner:
 
     @contextmanager
     def time_limit(self, seconds: float | None):
-        """Every run started inside stops between two steps once `seconds` have passed (None: no limit), and the
-        request ends with spec.errors.OverTime: a public studio's limit per request, over a Matrix or a tuner's
-        search as over one image."""
+        """Every run started inside stops between two steps once `seconds` have passed (None: no limit), ending the
+        request with spec.errors.OverTime: a public studio's limit per request."""
         before, self.deadline = self.deadline, Deadline.after(seconds) or self.deadline
         try:
             yield
@@ -167,15 +156,13 @@ class Runner:
             self.deadline = before
 
     def base_preset(self, dtype: str, preset: Preset | None = None) -> Preset:
-        """`base` in the dtype a stack runs in, under the stack's memory regime (baseline.same_regime): its picture is
-        the one the stack is compared with."""
+        """`base` in a stack's dtype and memory regime: what the stack is compared with."""
         base = replace(self.presets.get(BASE), dtype=dtype)
         return base if preset is None else same_regime(base, preset)
 
     # runs ------------------------------------------------------------------------------------------------
     def warm_up(self, request: GenerationRequest, presets: list[str], model: str | None = None) -> list[float]:
-        """Load the model and run the untimed warm-up of each preset's stack for this shape (where not done yet);
-        the seconds each took (0.0 when it was warm already)."""
+        """Load the model and warm each preset's stack for this shape; the seconds each took (0.0: warm already)."""
         out = []
         with self.manager.lock:
             for name in presets:
@@ -192,9 +179,8 @@ class Runner:
             return settle(self.context(request, p, model), p)
 
     def screen(self, request: GenerationRequest, preset: str | Preset, model: str | None = None) -> RunMetrics:
-        """One run of `preset` without a warm-up, for its picture and step counts judged against the base image
-        (computed first when there is none). Its time is not a measurement: the tuner ranks by the counts and times
-        its finalists with the bench."""
+        """One run of `preset` without a warm-up, for its picture and step counts against the base image (computed
+        first if missing). Its time is not a measurement: the tuner times its finalists with the bench."""
         p = self.resolve_preset(preset)
         ctx = self.context(request, p, model)
         with self.manager.lock, self._failures(p):
@@ -220,21 +206,10 @@ class Runner:
         pairing: Pairing | None = None,
         library: PresetLibrary | None = None,
     ) -> RunResult:
-        """One generation with `preset`, measured, and compared with the base image of the same request.
-
-        Args:
-            preset: a stack resolved and switched already (an event's Ask: spec.ask), or a preset's name.
-            cache_enabled, cache_threshold, compile_enabled: the per-request switches (None follows the preset), for a
-                caller that names a preset rather than passing an Ask's stack (spec.ask.Switches: the one rule).
-            progress: callable(step_index, total_steps, StepRecord) after each denoising step.
-            on_status: callable(str) for slow phases (loading, warm-up, compiling, the base run).
-            compare: on (True) / auto / off (False): how the run is compared with base (spec.request.COMPARE_MODES,
-                engine.baseline): on times base beside it and computes the same request's base picture; auto
-                divides by a kept base timing of the same shape when there is one; off runs the stack alone.
-            pairing: how base is timed beside the stack (engine.baseline); the runner's own by default, or
-                `baseline.CALLER_TIMES_BASE` for a caller that times base itself (the bench).
-            library: the library to resolve a preset name in (a visitor's own presets); the runner's by default.
-        """
+        """One generation with `preset` (a stack or a name), measured and compared with the same request's base.
+        `compare`: on (True) times base beside it; auto divides by a kept base timing of the same shape when there is
+        one; off (False) runs the stack alone. `progress(step_index, total_steps, StepRecord)` follows each step;
+        `pairing=CALLER_TIMES_BASE` is for a caller that times base itself (the bench)."""
         t0 = time.perf_counter()
         compare = compare_mode(compare)
         p = Switches(cache_enabled, cache_threshold, compile_enabled).apply(self.resolve_preset(preset, library))
@@ -252,8 +227,8 @@ class Runner:
             return result
 
     def base_picture(self, request: GenerationRequest, base: Preset, model: str | None = None):
-        """Base's picture of `request` under `base` (base in a stack's dtype and regime: base_preset), untimed: the
-        kept one where base ran this request, else one run kept as a picture only (`pictures`: never a timing)."""
+        """Base's picture of `request` under `base` (base_preset), untimed: the kept one, else one run kept as a
+        picture only (never a timing)."""
         ctx = self.context(request, base, model)
         key = regime_key(ctx.key, base)
         kept = self.bases.get(key) or self.pictures.get(key)
@@ -263,12 +238,9 @@ class Runner:
         return kept.image
 
     def _vs_fewer(self, ctx: RunContext, p: Preset, result: RunResult) -> dict | None:
-        """A cached text-to-image run with a speed-up shown, against base at the step count of that speed-up (its
-        picture against the full-step base picture; HOUSE 18): one untimed base run of fewer steps (at most one base
-        run's cost), its picture kept (base_picture), so the same request again runs nothing more. None where the run
-        cached nothing or nothing divides, where the stack's 8-bit weights are not base's (the extra run would leave
-        base's weights in place, and a one-slot card would reload the stack's at the next click), and where that
-        extra run failed (the time limit, out of memory: logged; the run's own result stands)."""
+        """A cached text-to-image run against base at that speed-up's step count (HOUSE 18): one untimed, kept base run
+        of fewer steps. None where nothing cached or divides, where the stack is quantized (the extra run would make a
+        one-slot card reload the stack's weights at the next click), or where the extra run failed (logged)."""
         m, req = result.metrics, ctx.request
         sp, db = m.timing.speedup, m.quality.psnr_db
         if not m.cache.cached_steps or sp is None or sp <= 1.0 or db is None or result.base_image is None:
@@ -290,9 +262,8 @@ class Runner:
 
     @contextmanager
     def _failures(self, p: Preset):
-        """A run of `p` that fails inside the pipeline with a failure the studio can name (spec.errors.RUN_FAILURES:
-        out of memory, a kernel that fails, a parallel worker that died) ends with one sentence, nothing changed; a
-        user error as it is; anything else is a bug and goes on as it is, to the one boundary that logs it."""
+        """A run failure the studio can name (spec.errors.RUN_FAILURES) ends in one RunError sentence; a user error
+        as it is; anything else is a bug and goes on to the one boundary that logs it."""
         try:
             yield
         except USER_ERRORS:
@@ -313,8 +284,7 @@ class Runner:
             ) from e
 
     def _parallel_failed(self, p: Preset) -> bool:
-        """After a failed run of `p`: whether parallel workers ran it; they are stopped (a dead one killed), so the
-        next request starts new ones."""
+        """Whether parallel workers ran the failed run; they are stopped, so the next request starts new ones."""
         cur = self.manager.current
         if cur is None or not p.wants_workers or workers(cur.pipe) is None:
             return False
@@ -322,8 +292,7 @@ class Runner:
         return True
 
     def _generate(self, ctx: RunContext, p: Preset, pairing: Pairing, compare: str, t0: float) -> RunResult:
-        """generate()'s body, under the manager's lock: plan how it is timed, time it, keep what may divide the
-        shape's next runs, the record."""
+        """generate()'s body, under the manager's lock."""
         plan = self._plan(ctx, p, pairing, compare)
         time_it = {BASE_ITSELF: self._time_base, COMPARED: self._time_compared, ALONE: self._time_alone}[plan.how]
         paired = time_it(ctx, p, plan)
@@ -333,8 +302,8 @@ class Runner:
         return RunResult(paired.run.image, paired.base.image if paired.base else None, metrics)
 
     def _plan(self, ctx: RunContext, p: Preset, pairing: Pairing, compare: str) -> Plan:
-        """How this run is timed, before anything runs (engine.baseline says why each way): base itself; a stack
-        compared with base (beside it, or by a kept timing of its shape: decided after its warm-up); or alone."""
+        """How this run is timed: base itself, compared with base (beside it or by its shape's kept timing: decided
+        after its warm-up), or alone."""
         base_p = self.base_preset(ctx.dtype.name, p)
         key, shape = regime_key(ctx.key, p), regime_key(ctx.timing_key, p)  # another regime, another kept base
         is_base = replace(p, dtype=ctx.dtype.name).stack == base_p.stack
@@ -351,9 +320,8 @@ class Runner:
         return Paired(None, measure(ctx, p), 1, False)
 
     def _time_compared(self, ctx: RunContext, p: Preset, plan: Plan) -> Paired:
-        """The stack against base, the cores watched on a CPU: its warm-up first (a compile can take a minute), so
-        that a base kept 50 s ago never divides a run that ends 50 s of compiling later; then by the shape's kept
-        timing where this stack was timed beside that very timing (compare `auto`), else base timed beside it."""
+        """The stack against base, cores watched on a CPU. Warm-up first, so a kept base does not go stale during a
+        compile; then by the shape's kept timing where usable (compare `auto`), else base timed beside it."""
         cpu = cpu_threads(self.manager.device) if not p.wants_workers else None  # watched cores (baseline)
         pipe, stack, reloaded = pipeline_for(ctx, p)
         warmup_s = warm(ctx, pipe, stack, p)
@@ -382,9 +350,8 @@ class Runner:
         return replace(paired, run=run)
 
     def _kept_price(self, plan: Plan, p: Preset) -> tuple | None:
-        """Under compare `auto`: the shape's kept base timing, this stack's runs beside that very timing and the
-        request's kept base picture, where the timing and the runs are kept (then one run of the stack is all it
-        costs); None: base is timed beside it."""
+        """Under compare `auto`: (the shape's kept base timing, this stack's runs beside it, the request's kept base)
+        where both are kept; None: base is timed beside it."""
         shaped = shape_timing(plan.pairing, self.shapes, plan.shape) if plan.compare == "auto" else None
         then = self.stack_prices.get((plan.shape, p.stack)) if shaped is not None else None
         if then is None or then[0] != shaped.timed_at:
@@ -392,8 +359,8 @@ class Runner:
         return shaped, then[1], self.bases.get(plan.key)
 
     def _keep_shape_timing(self, plan: Plan, p: Preset, paired: Paired) -> None:
-        """A base timing taken in this call that agreed may divide this shape's next runs (compare `auto`), with the
-        stack's runs beside it (what the machine's speed since then is read against)."""
+        """Keep an agreed base timing of this call for the shape's next runs (compare `auto`), with the stack's runs
+        beside it (what later drift is read against)."""
         base = paired.base
         if base is None or not base.agreed or paired.by_shape or not (plan.is_base or paired.base_now):
             return
@@ -466,8 +433,8 @@ class Runner:
         )
 
     def _room(self, ctx: RunContext, p: Preset, run: Measured) -> dict:
-        """The step cache's room at this run's steps, asked for whether or not it engaged, and why an engaged one
-        cached nothing (spec.headroom: cache-dit's own rules, the run's own residual differences)."""
+        """The step cache's room at this run's steps, engaged or not, and why an engaged one cached nothing
+        (spec.headroom)."""
         steps, c = ctx.request.executed_steps, p.cache_config
         room = headroom(c, steps, step_mask(c, steps) if c.has_mask else None)
         r = run.report
@@ -476,8 +443,8 @@ class Runner:
         )
 
     def _pace(self, ctx: RunContext, paired: Paired) -> Pace | None:
-        """A base timed in this call on the CPU, no other program on the cores: its floor per step against the fastest
-        this machine has run the same (studio.measure.pace, the bench's record too), which then keeps the faster."""
+        """An uncrowded CPU base timed in this call: its floor per step against this machine's fastest on record
+        (studio.measure.pace), which keeps the faster."""
         base, c = paired.base, paired.crowding
         if not paired.base_now or base is None or not base.runs or c is None or c.taken is None or c.crowded:
             return None

@@ -1,18 +1,7 @@
-"""SageAttention 1 (PyPI's `sageattention` 1.x, Triton kernels) as a diffusers attention backend named `sage1`.
-
-diffusers 0.42's own `sage` backend needs sageattention >= 2.1.1, which is built from source; what pip installs is
-1.0.6. Its `sageattn(q, k, v, tensor_layout, is_causal, sm_scale, smooth_k)` takes the dispatcher's layout as is
-(query/key/value are [batch, seq, heads, head_dim]: "NHD"), so `register()` adds one member to diffusers'
-`AttentionBackendName` and one function to its registry; `transformer.set_attention_backend("sage1")` then works
-like any built-in name. Nothing here imports sageattention until `load_kernel()` (it imports triton at once).
-
-Where the checks run: diffusers calls a backend's constraint functions only when DIFFUSERS_ATTN_CHECKS is set (off
-by default), and it silently drops any argument the backend function does not name (an attn_mask would vanish).
-So the function names every argument the dispatcher passes and runs both checks itself on every call; they are
-also registered as constraints, so with DIFFUSERS_ATTN_CHECKS diffusers reports them before the call. The kernel's
-input limits (CUDA, fp16/bf16, head_dim 64/96/128) belong to the real kernel: a kernel set by `kernel_for_tests`
-(an exact reference with sageattn's signature, run on CPU) skips them, and nothing else can.
-"""
+"""SageAttention 1 (PyPI's `sageattention` 1.x, Triton kernels) as a diffusers attention backend named `sage1`:
+diffusers' own `sage` needs sageattention >= 2.1.1, built from source. diffusers checks constraints only under
+DIFFUSERS_ATTN_CHECKS and silently drops arguments a backend does not name (an attn_mask would vanish), so the
+backend names every argument and runs its checks on every call. sageattention is imported only by `load_kernel()`."""
 
 from __future__ import annotations
 
@@ -38,7 +27,7 @@ _test_kernel: Callable | None = None  # a reference kernel set by kernel_for_tes
 
 
 def installed_version() -> str | None:
-    """The installed sageattention's version, read from its metadata (nothing is imported), or None."""
+    """The installed sageattention's version from its metadata (nothing imported), or None."""
     try:
         return importlib.metadata.version(PACKAGE)
     except importlib.metadata.PackageNotFoundError:
@@ -82,8 +71,7 @@ def check_request(query, key, attn_mask=None, dropout_p=0.0, enable_gqa=False, *
 
 
 def check_kernel_inputs(query, key, value, **kwargs) -> None:
-    """What the 1.x kernels accept: CUDA tensors on one device, fp16/bf16, head_dim 64/96/128 (skipped for a test
-    kernel, which decides for itself)."""
+    """What the 1.x kernels accept: CUDA tensors on one device, fp16/bf16, head_dim 64/96/128 (a test kernel: any)."""
     if _test_kernel is not None:
         return
     if query.device.type != "cuda" or not query.device == key.device == value.device:
@@ -125,8 +113,8 @@ def sage1_attention(
     check_request(query, key, attn_mask=attn_mask, dropout_p=dropout_p, enable_gqa=enable_gqa)
     check_kernel_inputs(query, key, value)
     kernel = _test_kernel or load_kernel()
-    # 1.0.6 smooths K in place (`k -= k.mean(...)`), which would change the caller's key: smooth a copy here
-    # instead (softmax does not see a shift shared by all keys; it only narrows the int8 range) and ask it not to.
+    # 1.0.6 smooths K in place, changing the caller's key: smooth a copy here (softmax ignores a shift shared by all
+    # keys; it only narrows the int8 range) and ask it not to.
     k = key - key.mean(dim=1, keepdim=True)
     return kernel(
         _last_dim_dense(query),
@@ -160,9 +148,8 @@ def _member(enum_cls):
 
 
 def register():
-    """Add `sage1` to diffusers' attention dispatcher (again: a no-op) and return its AttentionBackendName.
-
-    Raises RuntimeError when diffusers already has a `sage1` of its own: that one is left alone."""
+    """Add `sage1` to diffusers' attention dispatcher (idempotent) and return its AttentionBackendName; RuntimeError
+    when diffusers already has a `sage1` of its own (left alone)."""
     from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
     reg = _AttentionBackendRegistry
@@ -179,8 +166,7 @@ def register():
 
 
 def unavailable_reason(device: torch.device, dtype: torch.dtype, head_dim: int | None) -> str | None:
-    """Why `sage1` cannot run a transformer on `device` in `dtype` with `head_dim` (None: unknown), or None.
-    Imports sageattention (and triton) when everything else fits, and registers the backend."""
+    """Why `sage1` cannot run here (None: it can); imports sageattention and registers the backend if all else fits."""
     version = installed_version()
     if version is None:
         return f"{PACKAGE} not installed (pip install {PACKAGE}==1.0.6)"
@@ -204,7 +190,7 @@ def unavailable_reason(device: torch.device, dtype: torch.dtype, head_dim: int |
 
 
 def package_note() -> str | None:
-    """What the installed sageattention is, when one is, for a reason given off CUDA (None: not installed)."""
+    """What the installed sageattention is, for a reason given off CUDA (None: not installed)."""
     version = installed_version()
     if version is None:
         return None

@@ -1,21 +1,6 @@
-"""A pipeline's weight bytes per component, read BEFORE loading it, and the same record from a loaded pipeline.
-
-Why before: the loader decides where a model goes (resident, or on the host with its blocks streamed) and whether
-it fits at all before `from_pretrained` reads a byte of weights (engine.placement). A safetensors file starts with
-an 8-byte little-endian header length and a JSON header giving every tensor's dtype and shape, so the exact
-parameter count of each component is known from a few kilobytes per file; a sharded component's
-`*.safetensors.index.json` names its shards (each shard's header is read the same way).
-
-The bytes are scaled to the dtype the preset loads in, as the libraries will: floating tensors take the load
-dtype's size, except the modules a class keeps in float32 (`_keep_in_fp32_modules`: diffusers always, transformers
-under float16 only, or also bfloat16 for `_keep_in_fp32_modules_strict`); integer tensors keep their stored size.
-Buffers that are not saved (CLIP's `position_ids`) are not in the files: the record counts parameters, which is
-what a loaded pipeline's parameters sum to exactly (tests/test_budget.py).
-
-A Hub id is read from the local Hub cache when its snapshot is there; otherwise the sizes are unknown before
-loading (this studio reads no headers over the network: `read_sizes` says why, and the loader decides from the
-loaded modules instead, still before anything goes onto the device).
-"""
+"""A pipeline's weight bytes per component, read from its safetensors headers BEFORE loading (so the loader decides
+placement before a byte of weights is read), and the same record from a loaded pipeline. Bytes are scaled to the load
+dtype as the libraries will; a Hub id is read only from the local Hub cache, never over the network."""
 
 from __future__ import annotations
 
@@ -84,7 +69,8 @@ def _weight_files(folder: Path) -> list[Path]:
 
 
 def _keep_fp32(library: str, cls_name: str, dtype: torch.dtype) -> tuple[str, ...]:
-    """The module names `library.cls_name` keeps in float32 when loaded in `dtype` (module doc)."""
+    """The module names `library.cls_name` keeps in float32 when loaded in `dtype` (diffusers always; transformers
+    under float16, or also bfloat16 for `_keep_in_fp32_modules_strict`)."""
     try:
         cls = getattr(importlib.import_module(library), cls_name)
     except (ImportError, AttributeError):
@@ -140,7 +126,8 @@ def local_folder(source: str) -> tuple[Path | None, str | None]:
 
 
 def read_sizes(source: str, dtype: torch.dtype) -> tuple[ModelSizes | None, str | None]:
-    """(`source`'s sizes in `dtype`, None) from its files, without loading weights; or (None, why not)."""
+    """(`source`'s sizes in `dtype`, None) from its files, without loading weights; or (None, why not). Parameters
+    only: unsaved buffers are not in the files, and a loaded pipeline's parameters sum to exactly this."""
     folder, why = local_folder(source)
     if folder is None:
         return None, why
@@ -166,9 +153,7 @@ def read_sizes(source: str, dtype: torch.dtype) -> tuple[ModelSizes | None, str 
 
 
 def sizes_of_pipe(pipe) -> ModelSizes:
-    """The same record from a loaded pipeline's modules (parameters: what the files hold; tensor_bytes reads
-    torchao's quantized tensors by their inner tensors)."""
-
+    """The same record from a loaded pipeline's parameters (quantized ones by their inner tensors)."""
     comps = {n: c for n, c in pipe.components.items() if isinstance(c, torch.nn.Module)}
     components = {n: sum(tensor_bytes(p) for p in c.parameters()) for n, c in comps.items()}
     tr = comps.get("transformer")
@@ -184,10 +169,8 @@ SCALE_BYTES = 4
 
 
 def sizes_from_configs(folder: Path, dtype: torch.dtype, quantized: tuple[str, ...] | None = None) -> ModelSizes:
-    """The same record counted from a pipeline's configs alone, on the meta device (no weights: `plan` works offline):
-    every component's parameters and persistent buffers in `dtype` (the modules its class keeps in float32 at 4
-    bytes). `quantized`: the transformer's Linear weights in an 8-bit form, skipping names that contain any of these
-    strings (engine.quantize's filter), at one byte an element plus a float32 scale per row."""
+    """The same record from a pipeline's configs alone, on the meta device (no weights: `plan` works offline).
+    `quantized`: the transformer's Linear weights counted 8-bit, except names containing any of these strings."""
     index = json.loads((folder / "model_index.json").read_text())
     size = torch.empty((), dtype=dtype).element_size()
     components, blocks, configs = {}, {}, {}
@@ -221,8 +204,7 @@ class MetaTensor:
 
 @lru_cache(maxsize=16)
 def _meta_tensors(folder: str, library: str, cls_name: str) -> tuple[MetaTensor, ...]:
-    """The tensors a component's checkpoint holds (its parameters, tied ones once, and persistent buffers), built
-    from its config on the meta device."""
+    """The tensors a component's checkpoint holds (tied ones once), built from its config on the meta device."""
     from accelerate import init_empty_weights
 
     cls = getattr(importlib.import_module(library), cls_name)

@@ -1,16 +1,7 @@
-"""The speed stack, applied in one fixed order.
-
-    quantize -> offload -> step cache -> attention backend -> torch.compile -> (parallel workers)
-
-Why this order: quantization swaps Linear weights, so everything that wraps modules (offload and cache hooks,
-compiled graphs) must see the final weights; the memory regime wraps the transformer's forward and blocks, and the
-cache must wrap it, not the other way round (engine.offload: a regime change takes the cache off and back on); the
-cache wraps block calls and must exist before compile traces them;
-the attention backend is a dispatcher setting read at trace time; compile comes last and uses
-fullgraph=False whenever a step cache is engaged. A parallel preset (engine.parallel) hands the whole pipeline to
-cache-dit's Ray workers last, with its step cache and attention backend applied inside them by cache-dit (which
-wires the cache before the parallel planners); the main process then runs nothing of its own stack.
-"""
+"""The speed stack, in one fixed order: quantize -> offload -> step cache -> attention -> compile -> (parallel).
+Quantization swaps weights, so every wrapper sees the final ones; the cache wraps the regime and must exist before
+compile traces; the attention backend is read at trace time. A parallel preset hands the whole pipeline to
+cache-dit's workers, which apply its cache and attention themselves; the main process runs none of its own stack."""
 
 from __future__ import annotations
 
@@ -34,8 +25,8 @@ STACK_ORDER = ("quantize", "offload", "cache", "attention", "compile", "parallel
 
 
 def cache_key(spec: CacheSpec, quant: str, steps: int | None, separate_cfg: bool = False) -> tuple:
-    """What decides the cache's wiring: its spec, the threshold default's input, whether the run is too short,
-    and how many transformer calls a step makes (and MagCache's schedule, sized to the run's steps)."""
+    """What decides the cache's wiring: its spec, the quantization (the threshold default's input), a too-short run,
+    the transformer calls a step makes, and the steps (for MagCache's schedule)."""
     sized = steps if spec.backend == "magcache" else None
     return (spec, quant, steps is not None and steps < MIN_CACHE_STEPS, separate_cfg, sized)
 
@@ -63,13 +54,13 @@ class AppliedStack:
     workers: ParallelState | None = None  # the parallel workers this stack's runs go to, None: this process
 
     def ran_eagerly(self, engaged: Engaged) -> None:
-        """Its compile fell back at run time (engine.compile decides when): what runs now is the eager stack."""
+        """Its compile fell back at run time: what runs now is the eager stack."""
         self.engaged["compile"] = engaged
         if isinstance(self.signature, Signature):
             self.signature = self.signature._replace(compiled=None)
 
     def lines(self) -> list[str]:
-        """What runs, step by step in stack order (steps that fell back are in `fallbacks`)."""
+        """What runs, in stack order (steps that fell back are in `fallbacks`)."""
         return [str(self.engaged[k]) for k in STACK_ORDER if k in self.engaged and not self.engaged[k].fell_back]
 
     def fallbacks(self) -> list[str]:
@@ -77,9 +68,8 @@ class AppliedStack:
         return [str(self.engaged[k]) for k in STACK_ORDER if k in self.engaged and self.engaged[k].fell_back]
 
     def label_parts(self) -> dict[str, str]:
-        """What ran, one label token per part (spec.label), from the engaged records, never from the preset.
-        Parallel workers run their step cache and attention inside them (cache-dit): their tokens come from what the
-        workers were started with."""
+        """What ran, one label token per part, from the engaged records, never the preset (parallel workers': from
+        what they were started with)."""
         parts = {k: e.ran for k, e in self.engaged.items()}
         if self.workers is not None:
             cache, asked = self.workers.runs[1], self.workers.runs[2]
@@ -100,9 +90,8 @@ class AppliedStack:
 
 
 def _parallel(pipe, preset: Preset, steps, separate_cfg, source, settings: Settings) -> AppliedStack | None:
-    """A parallel preset's stack (its workers started, or kept when they run the same thing), or None when the
-    preset is not parallel. One that cannot run here comes back without a preset, with the reason. The settings:
-    whether parallel workers may start at all, and the Ray cluster a preset that names none joins."""
+    """A parallel preset's stack (its workers started, or kept when they run the same thing); None: not parallel.
+    One that cannot run here comes back without a preset, with the reason."""
     par = preset.parallelism_config
     if par.enabled and par.ray_address is None and settings.ray_address:
         preset = replace(preset, parallelism_config=replace(par, ray_address=settings.ray_address))
@@ -151,19 +140,10 @@ def apply_preset(
     settings: Settings | None = None,
     profile: DeviceProfile | None = None,
 ) -> AppliedStack:
-    """Apply `preset` to `pipe` in STACK_ORDER, every device decision from `profile`.
-
-    Args:
-        steps: the coming run's step count (a run too short to gain runs uncached; step masks are sized by it).
-        separate_cfg: the coming run calls the transformer twice per step (true CFG); the cache is wired for it.
-        applied: the stack already on this same transformer; only steps whose settings changed are re-applied.
-            Quantization never changes in place: the model manager hands over a transformer with the right weights.
-        source: where the model came from (a parallel preset's workers load it from there).
-        settings: the engine's settings (spec.settings; the model manager's): the device-memory budget `auto`
-            places against, whether parallel workers may start, a Ray cluster to join. None: the defaults.
-        profile: the device profile the model manager read where it placed the model (spec.devices); None: this
-            machine's, for where `pipe` computes.
-    """
+    """Apply `preset` to `pipe` in STACK_ORDER, every device decision from `profile` (None: this machine's).
+    Given `applied` (the stack on this same transformer), only steps whose settings changed are re-applied; the
+    quantization never changes in place (the model manager hands over the right weights). `separate_cfg`: true CFG,
+    two transformer calls a step; `source`: where parallel workers load the model from."""
     settings = settings or Settings()
     profile = profile or profile_here(run_device(pipe))
     par = _parallel(pipe, preset, steps, separate_cfg, source, settings)

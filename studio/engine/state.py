@@ -1,10 +1,6 @@
-"""One typed record of what the studio has applied to a transformer, kept as ONE attribute on it.
-
-Like diffusers keeps one hook registry per module, and one state per hook: `StackState` holds a record per applied
-feature (quantization, the step cache, compile, LoRA slots, the memory regime, parallel workers), each written only by
-the module that applies it and each with a reset, beside the step counter and the shapes already warmed up. Every
-part of the engine reads fields of them, never text.
-"""
+"""One typed record of what the studio has applied to a transformer, kept as ONE attribute on it: a record per
+feature, each written only by the module that applies it (as diffusers keeps one state per hook), read as fields,
+never text."""
 
 from __future__ import annotations
 
@@ -35,8 +31,8 @@ class Engaged:
 
 @dataclass
 class CompiledVariant:
-    """One torch.compile of the transformer (regional or whole), kept so it can be switched off and on again
-    without recompiling: the compiled callables are saved per module and restored in place."""
+    """One torch.compile of the transformer (regional or whole), its compiled callables saved per module so it can be
+    switched off and on again without recompiling."""
 
     key: tuple  # (mode, fullgraph, dynamic, regional)
     fullgraph: bool
@@ -46,20 +42,20 @@ class CompiledVariant:
     compile_s: float | None = None  # the warm-up run that compiled it, once measured
 
     def finish(self) -> int:
-        """After the warm-up run (which compiles a run-time graph by itself): what is left to build; 0 here."""
+        """After the warm-up run: how many graphs were built (0: a run-time graph compiles by itself)."""
         return 0
 
     def switched_on(self) -> None:
         """Switched on again: nothing to redo for run-time graphs (engine.aot re-points its packages)."""
 
     def pending(self) -> bool:
-        """Whether calls ran without their compiled form since the last warm-up (engine.aot: shapes not built)."""
+        """Whether calls ran without their compiled form since the last warm-up (engine.aot)."""
         return False
 
 
 @dataclass(frozen=True)
 class ParallelState:
-    """The parallel workers running now, for one transformer's model (engine.parallel starts and stops them)."""
+    """The parallel workers running now, for one transformer's model."""
 
     runs: tuple  # what they run: (ParallelSpec, CacheSpec, attention backend, steps, separate_cfg)
     proxy: object  # the pipeline object whose calls go to the workers (cache-dit's Ray proxy)
@@ -70,9 +66,8 @@ class ParallelState:
 
 @dataclass
 class StreamLog:
-    """What a block-streaming regime moved onto the device, per transformer call of the current run (engine.offload):
-    each offloaded unit (a diffusers group, a cache-dit layerwise block) counts its bytes when it is onloaded while
-    away on the offload device."""
+    """What a block-streaming regime moved onto the device per transformer call: each offloaded unit counts its bytes
+    when onloaded while away."""
 
     blocks: int  # offloaded blocks one full call runs (a call that ran fewer was served by a step cache)
     unit_bytes: dict = field(default_factory=dict)  # unit id -> bytes of its parameters and buffers
@@ -97,8 +92,7 @@ class QuantState:
 
 @dataclass
 class CacheState:
-    """Written by engine.cache and engine.hooks: the step cache engaged now (a spec.preset.CACHE_BACKENDS name, "none":
-    none), and MagCache's ratios while it calibrates."""
+    """Written by engine.cache and engine.hooks: the step cache engaged now (a CACHE_BACKENDS name or "none")."""
 
     backend: str = "none"
     ratios: dict | None = None  # MagCache calibrating: its magnitude ratios by branch, copied after every call
@@ -111,8 +105,8 @@ class CacheState:
 
 @dataclass
 class CompileState:
-    """Written by engine.compile (and its ahead-of-time form, engine.aot): the compiled variant that runs now (None:
-    eager), every variant compiled so far by key, and the variants whose first run failed (never retried)."""
+    """Written by engine.compile and engine.aot: the variant running (None: eager), every variant by key, and those
+    whose first run failed (never retried)."""
 
     running: CompiledVariant | None = None
     variants: dict = field(default_factory=dict)
@@ -126,14 +120,12 @@ class CompileState:
 
 @dataclass
 class LoraState:
-    """Written by engine.lora: the LoRA file in each hot-swap slot lora0, lora1, ...; (id(layer), slot) -> the slot's
-    scale at 1 in that layer; changes of the LoRA layers in the modules (a slot added, all dropped: warm-ups key by
-    it); the LoraSpec fused into these weights before quantization (engine.loader asks engine.lora to fuse)."""
+    """Written by engine.lora."""
 
-    slots: list = field(default_factory=list)
-    units: dict = field(default_factory=dict)
-    modules: int = 0
-    fused: tuple = ()
+    slots: list = field(default_factory=list)  # the LoRA file in each hot-swap slot lora0, lora1, ...
+    units: dict = field(default_factory=dict)  # (id(layer), slot) -> the slot's scale at 1 in that layer
+    modules: int = 0  # changes of the LoRA layers (a slot added, all dropped): warm-ups key by it
+    fused: tuple = ()  # the LoraSpecs fused into these weights before quantization
 
     def reset(self) -> None:
         """The adapters gone from these weights (the fused ones stay: they are in the weights)."""
@@ -144,15 +136,12 @@ class LoraState:
 
 @dataclass
 class OffloadState:
-    """Written by engine.offload: the memory regime that runs (none | group_offload | layerwise_offload |
-    model_cpu_offload: `auto` resolved, a fall-back is none), the (OffloadSpec, run device) it was applied for, the
-    bytes a block-streaming regime moves, and the device the pipeline computes on where the loader placed it (a
-    model loaded on the host for an offload regime still runs there)."""
+    """Written by engine.offload."""
 
-    regime: str = "none"
-    key: tuple | None = None
+    regime: str = "none"  # the regime that runs (`auto` resolved; a fall-back is none)
+    key: tuple | None = None  # (OffloadSpec, run device) it was applied for
     stream: StreamLog | None = None
-    run_device: str | None = None
+    run_device: str | None = None  # where the loader placed the pipeline to compute, wherever its weights wait
 
     def reset(self) -> None:
         self.regime, self.key, self.stream = "none", None, None
@@ -160,11 +149,10 @@ class OffloadState:
 
 @dataclass
 class WorkersState:
-    """Written by engine.parallel: the parallel workers running now (None: one process), and the worker sets started
-    so far (a rebuilt set warms up again)."""
+    """Written by engine.parallel."""
 
-    running: ParallelState | None = None
-    starts: int = 0
+    running: ParallelState | None = None  # None: one process
+    starts: int = 0  # worker sets started so far (a rebuilt set warms up again)
 
     def reset(self) -> None:
         self.running = None
@@ -172,9 +160,8 @@ class WorkersState:
 
 @dataclass(slots=True)
 class StackState:
-    """What the studio has applied to one transformer: a record per feature, each written only by the module that
-    applies it (as diffusers keeps one state per hook), the step counter, and the shapes already warmed up (engine.run:
-    (stack signature, graph shape, LoRA layers) run once in this process)."""
+    """What the studio has applied to one transformer, the step counter, and the shapes already warmed up in this
+    process (`warm`: engine.run)."""
 
     quantize: QuantState = field(default_factory=QuantState)
     step_cache: CacheState = field(default_factory=CacheState)
@@ -187,10 +174,8 @@ class StackState:
 
 
 def stack_state(transformer) -> StackState:
-    """The transformer's StackState, created (with its step counter hooks installed) on first use.
-
-    The counter's hooks go on before anything is compiled, so they are part of the module when compile traces it.
-    """
+    """The transformer's StackState, created on first use with its step counter's hooks, before anything compiles
+    (so compile traces them)."""
     state = getattr(transformer, STATE_ATTR, None)
     if state is None:
         state = StackState()

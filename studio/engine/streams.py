@@ -1,13 +1,5 @@
-"""What a block-streaming regime (engine.offload: group or layerwise offload) moves onto the device, per transformer
-call: each offloaded unit (a diffusers ModuleGroup, a cache-dit layerwise block) adds its bytes when it is onloaded
-while away on the offload device; a step cache that skips blocks makes a cached step stream less.
-
-How to read it (engine.run.measure): `stream_begin(pipe.transformer)` before the timed pipeline call, then
-`stream_report(pipe.transformer, run.calls_per_step, run.counts.cached_indices)` after it.
-
-Where the onload device is the CPU too (a CPU-only machine), what is counted is what the regime onloads; nothing
-crosses a bus, and the report says so (`moved`: False).
-"""
+"""What a block-streaming regime (group or layerwise offload) moves onto the device per transformer call: each
+offloaded unit adds its bytes when onloaded while away. CPU-only, nothing crosses a bus (`moved`: False)."""
 
 from __future__ import annotations
 
@@ -39,7 +31,7 @@ def module_bytes(*modules, extra=()) -> int:
 
 
 def new_log(tr, units: dict) -> StreamLog:
-    """A new StreamLog on `tr`: a call opens a row, each offloaded block that runs adds to its block count."""
+    """A new StreamLog on `tr`: a call opens a row, each block that runs adds to its block count."""
     blocks = block_list(tr)
     log = StreamLog(blocks=len(blocks), unit_bytes=units, away=set(units))
 
@@ -115,21 +107,15 @@ def tally_prefetch(log: StreamLog, handle) -> None:
 
 
 def stream_begin(transformer) -> None:
-    """Start a run's count (call before the pipeline call whose report is wanted: engine.run.measure)."""
+    """Start a run's count, before the pipeline call whose report is wanted."""
     log = stack_state(transformer).offloading.stream
     if log is not None:
         log.calls.clear()
 
 
 def stream_report(transformer, calls_per_step: int = 1, cached: list[int] | None = None) -> dict | None:
-    """Bytes moved onto the device by the block-streaming regime in the run since `stream_begin`, per full and per
-    cached step; None when no such regime runs (or it saw no call).
-
-    Args:
-        calls_per_step: transformer calls a step makes (2 under true CFG: Measured.calls_per_step).
-        cached: the run's cached step indices (Measured.counts.cached_indices); without them a step is cached when
-            one of its calls ran fewer offloaded blocks than a full call (the regime's own block hooks).
-    """
+    """Bytes the streaming regime moved onto the device since `stream_begin`, per full and per cached step; None: no
+    such regime, or no call. Without `cached` indices, a step is cached where a call of it ran fewer blocks."""
     state = stack_state(transformer)
     log = state.offloading.stream
     if state.offloading.regime not in STREAMING or log is None or not log.calls:

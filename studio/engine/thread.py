@@ -1,19 +1,6 @@
-"""One OS thread for all of a process's torch work (the device worker's, or the web app's on ZeroGPU; the CLI is one
-thread already).
-
-Why: PyTorch's CPU kernels run on OpenMP, and libgomp keeps a team of worker threads for every OS thread that ever
-ran a parallel region. A web server runs each request on whichever pool thread is free (and the app warmed up on a
-thread of its own), so the process soon holds more OpenMP threads than cores. libgomp then stops spinning between
-parallel regions (its "throttled" wait), and every kernel waits on a futex to wake its workers. Measured on a
-2-core CPU: a 256x256 matmul 235 us from one thread, 331 us once a second thread had run torch; the embedded
-model's `base` run 0.30 s from one thread, 0.46 s from a second one; in the app every preset ran 1.5-1.8x slower
-than in the CLI (20 ms per step against 11.6 ms). With every engine call on one thread there is one team, and the
-app runs at the CLI's speed.
-
-`DEVICE_THREAD.call(fn, ...)` runs `fn` on that thread (directly when already on it, so nesting cannot deadlock)
-with the caller's context variables (gradio's progress and request context travel with the call). A forked child
-(ZeroGPU runs handlers in one) starts a thread of its own on first use.
-"""
+"""One OS thread for all of a process's torch work: libgomp keeps an OpenMP team per OS thread that ran torch, and
+more threads than cores make every kernel wait on a futex (the app ran 1.5-1.8x slower than the CLI). `call` runs on
+it directly when already there (no deadlock), with the caller's context variables; a forked child starts its own."""
 
 from __future__ import annotations
 

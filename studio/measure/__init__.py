@@ -1,5 +1,1 @@
-"""measure: timing (a clock, step counting that survives torch.compile) and quality (PSNR, SSIM, the error map and
-the worst tile, verdicts).
-
-Imports only `spec` from the studio.
-"""
+"""measure: timing (step counting that survives torch.compile) and quality (PSNR, SSIM); imports only spec."""

@@ -1,20 +1,7 @@
-"""What a cached step should cost, measured: per-block times from a clock around every transformer block.
-
-A step cache (cache-dit DBCache Fn/Bn, diffusers First-Block-Cache) serves a cached step by running only some
-blocks (the first Fn and the last Bn) and reusing the residual of the rest. What that step should cost, were the
-cache's own decision and bookkeeping free, is the full step less the blocks it skips; everything else a full step
-pays stays: the computed blocks (a FLUX double-stream block is ~1.5x a single one), the model's work outside the
-blocks (embedders, RoPE, norm_out, proj_out) and the scheduler step. So, per step with `calls` transformer calls:
-
-    ideal cached step = full step - calls x sum(median time of each skipped block)
-    share             = ideal cached step / full step
-    ideal speed-up    = steps / (full steps + cached steps x share)     (against the stack without its cache)
-
-The block times come from a wrapper around each block's forward (CUDA events on a GPU), over the full calls (those
-that ran the whole stack), medians so that one stall does not move them. Inside compiled blocks the wrapper is not
-installed (it would be traced into the graph): a compiled stack takes the shares of an eager run of the same model
-and shape (the base beside it) and says so.
-"""
+"""What a cached step should cost, measured from a clock around every transformer block: were the cache's decision
+free, the full step less the blocks it skips (share = (full - calls x skipped blocks' medians) / full; ideal speed-up
+= steps / (full + cached x share)). A compiled block cannot be wrapped (the wrapper would be traced into the graph): a
+compiled stack takes the shares of an eager run of its model and shape."""
 
 from __future__ import annotations
 
@@ -41,31 +28,16 @@ def block_names(transformer) -> list[str]:
 
 
 def block_list(transformer) -> list:
-    """Every block one full call runs, in order (block_names)."""
     return [transformer.get_submodule(n) for n in block_names(transformer)]
 
 
 class BlockClock:
-    """Every block's calls timed for one run (eager blocks only), read after it: each block's median over the
-    transformer calls that ran the whole stack (a full step's calls).
-
-    The clock wraps each block's `forward` (an attribute on the block, restored by `remove`) rather than hooking
-    it: a module with forward hooks takes torch's slow call path and two Python hook calls a block, which cost the
-    tiny model 0.8-1.9% of a run (12 hooks a call; measured against a wrapped forward's -0.3 to +0.9%), and the
-    studio then ran 2% behind plain diffusers on base (`bench --vs-raw`).
-
-    Only full calls count: a cache that skips a block may still call it (diffusers' First-Block-Cache wraps each
-    block and returns at once from a cached call: 0.003-0.007 ms against 0.4-0.9 ms run), and a median over such
-    calls priced the skipped blocks at nearly nothing. Which calls were full is the step counter's (the last block's
-    last Linear ran: studio.measure.timing.StepCounter); without one every call counts.
-    """
+    """Every block's calls timed for one run (eager blocks only): each block's median over the full calls, those the
+    StepCounter saw run the whole stack (a cache may still call a block it skips, and return at once). It wraps each
+    block's `forward` (restored by `remove`) rather than hooking it: hooks take torch's slow call path, 1-2% of a run.
+    `clock`: a test's callable returning seconds (else perf_counter off CUDA); without `counter` every call counts."""
 
     def __init__(self, device, clock=None, counter=None):
-        """
-        Args:
-            clock: injectable for tests: a callable returning seconds (perf_counter by default, off CUDA).
-            counter: the transformer's StepCounter (its `calls` and `runs`), to keep the full calls only.
-        """
         self.cuda = device.type == "cuda" and clock is None
         self._now = clock or time.perf_counter
         self._counter = counter
@@ -205,9 +177,8 @@ class IdealCheck:
 
     @property
     def of_ideal(self) -> float | None:
-        """Measured over ideal: what the cache's decision and bookkeeping cost (1.0: nothing). None when there is no
-        reading, or its point lies over IMPOSSIBLE x the ideal: an ideal the run beats is not shown as a result (a
-        measurement error when the whole interval lies there, `impossible`; noise when it reaches below)."""
+        """Measured over ideal: what the cache's decision and bookkeeping cost (1.0: nothing). None with no reading,
+        or with its point over IMPOSSIBLE x the ideal: an ideal the run beats is not shown as a result."""
         if self.measured is None or self.measured.point > IMPOSSIBLE * self.ideal:
             return None
         return self.measured.point / self.ideal
@@ -225,10 +196,8 @@ class IdealCheck:
         return self.measured is not None and self.measured.lo > IMPOSSIBLE * self.ideal
 
     def why_not_shown(self) -> str | None:
-        """Why `of_ideal` is not shown where there is a reading: the whole interval over the ideal (a measurement
-        error, `why_impossible`), or its point over it while the interval reaches below: the ideal is not a bound for
-        this run, and a ratio over 1 would read as a cache that beat its own skipped work. None: shown (or no
-        reading at all)."""
+        """Why `of_ideal` is not shown where there is a reading: the whole interval over the ideal (`why_impossible`),
+        or its point: a ratio over 1 would read as a cache beating its own skipped work. None: shown or no reading."""
         if self.measured is None or self.of_ideal is not None:
             return None
         if self.impossible:

@@ -1,13 +1,6 @@
-"""The transformer-call clock: each call between two device syncs, read with `perf_counter` (gpt-fast's
-`generate.py`: synchronize, read the clock, call, synchronize, read it again), so a reading is the call's own time,
-the work queued before it excluded and its own queued kernels included.
-
-The one clock of every bench that calls a transformer itself: the regimes' denoising loop (lab.regimes.table) and
-the kernel timings (studio.bench.doctor). A pipeline run is timed step by step by studio.measure.timing's StepProbe,
-which shares `sync`. (studio.bench.raw keeps its own: it imports nothing of the studio, by design.)
-
-torch is imported where it is used: the app's process imports studio.measure and never loads torch.
-"""
+"""The transformer-call clock: each call between two device syncs (as gpt-fast's `generate.py`), so a reading is the
+call's own time, the work queued before it excluded; the one clock of every bench that calls a transformer itself.
+torch is imported where used: the app's process imports studio.measure and never loads torch."""
 
 from __future__ import annotations
 
@@ -25,11 +18,8 @@ def sync(device) -> None:
 
 @dataclass
 class CallClock:
-    """Times calls one by one: `clock.call(fn, *args, **kwargs)` returns fn's result and appends its time to `ms`.
-
-    Args:
-        device: where the calls run (a torch.device); synced before and after each call.
-    """
+    """Times calls one by one: `clock.call(fn, *args, **kwargs)` returns fn's result and appends its time to `ms`;
+    `device` (a torch.device) is synced before and after each call."""
 
     device: object
     ms: list[float] = field(default_factory=list)  # one reading per call, in milliseconds, in call order

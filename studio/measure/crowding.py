@@ -1,34 +1,9 @@
 """Did other programs take the cores while a speed-up was timed? Read from the kernel's own accounting.
 
-The estimator (studio.measure.estimate) prices each side by its floor, the fastest steps, which a stall of a few
-steps cannot lift. A program that holds a core through the whole timing is another matter: measured on a 2-core VM
-with `python3 -c "while True: pass"` beside the card's pairing (docs/measuring.md, "Another program on the cores"),
-base's floor itself ran 2.2-2.7x its quiet value (no step of 28 escaped), and the card's `cache` read 1.69x to 2.36x
-over clicks whose quiet reading was 1.96-2.04x, intervals that missed the quiet point in both directions. A step
-cache's cached step (many small operators, each a parallel region waiting for its slowest thread) and a full step's
-matrix products are slowed by different amounts, so the speed-up itself moves while the cores are shared.
-
-So a timing on the CPU is watched: over the timed runs, the kernel's count of busy time on every core (/proc/stat) less
-this process's own CPU time (every thread, the compilers a cold torch.compile runs for it, and its helpers': a bench's
-plain-diffusers workers) is what other programs took. Only what they took from the cores this process's threads needed
-counts (`taken`): a second pytest worker on the other core of two, beside a one-thread run, takes nothing from it. At
-CROWDED or more the number is withheld and the card says so, whatever the interval says. CROWDED sits between what was
-measured: the hog took 36-44% and moved the readings; a headless Chromium drawing the app on the same two cores took
-16% in a first click, and its readings of four requests held (3 of 4 intervals holding the same requests' readings
-through the API, the fourth 1% short). Linux only: elsewhere (and for spans too short for the kernel's 10 ms ticks)
-nothing is read and the estimate stands as it is.
-
-The host's share and the neighbours' share are read apart (`Accounting`, chosen once per process):
-- on a machine (a VM) the kernel's /proc/stat: its `steal` column, the time the hypervisor gave this machine's cores to
-  other machines, is the HOST's share, said as "the host was slow" and not counted as other programs (it used to be);
-- inside a container (a Space's pod) /proc/stat and the core count are the host's, other tenants' work included: the
-  container's own cgroup is read instead, its CPU time (cgroup v2 `cpu.stat` usage_usec; v1 `cpuacct.usage`) over the
-  cores it may use (`cpu.max`, v1 `cpu.cfs_quota_us`, else the CPUs this process may run on), and as the host's share
-  the time its tasks waited for a CPU (v2 `cpu.pressure`, "some") or were throttled by the quota (v1);
-- a container whose cgroup cannot be read is said ("neighbours are not seen") and nothing is read.
-A slow host withholds nothing here: it is said beside the number (the pace record, studio.measure.pace, reads it
-against the machine's quiet floor, which is what decides how far off a reading may be).
-"""
+The floor escapes a stall, not a program holding a core throughout, which slows cached and full steps unequally
+(docs/measuring.md). So the kernel's busy time less this process's own is what others took of the cores its threads
+needed (`taken`); at CROWDED or more the number is withheld. Linux only. The host's share (a VM's steal, a container's
+waits for a CPU: its cgroup is read, as its /proc/stat counts other tenants) is only said beside the number."""
 
 from __future__ import annotations
 
@@ -227,8 +202,7 @@ def _cpu_s(fields: list[str]) -> float:
 
 
 def _proc_cpu_s(pid: int) -> float | None:
-    """CPU seconds of a process and of the children it has waited for (the compilers it ran), from /proc/PID/stat;
-    None when it is gone (its time is lost, and counts as another program's)."""
+    """CPU seconds of a process and its waited-for children; None when it is gone (its time counts as another's)."""
     st = _proc_stat(pid)
     return None if st is None else _cpu_s(st[1])
 
@@ -264,11 +238,9 @@ def _cmdline(pid: int) -> bytes:
 
 
 def own_cpu_s(helpers=()) -> float:
-    """CPU seconds the timing itself used: this process (every thread), the programs it ran and waited for, the
-    compilers and torch.compile workers still running under it, and `helpers`, the pids of processes that work for
-    the timing (a bench's plain-diffusers workers), with theirs. Any other process, this one's children too (the
-    `busy` command's load is one), is another program. (A cold torch.compile of two presets, its C++ compilers
-    counted as other programs, had withheld every row of a bench as "the machine was busy".)"""
+    """CPU seconds the timing itself used: this process (every thread), the programs it waited for, compilers and
+    torch.compile workers still running under it, and `helpers` (pids working for the timing) with theirs. Any other
+    process, this one's other children too (the `busy` command's load), is another program."""
     helpers = list(helpers)
     t = os.times()
     mine = time.process_time() + t.children_user + t.children_system
@@ -279,12 +251,8 @@ class CoreWatch:
     """`with CoreWatch(threads) as w: ...` then `w.result`: a Crowding over the block (module doc)."""
 
     def __init__(self, threads: int, cores: int | None = None, path: str | None = None, helpers=None, source=None):
-        """
-        Args:
-            path: a /proc/stat to read (tests); None: this process's accounting (`accounting()`), or `source`.
-            helpers: a callable returning the pids of processes that work for this timing, read at both ends (one
-                started in between counts from its start).
-        """
+        """`path`: a /proc/stat to read (tests; None: `source`, else `accounting()`); `helpers`: a callable returning
+        the pids working for this timing, read at both ends (one started in between counts from its start)."""
         self.helpers = helpers or (lambda: ())
         self.threads = max(1, int(threads))
         self.source = source or (ProcStat(path, cores) if path else accounting())

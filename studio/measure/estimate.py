@@ -1,37 +1,11 @@
 """The one estimator of every speed-up the studio prints: a point and an interval from timed runs, robust to stalls.
 
-Noise on a shared CPU is one-sided: another process, the host taking the vCPU or a browser drawing only ever ADDS
-time, to a few steps of one run or to whole runs. So (chosen on runs recorded on a 2-core machine, quiet and with a
-CPU hog beside it: tests/data/step_timings.json, docs/measuring.md):
-
-- a run is its per-step times and which steps were cached (`Run`);
-- the PRICE of a set of repeats of one stack on one request is its FLOOR: for each kind of step (full, cached), the
-  fastest step of that kind in any repeat, times how many steps of that kind a run has. Steps of one kind do the
-  same work (every full step runs every block, every cached step the same few), so their fastest is what the work
-  costs when nothing interferes; a stall, a slow spell of the vCPU (measured here: whole stretches of steps at 1.6x),
-  another process, can only lift the others. Against per-step minima, kind medians and whole-run medians, the floor
-  was the most reproducible on the recorded runs (two disjoint sets of 3 pairs: median difference 3.6% against
-  10-15%) and the least moved by a CPU hog (docs/measuring.md has the table);
-- a SPEED-UP is base's price over the stack's. Its interval is a bootstrap (DRAWS draws, a fixed seed: the same runs
-  give the same interval): each draw resamples the pairs (base and stack timed one after the other share a draw)
-  and then, within each kind, the steps. The interval is the middle LEVEL of the draws, widened to hold the point,
-  then made SYMMETRIC around the point (in ratio: its farther edge mirrored). A floor's draws never go below the
-  floor of the runs drawn from (a minimum over a resample is at least the minimum), so the percentile interval sits
-  at the point's edge, and where a few pairs' floor is above many pairs' it missed the quiet point on the side it
-  could not reach. Named by what it was measured to hold (COVERAGE, `interval_words`), not by LEVEL: on the
-  recorded runs (tests/data/compare_estimators.py, which a test re-runs against these constants) it held the
-  10-pair quiet point in 26 of 28 windows of 3 and 5 quiet pairs (the percentile interval: 21) and 25 of 28 beside
-  a CPU hog (25). Over several prompts the point is the median of the prompts' points, and each draw the median
-  of theirs;
-- a number is WITHHELD only when its interval is useless (`Estimate.useless`): it holds 1.00 while the point is
-  more than NEAR_ONE away from it, or it is wider than +-USELESS of the point; the note says what would help;
-- a number is also withheld when other programs held the cores while it was timed (`Estimate.crowded`, read by
-  studio.measure.crowding): the floor cannot escape a program that holds a core through every step;
-- a run whose wall time is over STALL_BOUND times its own median steps' was hit by a stall (a few steps waited);
-  counted, and said, while the estimate holds.
-
-numpy only: the app's process reads `Estimate` in results and never loads torch.
-"""
+Noise on a shared CPU only ever ADDS time, so a stack's PRICE is its FLOOR: each kind of step's (full, cached) fastest
+in any repeat, times its count in a run (steps of one kind do the same work; on tests/data/step_timings.json the floor
+was the most reproducible estimator). A SPEED-UP is base's price over the stack's, its interval a seeded bootstrap made
+SYMMETRIC around the point (a floor's draws never fall below the floor, so the percentile interval sits at its edge),
+named by what it held on recorded runs (COVERAGE), not by LEVEL. A number is WITHHELD when `Estimate.useless`.
+numpy only: the app's process reads `Estimate` in results and never loads torch."""
 
 from __future__ import annotations
 
@@ -172,10 +146,9 @@ class Shown:
 
 
 def shown(est: Estimate | None, helps: str = "") -> Shown:
-    """THE rule every speed-up the studio prints goes through (the card, the bench's rows and paired figures, A/B,
-    the matrix, tune, regimes; tests/test_estimate.py lists the callers): withheld with its sentence when its interval
-    is useless or other programs held the cores (`Estimate.useless`); base against itself is 1.00 with no interval.
-    `helps`: what would help, said by the caller that can act on it ("more --repeats"). None: not compared."""
+    """THE rule every speed-up the studio prints goes through (tests/test_estimate.py lists the callers): withheld with
+    its sentence when `Estimate.useless`; base against itself is 1.00 with no interval. `helps`: what would help, said
+    by the caller that can act on it ("more --repeats"). None: not compared."""
     if est is None:
         return Shown(None, None, None, None)
     if helps and not est.helps:
@@ -227,9 +200,8 @@ def price_ms(runs: Sequence[Run], counts: tuple[int, int] | None = None) -> floa
 
 
 def stalled(runs: Sequence[Run]) -> int:
-    """How many of the runs a stall hit: wall time over STALL_BOUND times the run's own median step of each kind
-    times its count (a few steps that waited; a run slow from end to end is a slow spell, which the floor leaves out
-    just the same but no step of the run shows)."""
+    """How many runs a stall hit: wall time over STALL_BOUND times each kind's median step times its count (a run
+    slow end to end is a slow spell instead, which the floor leaves out just the same but no step shows)."""
     out = 0
     for r in runs:
         full, hit = _pools([r])
@@ -327,15 +299,13 @@ def speedup_over(groups: Sequence[tuple], *, draws: int = DRAWS) -> Estimate:
 
 
 def full_steps(run: Run) -> Run:
-    """The run's full steps alone."""
     return Run(tuple(t for i, t in enumerate(run.step_ms) if i not in run.cached))
 
 
 def by_shape(bases: Sequence[Run], then: Sequence[Run], now: Run, *, draws: int = DRAWS) -> Estimate:
-    """A run of a new prompt over a kept base timing of its shape, timed once. Split where the machine's speed cancels:
-    base then over the stack's own full steps then (the pairs timed together, each run at every step a full one), times
-    the new run's own full steps over its price (one run, one moment). Whatever load came since moves both of the
-    run's figures alike; each factor's draws from its own runs."""
+    """A new prompt's run over a kept base timing of its shape, timed once: base then over the stack's full steps then
+    (timed together), times the new run's own full steps over its price, so load that came since moves both of the
+    run's figures alike and cancels."""
     if not then or not full_steps(now).step_ms or not all(full_steps(r).step_ms for r in then):
         return replace(speedup(bases, [now], draws=draws), helps="compare on")  # nothing to carry the speed across
     rng = np.random.default_rng(SEED)
@@ -360,7 +330,6 @@ def margin_db(a: float, b: float) -> float:
 
 
 def steps_at_speed(full: int, speedup: float) -> int:
-    """Base at fewer steps at a stack's speed (studio.bench.fewer; the card's line): the fewest steps k whose speed-up
-    by count (full / k) is no more than `speedup`, from 1 to full - 1. The rival never runs faster than the stack,
-    so it keeps at least as many steps: a cache read against it is judged strictly."""
+    """Base at fewer steps at a stack's speed: the fewest steps k (1 to full - 1) with full / k no more than `speedup`,
+    so the rival never runs faster than the stack and a cache read against it is judged strictly."""
     return min(full - 1, max(1, math.ceil(full / speedup - 1e-9)))

@@ -1,27 +1,12 @@
-"""LPIPS against the base image, where its weights are present (Zhang et al. 2018, `lpips` 0.1.4's AlexNet v0.1).
-
-LPIPS is a learned distance: a picture and its base go through AlexNet's five convolution stages, each stage's
-features are scaled to unit length per pixel, their squared difference is weighed per channel by a linear head
-trained on human judgements, averaged over the picture and summed over the stages. 0 is the same picture; a cache's
-blur or shifted edge reads about 0.1, a different picture 0.5 or more.
-
-Its weights are not shipped, and only fetch_weights downloads them (the studio calls it once at start on a Space,
-where downloads work, or with STUDIO_LPIPS_FETCH=1): the backbone is torchvision's ImageNet AlexNet
-(`alexnet-owt-7be5be79.pth`, 233 MB, of which the 2.5 M parameters of its `features` are used), the heads lpips'
-`weights/v0.1/alex.pth` (6 KB). They are looked for in the folders given, then in torch's hub cache (`<hub
-dir>/checkpoints`, where torchvision saves the AlexNet it downloads), then in an installed `lpips` package. Without
-both, a run says NO_WEIGHTS and everything else works. The network is built here from torch modules (torchvision,
-which `lpips` imports, has no build for torch 2.13's CPU wheel): AlexNet's `features` layer for layer (the same
-state-dict keys), lpips' input scaling, unit normalisation (eps 1e-10) and spatial mean, read from lpips 0.1.4.
-
-torch is imported inside the functions: the app's process reads RunMetrics without loading it.
-"""
+"""LPIPS against the base image, where its weights are present (Zhang et al. 2018, `lpips` 0.1.4's AlexNet v0.1):
+0 is the same picture; a cache's blur or shifted edge reads about 0.1, a different picture 0.5 or more. The weights
+are not shipped (fetch_weights; else NO_WEIGHTS). The network is rebuilt here from torch modules, as lpips computes it:
+torchvision, which `lpips` imports, has no build for torch 2.13's CPU wheel. torch is imported inside the functions."""
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import urllib.request
 import zipfile
 from dataclasses import dataclass
@@ -35,8 +20,7 @@ HEADS = "alex.pth"  # lpips' linear heads, v0.1 (lpips/weights/v0.1/alex.pth)
 BACKBONE_SHA256_PREFIX = BACKBONE.split("-")[-1].split(".")[0]  # "7be5be79": torchvision names files by their hash
 BACKBONE_URL = "https://download.pytorch.org/models/alexnet-owt-7be5be79.pth"
 # lpips' heads come from lpips 0.1.4's wheel on PyPI (a content-addressed URL: a PyPI file never changes), read as a
-# zip; the wheel and the heads inside it are both checked by SHA-256. (The URL used before named a git ref `v0.1` that
-# richzhang/PerceptualSimilarity does not have: LPIPS never showed on a Space.)
+# zip; the wheel and the heads inside it are both checked by SHA-256.
 HEADS_URL = (
     "https://files.pythonhosted.org/packages/9b/13/1df50c7925d9d2746702719f40e864f51ed66f307b20ad32392f1ad2bb87/"
     "lpips-0.1.4-py3-none-any.whl"
@@ -80,38 +64,25 @@ def _package_heads() -> Path | None:
 
 
 def find_weights(folders=()) -> Weights | None:
-    """The backbone and heads files (module doc), the first found of each; None when either is missing."""
+    """The backbone and heads files, the first found of each in `folders`, torch's hub cache, then (heads) an installed
+    lpips; None when either is missing."""
     places = [Path(f) for f in folders] + [_hub_checkpoints()]
     backbone = next((p / BACKBONE for p in places if (p / BACKBONE).is_file()), None)
     heads = next((p / HEADS for p in places if (p / HEADS).is_file()), None) or _package_heads()
     return Weights(backbone, heads) if backbone and heads else None
 
 
-def default_checkpoints() -> Path:
-    """Where torch's hub cache keeps checkpoints, found as torch.hub.get_dir finds it by default ($TORCH_HOME/hub,
-    else $XDG_CACHE_HOME/torch/hub, else ~/.cache/torch/hub) without importing torch: the app's process fetches."""
-    cache = os.environ.get("XDG_CACHE_HOME", "~/.cache")
-    return Path(os.environ.get("TORCH_HOME", os.path.join(cache, "torch"))).expanduser() / "hub" / "checkpoints"
-
-
 def fetch_weights(
-    dest: str | Path | None = None,
+    dest: str | Path,
     urls: dict | None = None,
     backbone_sha256: str = BACKBONE_SHA256_PREFIX,
     heads_sha256: tuple[str, str] = HEADS_SHA256,
 ) -> Weights:
-    """Download both files into `dest` (default: torch's hub cache, where find_weights looks), each only if it is not
-    there yet; a file appears only whole (written beside, then renamed), the backbone only if its SHA-256 starts
-    with the prefix its name carries (torchvision's convention), the heads read out of lpips' wheel only if the
-    wheel's and the heads' SHA-256 are the ones named. Without network this raises urllib's own error.
-
-    Args:
-        urls: {file name: url} in place of BACKBONE_URL and HEADS_URL (a wheel; tests: file:// URLs of a mirror).
-        backbone_sha256: the prefix the backbone's SHA-256 must start with (tests: their own file's).
-        heads_sha256: the wheel's and the heads file's SHA-256 (tests: their own mirror's).
-    """
+    """Download both files into `dest` (find_weights looks in torch's hub cache), each only if absent; a file appears
+    only whole and only if its SHA-256 checks (the backbone's prefix is in its name; the heads' wheel and file are
+    HEADS_SHA256). `urls` and the hashes: a test's own mirror. Without network this raises urllib's own error."""
     urls = {BACKBONE: BACKBONE_URL, HEADS: HEADS_URL} | (urls or {})
-    folder = Path(dest) if dest else default_checkpoints()
+    folder = Path(dest)
     folder.mkdir(parents=True, exist_ok=True)
     if not (folder / BACKBONE).is_file():
         _download(urls[BACKBONE], folder / BACKBONE, backbone_sha256)

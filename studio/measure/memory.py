@@ -1,10 +1,6 @@
-"""Peak memory of one denoise loop, on the device it ran on.
-
-CUDA: `torch.cuda.max_memory_allocated` / `max_memory_reserved`, their peaks reset when the loop starts, so the
-figure is this run's and not the process's. CPU: the peak resident set of this process over the loop (Linux's
-VmHWM, reset through /proc/self/clear_refs at the start: the kernel's own high-water mark of the whole process,
-so it includes the weights the loop reads). Where neither can be read the record says so instead of a number.
-"""
+"""Peak memory of one denoise loop, on its device: CUDA's max allocated and reserved, peaks reset as the loop starts;
+a CPU's peak resident set (Linux's VmHWM, reset through /proc/self/clear_refs: the whole process's, weights included).
+Where neither can be read the record says so instead of a number."""
 
 from __future__ import annotations
 

@@ -1,25 +1,7 @@
 """Was the machine quiet? A bench's own check, against the fastest this machine has run the same base.
-
-A speed-up is a ratio taken in one moment, and paired rounds cancel what a moment does to both sides alike. What they
-cannot cancel is a busy HOST (a shared VM's neighbours, a throttled or stolen vCPU): measured on a 2-core VM, a bench
-whose every base run was 20-26% slower than on a quiet stretch read `cache` at 1.63x (1.54-1.76) and `cache-compile`
-at 2.05x (1.91-2.22) against 1.84x and 2.49x quiet, intervals tight and both off (docs/measuring.md). A busy host slows
-the overhead-bound work of a cached step (many small operators, each a parallel region that waits for the slowest
-thread) more than a full step's matrix products: the speed-up itself is lower in that moment, so no estimator of one
-process's runs removes it, and the runs show no stall to see.
-
-So the bench remembers, per machine and request shape, base's floor price per step (studio.measure.estimate's floor,
-over base's runs in that bench) in a small JSON file, and calls a bench QUIET when both
-- its own base floor is within QUIET_SLACK of the fastest seen there (the host was at its usual pace), and
-- base agreed with its own second run in the same rounds within AGREE (the interval's half-width: the moments of
-  the rounds were alike; the bench times extra rounds while they do not, studio.bench.rotation), and
-- other programs took under CROWDED of the cores it needed (studio.measure.crowding; then its rows are withheld too).
-Measured on the 2-core VM (docs/measuring.md, "Was the machine quiet?"): benches that pass both agreed within 8% on
-every row with each other; those that did not read 6-14% off. A bench that is not quiet says why, and that its
-speed-ups may read off (mostly low, measured). The first bench on a machine has no record to compare with and says
-so. A floor over more rounds is a little lower (the fastest of more steps), but base's steps on a quiet machine lie
-close together (its fastest and its tenth-percentile step 1.5% apart over 10 recorded rounds), well inside the slack.
-"""
+Paired rounds cannot cancel a busy HOST, which slows a cached step more than a full one (docs/measuring.md), so a JSON
+file keeps base's fastest floor per machine and request shape; a bench is QUIET when its base floor is within
+QUIET_SLACK of it, base agreed with its second run within AGREE, and others took under CROWDED of its cores."""
 
 from __future__ import annotations
 
@@ -57,8 +39,7 @@ class Pace:
 
     @property
     def quiet(self) -> bool | None:
-        """Both checks passed (module doc); False when either failed; None when the pace has no record to compare
-        with and base agreed with itself."""
+        """Every check passed; False when one failed; None with no record to compare with and base agreeing."""
         if self.agree is not None and self.agree > AGREE or self.taken is not None and self.taken >= CROWDED:
             return False
         return None if self.over is None else self.over <= QUIET_SLACK
@@ -95,14 +76,12 @@ def machine_key(*, device: str, threads: int, model: str, dtype: str) -> str:
 
 
 def pace_key(*, device: str, threads: int, model: str, dtype: str, work: str) -> str:
-    """What must match for two benches' base floors to be compared: the machine (`machine_key`), and `work`, what
-    one step of the request does (its shape, steps, calls per step)."""
+    """What two benches' base floors must share to be compared: `machine_key`, and `work` (what one step does)."""
     return f"{machine_key(device=device, threads=threads, model=model, dtype=dtype)}|{work}"
 
 
 def work_of(request, calls: int) -> str:
-    """What one step of `request` (a spec GenerationRequest) does, as the pace key's `work`: its shape, the steps it
-    runs, transformer calls a step (2 under true CFG), its LoRAs."""
+    """What one step of `request` does, as the pace key's `work`; `calls`: transformer calls a step (2: true CFG)."""
     q = request
     return f"shape {q.graph_shape}|{q.executed_steps} steps|{calls} calls a step|{len(q.loras)} LoRAs"
 
@@ -136,9 +115,8 @@ def _write(path: Path, data: dict) -> str:
 def record(
     path: str | Path | None, key: str, floor_ms: float, agree: float | None = None, taken: float | None = None
 ) -> Pace:
-    """This bench's `floor_ms` against the record at `path` (None: DEFAULT_FILE), which then keeps the faster;
-    `agree`: base against its own second run, the interval's half-width; `taken`: what other programs took of the
-    cores (studio.measure.crowding)."""
+    """This bench's `floor_ms` against the record at `path` (None: DEFAULT_FILE), which then keeps the faster; `agree`
+    and `taken` as Pace reads them."""
     p = Path(path) if path else DEFAULT_FILE
     data, lost = _load(p)
     entry = data.get(key) if isinstance(data.get(key), dict) else {}

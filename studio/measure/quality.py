@@ -1,14 +1,6 @@
-"""Image quality against the base image (PSNR, SSIM, FLIP, where the error is) and the quality guard's verdict.
-
-Where: a global PSNR averages the damage over the picture; `worst_tile` gives the PSNR of the worst 8x8 tile and
-its place, and `error_map` the per-pixel error as a picture, amplified by a stated scale.
-
-The guard tells a stack that is lossy from one that is broken. Low PSNR alone is not proof: a cache can flip a
-composition into a different clean picture (about 12 dB on a two-object scene). A mis-wired stack makes
-colour noise, whose fine-scale energy (what a 3x3 median filter removes) is far above the base image's; a
-different clean picture keeps about the same (measured on the embedded model: 0.8-1.2x for other clean
-compositions, 2.9x for a mis-wired cache, ~2000x for pure noise).
-"""
+"""Image quality against the base image (PSNR, SSIM, FLIP, the worst tile, an error map) and the guard's verdict. Low
+PSNR alone is not broken (a cache can flip a composition into another clean picture); a mis-wired stack's colour noise
+has far more fine-scale energy than the base's: 2.9x, where other clean compositions keep 0.8-1.2x (embedded model)."""
 
 from __future__ import annotations
 
@@ -74,10 +66,8 @@ def error_map(a, b, scale: int = ERROR_SCALE) -> np.ndarray:
 
 
 def highest_tile(values: np.ndarray, tile: int = TILE) -> tuple[float, tuple[int, int]]:
-    """The highest mean of an HxW map over a `tile` x `tile` tile, and that tile's top-left pixel (y, x).
-
-    Tiles start at (0, 0) and step by `tile`; edge tiles of a size that is not a multiple are smaller (their mean is
-    over the pixels they have). Of equal ones, the first in reading order: an all-zero map gives (0.0, (0, 0))."""
+    """The highest mean of an HxW map over a `tile` x `tile` tile (edge tiles smaller) and its top-left pixel (y, x);
+    of equal ones the first in reading order, so an all-zero map gives (0.0, (0, 0))."""
     h, w = values.shape
     pad = ((0, -h % tile), (0, -w % tile))
     rows, cols = (h + pad[0][1]) // tile, (w + pad[1][1]) // tile
@@ -91,11 +81,8 @@ def highest_tile(values: np.ndarray, tile: int = TILE) -> tuple[float, tuple[int
 
 
 def worst_tile(a, b, tile: int = TILE) -> tuple[float, tuple[int, int]]:
-    """The PSNR (dB) of the worst `tile` x `tile` tile and its top-left pixel (y, x).
-
-    Tiles start at (0, 0) and step by `tile`; edge tiles of a size that is not a multiple are smaller. The worst
-    tile has the largest mean squared error over its pixels and channels; of equal ones, the first in reading
-    order. An identical pair gives (inf, (0, 0))."""
+    """The PSNR (dB) of the worst `tile` x `tile` tile (highest_tile's, by mean squared error over channels) and its
+    top-left pixel (y, x); an identical pair gives (inf, (0, 0))."""
     x, y = _as_float(a), _as_float(b)
     if x.shape != y.shape:
         raise ValueError(f"worst_tile: shapes differ, {x.shape} vs {y.shape}")
@@ -166,11 +153,8 @@ class Quality:
 
 
 def noise_energy(img) -> float:
-    """Mean squared difference from the 3x3 median: the fine-scale energy a median filter removes.
-
-    Noise is removed by a median filter; edges and flat regions are kept, so a clean picture of any
-    composition scores low and colour noise scores high (unlike plain Laplacian energy, which also counts
-    every edge, so that a picture with more objects would look noisier)."""
+    """Mean squared difference from the 3x3 median: noise scores high, a clean picture of any composition low (a
+    median keeps edges; Laplacian energy counts every edge, so more objects would look noisier)."""
     x = _as_float(img)
     if x.ndim == 2:
         x = x[..., None]
@@ -234,18 +218,11 @@ def judge(image, base, with_flip: bool = True) -> Quality:
 
 
 # FLIP ---------------------------------------------------------------------------------------------------------------
-# FLIP against the base image (NVIDIA's perceptual difference, `flip-evaluator`): its mean error, its worst tile,
-# and its error map as a picture in FLIP's own colour map (magma).
-#
-# FLIP is built to compare a test image with a reference as a person flipping between them would see it: 0 is no
-# visible difference, 1 the largest (black against white reads 0.97). Unlike PSNR it weighs a shifted edge or a colour
-# change as the eye does, and a tiny error in flat colour little.
-#
-# The library's input rules (docs/library-behaviour.md, F1-F4): float32 HxWx3 in [0, 1] ("LDR": sRGB). It reads a
-# uint8 array without complaint as 0..255 floats and clips them, so an error reads 9x too small; a 4-channel array is
-# read as 3-channel memory (the alpha channel counts as colour); a 2-D array is a TypeError; sizes that differ are a
-# RuntimeError. So every picture passes through `_as_rgb01` first. Viewing conditions: the library's default, 67
-# pixels per degree (a 0.7 m wide 4K monitor at 0.7 m), for every size.
+# FLIP against the base image (NVIDIA's perceptual difference, `flip-evaluator`): 0 is no visible difference, 1 the
+# largest; unlike PSNR it weighs a shifted edge or a colour change as the eye does, a tiny error in flat colour little.
+# The library's input rules (docs/library-behaviour.md, F1-F4): float32 HxWx3 in [0, 1]. It reads a uint8 array as
+# 0..255 floats and clips them (an error reads 9x too small) and a 4-channel array as 3-channel memory, so every
+# picture passes through `_as_rgb01` first. Viewing conditions: the library's default, 67 pixels per degree.
 
 RANGE = "LDR"  # 8-bit sRGB pictures
 

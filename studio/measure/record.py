@@ -1,8 +1,5 @@
-"""RunMetrics: everything one run measured, as one record. Field names are the CLI's and the API's JSON keys.
-
-`RunMetrics.of` is its one constructor from a measured run: the speed-up, the base age, the quality verdict and the
-timing line are derived there from facts, never patched afterwards.
-"""
+"""RunMetrics: everything one run measured, as one record; field names are the CLI's and the API's JSON keys.
+`RunMetrics.of` derives the speed-up, base age, verdict and timing line from facts; nothing patches them afterwards."""
 
 from __future__ import annotations
 
@@ -228,20 +225,9 @@ class RunMetrics:
         cache: dict,
         **parts,
     ) -> RunMetrics:
-        """The record of one measured run compared with its base (None: not compared).
-
-        Args:
-            image, base_image: the run's and the base's pictures (PSNR, SSIM, FLIP, the worst tiles and the verdict
-                come from them).
-            base_timed_at: when the base's timing ended (time.monotonic); `timed["base_denoise_s"]` its wall time.
-            ended: when this run's timed run ended (time.monotonic).
-            timed: RunTiming's measured fields (denoise_s, step_ms, total_s, ...), by name.
-            counts: the cached/full counts and where they came from.
-            ratio: base over this run from the timed pairs (studio.measure.estimate); None: not compared.
-            ideal: the cached run's speed-up against its ideal (studio.measure.blocks); None: nothing cached.
-            cache: RunCache's other fields (the backend's lists, the room), by name.
-            parts: model, preset, request, reloaded, memory, placement and labels.
-        """
+        """The record of one measured run compared with its base (None: not compared). `base_timed_at`, `ended`:
+        time.monotonic at the end of the base's and this run's timing; `timed`, `cache`: RunTiming's and RunCache's
+        measured fields by name; `ratio`: base over this run from the timed pairs; `ideal`: None if nothing cached."""
         age = abs(ended - base_timed_at) if base_timed_at is not None else None
         s = shown(ratio)
         note = s.note
@@ -304,7 +290,6 @@ class RunMetrics:
 
 
 def _ideal_fields(ideal: IdealCheck | None) -> dict:
-    """RunCache's fields from the ideal check (none where nothing was cached)."""
     if ideal is None:
         return {}
     lo_hi = ideal.of_ideal_range or (None, None)
@@ -357,8 +342,7 @@ def _picture(request: dict, i: int, e) -> dict:
 
 @dataclass
 class RunResult:
-    """One generation as it leaves the engine (and crosses the device worker's pipe): the picture, its base, the
-    record."""
+    """One generation as it leaves the engine (and crosses the device worker's pipe): picture, base, record."""
 
     image: np.ndarray  # HxWx3 uint8
     base_image: np.ndarray | None

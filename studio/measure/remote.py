@@ -1,11 +1,6 @@
-"""Timing and step accounting inside a parallel worker (a Ray actor running the whole pipeline).
-
-The engine installs these on every worker (`install`, through the actor's `__ray_call__`) and passes `step_end` as
-the pipeline's `callback_on_step_end`; after the call it reads rank 0's record (`read`). The clock and the counts
-are the one-process ones (studio.measure.timing): a StepCounter on the worker's transformer (the first call starts
-the clock, a hook on the last block's last Linear counts the calls that ran the whole stack) and a StepProbe per
-run (CUDA events on a GPU). Module-level state: one pipeline per worker process.
-"""
+"""Timing and step accounting inside a parallel worker (a Ray actor running the whole pipeline), with the one-process
+clock and counts (studio.measure.timing); the engine installs them on every worker and reads rank 0's record.
+Module-level state: one pipeline per worker process."""
 
 from __future__ import annotations
 
@@ -39,8 +34,7 @@ def step_end(pipe, step_index, timestep, callback_kwargs):
 
 
 def _cache_dit_lists(pipe) -> dict:
-    """cache-dit's own record of the run (studio.spec.cachedit: the one reader); an unreadable one is said, never
-    read as "no cache"."""
+    """cache-dit's own record of the run; an unreadable one is said, never read as "no cache"."""
     from studio.spec.cachedit import read_summary
 
     try:

@@ -1,16 +1,7 @@
-"""Denoise timing and step accounting, measured from the pipeline itself.
-
-The denoise time runs from the first transformer call to the end of the last scheduler step (the pipeline's
-`callback_on_step_end`), so text encoding and VAE decoding are outside it. On CUDA, events are recorded on
-the stream and read after one synchronize at the end; elsewhere `perf_counter` is read directly.
-
-Which steps were really computed is counted independently of any cache backend where it can be (a forward hook on
-the last Linear of the transformer's last block fires only when that block actually runs), and from the backend's
-own record where a compiled block hides the hook; `count_steps` cross-checks the sources it has.
-
-torch is imported where it is used, not at the top: the app's process reads `StepCounts` and `StepRecord` in the
-results the device worker sends (studio.worker) and never loads torch.
-"""
+"""Denoise timing (first transformer call to the last scheduler step's end: no text encoding, no VAE decoding) and step
+accounting: computed steps are counted by a hook on the last block's last Linear, else by the cache backend's own
+record where compiled blocks hide it; `count_steps` cross-checks. torch is imported where used: the app's process
+reads `StepCounts` and `StepRecord` and never loads torch."""
 
 from __future__ import annotations
 
@@ -72,16 +63,10 @@ class _Clock:
 
 
 class StepCounter:
-    """Persistent hooks on a transformer, installed once, before any torch.compile.
-
-    - a pre-hook on the transformer counts its calls and marks the start of the denoising loop;
-    - a forward hook on the last Linear of the last block counts the calls that really ran the whole stack. A hook
-      inside a compiled block does not fire (measured: 0 runs under regional compile), so these counts are trusted
-      only while the blocks run eagerly (`hooks_see_blocks`, set by the engine);
-    - `state_reader`, when the engine sets one, is asked after each transformer call whether that call ran the full
-      stack, from the cache backend's own per-call state (First-Block-Cache keeps one; it is written outside the
-      compiled graph, so it is right under compile too).
-    """
+    """Persistent hooks on a transformer, installed once, before any torch.compile: a pre-hook counts calls and marks
+    the loop's start; a hook on the last block's last Linear counts full runs (it does not fire inside a compiled
+    block: trusted only while `hooks_see_blocks`); `state_reader`, where set, says from the cache backend's per-call
+    state whether a call ran the full stack (First-Block-Cache's is written outside the graph: right under compile)."""
 
     def __init__(self):
         self.calls = 0
@@ -143,12 +128,7 @@ class StepRecord:
 @dataclass
 class StepProbe:
     """Measures one run; pass it as callback_on_step_end (it chains `on_step` for progress reporting).
-
-    Args:
-        counter: the transformer's StepCounter (installed by the engine before compile).
-        starts_at_call: start the clock when the probe is entered rather than at the first transformer call (when
-            the transformer's own pre-hook is compiled away, i.e. whole-model compile).
-    """
+    `starts_at_call`: start the clock on entering, not at the first call (whole-model compile drops the pre-hook)."""
 
     counter: StepCounter
     device: torch.device
@@ -238,13 +218,8 @@ class StepCounts:
 
 
 def count_steps(steps: list[StepRecord], backend: str, backend_cached: list[int] | None) -> StepCounts:
-    """Cached/full counts from the best source this run has, cross-checked with the other where both exist.
-
-    Args:
-        steps: the probe's per-step records.
-        backend: the engaged step cache ("none", "cache-dit", "fbcache").
-        backend_cached: the cache backend's own list of cached step indices (cache-dit keeps one), else None.
-    """
+    """Cached/full counts from the most direct source this run has, cross-checked with the others; `backend_cached`:
+    the cache backend's own list of cached step indices (cache-dit keeps one), else None."""
     n = len(steps)
     by_hooks = [i for i, s in enumerate(steps) if s.hook_runs is not None and s.hook_runs < s.transformer_calls]
     hooks_ok = all(s.hook_runs is not None for s in steps)

@@ -62,8 +62,7 @@ def _stack(m) -> str:
 
 
 def _placement(p: dict) -> str:
-    """Where each component lives, the weights held on the device between uses, and what they were placed against
-    (engine.placement.describe)."""
+    """Where each component lives, the weights held on the device between uses, and the free memory placed against."""
     out = "; ".join(f"{name}: {where}" for name, where in p["components"].items())
     out += f" ({fmt.size(p['device_bytes'])} on {p['device']} between uses"
     if p.get("free_bytes") is not None:
@@ -74,8 +73,7 @@ def _placement(p: dict) -> str:
 
 
 def _room(m) -> str:
-    """A step cache's room at these steps where it is little (said before the run: spec.headroom), and why a cache
-    that engaged cached nothing; the sentence once where the second repeats the first."""
+    """A step cache's room where it is little, and why an engaged cache cached nothing (once if both say the same)."""
     lines = [x for x in (m.cache.cache_headroom, m.cache.cache_idle) if x]
     if m.cache.cache_headroom and m.cache.cache_idle and m.cache.cache_headroom in m.cache.cache_idle:
         lines = [m.cache.cache_idle]
@@ -212,8 +210,7 @@ def metrics_card(m) -> str:
 
 
 def before_run_note(d: dict | None, unread: str = "") -> str:
-    """The line under the Generate tab's preset picker (app.room): what the step cache can skip in this request,
-    a warning where that is little or nothing; '' without a step cache. `unread`: why the form could not be read."""
+    """The line under the preset picker: what the step cache can skip here, or `unread`: why the form is unreadable."""
     if d is None:
         return f"*Before the run: the form cannot run as it is ({unread})*" if unread else ""
     if not d["cache"]:

@@ -14,8 +14,7 @@ def standing(margin: float) -> str:
 
 
 def against(margin: float, at: str) -> str:
-    """A stack against base at fewer steps (`at`: what that base keeps), in a few words: the one wording of the
-    tables and the card."""
+    """A stack against base at fewer steps (`at`: what that base keeps): the one wording of the tables and card."""
     said = standing(margin)
     if said == "beats":
         return f"beats it: identical to base; {at}" if math.isinf(margin) else f"beats it by {margin:.1f} dB: {at}"
@@ -30,8 +29,7 @@ def versus_fewer(v) -> str:
 
 
 def fewer_steps_markdown(fewer) -> list[str]:
-    """The fewer-steps reference as lines: base at k of N steps against base's N-step picture, its speed-up by step
-    count, and the fewest steps that keep the floor."""
+    """The fewer-steps reference as lines: its curve as a table, then the fewest steps that keep the floor."""
     out = [
         f"Base at fewer steps, against base's {fewer.full}-step picture of each of the {fewer.prompts} prompts "
         "(speed-up by step count: base's steps cost the same, so this is its denoise ratio up to the call's fixed "
@@ -60,8 +58,7 @@ def fewer_steps_markdown(fewer) -> list[str]:
 
 
 def fewer_line(fewer, vs) -> list[str]:
-    """The tuned stack against base at fewer steps on the same prompts (studio.bench.fewer), one line; none when
-    not measured."""
+    """The tuned stack against base at fewer steps, one line ([] when not measured)."""
     if fewer is None:
         return []
     most = (

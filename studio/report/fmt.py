@@ -53,8 +53,7 @@ def ratio_ci(v: float | None, lo: float | None, hi: float | None, digits: int = 
 
 
 def speedup_ci(v: float | None, lo: float | None, hi: float | None, digits: int = 2) -> str:
-    """A speed-up with its interval, as `1.74x (1.68-1.80)` (studio.measure.estimate); no interval for a ratio that
-    is exact by construction (base against itself)."""
+    """A speed-up with its interval, as `1.74x (1.68-1.80)`; none for an exact ratio (base against itself)."""
     return ratio_ci(v, lo, hi, digits, "x")
 
 
@@ -66,8 +65,7 @@ def pairs(n: int, stop: str | None = None, stalled: int = 0) -> str:
 
 
 def host_slow(over: float | None) -> str:
-    """A base that ran slower than this machine's fastest for the same request shape (studio.measure.pace), in words;
-    '' when within the slack, or with nothing to compare."""
+    """Base slower than this machine's fastest for the request shape, in words ('' within the slack or unknown)."""
     if over is None or over <= CARD_SLACK:
         return ""
     return (
@@ -77,8 +75,7 @@ def host_slow(over: float | None) -> str:
 
 
 def host_took(share: float | None) -> str:
-    """The host's share of the cores while a speed-up was timed (studio.measure.crowding), in words; '' under
-    HOST_SAID or not read."""
+    """The host's share of the cores while a speed-up was timed, in words ('' under HOST_SAID or not read)."""
     if share is None or share < HOST_SAID:
         return ""
     return (
@@ -111,8 +108,8 @@ FLOOR_SHOWN = 1.10  # a wall time this far over its floor price is shown with it
 
 
 def denoise(wall: float | None, priced: float | None, digits: int = 3) -> str:
-    """A denoise wall time, with its floor price beside it where the wall time is well over it: the floor is what a
-    speed-up divides (RunMetrics.denoise_priced_s), so a row's time and its speed-up do not seem to disagree."""
+    """A denoise wall time, with its floor price beside it where well over it: a speed-up divides the floor, so a
+    row's time and its speed-up must not seem to disagree."""
     out = seconds(wall, digits)
     if wall is not None and priced is not None and wall > FLOOR_SHOWN * priced:
         out += f" (floor {seconds(priced, digits)})"
@@ -124,7 +121,6 @@ def ms(v: float | None) -> str:
 
 
 def size(n: int | None) -> str:
-    """Bytes as MiB/GiB."""
     if n is None:
         return "n/a"
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
@@ -185,7 +181,7 @@ def error_map_note(scale: int, where: str, image: str = "image", base: str = "ba
 
 
 def flip_map_note(where: str, image: str = "image", base: str = "base") -> str:
-    """The caption of a FLIP error map (studio.report.images.flip_picture), as error_map_note's."""
+    """The caption of a FLIP error map, as error_map_note's."""
     return (
         f"{where}: FLIP's error map of {image} against {base} (NVIDIA FLIP, in its magma colour map): black is no "
         f"visible difference, through purple and orange to pale yellow at the most. The cyan frame marks the worst "
@@ -231,8 +227,7 @@ def batch_caption(pic: dict) -> str:
 
 
 def batch_line(batch: list[dict]) -> str:
-    """A batch on the card: each picture against its own base picture; the numbers above are the batch's (PSNR over
-    all its pixels, the worst picture's verdict), and the denoise time and steps are the one batched call's."""
+    """A batch on the card, each picture against its own base picture."""
     each = " · ".join(batch_caption(p) for p in batch)
     return f"{len(batch)} pictures in one call ({each}); the numbers above are the batch's (worst picture's verdict)"
 

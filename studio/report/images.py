@@ -23,8 +23,7 @@ def enlarge(img: np.ndarray | None, min_side: int = 384) -> np.ndarray | None:
 
 
 def _framed(small: np.ndarray, worst_yx, rgb) -> np.ndarray:
-    """`small` enlarged like the pictures, with a frame of colour `rgb` on the TILE x TILE tile at `worst_yx` (its
-    top-left pixel; None: no frame)."""
+    """`small` enlarged, framed in `rgb` on the TILE x TILE tile whose top-left pixel is `worst_yx` (None: none)."""
     big = enlarge(small)
     if worst_yx is None:
         return big
@@ -40,18 +39,14 @@ def _framed(small: np.ndarray, worst_yx, rgb) -> np.ndarray:
 
 
 def error_picture(image: np.ndarray, base: np.ndarray | None, worst_yx=None, *, scale: int = ERROR_SCALE):
-    """The error map of `image` against `base` (measure.quality.error_map, x `scale`), enlarged like the pictures,
-    with a red frame on the worst TILE x TILE tile at `worst_yx` (its top-left pixel; None: no frame, as for an
-    identical pair). None without a base."""
+    """The error map of `image` against `base` (x `scale`), enlarged, worst tile framed red; None without a base."""
     if base is None:
         return None
     return _framed(error_map(image, base, scale), worst_yx, FRAME_RGB)
 
 
 def flip_picture(image: np.ndarray, base: np.ndarray | None, worst_yx=None):
-    """FLIP's error map of `image` against `base` in its own colour map (measure.quality.flip_map: black is no visible
-    difference, pale yellow the most), enlarged like the pictures, with a cyan frame on the worst FLIP tile at
-    `worst_yx` (RunMetrics.flip_worst_tile_yx; None: no frame, as for an identical pair). None without a base."""
+    """FLIP's error map of `image` against `base`, enlarged, worst FLIP tile framed cyan; None without a base."""
     if base is None:
         return None
 
@@ -83,8 +78,7 @@ def from_jpeg(data: bytes):
 
 
 def thumbnail(img: np.ndarray, side: int = THUMB_SIDE) -> np.ndarray:
-    """A history thumbnail: the longer side `side` pixels (small pictures enlarged by whole pixels, large ones
-    reduced with a box filter)."""
+    """A history thumbnail, its longer side `side` pixels (enlarged by whole pixels, or reduced with a box filter)."""
     from PIL import Image
 
     h, w = img.shape[:2]

@@ -82,8 +82,7 @@ def methods_markdown(res) -> str:
 
 
 def plot_methods(res, path_or_buf) -> None:
-    """Speed-up (x, with its interval) against worst-prompt FLIP (y, lower is better), the Pareto front drawn:
-    the methods no other is both faster than and closer to base than."""
+    """Speed-up (x) against worst-prompt FLIP (y, lower is better), with the Pareto front and fewer steps' curve."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -141,8 +140,7 @@ def plot_methods(res, path_or_buf) -> None:
 
 
 def _fewer_curve(ax, fewer) -> None:
-    """Base at fewer steps as a curve on the speed-up against FLIP plot: a method under it (slower, or further from
-    base, than fewer steps at its speed) reads at a glance."""
+    """Base at fewer steps as a curve, so a method worse than fewer steps at its speed reads at a glance."""
     pts = [p for p in (fewer.curve() if fewer else []) if p.worst_flip is not None]
     if not pts:
         return

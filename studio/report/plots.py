@@ -10,8 +10,7 @@ from studio.report.table import MatrixRow
 
 
 def plot_tradeoff(rows: list[MatrixRow], path_or_buf, title: str = "speed-up vs PSNR against base", fewer=None):
-    """One labelled point per preset: speed-up (x) against PSNR (y); broken stacks in red; `fewer`
-    (studio.bench.fewer.FewerSteps): base at fewer steps drawn as a curve, so a stack under it reads at a glance."""
+    """Speed-up (x) against PSNR (y), a labelled point per preset, broken ones red; `fewer` (FewerSteps) as a curve."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -43,7 +42,7 @@ def plot_tradeoff(rows: list[MatrixRow], path_or_buf, title: str = "speed-up vs 
 
 
 def _fewer_points(ax, fewer, top: float) -> None:
-    """Base at the step counts measured (worst PSNR over the prompts against the full-step picture), as a curve."""
+    """Base at the step counts measured (worst PSNR over the prompts), as a curve."""
     pts = sorted(fewer.points.values(), key=lambda p: p.speedup) if fewer else []
     if not pts:
         return
@@ -70,7 +69,6 @@ def _fewer_points(ax, fewer, top: float) -> None:
 
 
 def _finish_psnr_plot(fig, ax, top: float, title: str, path_or_buf) -> None:
-    """A speed-up against PSNR plot's y label, title, grid and legend; written as PNG and closed."""
     import matplotlib.pyplot as plt
 
     ax.set_ylabel(f"PSNR vs base, dB (identical plotted at {top:.0f})")
@@ -83,9 +81,7 @@ def _finish_psnr_plot(fig, ax, top: float, title: str, path_or_buf) -> None:
 
 
 def plot_steps(metrics, path_or_buf):
-    """Per-step time and the residual diff against the threshold, cached steps marked.
-
-    `metrics` is a RunMetrics or its as_dict() (the UI keeps the dict)."""
+    """Per-step time and residual diff against the threshold, cached steps marked; `metrics`: RunMetrics or dict."""
     if isinstance(metrics, dict):
         metrics = RunMetrics.from_dict(metrics)
     import matplotlib
@@ -167,9 +163,7 @@ def plot_sweep(
 
 
 def plot_paired(paired: list, path_or_buf, *, title: str = "speed-up vs PSNR per request, against its own base"):
-    """One point per request, one colour per stack (studio.bench.paired.Paired): the paired speed-up (x, with its
-    interval) against PSNR (y); a filled point is a win, a hollow one is not; the floor as a line. A withheld
-    speed-up is left out (it has no x) and counted in the legend."""
+    """Paired speed-up (x) against PSNR (y), a point per request, filled where a win; withheld ones in the key."""
     import matplotlib
 
     matplotlib.use("Agg")

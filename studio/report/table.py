@@ -109,7 +109,6 @@ class MatrixRow:
         return self._cells()[:at] + extra + self._cells()[at:]
 
     def ab_cells(self) -> list[str]:
-        """The A/B table's row (AB_COLUMNS)."""
         return self.cells(AB_OPTIONAL, at=AB_AT)
 
     def _cells(self) -> list[str]:
@@ -216,9 +215,8 @@ class Matrix:
         )
 
     def chart_preset(self) -> str:
-        """The run the Matrix's per-step chart opens on: the first stack that cached a step (its chart shows the
-        residual diffs under the threshold), else the first with a cache engaged (why nothing came under it), else
-        the first row after base, else base (the first row)."""
+        """The run the per-step chart opens on: the first stack that cached a step, else one with a cache engaged (its
+        chart shows why nothing cached), else the first row after base, else base."""
         runs = [(r.preset, self.results[r.preset].metrics) for r in self.rows[1:] if r.preset in self.results]
         for wanted in (
             lambda name, m: m.cache.cached_steps > 0,

@@ -1,8 +1,5 @@
-"""The bench, sweep, tune and doctor as people read them: what `python -m studio` prints and the Tune tab shows.
-
-Each function takes a command's records (the dataclasses of studio.bench) and returns text. Nothing here imports
-studio.bench (bench calls report, never the other way), so the records are read by their field names.
-"""
+"""The bench, sweep, tune and doctor as text: what `python -m studio` prints and the Tune tab shows. studio.bench's
+records are read by field name: bench imports report, never the other way."""
 
 from __future__ import annotations
 
@@ -86,9 +83,7 @@ def noise_lines(noise) -> list[str]:
 
 
 def raw_verdict(rows, noise) -> str | None:
-    """--vs-raw, read against the noise floor of two plain processes measured in the same run (the decision on
-    issue 46: accepted as measured, option a): each row's studio/raw within that noise, or by how much outside it.
-    None without --vs-raw."""
+    """Each row's studio/raw within two plain processes' noise, or how far outside it; None without --vs-raw."""
     pp = noise.plain_vs_plain
     if pp is None:
         return None
@@ -107,9 +102,7 @@ def raw_verdict(rows, noise) -> str | None:
 
 
 def process_lines(rep) -> list[str]:
-    """A bench's compiled rows against other processes (lab.processes): each row in each process with how
-    far apart they read (--processes N), then the spread this machine has measured for compiled rows, or that it
-    has measured none and the command that would. [] for a bench without a compiled row."""
+    """The compiled rows' process-to-process spread, read here (--processes N) or as this machine measured it."""
     compiled = list(rep.twins)
     if not compiled:
         return []
@@ -175,7 +168,6 @@ def cost_cells(c) -> list[str]:
 
 
 def _figures(p) -> str:
-    """One stack on one request (a PromptFigures): speed-up with its interval, PSNR, FLIP, and whether it won."""
     sp = fmt.speedup_ci(p.speedup, p.speedup_lo, p.speedup_hi) if p.speedup is not None else "withheld"
     return f"{sp}, {fmt.psnr(p.psnr_db)}, FLIP {fmt.flip(p.flip)}" + (" ✓" if p.win else "")
 
@@ -185,8 +177,7 @@ def _floor(p) -> str:
 
 
 def paired_markdown(paired: list) -> str:
-    """Each stack request by request against that request's own base (studio.bench.paired.Paired): wins as N of N,
-    the slowest and the worst request by name, then every request's figures ('' without paired rows)."""
+    """Each stack's wins as N of N, its slowest and worst request by name, then every request's figures ('': none)."""
     if not paired:
         return ""
     first, n = paired[0], len(paired[0].prompts)
@@ -211,8 +202,7 @@ def paired_markdown(paired: list) -> str:
 
 
 def bench_markdown(rep) -> str:
-    """A BenchReport: the stack table, its noise floor, over several requests the paired figures, and with compiled
-    presets compile's cost."""
+    """A BenchReport: the stack table, its noise floor, then paired figures, compile's cost and fewer steps if any."""
     noise = [pace_line(p) for p in rep.pace] + noise_lines(rep.noise)
     raw = raw_verdict(rep.matrix.rows, rep.noise)
     noise += [raw] if raw else []
@@ -264,10 +254,8 @@ def sweep_markdown(res) -> str:
 
 # tune ----------------------------------------------------------------------------------------------------------------
 def tune_summary(res, *, written: str | None = None, markdown: bool = False) -> str:
-    """One sentence for a tuner's result (a studio.bench.records.TuneResult): the preset, its worst PSNR (and FLIP)
-    against the floor, its speed-ups, what the search cost; over several prompts, its paired figures prompt by prompt
-    after it, one line each. `written`: where the preset was saved; `markdown`: bold figures and code spans (the Tune
-    tab), plain text otherwise (the CLI prints it as YAML comments)."""
+    """A TuneResult in one sentence (its paired figures a line per prompt after it). `written`: where the preset was
+    saved; `markdown`: for the Tune tab (plain text otherwise: the CLI prints it as YAML comments)."""
     b, c = ("**", "`") if markdown else ("", "")
     n = len(res.prompts)
     sp = fmt.speedup_ci(res.speedup, res.speedup_lo, res.speedup_hi)
@@ -314,8 +302,7 @@ def tuned_description(
     worst_flip=None,
     worst_paired=None,
 ) -> str:
-    """The tuned preset's own description: how it was found and what it measured (`on`: device and dtype;
-    `interval`: the speed-up's; `worst_paired`: the worst of its paired speed-ups over the prompts)."""
+    """The tuned preset's description: how it was found and what it measured (`on`: device and dtype)."""
     ceiling = f" --max-flip {max_flip:g}" if max_flip is not None else ""
     flip = f", worst FLIP {fmt.flip(worst_flip)}" if worst_flip is not None else ""
     worst = f", {fmt.speedup(worst_paired)} on its slowest prompt" if worst_paired is not None else ""
@@ -336,7 +323,6 @@ def doctor_header(device: str, threshold: float) -> str:
 
 
 def doctor_cells(r) -> list[str]:
-    """A DoctorRow's cells."""
     agree = {True: "agree", False: "DISAGREE", None: "-"}[r.counts_agree]
     own = "-" if r.backend_cached_steps is None else str(r.backend_cached_steps)
     return [

@@ -1,9 +1,5 @@
-"""What a program reads about the studio's endpoints where it finds them by itself: the description of each endpoint
-offered as an MCP tool (gradio's `api_description`, shown in the API page too), and the OpenAI endpoint's model list.
-
-An agent acts on these alone: each says what the endpoint does, what a preset is and which exist here, and what the
-numbers it returns mean.
-"""
+"""The description of each endpoint offered as an MCP tool (gradio's `api_description`, also on the API page). An
+agent acts on these alone, so each says what the endpoint does, which presets exist, and what its numbers mean."""
 
 from __future__ import annotations
 
@@ -26,8 +22,7 @@ def preset_lines(presets: list[tuple[str, str]]) -> str:
 
 
 def tool_descriptions(presets: list[tuple[str, str]], models: list[str]) -> dict[str, str]:
-    """{api_name: description} for the endpoints offered as tools. `presets`: (name, description) of each preset a
-    caller may name; `models`: the models served."""
+    """{api_name: description} for the endpoints offered as tools; `presets`: (name, description) a caller may name."""
     what = (
         "DiT Speed Studio runs a text-to-image diffusion transformer with a speed preset: a stack of step caching, "
         f"8-bit quantization, attention kernels and compilation. Models: {', '.join(models)}. Presets: "

@@ -1,7 +1,4 @@
-"""spec: validated records (request, preset with cache-dit's own field names, model profiles) and their files.
-
-The bottom of the house: imports nothing else from the studio.
-"""
+"""spec: validated records (request, preset, model profiles) and their files; imports nothing else from the studio."""
 
 from studio.spec.checks import ConfigError, parse_switch
 from studio.spec.errors import ModelLoadError, RunError

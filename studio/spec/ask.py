@@ -1,15 +1,6 @@
-"""The Ask: one event's request, read once, which every part of the event reads.
-
-A click (or an API call, or a CLI command) is read into one `Ask` where it comes in: the request with the model
-profile's defaults, the stacks it names resolved once in the visitor's library with the per-request switches
-applied once, the compare mode, the prompts fanned out by one rule, the LoRAs parsed by one rule
-(spec.lora.parse_loras). What the event then does reads this record and nothing else of the form: what it reserves
-on ZeroGPU (app.gpu_time), the public limits (app.admit), the handler, the crash blame in the device worker (the
-stack it runs is one of `stacks`) and the runner (it is given the resolved stack, never a name to look up again).
-
-Not gradio and not torch: the app's process and the CLI build the same record (tests/test_ask.py checks that a form
-and the CLI's arguments of the same inputs give equal Asks).
-"""
+"""The Ask: one event's request (a click, an API call, a CLI command), read once where it comes in; every part of the
+event reads it, never the form: the request, its stacks resolved and switched once, the compare mode, the prompts.
+Not gradio and not torch, so the app's process and the CLI build the same record (tests/test_ask.py)."""
 
 from __future__ import annotations
 
@@ -53,8 +44,7 @@ class Switches:
 
 
 def prompt_lines(text: str | None) -> list[str]:
-    """The one rule for a box or file of prompts: one per line, stripped; blank lines, lines starting with # and
-    repeats dropped."""
+    """The one rule for a box or file of prompts: one per line, stripped; blanks, # lines and repeats dropped."""
     lines = (x.strip() for x in str(text or "").splitlines())
     return list(dict.fromkeys(x for x in lines if x and not x.startswith("#")))
 
@@ -70,31 +60,18 @@ def read_prompts(path: str | None) -> list[str] | None:
 
 
 def fan_out(first: str, more: list[str], cap: int | None = None, replace_first: bool = False) -> tuple[str, ...]:
-    """An event's prompts in order: `first` (the request's), then `more` without it; with `replace_first`, `more`
-    alone where it has any (the tuner's box replaces the request's prompt). At most `cap` in all (a public studio's;
-    None: no cap)."""
+    """An event's prompts: `first` (the request's), then `more` without it; with `replace_first`, `more` alone where it
+    has any (the tuner's box replaces the request's prompt). At most `cap` (a public studio's; None: no cap)."""
     out = list(more) if replace_first and more else [first] + [p for p in more if p != first]
     return tuple(out if cap is None else out[: max(1, cap)])
 
 
 @dataclass(frozen=True)
 class Ask:
-    """One event's request, read once (the module doc).
-
-    Args:
-        event: which event (EVENTS): generate, compare (A/B), matrix, tune.
-        model: the model as asked (a Hub id, a folder, "tiny"); the studio's first where the form left it empty.
-        profile: that model's profile, read once for the event (the request's defaults, its GPU time, an edit model).
-        request: the first prompt's request, the model profile's defaults filled in.
-        stacks: the stacks the event runs, resolved once and switched once: generate one, compare two (A, B), matrix
-            base first (never switched: it is the reference row) then the others, tune none (the tuner builds its own).
-        builtin: for each of `stacks`, whether it is a built-in preset (the public limits treat a visitor's own
-            presets apart).
-        switches: the per-request switches as read (already applied to `stacks`).
-        compare: on / auto / off (spec.request.COMPARE_MODES): how a generate is compared with base.
-        prompts: every prompt the event runs, the request's first (fan_out).
-        repeats: a matrix's rounds.
-    """
+    """One event's request, read once. `model`: as asked (the studio's first where the form left it empty); `stacks`:
+    generate one, compare A and B, matrix base first (unswitched: the reference row), tune none (the tuner builds its
+    own); `builtin`: per stack, whether built in (the public limits treat a visitor's own apart); `switches`: already
+    applied to `stacks`; `request`: the first prompt's; `repeats`: a matrix's rounds."""
 
     event: str
     model: str

@@ -1,10 +1,5 @@
 """The studio's one way into cache-dit: its config objects built from a `CacheSpec`, and its own record of a run.
-
-At the lowest floor on purpose: the engine (one process and the parallel workers' setup), the workers' own
-accounting (studio.measure.remote) and the YAML export all call these two functions, so a knob means the same
-thing everywhere. (`studio.bench.raw` writes its own: it imports nothing of the studio, by design.) The cache's
-label is `CacheSpec.label()`, also written once.
-"""
+At the lowest floor so that the engine, the parallel workers and the YAML export all mean the same by a knob."""
 
 from __future__ import annotations
 
@@ -43,13 +38,8 @@ def step_mask(spec: CacheSpec, steps: int | None) -> list[int] | None:
 def cache_dit_configs(
     spec: CacheSpec, *, quant: str = "none", steps: int | None, separate_cfg: bool = False
 ) -> CacheDitConfigs:
-    """cache-dit's DBCache (or DBPrune) and calibrator configs for `spec`.
-
-    Args:
-        quant: the quantized form that runs ("none": full precision); an unset threshold takes its default.
-        steps: the run's step count (a step mask is sized to it).
-        separate_cfg: the run calls the transformer twice per step (true CFG: conditional, then unconditional).
-    """
+    """cache-dit's DBCache (or DBPrune) and calibrator configs for `spec`. `quant`: the form that runs (an unset
+    threshold takes its default); `separate_cfg`: the run calls the transformer twice per step (true CFG)."""
     from cache_dit import (
         DBCacheConfig,
         DBPruneConfig,
@@ -75,10 +65,9 @@ def cache_dit_configs(
         num_inference_steps=steps if mask is not None else None,
         steps_computation_mask=mask,
         steps_computation_policy=spec.steps_computation_policy,
-        # How the run really calls the transformer: two calls per step (cond, uncond) only with true CFG. cache-dit's
-        # Qwen-Image adapter assumes two by default; on a one-call run it then counts in pairs, caches 6 steps in a
-        # row under "3" and compares each residual with the wrong branch (measured: [4, 5, 6, 8, 9] by its list
-        # against [8..13, 16..19] by the block hooks).
+        # Two transformer calls per step (cond, uncond) only with true CFG. cache-dit's Qwen-Image adapter assumes two
+        # by default; on a one-call run it then counts in pairs, caches 6 steps in a row under "3" and compares each
+        # residual with the wrong branch.
         enable_separate_cfg=separate_cfg,
     )
     cal = None

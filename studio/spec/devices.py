@@ -1,14 +1,6 @@
-"""The device profile: what a machine has, read once where the model is placed, and every device decision made from it.
-
-A profile is either read from the machine the studio runs on (engine.device.profile_here) or named from the table
-below (`plan --device h200`, the Presets tab, a simulated GPU profile in tests). The decisions here read nothing but
-the profile: the dtype `auto` becomes, the 8-bit form `auto` becomes and what a named form needs, what an attention
-kernel needs, the compile form. The memory plan is engine.placement's, against the profile's memory.
-
-GPU memory is what torch reports as the card's total (`torch.cuda.get_device_properties(d).total_memory`), in bytes;
-ZeroGPU's slice is half its card (docs/deploy.md). Sources: NVIDIA's compute-capability list; the ZeroGPU
-documentation (RTX Pro 6000 Blackwell, `large` = half a card, `xlarge` = all of it) and `spaces`' own card table.
-"""
+"""The device profile (read from this machine, or named: `plan --device h200`) and every decision made from it alone:
+the dtype and 8-bit form `auto` becomes, what an attention kernel needs.
+GPU memory is torch's `total_memory` of the card, in bytes; ZeroGPU's `large` slice is half a card (docs/deploy.md)."""
 
 from __future__ import annotations
 
@@ -41,13 +33,8 @@ def zerogpu_torch_note(version: str) -> str | None:
 
 @dataclass(frozen=True)
 class DeviceProfile:
-    """A machine as the decisions see it.
-
-    name: `here`, or a named profile (PROFILES). kind: cuda | cpu. capability: a GPU's (major, minor).
-    memory_bytes: the GPU's memory (a ZeroGPU slice's share); None on a CPU (the host's memory is the budget's).
-    flags: a CPU's feature flags (/proc/cpuinfo). triton: Triton kernels can be built here (GPU sm80+ with triton).
-    zerogpu: the ZeroGPU slice (large | xlarge), None elsewhere.
-    """
+    """A machine as the decisions see it. memory_bytes: the GPU's (a ZeroGPU slice's share), None on a CPU; flags: a
+    CPU's /proc/cpuinfo flags; triton: Triton kernels can be built here (GPU sm80+); zerogpu: large | xlarge | None."""
 
     name: str
     kind: str
@@ -136,7 +123,6 @@ PROFILES = {
 
 
 def named(name: str) -> DeviceProfile:
-    """The named profile `name` (PROFILES)."""
     if name not in PROFILES:
         raise ConfigError(f"device {name!r} is not a known profile: use `here` or one of {', '.join(PROFILES)}")
     return PROFILES[name]
@@ -151,8 +137,7 @@ def with_memory(profile: DeviceProfile, budget_gb: float | None) -> DeviceProfil
 
 # ---------------------------------------------------------------------------------------------------- decisions
 def dtype_for(asked: str, profile: DeviceProfile, forced: str | None = None) -> tuple[str, str | None]:
-    """(the dtype to run in, why it differs from what the preset asked or how `auto` chose) for a preset's `dtype`.
-
+    """(the dtype to run in, why it differs from what was asked or how `auto` chose) for a preset's `dtype`;
     `forced`: what `auto` becomes instead (the `dtype` setting, STUDIO_DTYPE)."""
     if asked == "auto" and forced:
         return forced, f"auto: {forced} (STUDIO_DTYPE)"
@@ -187,12 +172,8 @@ def int8_hardware(profile: DeviceProfile) -> str:
 
 
 def quant_form(spec, profile: DeviceProfile, compiled: bool) -> tuple[str, str]:
-    """(the 8-bit form that runs, why) for a QuantSpec on `profile`. Deterministic, so the model manager keys weights
-    by it; engine.quantize's module doc gives the measurements behind `auto`.
-
-    Args:
-        compiled: the stack is compiled here (a dynamic-activation form pays only then).
-    """
+    """(the 8-bit form that runs, why) for a QuantSpec; deterministic, so the model manager keys weights by it.
+    `compiled`: the stack is compiled here (a dynamic-activation form pays only then)."""
     q = spec.quant_type
     if q != "auto":
         why = f"{q} as the preset names it"

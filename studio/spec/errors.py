@@ -1,10 +1,5 @@
-"""The errors a request can end with besides a bad value (checks.ConfigError), each one sentence a person can read,
-and the one list of them (USER_ERRORS): what crosses the device worker as its own sentence. Any other exception is
-a bug in the studio: the worker logs its traceback and the user reads `StudioBug`'s sentence (studio.worker.protocol).
-
-They live at the bottom of the house so that the app's process can raise the ones the device worker sends back
-(studio.worker.client) without loading the engine, and torch with it.
-"""
+"""Errors a request can end with besides a bad value (checks.ConfigError), each one sentence a person can read;
+at the bottom of the house so the app's process can raise those the device worker sends back without loading torch."""
 
 from __future__ import annotations
 
@@ -61,8 +56,7 @@ def bug_sentence(e: BaseException) -> str:
 
 
 def how_it_died(exitcode: int | None) -> str:
-    """A process's end in a word or two: the signal's name (SIGSEGV, SIGKILL: the OOM killer's, SIGABRT) or the
-    exit code."""
+    """A process's end in a word or two: the signal's name (SIGKILL: the OOM killer's) or the exit code."""
     if exitcode is None:
         return "no exit code"
     if exitcode < 0:

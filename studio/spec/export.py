@@ -32,12 +32,8 @@ def exported_form(p: Preset, quant: str | None = None) -> str:
 
 
 def cache_dit_dict(p: Preset, steps: int | None = None, quant: str | None = None) -> dict:
-    """The preset's cache-dit configuration.
-
-    Args:
-        steps: the run's step count, which a step mask policy is sized to.
-        quant: the quantized form `auto` resolves to on the device the file is for (engine.quantize.quant_form).
-    """
+    """The preset's cache-dit configuration; `steps` sizes a step mask policy, `quant` is the form `auto` resolves to
+    on the device the file is for."""
     out: dict = {}
     c = p.cache_config
     form = exported_form(p, quant)

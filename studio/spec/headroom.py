@@ -1,27 +1,8 @@
-"""How many steps a step cache can skip at all, before a run: the room its warm-up, run caps and step mask leave.
-
-Few-step and distilled models (FLUX.1-schnell's 4 steps, Z-Image-Turbo's 9) leave a cache little or no room; the
-card says so before anyone reads a speed-up, and a run that cached nothing says why (`idle_sentence`).
-
-The bound follows cache-dit 1.5.3's own decision, step by step (caching/cache_contexts/cache_manager.py `can_cache`,
-cache_context.py `warmup_steps` and `mark_step_begin`):
-- steps 0 .. max_warmup_steps-1 never cache (`is_in_warmup`; with a step mask the warm-up is cut to the mask's leading
-  compute steps, which compute anyway); the studio leaves `warmup_interval` at cache-dit's default 1;
-- under a step mask a mask-1 step computes; a mask-0 step under the `static` policy caches, unconditionally (before any
-  cap or residual check); under `dynamic` it goes on to the checks below;
-- `max_cached_steps` (>= 0) caps the cached steps of the run; `max_continuous_cached_steps` (>= 0) the cached steps in
-  a row (a computed step resets the streak in `mark_step_begin`);
-- then the residual check, which needs a residual from a computed step before it (`prev_states_tensor is not None`):
-  step 0 always computes, even with no warm-up.
-Caching every step these rules allow is the most a run can skip (a computed step can only come earlier than a cap
-forces it), so the bound is that greedy count: with no mask, `r - r // (C + 1)` of the `r` steps after the warm-up
-under a run cap C (8 steps, warm-up 4, C 3: steps 4, 5, 6 cached, 7 computed: 3). Fn/Bn_compute_blocks change what a
-cached step costs, not how many steps may be cached. diffusers' First-Block-Cache has no warm-up and no caps: its
-first call computes (no residual yet), every later one may be cached.
-
-Sentences live here, beside the numbers, because the record's JSON carries them and the engine, which builds the
-record, sits below studio.report (imports go one way).
-"""
+"""How many steps a step cache can skip at all, before a run: the room its warm-up, run caps and step mask leave;
+few-step models (FLUX.1-schnell's 4 steps) leave little, and the card says so before anyone reads a speed-up. The bound
+mirrors cache-dit 1.5.3's `can_cache` step by step (`_dbcache_steps`): caching every step its rules allow is the most
+a run can skip. The sentences live here, beside the numbers, because the record's JSON carries them and the engine
+that builds it sits below studio.report."""
 
 from __future__ import annotations
 
@@ -48,16 +29,13 @@ class Headroom:
 
     @property
     def tight(self) -> bool:
-        """Worth saying before the run: the cache can skip nothing, or fewer than half the steps (so even free cached
-        steps cannot make the run 2x faster) while the steps before its first cacheable one take a quarter or more
-        of the run (the request's few steps hold it down, not the preset's run cap alone: at most 1 cached in a row
-        is under half at any length, and saying so on every card says nothing about the request). The shipped
-        `cache` (warm-up 4, 3 in a row) is tight at 9 steps and fewer (4 of 9) and not from 10 (5 of 10)."""
+        """Worth saying before the run: the cache can skip nothing, or under half the steps (no 2x even were cached
+        steps free) while the steps before its first cacheable one are a quarter or more of the run (the request's
+        few steps hold it down, not a run cap alone). The shipped `cache` is tight at 9 steps or fewer, not from 10."""
         return self.skippable == 0 or (2 * self.skippable < self.steps and 4 * self.first >= self.steps)
 
     def sentence(self) -> str:
-        """e.g. 'at 8 steps with 4 warm-up steps and at most 3 cached in a row, this cache can skip at most 3 of 8
-        steps'."""
+        """'at 8 steps with 4 warm-up steps and at most 3 cached in a row, this cache can skip at most 3 of 8 steps'"""
         n, s = self.skippable, self.steps
         can = f"can skip at most {n} of {s} {_steps(s)}" if n else f"can skip none of the {s} {_steps(s)}"
         if self.backend == "fbcache":
@@ -78,8 +56,7 @@ class Headroom:
 
     @property
     def at_most(self) -> float:
-        """The most this cache can speed the run up over the same stack without it, were every cached step free:
-        steps over the steps it must compute."""
+        """The most this cache can speed the run up were every cached step free: steps over the steps it computes."""
         return self.steps / max(1, self.steps - self.skippable)
 
     def before_run(self, model_steps: int | None = None) -> str:
@@ -117,12 +94,8 @@ def _steps(n: int) -> str:
 
 
 def headroom(spec: CacheSpec, steps: int, mask: list[int] | None = None) -> Headroom | None:
-    """The most steps `spec`'s cache can skip in a run of `steps` steps; None when it asks for no cache.
-
-    Args:
-        mask: the spec's step mask sized to `steps` (spec.cachedit.step_mask: 1 computes, 0 may cache); needed when
-            the spec has one (building it takes cache-dit, which this torch-free module does not import).
-    """
+    """The most steps `spec`'s cache can skip in a run of `steps` steps; None when it asks for no cache. `mask`: the
+    spec's step mask sized to `steps` (1 computes), needed where it has one (building it takes cache-dit, not here)."""
     if not spec.enabled:
         return None
     if spec.backend == "fbcache":
@@ -152,13 +125,10 @@ def headroom(spec: CacheSpec, steps: int, mask: list[int] | None = None) -> Head
 
 
 def _hook_headroom(spec: CacheSpec, steps: int) -> Headroom:
-    """The most steps MagCache, SeaCache or diffusers' TaylorSeer can skip, by their own rules (diffusers 0.42.1):
-    - MagCache computes its first round(retention_ratio x steps) steps (at least the first: no residual yet), then
-      at most `max_skip_steps` in a row;
-    - SeaCache computes its first `retention_steps` (at least one) and last `cache_end_steps`, and at most
-      `max_consecutive_cached` in a row (0: no limit) between;
-    - TaylorSeer computes steps before `disable_cache_before_step` W and from `disable_cache_after_step`, and between
-      them every step s with (s - W - 1) % cache_interval == 0: the rest it predicts, whatever the pictures do."""
+    """The most steps MagCache, SeaCache or diffusers' TaylorSeer can skip, by their rules (diffusers 0.42.1): MagCache
+    computes its first round(retention_ratio x steps) (at least one: no residual yet), then skips at most
+    `max_skip_steps` in a row; SeaCache computes its first `retention_steps` (at least one) and last `cache_end_steps`,
+    at most `max_consecutive_cached` cached in a row (0: no limit); TaylorSeer's skips are set by its knobs alone."""
     k = knobs_of(spec.backend, spec.options)
     if spec.backend == "taylorseer":
         w, every, after = k["disable_cache_before_step"], k["cache_interval"], k["disable_cache_after_step"]
@@ -200,13 +170,8 @@ def _dbcache_steps(steps: int, warmup: int, run_cap: int, total_cap: int, mask, 
 
 
 def idle_sentence(room: Headroom | None, diffs: dict, threshold: float | None) -> str:
-    """Why a run whose cache engaged cached nothing, from its own record: no room (the headroom sentence), or every
-    residual difference at or above the threshold (the smallest against it).
-
-    Args:
-        diffs: the run's residual differences as the cache recorded them ({step: diff}).
-        threshold: the threshold the run applied.
-    """
+    """Why a run whose cache engaged cached nothing: no room (the headroom sentence), or every residual difference
+    ({step: diff}, as the cache recorded them) at or above the run's `threshold` (the smallest against it)."""
     if room is not None and room.skippable == 0:
         return f"cached nothing: {room.sentence()}"
     t = "" if threshold is None else f" {threshold:g}"

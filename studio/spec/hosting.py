@@ -12,10 +12,8 @@ ROOT = str(Path(__file__).resolve().parents[2])  # the folder `studio` is in (th
 
 
 def edge_environ(env: Mapping[str, str]) -> dict[str, str]:
-    """What an edge (app.py, the CLI, the tests' conftest) sets in its own environment before anything loads, for it
-    and the processes it starts (the device worker, a local Ray, the vs-raw child) to inherit: cache-dit's log level
-    (it logs every hook to stdout, the CLI's --json, unless told) and the studio's folder first on PYTHONPATH (a
-    child started with `python -m studio...` imports this same studio)."""
+    """What an edge sets in its environment before anything loads, for the processes it starts to inherit: cache-dit's
+    log level (it logs every hook to stdout, the CLI's --json, unless told) and this studio's folder on PYTHONPATH."""
     return {
         "CACHE_DIT_LOG_LEVEL": env.get("CACHE_DIT_LOG_LEVEL") or "error",
         "PYTHONPATH": os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p),
@@ -43,13 +41,9 @@ def _glibc():
 
 
 def cap_malloc_arenas(env: Mapping[str, str], arenas: int = APP_ARENAS) -> str:
-    """Cap glibc's malloc arenas in this process at `arenas`, before it starts threads; what was done, in words.
-
-    glibc gives a thread that allocates while another holds an arena an arena of its own, up to 8 per core, and
-    keeps what each one freed. The app's process runs each event and each call back on a short-lived thread (anyio's
-    pool of up to 40, gradio's own), so its resident memory climbed with the arenas: in the soak, +138 MiB in 6
-    minutes uncapped against +39 MiB with 2 arenas (docs/deploy.md). An operator's MALLOC_ARENA_MAX (which glibc reads
-    itself) is left as it is; elsewhere than glibc nothing is done."""
+    """Cap glibc's malloc arenas in this process at `arenas`, before it starts threads; what was done, in words. glibc
+    gives threads arenas of their own (up to 8 per core) and keeps what each freed, and the app runs every event on a
+    short-lived thread (docs/deploy.md: the soak). An operator's MALLOC_ARENA_MAX is left as it is."""
     if env.get("MALLOC_ARENA_MAX"):
         return f"malloc arenas: MALLOC_ARENA_MAX={env['MALLOC_ARENA_MAX']} (the operator's)"
     libc, why = _glibc()
@@ -61,19 +55,14 @@ def cap_malloc_arenas(env: Mapping[str, str], arenas: int = APP_ARENAS) -> str:
 
 
 def trim_malloc() -> bool:
-    """Give the pages glibc's malloc holds free, in every arena, back to the system now (malloc_trim(0)); whether
-    any were. False where there is no glibc."""
+    """malloc_trim(0): glibc's free pages, in every arena, back to the system; whether any were (False: no glibc)."""
     libc, _why = _glibc()
     return bool(libc.malloc_trim(0)) if libc is not None else False
 
 
 def trim_malloc_every(seconds: float = TRIM_EVERY_S) -> str:
-    """Trim glibc's free heap pages every `seconds` on a daemon thread (`trim_malloc`); what was done, in words.
-
-    Freed memory in the middle of an arena stays resident until malloc_trim gives its pages back: the app's process
-    frees a picture's buffers, an encoded PNG, a plot, a request body after every event, and the holes they leave
-    are mostly reused but their pages stay counted. With the arenas capped, the 30-minute soak's app still grew 197
-    -> 293 MiB (docs/deploy.md); a trim every 30 s costs a walk of the heap (milliseconds)."""
+    """Trim glibc's free heap pages every `seconds` on a daemon thread; what was done, in words. Holes freed in the
+    middle of an arena stay resident until trimmed, arenas capped or not (docs/deploy.md); a trim takes a few ms."""
     import threading
     import time
 
@@ -91,17 +80,14 @@ def trim_malloc_every(seconds: float = TRIM_EVERY_S) -> str:
 
 
 def aot_dir(configured: str | None) -> Path:
-    """Where ahead-of-time packages live (engine.aot): `configured` (the settings' STUDIO_AOT_DIR), or
-    <tmp>/studio-aot. They outlive the process that built them: on ZeroGPU each call's forked process finds what an
-    earlier one built."""
+    """Where ahead-of-time packages live: `configured` (STUDIO_AOT_DIR), or <tmp>/studio-aot. They outlive the process
+    that built them: on ZeroGPU each call's forked process finds what an earlier one built."""
     return Path(configured or Path(tempfile.gettempdir()) / "studio-aot")
 
 
 def ahead_of_time_applies(compile_spec, offload) -> bool:
-    """Whether a compiled stack runs ahead of time on ZeroGPU (engine.aot): per block (a regional spec), on weights
-    that stay in place: no memory regime (`auto` places resident where the model fits the slice; a regime it picks
-    instead is refused there, said on the card). 8-bit weights are quantized before the export, as ZeroGPU's recipe
-    does. `offload`: an OffloadSpec (None: none)."""
+    """Whether a compiled stack runs ahead of time on ZeroGPU (engine.aot): regional, on weights that stay in place (no
+    memory regime: one `auto` picks is refused there, said on the card). `offload`: an OffloadSpec or None."""
     policy = getattr(offload, "policy", "none")
     return compile_spec.enabled and compile_spec.regional and policy in ("none", "auto")
 

@@ -1,19 +1,6 @@
-"""The OpenAI images API's request, read and checked (`POST /v1/images/generations`: app.openai_api serves it).
-
-Follows OpenAI's `images.generate` body: `prompt`, `model`, `n` (the batch: 1-4 pictures of one call, seeds seed ..
-seed + n - 1), `size` ("WxH"; `auto` or absent: the model's own size), `response_format` (`b64_json`, the default, or
-`url`), plus the extra fields serving engines for diffusion models accept (`seed`, `num_inference_steps`,
-`negative_prompt`, `guidance_scale`, `true_cfg_scale`) and the studio's own: `preset`, `compare` (on / auto / off;
-absent: the studio's default, as the Generate tab's).
-
-The preset may also ride on `model` as a suffix after a colon, `tiny:cache`: the part after the last colon names a
-preset when it is one; the `preset` field wins when both are given. OpenAI's own fields that change nothing here
-(`quality`, `style`, `user`, `background`, `moderation`, `output_format`, `output_compression`) are accepted and
-listed back as ignored; any other field is refused by name (a typo must not run the default silently).
-
-Pure: no gradio, no torch. Errors are ConfigErrors naming the field, the value and the fix; `UnknownModel` is the
-one the endpoint answers 404 to.
-"""
+"""The OpenAI images API's request (`POST /v1/images/generations`), read and checked; pure: no gradio, no torch.
+Beside `images.generate`'s body: diffusion serving engines' fields (`seed`, ...) and the studio's `preset` (or
+`model:preset`) and `compare`. Ignored OpenAI fields are listed back; any other is refused (a typo must not run)."""
 
 from __future__ import annotations
 
@@ -33,7 +20,7 @@ _SIZE = re.compile(r"^\s*(\d{1,5})\s*[xX]\s*(\d{1,5})\s*$")
 
 
 class UnknownModel(ConfigError):
-    """`model` names no model this studio serves (GET /v1/models lists them)."""
+    """`model` names no model this studio serves: the endpoint answers 404."""
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,5 @@
-"""The one function that makes a stack's label, e.g. `bf16+int8dq+DBCache_F1B0W4R0.24MC3+sdpa+compile`.
-
-A label is made of one token per part of the stack, in the stack's order. What was asked (a preset's own tokens:
-`Preset.label_parts`) and what ran (the engaged record of each step: `engine.stack.AppliedStack.label_parts`) go
-through the same `join_label`, so the two can be compared part by part: `changes` names the parts that did not run
-as asked (`sage->sdpa`, `compile->eager`, `fp8dq->none`).
-"""
+"""The one function that makes a stack's label, e.g. `bf16+int8dq+DBCache_F1B0W4R0.24MC3+sdpa+compile`; what was
+asked and what ran go through it, so `changes` can name the parts that did not run as asked (`sage->sdpa`)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""LoRA adapters as records: one adapter (a file, folder or Hub id, or the name of one the model ships, and a scale),
-read from the form or a preset.
-
-A request's `loras` and a preset's `loras` are tuples of LoraSpec; engine.lora loads them (diffusers
-load_lora_weights, a shipped name resolved against the model that runs: spec.profiles.resolve_lora, beside what else
-a model ships), engine.loader fuses a quantized preset's own before quantizing.
-"""
+"""LoRA adapters as records (a file, folder or Hub id, or the name of one the model ships, and a scale), read from the
+form or a preset; engine.lora loads them, engine.loader fuses a quantized preset's own before quantizing."""
 
 from __future__ import annotations
 
@@ -23,9 +18,8 @@ LORA_FILE = "pytorch_lora_weights.safetensors"  # diffusers' save_lora_weights n
 
 @dataclass(frozen=True)
 class LoraSpec(Record):
-    """One LoRA adapter on a request: a local .safetensors file or folder (or a Hub id where the Hub is reachable), or
-    the name of one the model ships (a bare word: `outline`), loaded with diffusers' own `load_lora_weights`, at
-    `scale`."""
+    """One LoRA adapter: a local .safetensors file or folder (or a Hub id where the Hub is reachable), or the name of
+    one the model ships (a bare word: `outline`), at `scale`."""
 
     path: str
     scale: float = 1.0
@@ -42,8 +36,7 @@ class LoraSpec(Record):
 
     @property
     def is_name(self) -> bool:
-        """A shipped LoRA's name (NAME), resolved against the model that runs (spec.profiles.resolve_lora), not a
-        path."""
+        """A shipped LoRA's name (NAME), resolved against the model that runs, not a path."""
         return bool(NAME.fullmatch(self.path))
 
 

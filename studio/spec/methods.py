@@ -1,20 +1,8 @@
-"""The step caches beside DBCache, as `cache_config.backend` names them, and their knobs by the libraries' own names.
-
-cache-dit's DBCache keeps its flat keys in `cache_config` (spec.preset.CacheSpec). Every other method takes its own
-knobs in `cache_config.options`, named as its library's config names them:
-
-    backend      library                      config it builds                      what a cached step skips
-    dbprune      cache-dit DBPrune            DBPruneConfig (+ the DBCache keys)    blocks whose residual barely moves
-    fbcache      diffusers First-Block-Cache  FirstBlockCacheConfig                 every block after the first
-    magcache     diffusers MagCache           MagCacheConfig                        the whole block stack
-    taylorseer   diffusers TaylorSeer cache   TaylorSeerCacheConfig                 attention (predicted by Taylor)
-    fastercache  diffusers FasterCache        FasterCacheConfig                     attention (reused), uncond branch
-    pab          diffusers Pyramid Attention  PyramidAttentionBroadcastConfig       attention (broadcast)
-    seacache     diffusers SeaCache           SeaCacheConfig                        the whole block stack
-
-This module is torch-free (the app process validates presets without torch): each knob is checked here against
-its own type and range, and the engine (studio.engine.hooks) builds the library's config from the checked values.
-"""
+"""The step caches beside DBCache, as `cache_config.backend` names them, and their knobs by the libraries' own names
+(in `cache_config.options`). A cached step skips: dbprune (cache-dit) blocks whose residual barely moves; fbcache every
+block after the first; magcache, seacache the whole block stack; taylorseer attention (predicted); fastercache
+attention (reused) and the uncond branch; pab attention (broadcast). Torch-free, so the app process validates presets
+without torch; studio.engine.hooks builds the libraries' configs."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""The memory regime of a preset (`offload_config`): where the weights live between uses.
-
-Policies, with the names of the libraries that implement them:
-    none               everything resident on the device
-    model_cpu_offload  diffusers `enable_model_cpu_offload`: each component moves to the device for its turn
-    layerwise_offload  cache-dit `layerwise_offload` of the transformer's blocks, prefetching `transfer_buckets` blocks
-                       ahead on copy streams (`async_transfer`) while the current one computes
-    group_offload      diffusers `apply_group_offloading(offload_type="block_level")`: `num_blocks_per_group` blocks
-                       per group, prefetched on a CUDA stream when `use_stream`
-    auto               the fastest of those that fits the device's free memory for this model and request
-`vae_tiling` / `vae_slicing` are diffusers' VAE switches, independent of the policy.
-"""
+"""The memory regime of a preset (`offload_config`): where the weights live between uses. Policies: none; diffusers'
+model_cpu_offload (each component on the device for its turn) and block-level group_offload; cache-dit's
+layerwise_offload (blocks prefetched `transfer_buckets` ahead on copy streams); auto (the fastest that fits the
+device's free memory). `vae_tiling` / `vae_slicing` are diffusers' VAE switches, independent of the policy."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""A preset: the speed stack as validated records whose field names are the YAML keys (cache-dit's own names).
-
-    dtype, quantize_config (QuantSpec), offload_config (OffloadSpec: the memory regime), cache_config (CacheSpec),
-    attention_backend, compile (CompileSpec), parallelism_config (ParallelSpec: cache-dit's context/tensor
-    parallelism on Ray workers)
-
-A preset file's `cache_config` section is exactly what cache-dit reads (plus the studio's `backend` key, which
-picks cache-dit DBCache or diffusers First-Block-Cache).
-"""
+"""A preset: the speed stack as validated records whose field names are the YAML keys (cache-dit's own names); a
+`cache_config` section is what cache-dit reads, plus the studio's `backend` key (which step cache: spec.methods)."""
 
 from __future__ import annotations
 
@@ -42,11 +35,9 @@ ATTENTION_BACKENDS = {
 }
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # Residual-diff thresholds when a preset leaves it unset, by the quantized form that runs (none: full precision).
-# A quantized residual carries the quantization's noise on top of the step's own change; the raise follows what each
-# form adds, measured (embedded model, fp32, 28 steps, 3 prompts, threshold ~0 so every step's diff is read; the
-# median diff after warm-up): dense 0.0546/0.0592/0.0513; int8_weight_only the same to 3 decimals; int8_per_row
-# 0.0554/0.0606/0.0522 (+1.5%): neither earns a raise. float8 (e4m3: 3 mantissa bits, ~16x int8's rounding step)
-# cannot be measured on a CPU; it keeps the raised default until a GPU run reads it.
+# A quantized residual carries the quantization's noise on top of the step's own change: the int8 forms add under 2%
+# to the median diff (embedded model), no raise; float8 (e4m3, ~16x int8's rounding step) keeps a raised default
+# until a GPU run measures it.
 DEFAULT_THRESHOLD = {"none": 0.08, "int8_weight_only": 0.08, "int8_per_row": 0.08, "float8_per_row": 0.12}
 MIN_CACHE_STEPS = 8  # below this a step cache has no room to gain: warm-up alone eats the run
 
@@ -74,8 +65,7 @@ class QuantSpec(Record):
 @dataclass(frozen=True)
 class CacheSpec(Record):
     """A step cache: cache-dit DBCache (with an optional calibrator and step mask) or DBPrune, or one of diffusers'
-    cache hooks (First-Block-Cache, MagCache, TaylorSeer, FasterCache, Pyramid Attention Broadcast, SeaCache), whose
-    knobs go in `options` by the library's own names (spec.methods)."""
+    cache hooks, whose knobs go in `options` by the library's own names (spec.methods)."""
 
     backend: str = "none"
     Fn_compute_blocks: int = 1
@@ -187,11 +177,8 @@ class CacheSpec(Record):
         fail("cache_config", "residual_diff_threshold", threshold, f"{self.backend} has no threshold: leave it unset")
 
     def label(self, threshold: float | None = None) -> str:
-        """A short tag in cache-dit's style, e.g. DBCache_F1B0W4R0.24MC3_TS1 (the one place it is written).
-
-        Args:
-            threshold: the threshold a run applied; unset, the spec's own (or "auto" when it leaves it to the default).
-        """
+        """A short tag in cache-dit's style, e.g. DBCache_F1B0W4R0.24MC3_TS1 (the one place it is written);
+        `threshold`: the one a run applied (unset: the spec's own, or "auto" when it leaves it to the default)."""
         if threshold is None:
             threshold = self.residual_diff_threshold
         r = "auto" if threshold is None else f"{threshold:g}"
@@ -238,9 +225,8 @@ class CompileSpec(Record):
 @dataclass(frozen=True)
 class ParallelSpec(Record):
     """cache-dit's ParallelismConfig, run through Ray: the whole pipeline on `ulysses_size x ring_size x tp_size`
-    worker processes (one per rank), started on demand or placed on the Ray cluster at `ray_address`
-    (RAY_ADDRESS when not set). `ray_worker_options` go to each worker actor (default: one GPU each on a GPU
-    machine, `num_gpus: 0, num_cpus: 1` on a CPU one)."""
+    worker processes, started on demand or on the Ray cluster at `ray_address` (else RAY_ADDRESS). `ray_worker_options`
+    go to each worker actor (default: one GPU each, or `num_gpus: 0, num_cpus: 1` on a CPU machine)."""
 
     ulysses_size: int = 1
     ring_size: int = 1
@@ -366,8 +352,7 @@ class Preset(Record):
 
     @property
     def wants_workers(self) -> bool:
-        """Whether this preset runs on parallel workers (the one question of the spec; the engine's other is
-        whether workers run now: engine.parallel.workers)."""
+        """Whether this preset runs on parallel workers (whether workers run now is engine.parallel.workers')."""
         return self.parallelism_config.enabled
 
     @property
@@ -398,11 +383,8 @@ class Preset(Record):
         }
 
     def tag(self, dtype: str | None = None) -> str:
-        """The label of what this preset ASKS for, e.g. `auto+q8+DBCache_F1B0W4R0.24MC3+sage+compile`.
-
-        What a run ran is labelled from its engaged stack instead (engine.stack.AppliedStack.label_parts): a
-        preset's tag names `sage` whether or not SageAttention could run.
-        """
+        """The label of what this preset ASKS for, e.g. `auto+q8+DBCache_F1B0W4R0.24MC3+sage+compile`: `sage` whether
+        or not SageAttention could run (what ran is labelled by AppliedStack.label_parts)."""
         return join_label(self.label_parts(dtype))
 
     def with_overrides(

@@ -1,15 +1,5 @@
-"""Preset files: YAML in cache-dit's own config format, loaded into validated `Preset` records.
-
-description: ...
-dtype: auto
-quantize_config: {quant_type: int8_weight_only, exclude_layers: [embedder, ...]}
-cache_config: {backend: cache-dit, Fn_compute_blocks: 1, Bn_compute_blocks: 0, max_warmup_steps: 4,
-               residual_diff_threshold: 0.24, max_continuous_cached_steps: 3, enable_taylorseer: false, ...}
-attention_backend: sdpa
-compile: {enabled: false, fullgraph: auto}
-
-Section keys are the dataclass field names (written once, in spec/preset.py); so are the error labels.
-"""
+"""Preset files: YAML in cache-dit's own config format (`cache_config: {Fn_compute_blocks: 1, ...}`), loaded into
+validated `Preset` records; section keys and error labels are spec/preset.py's dataclass field names."""
 
 from __future__ import annotations
 
@@ -133,8 +123,6 @@ def preset_to_dict(p: Preset) -> dict:
 
 
 def _cache_section(c: CacheSpec, plain) -> dict:
-    """cache_config as YAML: DBCache's keys for cache-dit (DBPrune: less the calibrators and the mask); a diffusers
-    hook's backend and options (and First-Block-Cache's threshold) alone."""
     d = {k: plain(v) for k, v in c.as_dict().items() if v is not None and k != "options"}
     if c.backend in HOOK_BACKENDS:
         keep = ("backend", "residual_diff_threshold") if c.backend == "fbcache" else ("backend",)
@@ -173,8 +161,7 @@ def load_preset(path_or_dict: str | os.PathLike | dict, name: str | None = None)
 
 
 class PresetLibrary:
-    """The built-in presets plus a user folder (the edges pass STUDIO_PRESETS_DIR's); a user file shadows nothing built
-    in."""
+    """The built-in presets plus a user folder (STUDIO_PRESETS_DIR's, from the edges); a built-in wins a name clash."""
 
     def __init__(self, builtin_dir: Path = BUILTIN_DIR, user_dir: Path | str | None = None):
         self.builtin_dir = Path(builtin_dir)
@@ -204,15 +191,13 @@ class PresetLibrary:
         return [n for n in BUILTIN_ORDER if n in names] + methods + rest
 
     def method_names(self) -> list[str]:
-        """The shipped presets of presets/methods/: one per step-cache method beside `cache` (DBCache), run by
-        `python -m studio methods` and the Matrix's "all methods", and by name anywhere."""
+        """presets/methods/: one preset per step-cache method beside `cache` (DBCache), run together by `methods`."""
         d = self.builtin_dir / METHODS_SUBDIR
         return sorted(f.stem for f in d.glob("*.yaml")) if d.is_dir() else []
 
     def one_process_names(self) -> list[str]:
-        """The presets that run in this process: what a bench, matrix or doctor runs when none are named
-        (parallel presets start worker processes, so they run when asked for by name; the step-cache methods of
-        presets/methods/ run by name or together through `methods`)."""
+        """What a bench, matrix or doctor runs when none are named: not the parallel presets (they start worker
+        processes) nor the step-cache methods (run by name or through `methods`)."""
         out = []
         methods = set(self.method_names())  # run by name, or all together by `methods`
         for n in self.names():

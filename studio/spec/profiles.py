@@ -1,9 +1,5 @@
-"""Model profiles: the defaults (size, steps, guidance, text length, example prompts) a model is good at.
-
-A local folder may carry its own profile as `studio_profile.json` (the embedded model does); Hub models
-get profiles from the table below, so a user who changes nothing gets sensible pictures. This module also
-names the embedded model's folder and resolves the model names a user may type.
-"""
+"""Model profiles: the defaults (size, steps, guidance, text length, example prompts) a model is good at, from a
+folder's `studio_profile.json`, the Hub table below or its own config; and the model and LoRA names a user types."""
 
 from __future__ import annotations
 
@@ -208,8 +204,7 @@ def profile_from_folder(folder: Path) -> ModelProfile | None:
 
 
 def profile_for(model: str) -> ModelProfile:
-    """The profile of a local folder (its studio_profile.json, else one from its own config), a known Hub id, or
-    generic defaults."""
+    """A folder's studio_profile.json, else a known Hub id's, else one from the folder's own config, else defaults."""
     path = Path(model)
     if (path / PROFILE_FILE).is_file():
         return ModelProfile.from_dict(json.loads((path / PROFILE_FILE).read_text()))
@@ -224,8 +219,7 @@ def profile_for(model: str) -> ModelProfile:
 
 # the LoRAs a model ships -------------------------------------------------------------------------------------------
 def shipped_dir(model: str | None) -> Path | None:
-    """The folder of the LoRAs shipped with `model`: the embedded model's `loras/` beside its pipeline; None for any
-    other model (none ship LoRAs)."""
+    """The embedded model's `loras/` beside its pipeline; None for any other model (none ship LoRAs)."""
     if Path(resolve_model(model)).resolve() == EMBEDDED_DIR.resolve():
         return EMBEDDED_DIR.parent / "loras"
     return None

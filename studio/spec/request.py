@@ -19,9 +19,7 @@ SCALES = {"guidance": (0.0, 50.0, "0: no guidance"), "true_cfg_scale": (1.0, 50.
 
 
 def check_scale(name: str, value) -> None:
-    """guidance or true_cfg_scale: None, or a finite number in SCALES' range; ConfigError with a sentence otherwise.
-
-    The one rule, used by GenerationRequest and by a caller that validates a scale the model then ignores."""
+    """guidance or true_cfg_scale: None, or a finite number in SCALES' range; ConfigError with a sentence otherwise."""
     if value is None:
         return
     lo, hi, meaning = SCALES[name]
@@ -106,8 +104,7 @@ class GenerationRequest(Record):
 
     @property
     def graph_shape(self) -> tuple:
-        """What a compiled stack's graphs (or packages) are built for (graph_shape_of). A warm-up is per graph
-        shape."""
+        """What a compiled stack's graphs (or packages) are built for; a warm-up is per graph shape."""
         return graph_shape_of(self.width, self.height, self.num_images_per_prompt, self.image)
 
     @property
@@ -131,7 +128,6 @@ class GenerationRequest(Record):
 
     @property
     def size(self) -> tuple[int, int]:
-        """(width, height)."""
         return (self.width, self.height)
 
 
@@ -150,7 +146,6 @@ def digest(picture: np.ndarray | None) -> str | None:
 
 
 def _check_inputs(r: GenerationRequest) -> None:
-    """The image inputs: a uint8 picture, a mask only with it and of its size, a strength in (0, 1] read with it."""
     o = "request"
     if r.image is not None:
         ok = isinstance(r.image, np.ndarray) and r.image.dtype == np.uint8 and r.image.ndim == 3
@@ -179,9 +174,8 @@ def _check_inputs(r: GenerationRequest) -> None:
 
 
 def image_inputs(image, mask, strength) -> dict:
-    """Image inputs (the UI's uploads, the CLI's files) as the request takes them: an RGB picture, a grey mask of
-    the picture's size (one of another size is resized to it, nearest neighbour), and the strength, which is read
-    only with a picture (none: text-to-image, strength 1)."""
+    """The UI's uploads or the CLI's files as the request takes them: an RGB picture, a grey mask resized (nearest) to
+    its size, and the strength; {} without a picture (text-to-image)."""
     if image is None:
         return {}
     from PIL import Image
@@ -199,8 +193,7 @@ def image_inputs(image, mask, strength) -> dict:
 def check_caps(
     request: GenerationRequest, max_steps: int | None, max_side: int | None, max_prompt_chars: int | None = None
 ) -> None:
-    """Raise ConfigError with a sentence when the request is over an operator's caps (steps; width and height; the
-    prompt's and the negative prompt's length)."""
+    """ConfigError with a sentence when the request is over an operator's caps (steps, sides, the prompts' length)."""
     for name in ("prompt", "negative_prompt"):
         n = len(getattr(request, name))
         if max_prompt_chars is not None and n > max_prompt_chars:  # the message does not echo a long prompt back

@@ -1,19 +1,14 @@
-"""Every setting the studio takes from its environment, read once at the edges into one typed record.
-
-`app.py` and `studio/cli.py` call `Settings.from_env(os.environ)` and `install` the record; the device worker gets it
-in its WorkerConfig and installs it in its own process. The edges (the app, the CLI, the worker, the tests' conftest)
-read `current()`; the engine, the measurements and the bench never do: the model manager is handed the record
-(`ModelManager(settings=...)`) and every part below takes what it needs from it as a parameter. Nothing reads
-`os.environ` below the edges. A bad value fails at start with the variable's name, its value and what it takes.
-Tests hand an engine the settings they mean (`replace(current(), ...)`); `using(...)` changes what the edges read.
-"""
+"""Every setting the studio takes from its environment, read once at the edges (app, CLI, worker) into one record.
+Only the edges read `current()`; the engine and below are handed what they need, and never read `os.environ`."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from studio.spec.checks import ConfigError
 
@@ -94,9 +89,8 @@ class Settings:
     max_side: int | None = None  # STUDIO_MAX_SIDE
     max_request_s: float | None = None  # STUDIO_MAX_REQUEST_S
     worker_max_rss_gb: float | None = None  # STUDIO_WORKER_MAX_RSS_GB
-    # STUDIO_WORKER_HOOK: "module:function" or "module:function:{json keyword arguments}", called in the device worker
-    # with its Runner and DeviceService once built: instrumentation kept out of the studio (the tests' crash and
-    # thread probes live in tests/worker_hooks.py). None: none.
+    # STUDIO_WORKER_HOOK: "module:function[:{json keyword arguments}]", called in the device worker with its Runner and
+    # DeviceService once built: instrumentation kept out of the studio (tests/worker_hooks.py)
     worker_hook: str | None = None
     queue_size: int = 32  # STUDIO_QUEUE_SIZE
     max_body_mb: float = 16.0  # STUDIO_MAX_BODY_MB: a request body over this is answered 413 unread (app.bounds)
@@ -199,6 +193,14 @@ class Settings:
 
 
 _CURRENT = [Settings()]
+
+
+def torch_hub_checkpoints(env: Mapping | None = None) -> Path:
+    """Where torch.hub.get_dir() puts checkpoints by default ($TORCH_HOME/hub, else $XDG_CACHE_HOME/torch/hub, else
+    ~/.cache/torch/hub), found without importing torch: the app's process, which fetches LPIPS' weights, never does."""
+    env = os.environ if env is None else env
+    home = env.get("TORCH_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or "~/.cache", "torch")
+    return Path(home).expanduser() / "hub" / "checkpoints"
 
 
 def install(settings: Settings) -> Settings:

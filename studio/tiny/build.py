@@ -1,8 +1,5 @@
-"""Build the tiny FLUX-architecture pipeline: tokenizers made from the grammar's words, small real modules.
-
-Every component is a stock diffusers/transformers class, so cache-dit, First-Block-Cache, torchao and
-torch.compile hook it exactly as they hook FLUX.1-dev.
-"""
+"""Build the tiny FLUX-architecture pipeline: tokenizers made from the grammar's words, small real modules, each a
+stock diffusers/transformers class, so cache-dit, First-Block-Cache, torchao and torch.compile hook it as FLUX.1's."""
 
 from __future__ import annotations
 
@@ -47,11 +44,8 @@ class TinyConfig:
 
 
 def _bpe_whole_words(words) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """Vocab and merges under which every word becomes ONE token.
-
-    Merges are added word by word: first apply the merges so far (in rank order, as BPE does), then append a
-    merge for the leftmost remaining pair until the word is whole. An appended merge has the lowest rank, so it
-    never changes how an earlier word merges."""
+    """Vocab and merges under which every word becomes ONE token; merges are appended word by word at the lowest
+    rank, so a new one never changes how an earlier word merges."""
     vocab: dict[str, int] = {CLIP_BOS: 0, CLIP_EOS: 1}  # EOS id 1, not 2: CLIP treats eos_token_id == 2 as legacy
     for w in words:
         for c in list(w[:-1]) + [w[-1], w[-1] + "</w>"]:
@@ -76,8 +70,7 @@ def _bpe_whole_words(words) -> tuple[dict[str, int], list[tuple[str, str]]]:
 
 
 def build_clip_tokenizer(max_len: int) -> CLIPTokenizer:
-    """A byte-pair tokenizer over the grammar's words, one token per word (the longest two-object prompt is
-    18 tokens with BOS/EOS, well inside `max_len`)."""
+    """A byte-pair tokenizer over the grammar's words, one token per word (the longest prompt: 18 with BOS/EOS)."""
     vocab, merges = _bpe_whole_words(sorted(VOCAB, key=lambda w: (len(w), w)))
     return CLIPTokenizer(
         vocab=vocab,

@@ -1,18 +1,6 @@
-"""Tiny random-weight instances of every DiT family the studio names, built offline from each pipeline's own classes.
-
-| family     | pipeline                 | how it calls the transformer                                        |
-|------------|--------------------------|---------------------------------------------------------------------|
-| flux       | FluxPipeline             | once per step (guidance-distilled, no CFG)                          |
-| qwen-image | QwenImagePipeline        | twice per step with true CFG and a negative prompt, else once       |
-| sd3        | StableDiffusion3Pipeline | once per step, classifier-free guidance batched (batch of 2)        |
-| z-image    | ZImagePipeline           | once per step, few steps, CFG-free (guidance 0)                     |
-
-Tokenizers are made in memory: the embedded model's word-level CLIP/T5 tokenizers, and a byte-level BPE with no
-merges (every byte one token) for the Qwen tokenizers. Weights are random: residual diffs sit at 0.3-0.5, so a
-cache needs a high threshold to cache anything (CACHING_THRESHOLD, per backend).
-The family names (FAMILIES) load without diffusers' pipelines: the builders import them inside the functions
-that build (the CLI's doctor lists the names first).
-"""
+"""Tiny random-weight instances of every DiT family the studio names, built offline from each pipeline's own classes
+(flux: no CFG; qwen-image: true CFG, two calls a step; sd3: CFG batched; z-image: CFG-free), tokenizers made in memory.
+Random weights' residual diffs sit at 0.3-0.5, hence CACHING_THRESHOLD; the builders import diffusers lazily."""
 
 from __future__ import annotations
 
@@ -223,8 +211,7 @@ def _z_image():
 
 
 def _flux_kontext():
-    """FLUX.1 Kontext's pipeline on the tiny FLUX components: the same transformer class, the input picture read as
-    reference tokens beside the picture's own (what black-forest-labs/FLUX.1-Kontext-dev's model_index names)."""
+    """FLUX.1 Kontext's pipeline on the tiny FLUX components (the input picture read as reference tokens)."""
     from diffusers import FluxKontextPipeline
 
     return FluxKontextPipeline(**_flux().components)

@@ -1,6 +1,5 @@
-"""The embedded model's words: its colours (with the palette they are drawn in), shapes and places, and the
-vocabulary its tokenizers are built from. The scenes themselves are drawn and judged by the lab (lab/tiny/scenes.py).
-"""
+"""The embedded model's words: colours (with their palette), shapes, places, and the tokenizers' vocabulary. The scenes
+are drawn and judged by the lab (lab/tiny/scenes.py)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""worker: the supervised process that owns the device, off ZeroGPU; the app's Studio facade is its client.
-
-The app's side (client), the worker process (server), the device calls over a Runner and the same calls in-process
-on ZeroGPU (service), the messages and the one error boundary (protocol), the CLI's reruns after a crash (reruns),
-library chatter (quiet): docs/architecture.md's table. The worker supervises every contained run (the app's clicks,
-the CLI's bench and doctor); bench/raw.py's plain pipelines and bench/busy.py's load are no contained runs.
-
-Importing this package, `client` or `protocol` loads no torch; `server` and `service` load the engine.
-"""
+"""worker: the supervised process that owns the device off ZeroGPU (the app's and the CLI's contained runs), or the
+same calls in-process on ZeroGPU. Importing this package, `client` or `protocol` loads no torch; `server` and
+`service` load the engine."""
 
 from __future__ import annotations
 
@@ -22,9 +16,8 @@ __all__ = ["Device", "WorkerClient", "WorkerConfig", "WorkerCrashed", "start_dev
 
 
 def _load_at_import(runner) -> None:
-    """ZeroGPU: the pipeline loads at import, in the main process (`spaces` defers its move to the GPU into each call's
-    forked process, which inherits the loaded weights), not lazily inside the first GPU call, whose reserved
-    seconds would then go on reading weights. A model that cannot load is said by the first request instead."""
+    """ZeroGPU: load the pipeline in the main process, which each GPU call's fork inherits, so no call's reserved
+    seconds go on reading weights. A model that cannot load is said by the first request instead."""
     try:
         runner.manager.ensure(runner.model)
     except ModelLoadError as e:
@@ -32,7 +25,7 @@ def _load_at_import(runner) -> None:
 
 
 def _say_torch() -> None:
-    """On ZeroGPU: a torch release its documentation does not list is said in the Space's log at start."""
+    """Log a torch release that ZeroGPU's documentation does not list."""
     import torch
 
     note = zerogpu_torch_note(torch.__version__)
@@ -41,12 +34,8 @@ def _say_torch() -> None:
 
 
 def start_device(config: WorkerConfig, *, warm: list[str] | tuple[str, ...] = ()) -> Device:
-    """The app's device: the engine in this process on ZeroGPU (where each device event's handler already runs in a
-    process `spaces` forks), a supervised worker process everywhere else.
-
-    Args:
-        warm: the presets a restarted worker warms up again on the current model (the app's pre-warm list).
-    """
+    """The app's device: the engine in this process on ZeroGPU (`spaces` already forks each event's handler), a
+    supervised worker elsewhere. `warm`: the presets a restarted worker warms up again."""
     if config.settings is not None and config.settings.zerogpu:
         from studio.worker.service import InProcess, runner_for  # (torch: on ZeroGPU only; elsewhere none loads)
 

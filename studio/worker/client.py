@@ -1,13 +1,6 @@
-"""The app's side of the device worker: it starts the worker (studio.worker.server) as a process of its own, sends
-it one call at a time, and passes the progress the worker streams back to the caller's functions.
-
-What a crash does (a new worker reloads the model; a generate call's stack forgiven once, refused after a second
-crash in a row; the memory limit; `close()`: asked, then SIGTERM, then SIGKILL) is docs/architecture.md's "Faults and
-crashes", kept here by `_call`, `_died` and `_check_memory`. A caller that stops waiting abandons nothing half-done:
-the worker finishes the call and its result is dropped.
-
-Imports no torch: the app's process stays free of it.
-"""
+"""The app's side of the device worker (no torch): starts it as a process of its own, sends it one call at a time,
+and streams its progress back to the caller's functions. Crashes, restarts and the memory limit follow
+docs/architecture.md's "Faults and crashes"; a caller that stops waiting leaves the call to finish, result dropped."""
 
 from __future__ import annotations
 
@@ -38,7 +31,7 @@ from studio.worker.protocol import (
 log = logging.getLogger("studio.worker")
 
 POLL_S = 0.5  # how often a waiting call looks whether the worker is still alive
-RETRIED = ("generate",)  # calls run once more on the new worker after their stack's first crash (module doc)
+RETRIED = ("generate",)  # calls run once more on the new worker after their stack's first crash
 STOP_WAIT_S = 10.0  # how long a worker asked to stop may take to unload before it is terminated
 
 
@@ -64,12 +57,7 @@ def _remote(op: str):
 
 
 class WorkerClient(Device):
-    """The device in a supervised worker process.
-
-    Args:
-        config: how the worker builds its engine (and test-only hooks).
-        warm: the presets a new worker warms up after a restart, on the current model (base alone by default).
-    """
+    """The device in a supervised worker process; `warm`: the presets a new worker warms up after a restart."""
 
     def __init__(self, config: WorkerConfig | None = None, *, warm: list[str] | tuple[str, ...] = (BASE,)):
         config = config or WorkerConfig()
@@ -96,7 +84,6 @@ class WorkerClient(Device):
 
     @property
     def pid(self) -> int:
-        """The worker process's id."""
         return self._proc.pid
 
     # the worker's life ---------------------------------------------------------------------------------------------
@@ -110,7 +97,7 @@ class WorkerClient(Device):
         ours.send(self.config)
 
     def _stop(self) -> int | None:
-        """Ask the worker to unload and exit; terminate it, then kill it, if it does not. Its exit code."""
+        """Ask the worker to exit, then terminate, then kill it; its exit code."""
         try:
             self._conn.send(("stop",))
         except OSError:  # BrokenPipeError among them: it is gone already
@@ -125,8 +112,7 @@ class WorkerClient(Device):
         return self._proc.poll()
 
     def _reload(self) -> None:
-        """Warm the current model up again in a new worker, in the background (the next call waits for it); a
-        client that warms nothing (the CLI's) lets its next call load what it needs."""
+        """Warm the current model up again in a new worker, in the background (the next call waits for it)."""
         model = self._model
         if not self.warm:
             return
@@ -153,8 +139,8 @@ class WorkerClient(Device):
 
     # one call ----------------------------------------------------------------------------------------------------
     def _call(self, op: str, args: tuple, kwargs: dict):
-        """One call; a generate call whose stack crashed the worker for the first time in a row runs once more on
-        the new worker (a transient crash costs the visitor a wait, not the request), with a status line."""
+        """One call; a generate whose stack crashed the worker for the first time in a row runs once more on the new
+        worker (a transient crash costs a wait, not the request)."""
         try:
             return self._call_once(op, args, kwargs)
         except WorkerCrashed as e:
@@ -224,8 +210,7 @@ class WorkerClient(Device):
         self._died(op)
 
     def _died(self, op: str) -> None:
-        """The worker died under call `op`: remember the stack it was running, start a new one, and raise the
-        sentence."""
+        """The worker died under call `op`: blame its stack, start a new worker, raise WorkerCrashed."""
         try:
             code = self._proc.wait(STOP_WAIT_S)
         except subprocess.TimeoutExpired:  # it closed its pipe but lives on: no use to anyone

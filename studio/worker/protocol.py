@@ -1,22 +1,11 @@
-"""What crosses between the app's process and the device worker, as plain data, and the sentences a crash ends with.
+"""What crosses between the app's process and the device worker as plain data (never the pipeline, the model or
+torch: this module imports none of them), and the sentences a crash ends with. Messages are tuples, kind first:
 
-Messages, each a tuple whose first item is its kind:
-
-    app -> worker   ("call", id, op, kwargs, callbacks, refused)   run `op` of studio.worker.service.DeviceService
-                                                                   with `kwargs`; `callbacks` names the arguments that
-                                                                   are the app's functions (progress, on_status);
-                                                                   `refused`: {stack key: sentence} of crashed stacks
-                    ("stop",)                                      unload and exit
-    worker -> app   ("ready", pid)                                 the worker is up (no model loaded yet)
-                    ("running", id, name, tag, model)              call `id` starts a stack: what a crash is blamed on
-                    ("callback", id, name, args)                   call the app's function `name` with `args`
-                    ("done", id, value)                            the result: a RunResult, a Matrix, a TuneResult or
-                                                                   a dict (numpy arrays, dataclasses of plain values)
-                    ("error", id, kind, message)                   one of ERRORS by name, with its one sentence
-                                                                   (any other exception: StudioBug, its traceback
-                                                                   in the worker's log)
-
-The pipeline, the model and torch never cross; this module and the records it names import none of them.
+    app -> worker   ("call", id, op, kwargs, callbacks, refused), ("stop",)
+                    `callbacks`: the kwargs that are the app's functions; `refused`: {stack key: sentence}
+    worker -> app   ("ready", pid), ("callback", id, name, args), ("done", id, value)
+                    ("running", id, name, tag, model)             a stack starts: what a crash is blamed on
+                    ("error", id, kind, message)                  one of ERRORS by name, with its one sentence
 """
 
 from __future__ import annotations
@@ -47,13 +36,8 @@ ERRORS = {cls.__name__: cls for cls in (*USER_ERRORS, OverTime, StudioBug)}
 
 
 class WorkerCrashed(RunError):
-    """The device worker died during a call (a signal, the OOM killer, an abort in a kernel); it has been restarted.
-
-    Attributes:
-        how: how it died (spec.errors.how_it_died: "SIGSEGV", "SIGKILL: out of memory, or killed", ...).
-        running: (preset name, model) of the stack it was running, None when it had started none.
-        forgiven: the stack's first crash in a row: it is not refused (a generate call is tried once more at once).
-    """
+    """The device worker died during a call; it has been restarted. `how` it died (spec.errors.how_it_died),
+    `running`: (preset name, model) or None; `forgiven`: the stack's first crash in a row (a generate is retried)."""
 
     def __init__(self, sentence: str, how: str = "", running: tuple[str, str] | None = None, forgiven: bool = False):
         super().__init__(sentence)
@@ -65,37 +49,25 @@ class WorkerCrashed(RunError):
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """How the worker builds its engine, and the app-side limits on it.
+    """How the worker builds its engine (ModelManager's and Runner's arguments), and the app-side limits on it."""
 
-    Args:
-        model: the model a request without one uses (and the one reloaded after a restart until another is used).
-        device, allowed: ModelManager's (allowed: the public mode's list of models that may load).
-        max_steps, max_side: the operator's caps (Runner's).
-        presets: the library preset names resolve in when a call names none (a visitor's own comes with each call).
-        max_rss_gb: restart the worker between requests once its resident memory is over this (None: no limit).
-        pairing: when base is timed beside a stack (engine.baseline.Pairing; None: the Runner's default, 3 pairs for
-            a cheap base). Fewer pairs make a click cheaper and its spread wider.
-        quiet: library chatter below errors and no progress bars in the worker (the CLI's: stderr is its bar's).
-        settings: the settings record (spec.settings) the worker installs: its process reads no environment. Its
-            `worker_hook` (STUDIO_WORKER_HOOK) is called with the worker's runner once built: instrumentation such as
-            the tests' crash at a denoising step (tests/worker_hooks.py) lives outside the studio.
-    """
-
-    model: str = "tiny"
+    model: str = "tiny"  # a request without one uses it; reloaded after a restart until another is used
     device: str | None = None
-    allowed: tuple[str, ...] | None = None
+    allowed: tuple[str, ...] | None = None  # the public mode's models that may load
     max_steps: int | None = None
     max_side: int | None = None
-    presets: PresetLibrary | None = None
-    max_rss_gb: float | None = None
-    pairing: object | None = None  # engine.baseline.Pairing (not imported here: the app's process loads no torch)
-    quiet: bool = False
-    settings: Settings = field(default_factory=current)  # the starting process's record, installed in the worker
+    presets: PresetLibrary | None = None  # when a call names no library (a visitor's own comes with each call)
+    max_rss_gb: float | None = None  # restart the worker between requests over this resident memory
+    pairing: object | None = None  # engine.baseline.Pairing, None: the Runner's (not imported: no torch here)
+    quiet: bool = False  # studio.worker.quiet in the worker (the CLI's: its stderr is its progress bar's)
+    # The starting process's record, installed in the worker (which reads no environment); its `worker_hook` is
+    # called with the worker's runner once built (tests/worker_hooks.py).
+    settings: Settings = field(default_factory=current)
 
 
 def crossing(e: Exception, op: str) -> Exception:
-    """The one error boundary of a device call (the worker's and the in-process device's): a user error as it is;
-    anything else logged here with its traceback, and said as a StudioBug."""
+    """The one error boundary of a device call: a user error as it is; anything else logged with its traceback and
+    said as a StudioBug."""
     if isinstance(e, USER_ERRORS):
         return e
     log.error("device call %s failed: a bug in the studio", op, exc_info=e)
@@ -118,8 +90,8 @@ def stack_key(model: str | None, tag: str) -> tuple[str, str]:
 
 
 def crash_sentence(how: str, running: tuple[str, str] | None, op: str, reloading: bool = True) -> str:
-    """The one sentence a request ends with when the worker died under it. running: (preset name, model) it had
-    started, if any; reloading: whether the new worker is loading the model again already."""
+    """The sentence a request ends with when the worker died under it (`reloading`: the new worker is loading the
+    model already)."""
     doing = f"running {running[0]} on {running[1]}" if running else f"answering the app's {op} call"
     then = " and the model is loading again" if reloading else ""
     return f"the device worker crashed ({how}) while {doing}; it has been restarted{then}"
@@ -157,9 +129,8 @@ RESTARTING = "the device worker is starting again (after a crash, or over its me
 
 
 class Device:
-    """What the app's Studio facade holds: the torch-free part both the worker's client and the in-process device
-    share (profiles and requests are spec, read from files). The device calls (generate, matrix, tune, warm_up,
-    export, info, bench, doctor_family, close) are the subclass's."""
+    """What the app's Studio facade holds: the torch-free part the worker's client and the in-process device share;
+    the device calls (OPS, close) are the subclass's."""
 
     def __init__(self, model: str = "tiny", presets: PresetLibrary | None = None):
         self.model = model
@@ -176,26 +147,24 @@ class Device:
 
     @property
     def caps(self) -> tuple[int | None, int | None, int | None]:
-        """The operator's caps (max steps, max side, max prompt characters) the device refuses a request over; none
-        unless a subclass has."""
+        """The operator's caps (max steps, max side, max prompt characters) the device refuses a request over."""
         return (None, None, None)
 
     def kept(self):
-        """What the engine keeps between requests (engine.baseline.Kept), for a caller that carries it across processes
-        (app.zerogpu); None where the device's own process keeps it (the worker outlives every call)."""
+        """What the engine keeps between requests (engine.baseline.Kept), for app.zerogpu to carry across processes;
+        None where the device's own process keeps it."""
         return None
 
     def keep(self, kept) -> None:
         """Take `kept` (from kept()) as what the engine keeps; nothing to do where kept() is None."""
 
     def check_caps(self, request: GenerationRequest) -> None:
-        """ConfigError with the sentence the device would end the request with, without a device call (app.admit)."""
+        """ConfigError with the sentence the device would end the request with, without a device call."""
         check_caps(request, *self.caps)
 
     def headroom(self, preset: Preset, steps: int) -> Headroom | None:
-        """The most steps `preset`'s cache can skip in a run of `steps` (spec.headroom), said before the run; None
-        without a step cache. Here, without a device call, unless the preset has a step mask (cache-dit builds it:
-        the device's `step_mask`)."""
+        """The most steps `preset`'s cache can skip in a run of `steps` (None without a step cache); a device call
+        only for a step mask (cache-dit builds it)."""
         c = preset.cache_config
         return headroom(c, steps, self.step_mask(c, steps) if c.enabled and c.has_mask else None)
 

@@ -1,5 +1,4 @@
-"""Library chatter below errors and no per-pipeline progress bars: for the CLI's process and the device worker it
-starts (WorkerConfig.quiet), so that stderr is the CLI's progress bar and its sentences."""
+"""Library chatter below errors and no per-pipeline progress bars (WorkerConfig.quiet): stderr stays the CLI's."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ LIBRARIES = ("torch", "torch.utils._pytree", "torchao", "diffusers", "transforme
 
 
 def quiet_libraries() -> None:
-    """Keep stderr for the progress bar: no per-pipeline bars, no library chatter below errors."""
     warnings.filterwarnings("ignore")
     import torch  # noqa: F401  (torch sets its loggers' levels on import: quiet them after)
 

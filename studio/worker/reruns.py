@@ -1,14 +1,5 @@
-"""The CLI's bench and doctor as clients of the device worker: what they do when a stack kills it.
-
-A native crash (a segfault in a kernel, an abort, the OOM killer) ends the worker's call with WorkerCrashed, which
-names the stack it was running and how it died; the client has already started a new worker. The bench then runs
-again without that stack (its eager and non-cache twins stay: they ran), and the report lists it under "Crashed";
-a crash in `base` ends the bench with a sentence, since every speed-up is measured against it. The doctor keeps the
-rows a family's run had sent, writes the preset that was running as a row saying how it died, and runs the
-family's other presets in the new worker.
-
-Over the in-process device (`bench --in-process`) the same code runs, and a native crash ends the CLI.
-"""
+"""The CLI's bench and doctor over the device worker, carrying on when a stack's native crash kills it (WorkerCrashed;
+the client has already started a new worker). Over the in-process device a native crash ends the CLI."""
 
 from __future__ import annotations
 
@@ -21,8 +12,8 @@ from studio.worker.protocol import Device, WorkerCrashed
 
 
 def bench(device: Device, requests: list, presets: list[str] | None, on_status=None, **kwargs):
-    """The device's bench (studio.bench.run_bench's keywords), run again without each stack that crashes the
-    worker; its BenchReport with `crashed` {stack: how it died}."""
+    """The device's bench, run again without each stack that crashes the worker; its BenchReport with `crashed`
+    {stack: how it died}. A crash in `base` ends it: every speed-up is measured against base."""
     crashed: dict[str, str] = {}
     while True:
         try:
@@ -44,7 +35,8 @@ def bench(device: Device, requests: list, presets: list[str] | None, on_status=N
 
 
 def doctor(device: Device, families: list[str], presets: list[str] | None = None, on_status=None) -> list:
-    """studio.bench.doctor's rows, each family's presets run in the device worker (in a new one after a crash)."""
+    """studio.bench.doctor's rows per family; a preset that crashes the worker becomes a row saying how it died, and
+    the family's rest run in the new worker."""
     from studio.bench.doctor import crashed_row  # (loads the engine: the CLI's process only, never the app's)
 
     presets = list(presets or PresetLibrary().one_process_names())

@@ -1,12 +1,6 @@
-"""The device worker: a process of its own that owns the engine (the Runner, the loaded model and the one device
-thread), so that a native crash in a kernel ends one request instead of the whole app. studio.worker.client starts
-and watches it.
-
-Run as `python -m studio.worker.server FD`, FD being its end of a socket pair read as a multiprocessing
-Connection. It reads its WorkerConfig, answers ("ready", pid), then serves one call at a time on its device thread
-(studio.worker.protocol lists the messages) until ("stop",) or until the app's end closes (the app is gone); then
-it unloads the model, which stops any parallel workers it started.
-"""
+"""The device worker: a process of its own that owns the engine, so that a native crash in a kernel ends one request
+instead of the whole app. Run as `python -m studio.worker.server FD` (its end of a socket pair); serves one call at a
+time until ("stop",) or the app's end closes, then unloads the model."""
 
 from __future__ import annotations
 
@@ -46,7 +40,7 @@ class Call:
         self.conn.send((kind, self.id) + rest)
 
     def callback(self, name: str):
-        """The app's function `name`, as a message: the app calls it with the same arguments."""
+        """The app's function `name`, called by message."""
 
         def call(*args):
             self.send("callback", name, args)
@@ -55,9 +49,8 @@ class Call:
 
 
 class WatchedRunner(Runner):
-    """The worker's Runner. Before a stack runs it tells the app which one (what a crash is blamed on, and what is
-    refused afterwards), and it refuses a stack that crashed a worker before. A stack's base run inside
-    `generate` is blamed on the stack: it runs only because the stack was asked for."""
+    """The worker's Runner: tells the app which stack runs (what a crash is blamed on; a stack's base run inside
+    `generate` is the stack's) and refuses a stack that crashed a worker before."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -65,7 +58,7 @@ class WatchedRunner(Runner):
         self._running: list[tuple[str, str, str]] = []  # (preset name, tag, model): nested (screen runs base first)
 
     def _stack(self, preset, library, model, switches=Switches()) -> tuple[str, str, str]:
-        """What a crash is blamed on: the stack as it runs (an Ask's stack, resolved and switched already)."""
+        """What a crash is blamed on: the stack as it runs, resolved and switched."""
         p = switches.apply(self.resolve_preset(preset, library))
         return p.name, p.tag(self.manager.resolve_dtype(p.dtype).name), model or self.model
 
@@ -101,8 +94,7 @@ class WatchedRunner(Runner):
             return super().settle(request, preset, model)
 
     def warm_up(self, request, presets, model=None) -> list[float]:
-        """Runner.warm_up, one preset at a time so that a crash is blamed on the right one; a refused stack is
-        skipped (0.0), not warmed up."""
+        """Runner.warm_up one preset at a time, so a crash is blamed on the right one; a refused stack gets 0.0."""
         out = []
         for name in presets:
             stack = self._stack(name, None, model)
@@ -133,8 +125,8 @@ def _serve_call(service: DeviceService, conn: Connection, msg: tuple) -> tuple:
 
 
 def run_hook(spec: str, runner: Runner, service: DeviceService) -> None:
-    """The `worker_hook` setting (STUDIO_WORKER_HOOK): "module:function[:{json}]", called with the worker's runner and
-    service and the JSON's keyword arguments. A hook that cannot be found or read fails the worker's start, said."""
+    """Call STUDIO_WORKER_HOOK ("module:function[:{json}]") with the runner, the service and the JSON's keywords; one
+    that cannot be found or read fails the worker's start."""
     module, _, rest = spec.partition(":")
     name, _, args = rest.partition(":")
     try:

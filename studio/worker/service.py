@@ -1,11 +1,5 @@
-"""The device calls over one Runner: what the worker process serves (studio.worker.server) and what runs in the
-app's own process on ZeroGPU (`InProcess`).
-
-Every call is one of `DeviceService.OPS`; its arguments and result are plain data (requests, presets, preset
-libraries, RunResult, Matrix, TuneResult, BenchReport, DoctorRow, dicts), and its progress arrives through keyword
-callbacks (`progress`, `on_status`, `on_row`) so that it can cross a pipe. Both ends of a call keep one error
-boundary (protocol.crossing): a user error crosses as itself, anything else as a logged StudioBug.
-"""
+"""The device calls over one Runner, served by the worker process or run in the app's own on ZeroGPU (`InProcess`).
+Arguments and results are plain data and progress comes through keyword callbacks, so a call can cross a pipe."""
 
 from __future__ import annotations
 
@@ -41,14 +35,13 @@ class DeviceService:
     def __init__(self, runner: Runner):
         self.runner = runner
 
-    # time_limit_s: the request's time limit (a public studio's; Runner.time_limit), None: none.
+    # time_limit_s: the request's time limit (Runner.time_limit), None: none.
     def generate(self, request: GenerationRequest, preset=BASE, *, time_limit_s=None, **kwargs) -> RunResult:
         """Runner.generate: one measured generation compared with its base."""
         with self.runner.time_limit(time_limit_s):
             return self.runner.generate(request, preset, **kwargs)
 
     def matrix(self, request: GenerationRequest, presets: list, *, time_limit_s=None, **kwargs) -> Matrix:
-        """studio.bench.run_matrix on this runner."""
         with self.runner.time_limit(time_limit_s):
             return run_matrix(self.runner, request, presets, **kwargs)
 
@@ -63,8 +56,7 @@ class DeviceService:
         time_limit_s=None,
         max_flip=None,
     ) -> TuneResult:
-        """studio.bench.tune on this runner; quick: the UI's small search space; max_flip: FLIP's ceiling beside the
-        PSNR floor (None: PSNR alone)."""
+        """studio.bench.tune; `quick`: the UI's small search space; `max_flip`: FLIP's ceiling (None: PSNR alone)."""
         space = QUICK if quick else None
         with self.runner.time_limit(time_limit_s):
             return tune(
@@ -72,28 +64,25 @@ class DeviceService:
             )
 
     def bench(self, requests: list[GenerationRequest], presets: list | None = None, **kwargs) -> BenchReport:
-        """studio.bench.run_bench on this runner (the CLI's bench: its keywords, `exclude` the stacks that crashed a
-        worker before, and `progress`)."""
+        """studio.bench.run_bench (the CLI's bench; `exclude`: the stacks that crashed a worker before)."""
         return run_bench(self.runner, requests, presets, **kwargs)
 
     def doctor_family(
         self, family: str, folder: str, presets: list[str], *, on_status=None, on_row=None
     ) -> list[DoctorRow]:
-        """The doctor's presets on one family's tiny instance in `folder` (built there unless it is already), rows
-        sent as they are done (`on_row`): a crash loses none of them (studio.worker.reruns)."""
+        """The doctor's presets on one family's tiny instance in `folder`, each row sent when done (`on_row`) so a
+        crash loses none."""
         instance = family_instance(family, Path(folder), on_status)
         return check_family(family, instance, presets, self.runner, on_status, on_row)
 
     def export(self, preset: Preset, steps: int | None = None) -> str:
-        """The preset as the YAML cache_dit.load_configs reads (spec.export: built through cache-dit's own config
-        objects, which load torch: so here, not in the app's process)."""
+        """The preset as the YAML cache_dit.load_configs reads (built with cache-dit's config objects: torch)."""
         profile = self.runner.manager.profile
         here = on_this_machine(resolved(preset, profile, self.runner.manager.settings.dtype))
         return cache_dit_yaml(preset, steps, exported_quant(preset, profile), here)
 
     def step_mask(self, spec: CacheSpec, steps: int) -> list[int] | None:
-        """The spec's step mask sized to `steps` (cache-dit builds it, and loads torch: so here, not in the app's
-        process); None without one."""
+        """The spec's step mask sized to `steps` (cache-dit builds it: torch); None without one."""
         return step_mask(spec, steps)
 
     def resolved(self, preset: Preset) -> str:
@@ -102,15 +91,15 @@ class DeviceService:
         return on_this_machine(resolved(preset, manager.profile, manager.settings.dtype))
 
     def plan(self, preset: Preset, device: str, model: str | None = None) -> str:
-        """What `preset` would run on `device` (`here` or a named profile) for `model`, part by part with the
-        reasons, and its memory plan (engine.plan), in words."""
+        """What `preset` would run on `device` (`here` or a named profile) for `model`, with reasons and its memory
+        plan, in words."""
         manager = self.runner.manager
         profile = manager.profile if device == "here" else named(device)
         plan = make_plan(profile, model or self.runner.model, preset, None, manager.settings.device_memory_gb)
         return plan_text(plan)
 
     def warm_up(self, request: GenerationRequest, presets: list[str], model: str | None = None) -> list[float]:
-        """Load the model and run the untimed warm-ups (Runner.warm_up) of the presets this runner knows."""
+        """Runner.warm_up of the presets this runner knows (unknown names skipped)."""
         known = self.runner.presets.names()
         return self.runner.warm_up(request, [n for n in presets if n in known], model)
 
@@ -128,7 +117,7 @@ class DeviceService:
 
 
 def runner_for(config: WorkerConfig, cls=Runner) -> Runner:
-    """The engine a WorkerConfig describes: the worker's (`cls`: its WatchedRunner), or the app's own on ZeroGPU."""
+    """The engine a WorkerConfig describes (`cls`: the worker's WatchedRunner)."""
     allowed = list(config.allowed) if config.allowed is not None else None
     manager = ModelManager(config.device, allowed=allowed, settings=config.settings)
     runner = cls(manager, config.presets, model=config.model, max_steps=config.max_steps, max_side=config.max_side)
@@ -152,9 +141,8 @@ def _on_device_thread(op: str):
 
 
 class InProcess(Device):
-    """The device in the app's own process: on ZeroGPU, where `spaces` already runs each device event's handler in a
-    process of its own (a second one inside it would hold a second copy of the model), and in tests over a Runner.
-    Every call runs on the process's one device thread."""
+    """The device in the app's own process, every call on its device thread: on ZeroGPU (a worker inside `spaces`'
+    own process would hold a second copy of the model) and in tests over a Runner."""
 
     def __init__(self, runner: Runner):
         super().__init__(runner.model, runner.presets)
@@ -167,14 +155,13 @@ class InProcess(Device):
         return (self.runner.max_steps, self.runner.max_side, self.runner.manager.settings.max_prompt_chars)
 
     def kept(self):
-        """What the engine keeps between requests (engine.baseline.Kept); it crosses ZeroGPU calls (app.zerogpu)."""
         return DEVICE_THREAD.call(self.runner.kept)
 
     def keep(self, kept) -> None:
         DEVICE_THREAD.call(self.runner.keep, kept)
 
     def close(self) -> None:
-        """Unload the model (parallel workers and a Ray runtime started for them end with it); once."""
+        """Unload the model, once (parallel workers and a Ray runtime started for them end with it)."""
         if self._closed:
             return
         self._closed = True
