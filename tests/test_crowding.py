@@ -13,6 +13,7 @@ import pytest
 
 from studio.measure.crowding import CROWDED, MIN_SPAN_S, Cgroup, CoreWatch, Crowding, ProcStat, Reading, accounting
 from studio.measure.estimate import Estimate
+from tests.switched import stack
 
 HOG = "while True: pass"
 
@@ -237,13 +238,13 @@ def test_the_card_withholds_its_number_while_programs_hold_the_cores_and_keeps_n
     # the watch reads spans over MIN_SPAN_S: the steps are set so that one quiet pair's denoising alone (base and
     # stack) takes twice that here, and the first pair beside the programs is read on a fast machine too (a CI run
     # on one timed 3 pairs before the watch could read any). The probe also loads and warms up, which are not watched.
-    probe = runner.generate(replace(r, prompt="a probe"), "cache", cache_threshold=0.5).metrics.timing
+    probe = runner.generate(replace(r, prompt="a probe"), stack(runner, "cache", threshold=0.5)).metrics.timing
     pair_s = probe.denoise_s + probe.base_denoise_s
     r = replace(r, steps=max(r.steps, min(200, math.ceil(r.steps * 2 * MIN_SPAN_S / pair_s))))
     runner.keep(Kept(BaseStore(), BaseStore(), BaseStore()))  # nothing of the probe's is kept
     hogs = _hogs(os.cpu_count() or 1)
     try:
-        m = runner.generate(r, "cache", cache_threshold=0.5).metrics  # the load and warm-up are not watched
+        m = runner.generate(r, stack(runner, "cache", threshold=0.5)).metrics  # the load and warm-up are not watched
     finally:
         _stop(hogs)
     assert m.timing.cores_taken is not None and m.timing.cores_taken >= CROWDED, m.timing.cores_taken
@@ -258,7 +259,9 @@ def test_the_card_withholds_its_number_while_programs_hold_the_cores_and_keeps_n
     # its base picture is kept (PSNR above was against it); its timing divides nothing later: compare `auto` on
     # another prompt of the shape finds no shape timing and times base beside the run
     assert len(runner.bases) == 1 and len(runner.shapes) == 0
-    later = runner.generate(replace(r, prompt="a blue square, again"), "cache", cache_threshold=0.5, compare="auto")
+    later = runner.generate(
+        replace(r, prompt="a blue square, again"), stack(runner, "cache", threshold=0.5), compare="auto"
+    )
     assert (
         later.metrics.timing.timed_pairs >= 3
         and "base timed warm right before, in this call" in later.metrics.timing.how

@@ -29,6 +29,7 @@ from studio.measure.quality import psnr
 from studio.spec import CacheSpec, CompileSpec, ConfigError, GenerationRequest, QuantSpec
 from studio.spec.errors import Invariant
 from studio.spec.settings import current
+from tests.switched import stack
 
 PROMPT = "a red circle in the center, blue background"
 
@@ -43,8 +44,8 @@ def _three_run(runner, preset, threshold):
     """Diffusers' cache test: base; cache on (cached steps, PSNR within bound); cache off == base bitwise."""
     r = req()
     base = runner.generate(r, "base")
-    on = runner.generate(r, preset, cache_threshold=threshold)
-    off = runner.generate(r, preset, cache_enabled=False)
+    on = runner.generate(r, stack(runner, preset, threshold=threshold))
+    off = runner.generate(r, stack(runner, preset, cache=False))
     return base, on, off
 
 
@@ -90,12 +91,12 @@ def test_switching_presets_reuses_or_reloads(runner):
     r = req()
     first = runner.generate(r, "base")
     tr0 = runner.manager.current.pipe.transformer
-    cached = runner.generate(r, "cache", cache_threshold=0.5)
+    cached = runner.generate(r, stack(runner, "cache", threshold=0.5))
     assert not cached.metrics.reloaded and runner.manager.current.pipe.transformer is tr0  # toggled in place
-    q = runner.generate(r, "int8", compile_enabled=False)  # eager: auto runs the weight-only form
+    q = runner.generate(r, stack(runner, "int8", compile=False))  # eager: auto runs the weight-only form
     tr1 = runner.manager.current.pipe.transformer
     assert q.metrics.reloaded and tr1 is not tr0 and quantized_mode(tr1) == "int8_weight_only"
-    q2 = runner.generate(r, "cache-int8", cache_threshold=0.5, compile_enabled=False)
+    q2 = runner.generate(r, stack(runner, "cache-int8", threshold=0.5, compile=False))
     assert not q2.metrics.reloaded and runner.manager.current.pipe.transformer is tr1  # same INT8 weights
     back = runner.generate(r, "base")
     tr2 = runner.manager.current.pipe.transformer
@@ -110,7 +111,7 @@ def test_one_transformer_slot_reloads_and_never_runs_int8_as_base(runner):
     r = req()
     first = runner.generate(r, "base")
     tr0 = runner.manager.current.pipe.transformer
-    runner.generate(r, "int8", compile_enabled=False)
+    runner.generate(r, stack(runner, "int8", compile=False))
     back = runner.generate(r, "base")
     tr2 = runner.manager.current.pipe.transformer
     assert back.metrics.reloaded and tr2 is not tr0 and quantized_mode(tr2) == "none"
@@ -138,13 +139,13 @@ def test_int8_is_never_stacked_on_int8(runner):
 def test_no_state_leaks_between_requests(runner):
     r = req()
     before = runner.generate(r, "base")
-    a = runner.generate(r, "cache", cache_threshold=0.5)
-    b = runner.generate(r, "cache", cache_threshold=0.5)
+    a = runner.generate(r, stack(runner, "cache", threshold=0.5))
+    b = runner.generate(r, stack(runner, "cache", threshold=0.5))
     assert np.array_equal(a.image, b.image)
     assert (
         a.metrics.cache.cached_step_indices == b.metrics.cache.cached_step_indices and a.metrics.cache.cached_steps > 0
     )
-    other = runner.generate(req(seed=4), "cache", cache_threshold=0.5)
+    other = runner.generate(req(seed=4), stack(runner, "cache", threshold=0.5))
     assert not np.array_equal(other.image, a.image)
     after = runner.generate(r, "base")
     assert np.array_equal(before.image, after.image)
@@ -158,15 +159,15 @@ def test_cpu_fallbacks_say_why_and_match_base(runner):
     assert "sage: unavailable on cpu, using sdpa" not in sage.metrics.labels.engaged  # what runs is listed apart
     assert sage.metrics.labels.fallbacks == ["sage: unavailable on cpu, using sdpa"]
     assert np.array_equal(sage.image, base.image)
-    full = runner.generate(r, "cache-int8-sage", compile_enabled=False)
+    full = runner.generate(r, stack(runner, "cache-int8-sage", compile=False))
     assert "sage: unavailable on cpu, using sdpa" in full.metrics.labels.fallbacks
 
 
 def test_too_few_steps_runs_uncached_with_reason(runner):
-    short = runner.generate(req(steps=6), "cache", cache_threshold=0.5)
+    short = runner.generate(req(steps=6), stack(runner, "cache", threshold=0.5))
     assert short.metrics.cache.cached_steps == 0 and short.metrics.cache.full_steps == 6
     assert any("too few to gain" in line for line in short.metrics.labels.fallbacks)
-    longer = runner.generate(req(steps=12), "cache", cache_threshold=0.5)
+    longer = runner.generate(req(steps=12), stack(runner, "cache", threshold=0.5))
     assert longer.metrics.cache.cached_steps > 0
 
 
@@ -212,7 +213,7 @@ def test_unload_frees_the_pipeline(runner):
     import gc
     import weakref
 
-    runner.generate(req(), "cache", cache_threshold=0.5)
+    runner.generate(req(), stack(runner, "cache", threshold=0.5))
     ref = weakref.ref(runner.manager.current.pipe.transformer)
     runner.manager.unload()
     gc.collect()
@@ -228,7 +229,7 @@ def test_speedup_and_psnr_are_against_the_same_request(runner):
     r = req()
     runner.generate(r, "base")
     runner.pairing = replace(runner.pairing, cheap_pairs=1, max_extra_pairs=0)  # one pair: its ratio is the speed-up
-    res = runner.generate(r, "cache", cache_threshold=0.5)
+    res = runner.generate(r, stack(runner, "cache", threshold=0.5))
     entry = runner.base_entry(r)
     m = res.metrics
     assert m.timing.base_denoise_s == entry.denoise_s and m.timing.timed_pairs == 1
@@ -333,8 +334,8 @@ def test_base_timing_is_retaken_beside_each_cheap_run_and_kept_for_expensive_one
     r = req()
     runner.generate(r, "base")
     entry = runner.base_entry(r)
-    a = runner.generate(r, "cache", cache_threshold=0.5)
-    b = runner.generate(r, "cache", cache_threshold=0.5)
+    a = runner.generate(r, stack(runner, "cache", threshold=0.5))
+    b = runner.generate(r, stack(runner, "cache", threshold=0.5))
     again = runner.base_entry(r)
     # cheap runs: a fresh, warm base timing right before each run, in the same call
     assert again.timed_at > entry.timed_at and np.array_equal(again.image, entry.image)
@@ -358,7 +359,7 @@ def test_base_timing_is_retaken_beside_each_cheap_run_and_kept_for_expensive_one
     # (a kept base timed more than once may stand alone: the pairing's own rule, tested in test_honest.py)
     again = runner.base_entry(r)
     assert again.agreed and len(again.runs) >= 2
-    c = runner.generate(r, "cache", cache_threshold=0.5)
+    c = runner.generate(r, stack(runner, "cache", threshold=0.5))
     assert runner.base_entry(r).timed_at == again.timed_at and "s before (kept)" in c.metrics.timing.how
     assert runner.pairing.reusable(again, now=again.timed_at + runner.pairing.max_age_s - 1)
     assert not runner.pairing.reusable(again, now=again.timed_at + runner.pairing.max_age_s + 1)
@@ -370,7 +371,7 @@ def test_a_caller_that_times_base_itself_gets_one_base_run_when_none_is_kept(run
 
     r = req()
     runner.pairing = replace(runner.pairing, retime_under_s=1e9)
-    res = runner.generate(r, "cache", cache_threshold=0.5, pairing=CALLER_TIMES_BASE)
+    res = runner.generate(r, stack(runner, "cache", threshold=0.5), pairing=CALLER_TIMES_BASE)
     # (a stall that hit the run is the speed-up's fact: the card's vs base row, fmt.pairs)
     said = "warm-up run done in this call, 1 timed run; base timed warm right before, in this call"
     assert res.metrics.timing.how == said
@@ -378,7 +379,7 @@ def test_a_caller_that_times_base_itself_gets_one_base_run_when_none_is_kept(run
         0 < res.metrics.timing.base_age_s < res.metrics.timing.total_s
     )  # the base was timed in this call, not at -inf
     kept = runner.base_entry(r)
-    again = runner.generate(r, "cache", cache_threshold=0.5, pairing=CALLER_TIMES_BASE)
+    again = runner.generate(r, stack(runner, "cache", threshold=0.5), pairing=CALLER_TIMES_BASE)
     assert runner.base_entry(r) is kept and "s before (kept)" in again.metrics.timing.how  # used as it is
 
 
@@ -392,7 +393,7 @@ def _transformer_calls(runner, r, preset, **kw):
 
     handle = torch.nn.modules.module.register_module_forward_pre_hook(count)
     try:
-        return runner.generate(r, preset, cache_threshold=0.5, **kw), len(calls)
+        return runner.generate(r, stack(runner, preset, threshold=0.5), **kw), len(calls)
     finally:
         handle.remove()
 
@@ -453,7 +454,7 @@ def test_compare_auto_on_a_known_shape_runs_the_stack_once_and_no_base(runner):
     shape is the stack's one run (counted, not timed); its base picture only where it is kept."""
     a, b = req(), req(prompt="an orange triangle on the left, black background")
     for _ in range(3):  # a pair spoilt by a stall keeps no shape timing: time again (at most 3 times)
-        runner.generate(a, "cache", cache_threshold=0.5, compare="on")
+        runner.generate(a, stack(runner, "cache", threshold=0.5), compare="on")
         if len(runner.shapes):
             break
     assert len(runner.shapes) == 1, "no base timing of the shape agreed in 3 tries"
@@ -464,7 +465,7 @@ def test_compare_auto_on_a_known_shape_runs_the_stack_once_and_no_base(runner):
     assert m.timing.base_denoise_s == runner.shapes.get(next(iter(runner.shapes._entries))).denoise_s
     assert res.base_image is None and m.quality.psnr_db is None and str(m.quality.verdict) == "not compared"
     for _ in range(3):  # a quiet reading of this request to hold the slowed one against (withheld: time base again)
-        on = runner.generate(b, "cache", cache_threshold=0.5, compare="on")  # "Compare with base"
+        on = runner.generate(b, stack(runner, "cache", threshold=0.5), compare="on")  # "Compare with base"
         assert on.metrics.quality.psnr_db is not None and np.array_equal(on.image, res.image)
         again, calls = _transformer_calls(runner, b, "cache", compare="auto")  # now this request's picture is kept
         assert calls == a.steps and again.metrics.quality.psnr_db == on.metrics.quality.psnr_db
@@ -479,7 +480,7 @@ def test_compare_auto_on_a_known_shape_runs_the_stack_once_and_no_base(runner):
     # it, while the kept base over this run's price alone would read about half. Or, if too noisy, no number, and why.
     half = _HalfSpeed(runner.manager.current.pipe.transformer)
     try:
-        slow = runner.generate(b, "cache", cache_threshold=0.5, compare="auto").metrics
+        slow = runner.generate(b, stack(runner, "cache", threshold=0.5), compare="auto").metrics
     finally:
         half.remove()
     # the block clock sees the slowdown inside the blocks as the step does: the ideal stays where the quiet run put it
@@ -514,7 +515,9 @@ def test_every_stack_warms_up_once_per_shape_untimed(runner):
     assert first.metrics.timing.warmup_s is not None and first.metrics.timing.how.startswith(
         "warm-up run done in this call"
     )
-    cached = runner.generate(r, "cache", cache_threshold=0.5)  # 3 timed pairs: the call's warm-up is still shown
+    cached = runner.generate(
+        r, stack(runner, "cache", threshold=0.5)
+    )  # 3 timed pairs: the call's warm-up is still shown
     assert cached.metrics.timing.warmup_s is not None and cached.metrics.timing.how.startswith(
         "warm-up run done in this call"
     )
@@ -552,7 +555,7 @@ def test_a_failure_inside_the_pipeline_is_one_sentence_and_changes_nothing(runne
     from studio.engine import RunError
 
     r = req()
-    before = runner.generate(r, "cache", cache_threshold=0.5)
+    before = runner.generate(r, stack(runner, "cache", threshold=0.5))
     tr = runner.manager.current.pipe.transformer
 
     def oom(module, args):
@@ -561,7 +564,7 @@ def test_a_failure_inside_the_pipeline_is_one_sentence_and_changes_nothing(runne
     handle = tr.register_forward_pre_hook(oom)
     try:
         with pytest.raises(RunError) as e:
-            runner.generate(r, "cache", cache_threshold=0.5)
+            runner.generate(r, stack(runner, "cache", threshold=0.5))
     finally:
         handle.remove()
     assert str(e.value).startswith("the run failed inside the pipeline (RuntimeError: CUDA out of memory.")
@@ -577,7 +580,7 @@ def test_a_failure_inside_the_pipeline_is_one_sentence_and_changes_nothing(runne
     t.start()
     t.join()
     assert free == [True]
-    after = runner.generate(r, "cache", cache_threshold=0.5)
+    after = runner.generate(r, stack(runner, "cache", threshold=0.5))
     assert np.array_equal(after.image, before.image)
     assert after.metrics.cache.cached_step_indices == before.metrics.cache.cached_step_indices
 
@@ -596,12 +599,12 @@ def test_a_compile_that_fails_on_its_first_run_falls_back_to_eager_with_the_reas
     real = comp._compile_impls
     monkeypatch.setattr(comp, "_compile_impls", broken)
     r = req()
-    eager = runner.generate(r, "cache", cache_threshold=0.5)
-    res = runner.generate(r, "cache-compile", cache_threshold=0.5)
+    eager = runner.generate(r, stack(runner, "cache", threshold=0.5))
+    res = runner.generate(r, stack(runner, "cache-compile", threshold=0.5))
     line = "compile: failed on its first run (RuntimeError: InductorError: C++ compile error), running eager"
     assert res.metrics.labels.fallbacks == [line] and res.metrics.timing.compile_s is None
     assert np.array_equal(res.image, eager.image)  # it ran the eager stack, and says so
-    again = runner.generate(r, "cache-compile", cache_threshold=0.5)
+    again = runner.generate(r, stack(runner, "cache-compile", threshold=0.5))
     assert again.metrics.labels.fallbacks == [line]  # not retried on every click
 
 
@@ -612,7 +615,7 @@ def test_a_first_run_that_fails_eagerly_too_is_not_blamed_on_compile(runner, mon
     from studio.engine import RunError
 
     r = req()
-    runner.generate(r, "cache", cache_threshold=0.5)
+    runner.generate(r, stack(runner, "cache", threshold=0.5))
     real = run.call_pipe
 
     def broken(pipe, request, probe=None):
@@ -622,9 +625,9 @@ def test_a_first_run_that_fails_eagerly_too_is_not_blamed_on_compile(runner, mon
 
     monkeypatch.setattr(run, "call_pipe", broken)
     with pytest.raises(RunError, match="MemoryError: pretend: out of memory"):
-        runner.generate(r, "cache-compile", cache_threshold=0.5)
+        runner.generate(r, stack(runner, "cache-compile", threshold=0.5))
     monkeypatch.setattr(run, "call_pipe", real)
-    ok = runner.generate(r, "cache-compile", cache_threshold=0.5)
+    ok = runner.generate(r, stack(runner, "cache-compile", threshold=0.5))
     assert ok.metrics.labels.fallbacks == [] and ok.metrics.timing.compile_s is not None
 
 
@@ -677,7 +680,7 @@ def test_a_preset_corrupted_on_disk_is_refused_by_name_and_the_others_work(runne
     (tmp_path / "mine.yaml").write_text("cache_config: {residual_diff_threshold: [0.5\n")  # cut off mid-write
     with pytest.raises(ValueError, match=r"mine.yaml: not valid YAML"):
         runner.generate(r, "mine")
-    assert runner.generate(r, "cache", cache_threshold=0.5).metrics.cache.cached_step_indices == (
+    assert runner.generate(r, stack(runner, "cache", threshold=0.5)).metrics.cache.cached_step_indices == (
         good.metrics.cache.cached_step_indices
     )
     assert "mine" in runner.presets.names()  # still listed, so the user sees which one to fix

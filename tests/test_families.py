@@ -15,6 +15,7 @@ from studio.report.text import doctor_table
 from studio.spec import PresetLibrary
 from studio.spec.settings import current
 from studio.tiny.families import CACHING_THRESHOLD, FAMILIES, save_family
+from tests.switched import stack
 
 pytestmark = pytest.mark.slow
 PROMPT = "a red circle in the center, blue background"
@@ -33,8 +34,8 @@ def test_three_run_check_and_counts_agree_with_cache_dit(family):
     name, runner = family
     req = runner.request(PROMPT, seed=1)
     base = runner.generate(req, "base")
-    on = runner.generate(req, "cache", cache_threshold=R)
-    off = runner.generate(req, "cache", cache_enabled=False)
+    on = runner.generate(req, stack(runner, "cache", threshold=R))
+    off = runner.generate(req, stack(runner, "cache", cache=False))
     m = on.metrics
     assert m.cache.cached_steps > 0 and m.cache.cached_steps + m.cache.full_steps == req.steps, (
         name,
@@ -54,10 +55,10 @@ def test_three_run_check_and_counts_agree_with_cache_dit(family):
 def test_quantize_and_compile_stacks(family):
     name, runner = family
     req = runner.request(PROMPT, seed=1)
-    eager = runner.generate(req, "cache", cache_threshold=R)
-    q = runner.generate(req, "int8", compile_enabled=False)  # eager (weight-only); compiled below
+    eager = runner.generate(req, stack(runner, "cache", threshold=R))
+    q = runner.generate(req, stack(runner, "int8", compile=False))  # eager (weight-only); compiled below
     assert q.metrics.quality.psnr_db > 30.0 and not q.metrics.labels.fallbacks, (name, q.metrics.labels.fallbacks)
-    cc = runner.generate(req, "cache-compile", cache_threshold=R)
+    cc = runner.generate(req, stack(runner, "cache-compile", threshold=R))
     line = next(x for x in cc.metrics.labels.engaged + cc.metrics.labels.fallbacks if x.startswith("compile:"))
     if line.startswith("compile: regional"):  # compiled: counted from cache-dit's list, the eager stack's steps
         assert cc.metrics.cache.count_source == "cache-dit" and cc.metrics.timing.compile_s is not None
@@ -73,7 +74,7 @@ def test_qwen_image_cache_follows_the_cfg_mode_of_each_request(tmp_path):
     try:
         for cfg, calls in ((1.0, 1), (4.0, 2)):  # no CFG: one call per step; true CFG: cond + uncond
             req = runner.request(PROMPT, seed=1, steps=20, true_cfg_scale=cfg)
-            m = runner.generate(req, "cache", cache_threshold=R).metrics
+            m = runner.generate(req, stack(runner, "cache", threshold=R)).metrics
             assert m.cache.transformer_calls == calls * 20
             # cache-dit wired for the run's real calls: its list and the block hooks agree (with the adapter's
             # default of two calls per step, the one-call run gave [4, 5, 6, 8, 9] against [8..13, 16..19])

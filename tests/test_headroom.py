@@ -13,6 +13,7 @@ import pytest
 from studio.report.card import metrics_card
 from studio.spec import CacheSpec
 from studio.spec.headroom import _dbcache_steps, headroom, idle_sentence, run_fields
+from tests.switched import stack
 
 CACHE = CacheSpec(backend="cache-dit", max_warmup_steps=4, max_continuous_cached_steps=3, residual_diff_threshold=0.24)
 PROMPT = "a red circle in the center, blue background"
@@ -169,7 +170,7 @@ def test_a_few_step_request_says_so_on_the_card_and_in_the_json(tiny_runner):
     assert m.cache.cache_headroom == five and m.cache.cache_skippable == 1 and m.cache.cache_idle is None
     assert any("too few to gain" in x for x in m.labels.fallbacks)
     assert html.escape(five) in metrics_card(m) and json.loads(json.dumps(m.as_dict()))["cache_headroom"] == five
-    m8 = r.generate(r.request(PROMPT, seed=0, steps=8), "cache", cache_threshold=1.0, compare="off").metrics
+    m8 = r.generate(r.request(PROMPT, seed=0, steps=8), stack(r, "cache", threshold=1.0), compare="off").metrics
     eight = "at 8 steps with 4 warm-up steps and at most 3 cached in a row, this cache can skip at most 3 of 8 steps"
     assert m8.cache.cache_headroom == eight and m8.cache.cached_step_indices == [4, 5, 6] and eight in metrics_card(m8)
     m28 = r.generate(r.request(PROMPT, seed=0, steps=28), "cache", compare="off").metrics
@@ -180,7 +181,7 @@ def test_a_few_step_request_says_so_on_the_card_and_in_the_json(tiny_runner):
 
 def test_an_impossible_threshold_caches_nothing_and_says_the_smallest_difference(tiny_runner):
     r = tiny_runner
-    m = r.generate(r.request(PROMPT, seed=0, steps=10), "cache", cache_threshold=0.0001, compare="off").metrics
+    m = r.generate(r.request(PROMPT, seed=0, steps=10), stack(r, "cache", threshold=0.0001), compare="off").metrics
     assert m.cache.cached_steps == 0 and m.cache.full_steps == 10 and m.cache.cache_threshold == 0.0001
     assert sorted(m.cache.residual_diffs) == [4, 5, 6, 7, 8, 9]  # one for every step after the warm-up
     low = min(m.cache.residual_diffs.values())

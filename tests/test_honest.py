@@ -14,6 +14,7 @@ from studio.engine.baseline import Pairing
 from studio.measure.blocks import BlockClock, block_list, computed_blocks, price_cached_step
 from studio.measure.timing import StepCounter
 from studio.tiny.build import TinyConfig, build_pipeline
+from tests.switched import stack
 
 # Timing tests run alone, after the others (the README's test command: pytest -m timing)
 pytestmark = pytest.mark.timing
@@ -303,7 +304,7 @@ def _stall_base_run(runner, which: int, seconds: float, steps: set | None = None
 
 
 def _generate_cache(runner, r):
-    return runner.generate(r, "cache", cache_threshold=0.5).metrics
+    return runner.generate(r, stack(runner, "cache", threshold=0.5)).metrics
 
 
 def test_a_stall_injected_into_one_base_run_gives_the_quiet_ratio_or_the_unreliable_flag(runner, quiet):
@@ -369,7 +370,7 @@ def test_a_card_keeps_its_base_floor_in_the_machines_record_and_reads_its_pace_a
     runner.manager.settings = replace(runner.manager.settings, pace_file=str(path))  # (STUDIO_PACE_FILE)
     runner.pairing = Pairing()  # the app's pairing: base timed 3 times beside the stack, the cores watched
     r = GenerationRequest(prompt="a green ring", seed=1, steps=20, width=64, height=64, max_sequence_length=32)
-    first = runner.generate(r, "cache", cache_threshold=0.5).metrics
+    first = runner.generate(r, stack(runner, "cache", threshold=0.5)).metrics
     if first.timing.cores_taken is None or first.timing.cores_taken >= CROWDED:
         pytest.skip(f"the cores were not read quiet (taken {first.timing.cores_taken}): nothing recorded")
     ((key, entry),) = json.loads(path.read_text()).items()
@@ -378,7 +379,9 @@ def test_a_card_keeps_its_base_floor_in_the_machines_record_and_reads_its_pace_a
     assert "|shape " in key and "|20 steps|1 calls a step|0 LoRAs" in key
     # a record twice as fast as this machine runs: the next card of the shape (another prompt) reads its host slow
     path.write_text(json.dumps({key: {"best_ms": entry["best_ms"] / 2, "benches": 1}}))
-    m = runner.generate(replace(r, prompt="a green ring, again", seed=2), "cache", cache_threshold=0.5).metrics
+    m = runner.generate(
+        replace(r, prompt="a green ring, again", seed=2), stack(runner, "cache", threshold=0.5)
+    ).metrics
     if m.timing.cores_taken is None or m.timing.cores_taken >= CROWDED:
         pytest.skip(f"the cores were not read quiet the second time (taken {m.timing.cores_taken})")
     assert m.timing.base_pace_over == pytest.approx(m.timing.base_priced_s * 1e3 / 20 / (entry["best_ms"] / 2) - 1)

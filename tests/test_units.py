@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import math
 from dataclasses import fields
@@ -14,6 +15,8 @@ import torch
 from conftest import plain_ui
 
 from studio.engine.device import resolve_dtype
+from studio.measure.crowding import Crowding
+from studio.measure.estimate import Estimate
 from studio.measure.quality import Verdict
 from studio.measure.record import FLAT_NAMES, PARTS, RunMetrics
 from studio.measure.timing import StepCounter, StepProbe, StepRecord, count_steps
@@ -253,6 +256,21 @@ def test_the_card_leads_with_the_answer_and_no_cell_is_a_paragraph():
     cells = [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td>(.*?)</td>", card, re.S)]
     assert max(len(c) for c in cells) <= 300, max(cells, key=len)
     assert metrics_card(make_metrics(speedup=None, speedup_note="busy machine")).count("speed-up withheld (busy") == 1
+    # the longest words a busy host gives: a withheld speed-up (the estimate's own sentence) and a slow host
+    busy = Estimate(1.1, 0.8, 1.6, 3, crowded=Crowding(0.85, 0.9, 176.4, 2, 2, host=0.4, source="/proc/stat").words())
+    for worst in (
+        make_metrics(speedup=None, speedup_note=busy.why_not(), timed_pairs=3, stalled_runs=2, vs_fewer=fewer),
+        make_metrics(
+            speedup_lo=1.5, speedup_hi=2.1, base_pace_over=0.9, cores_host=0.6, timed_pairs=12, vs_fewer=fewer
+        ),
+    ):
+        card = metrics_card(worst)
+        cells = [html.unescape(re.sub(r"<[^>]+>", "", c)) for c in re.findall(r"<td>(.*?)</td>", card, re.S)]
+        first = re.search(r'<div class="card-answer">(.*?)</div>', card).group(1)
+        assert max(len(c) for c in cells + [first]) <= 300, max(cells + [first], key=len)
+    assert "host was slow" in card and "timing too noisy" in metrics_card(
+        make_metrics(speedup=None, speedup_note=busy.why_not())
+    )
     same = make_metrics(psnr_db=math.inf, vs_fewer={**fewer, "margin_db": math.inf})  # bitwise base's picture
     assert "beats base at 16 steps (identical to base)" in metrics_card(same) and "inf dB" not in metrics_card(same)
 

@@ -23,6 +23,7 @@ from PIL import Image
 from worker_hooks import hooked
 
 from studio.spec import ConfigError, PresetLibrary, RunError
+from studio.spec.ask import Switches
 from studio.spec.errors import StudioBug
 from studio.spec.settings import current
 from studio.worker import WorkerClient, WorkerConfig, WorkerCrashed
@@ -31,7 +32,7 @@ CRASHES = "int8-weight-only"  # the stack whose runs kill the worker (tests/work
 
 PROMPT = "a red circle in the center, blue background"
 ROOT = Path(__file__).resolve().parents[1]
-CACHED = dict(preset="cache", cache_threshold=0.5)  # random weights cache at R=0.5
+CACHED = dict(preset="cache", threshold=0.5)  # random weights cache at R=0.5
 
 
 def _alive(pid: int) -> bool:
@@ -74,7 +75,8 @@ def worker(random_model_dir):
 
 def _generate(w, seed=5, **kw):
     kw = {**CACHED, **kw}
-    return w.generate(w.request(PROMPT, seed=seed, steps=10), kw.pop("preset"), **kw)
+    p = Switches(threshold=kw.pop("threshold")).apply(w.presets.get(kw.pop("preset")))
+    return w.generate(w.request(PROMPT, seed=seed, steps=10), p, **kw)
 
 
 def test_progress_and_status_lines_stream_back_from_the_worker(worker):
@@ -145,7 +147,7 @@ def test_a_native_crash_is_forgiven_once_and_refused_on_the_second_in_a_row(work
         _generate(
             worker,
             preset="int8-weight-only",
-            cache_threshold=None,
+            threshold=None,
             progress=lambda i, t, rec: steps.append(i),
             on_status=lines.append,
         )
@@ -169,7 +171,7 @@ def test_a_native_crash_is_forgiven_once_and_refused_on_the_second_in_a_row(work
         match=r"int8-weight-only on .* is refused: it crashed the device worker twice in a row \(SIGSEGV, SIGSEGV\) "
         r"in this app's run.*\(restart the app to clear this\)",
     ):
-        _generate(worker, preset="int8-weight-only", cache_threshold=None)
+        _generate(worker, preset="int8-weight-only", threshold=None)
     assert worker.restarts == 2  # refused, not crashed again
 
 
@@ -199,9 +201,9 @@ def test_the_memory_limit_restarts_the_worker_between_requests(random_model_dir)
     w = WorkerClient(WorkerConfig(model=random_model_dir, device="cpu", max_rss_gb=0.05))
     try:
         first_pid = w.pid
-        first = _generate(w, preset="base", cache_threshold=None)  # returned whole; then the worker (over 50 MB) goes
+        first = _generate(w, preset="base", threshold=None)  # returned whole; then the worker (over 50 MB) goes
         assert w.restarts == 1 and w.pid != first_pid and _gone_within(first_pid, 5)
-        again = _generate(w, preset="base", cache_threshold=None)
+        again = _generate(w, preset="base", threshold=None)
         assert np.array_equal(again.image, first.image)
     finally:
         w.close()

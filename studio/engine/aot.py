@@ -246,18 +246,12 @@ def variant_key(tr, spec) -> tuple:
 
 
 def aot_variant(tr, spec, folder: Path) -> AotVariant:
-    """The transformer's ahead-of-time variant for `spec`, its packages in `folder`, made once per process."""
-    state = stack_state(tr)
-    key = variant_key(tr, spec)
-    variant = state.compile.variants.get(key)
-    if variant is None:
-        store = Store(folder, mode=spec.mode, attention=key[2])
-        blocks = [AotBlock(m, store) for m in tr.modules() if type(m).__name__ in tr._repeated_blocks]
-        impls = [(b.block, "_compiled_call_impl", b, None) for b in blocks]
-        how = f"ahead-of-time (AOTInductor packages reading the eager weights; {', '.join(tr._repeated_blocks)})"
-        variant = AotVariant(key, False, False, how, impls, blocks=blocks)
-        state.compile.variants[key] = variant
-    return variant
+    """A new ahead-of-time variant for `spec`, its packages in `folder` (engine.compile keeps one per process)."""
+    store = Store(folder, mode=spec.mode, attention=attention_of(tr))
+    blocks = [AotBlock(m, store) for m in tr.modules() if type(m).__name__ in tr._repeated_blocks]
+    impls = [(b.block, "_compiled_call_impl", b, None) for b in blocks]
+    how = f"ahead-of-time (AOTInductor packages reading the eager weights; {', '.join(tr._repeated_blocks)})"
+    return AotVariant(variant_key(tr, spec), False, False, how, impls, blocks=blocks)
 
 
 def engaged(variant: AotVariant, note: str = "") -> Engaged:

@@ -7,10 +7,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from studio.engine.hooks import apply_hook, remove_hook
+from studio.engine.hooks import apply_hook, remove_hook, state_reader
 from studio.engine.state import Engaged, stack_state
 from studio.measure.timing import StepCounts, count_steps
 from studio.spec.cachedit import cache_dit_configs, read_summary
+from studio.spec.errors import RunError
 from studio.spec.methods import HOOK_BACKENDS
 from studio.spec.preset import MIN_CACHE_STEPS, CacheSpec
 
@@ -70,6 +71,25 @@ def remove_cache(pipe) -> None:
     state.counter.state_reader = None
 
 
+def _hooked(pipe, spec: CacheSpec, *, threshold: float, src: str, steps: int | None, calibrate=False) -> Engaged:
+    """A diffusers cache hook (engine.hooks), recorded here when it engaged; `calibrate`: MagCache recording ratios."""
+    engaged = apply_hook(pipe, spec, threshold=threshold, src=src, steps=steps, calibrate=calibrate)
+    if engaged.engaged:
+        state = stack_state(pipe.transformer)
+        state.step_cache.backend = spec.backend
+        state.step_cache.ratios = {} if calibrate else None
+        state.counter.state_reader = state_reader(pipe.transformer, spec.backend, state.step_cache.ratios)
+    return engaged
+
+
+def hook_calibrating(pipe, spec: CacheSpec, steps: int) -> None:
+    """MagCache's hook in calibration over `pipe` (uncached now): the next call records its ratios in
+    step_cache.ratios. RunError with the hook's reason where it cannot engage."""
+    engaged = _hooked(pipe, spec, threshold=0.0, src="", steps=steps, calibrate=True)
+    if not engaged.engaged:
+        raise RunError(engaged.detail)
+
+
 def apply_cache(
     pipe, spec: CacheSpec, *, quant: str = "none", steps: int | None = None, separate_cfg: bool = False
 ) -> Engaged:
@@ -89,7 +109,7 @@ def apply_cache(
     src = "default" + (f" for {quant}" if quant != "none" else "")
     src = "set" if spec.residual_diff_threshold is not None else src
     if spec.backend in HOOK_BACKENDS:
-        return apply_hook(pipe, spec, threshold=threshold, src=src, steps=steps)
+        return _hooked(pipe, spec, threshold=threshold, src=src, steps=steps)
     import cache_dit
 
     cfgs = cache_dit_configs(spec, quant=quant, steps=steps, separate_cfg=separate_cfg)  # the studio's own: not caught

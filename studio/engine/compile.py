@@ -150,10 +150,12 @@ def _ahead_of_time(tr, spec: CompileSpec, folder: Path) -> Engaged:
     why = aot.refusal(tr, spec)
     if why is not None:
         return Engaged("compile", "on", False, ZEROGPU_COMPILE.format(why=why))
-    failed = stack_state(tr).compile.failed.get(aot.variant_key(tr, spec))
-    if failed:
-        return failed_to_compile(failed)
-    variant = aot.aot_variant(tr, spec, folder)
+    state, key = stack_state(tr), aot.variant_key(tr, spec)
+    if key in state.compile.failed:
+        return failed_to_compile(state.compile.failed[key])
+    variant = state.compile.variants.get(key)
+    if variant is None:
+        variant = state.compile.variants[key] = aot.aot_variant(tr, spec, folder)
     _switch_on(tr, variant)
     return aot.engaged(variant)
 

@@ -132,7 +132,8 @@ def _passes_sigma(source: str) -> bool:
 def apply_hook(
     pipe, spec: CacheSpec, *, threshold: float, src: str, steps: int | None, calibrate: bool = False
 ) -> Engaged:
-    """Engage `spec`'s diffusers cache hook on `pipe.transformer` (engine.cache removed any before)."""
+    """Engage `spec`'s diffusers cache hook on `pipe.transformer` (engine.cache removed any before, and records what
+    engaged)."""
     tr = pipe.transformer
     _unpatch_cache_dit(tr)
     cfg = hook_config(pipe, spec, threshold=threshold, steps=steps, calibrate=calibrate)
@@ -146,10 +147,6 @@ def apply_hook(
         log.warning("%s could not engage: %s", METHOD_NAMES[spec.backend], e)
         remove_hook(tr)
         return _refused(spec, f"{type(tr).__name__} does not have what it hooks ({type(e).__name__}: {e})")
-    state = stack_state(tr)
-    state.step_cache.backend = spec.backend
-    state.step_cache.ratios = {} if calibrate else None
-    state.counter.state_reader = state_reader(tr, spec.backend, state.step_cache.ratios)
     return Engaged(
         "cache", spec.backend, True, _detail(spec, threshold, src, calibrate), _ran(spec, threshold, calibrate)
     )

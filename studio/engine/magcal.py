@@ -7,9 +7,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, replace
 
-from studio.engine.cache import remove_cache
+from studio.engine.cache import hook_calibrating, remove_cache
 from studio.engine.call import call_pipe, true_cfg
-from studio.engine.hooks import apply_hook, fingerprint
+from studio.engine.hooks import fingerprint
 from studio.engine.state import stack_state
 from studio.spec.checks import fail
 from studio.spec.errors import Invariant
@@ -60,7 +60,7 @@ def calibrate_magcache(runner, requests: list[GenerationRequest], preset: Preset
                 model or runner.model, plain, steps=req.executed_steps, separate_cfg=sep
             )
             try:
-                apply_hook(pipe, preset.cache_config, threshold=0.0, src="", steps=req.executed_steps, calibrate=True)
+                hook_calibrating(pipe, preset.cache_config, req.executed_steps)
                 call_pipe(pipe, req)
                 ratios = dict(stack_state(pipe.transformer).step_cache.ratios or {})
             finally:

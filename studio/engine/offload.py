@@ -177,6 +177,7 @@ def _group(pipe, spec: OffloadSpec, device: torch.device) -> tuple[bool, str]:
     groups = _groups(tr)
     # (the rest's group lists its modules and, again, their parameters: diffusers moves each once for real)
     log = new_log(tr, {id(g): module_bytes(*g.modules, extra=g.parameters + g.buffers) for g in groups})
+    stack_state(tr).offloading.stream = log
     log.handles += at_call
     for g in groups:
         tally_group(log, g)
@@ -223,6 +224,7 @@ def _layerwise(pipe, spec: OffloadSpec, device: torch.device) -> tuple[bool, str
         max_inflight_prefetch_bytes=budget,
     )
     log = new_log(tr, {id(b): module_bytes(b) for b in blocks})
+    stack_state(tr).offloading.stream = log
     for b in blocks:
         tally_block(log, b)
     if asyncly:

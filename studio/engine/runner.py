@@ -36,7 +36,6 @@ from studio.measure.estimate import margin_db, price_ms, steps_at_speed
 from studio.measure.pace import Pace, pace_key, record, work_of
 from studio.measure.quality import psnr
 from studio.measure.record import RunMemory, RunMetrics, RunPlacement, RunResult, Timing
-from studio.spec.ask import Switches
 from studio.spec.cachedit import step_mask
 from studio.spec.checks import ConfigError
 from studio.spec.errors import USER_ERRORS, RunError, is_run_failure
@@ -122,8 +121,7 @@ class Runner:
         check_caps(request, self.max_steps, self.max_side, self.manager.settings.max_prompt_chars)
 
     def check_request(self, request: GenerationRequest, model: str | None = None) -> None:
-        """Raise ConfigError when the request is over the caps or the model cannot take this size."""
-        self.check_caps(request)
+        """Raise ConfigError when the model cannot take this size (the caps are checked before the load)."""
         prof = self.profile(model)
         for name in ("width", "height"):
             v = getattr(request, name)
@@ -197,14 +195,10 @@ class Runner:
         preset: str | Preset = BASE,
         *,
         model: str | None = None,
-        cache_enabled: bool | None = None,
-        cache_threshold: float | None = None,
-        compile_enabled: bool | None = None,
         progress=None,
         on_status=None,
         compare: bool | str = True,
         pairing: Pairing | None = None,
-        library: PresetLibrary | None = None,
     ) -> RunResult:
         """One generation with `preset` (a stack or a name), measured and compared with the same request's base.
         `compare`: on (True) times base beside it; auto divides by a kept base timing of the same shape when there is
@@ -212,7 +206,7 @@ class Runner:
         `pairing=CALLER_TIMES_BASE` is for a caller that times base itself (the bench)."""
         t0 = time.perf_counter()
         compare = compare_mode(compare)
-        p = Switches(cache_enabled, cache_threshold, compile_enabled).apply(self.resolve_preset(preset, library))
+        p = self.resolve_preset(preset)  # a stack as the Ask resolved and switched it; a name: the runner's library
         ctx = self.context(request, p, model, progress=progress, on_status=on_status)
         with self.manager.lock:
             self.check_caps(request)  # an operator's caps before any load

@@ -82,17 +82,15 @@ class StreamLog:
 
 @dataclass
 class QuantState:
-    """Written by engine.quantize: the torchao form the weights are in."""
+    """Written by engine.quantize: the torchao form the weights are in. Never reset: quantized weights come off only
+    with a reload, which starts a new transformer and a new StackState."""
 
     mode: str = "none"
-
-    def reset(self) -> None:
-        self.mode = "none"
 
 
 @dataclass
 class CacheState:
-    """Written by engine.cache and engine.hooks: the step cache engaged now (a CACHE_BACKENDS name or "none")."""
+    """Written by engine.cache: the step cache engaged now (a CACHE_BACKENDS name or "none"); reset by remove_cache."""
 
     backend: str = "none"
     ratios: dict | None = None  # MagCache calibrating: its magnitude ratios by branch, copied after every call
@@ -105,17 +103,13 @@ class CacheState:
 
 @dataclass
 class CompileState:
-    """Written by engine.compile and engine.aot: the variant running (None: eager), every variant by key, and those
-    whose first run failed (never retried)."""
+    """Written by engine.compile: the variant running (None: eager; uncompile switches it off), every variant by key,
+    kept for the next time it is asked for, and those whose first run failed (never retried). The variants and
+    failures live as long as the transformer: a reload starts a new StackState."""
 
     running: CompiledVariant | None = None
     variants: dict = field(default_factory=dict)
     failed: dict = field(default_factory=dict)
-
-    def reset(self) -> None:
-        self.running = None
-        self.variants.clear()
-        self.failed.clear()
 
 
 @dataclass

@@ -50,7 +50,6 @@ def new_log(tr, units: dict) -> StreamLog:
 
     log.handles.append(tr.register_forward_pre_hook(on_call, prepend=True))
     log.handles += [b.register_forward_pre_hook(on_block) for b in blocks]
-    stack_state(tr).offloading.stream = log
     return log
 
 

@@ -117,10 +117,7 @@ class Estimate:
         if not self.useless:
             return None
         if self.crowded:
-            return (
-                f"timing too noisy to show: the machine was busy ({self.crowded}), and a speed-up read while "
-                f"programs share the cores moves with them; speed-up not shown (a quieter machine would help)"
-            )
+            return f"timing too noisy to show: the machine was busy ({self.crowded}); a quieter machine would help"
         why = (
             f"holds 1.00x while its point says {self.point:.2f}x"
             if self.lo <= 1.0 <= self.hi

@@ -121,8 +121,8 @@ def answer_line(m) -> str:
     t, c, q = m.timing, m.cache, m.quality
     if m.preset == "base" and not c.cached_steps:
         return f"base: the reference every stack is measured against · denoise {fmt.seconds(t.denoise_s)}"
-    if t.speedup_note:
-        parts = [f"speed-up withheld ({t.speedup_note})"]
+    if t.speedup_note:  # its first clause here ("timing too noisy to show"), the whole of it in the vs base row
+        parts = [f"speed-up withheld ({t.speedup_note.split(':')[0]})"]
     elif t.speedup is None:
         parts = ["not compared with base"]
     else:
@@ -144,14 +144,21 @@ def _speedup_cell(m) -> str:
     t, esc = m.timing, html.escape
     vs = esc(t.speedup_note) if t.speedup_note else fmt.speedup_ci(t.speedup, t.speedup_lo, t.speedup_hi)
     if t.base_denoise_s is not None:
-        pairs = f", {esc(fmt.pairs(t.timed_pairs, t.pairs_stop, t.stalled_runs))}" if t.timed_pairs else ""
+        shown = t.timed_pairs and t.speedup is not None  # (a withheld one's sentence is long enough)
+        pairs = f", {esc(fmt.pairs(t.timed_pairs, t.pairs_stop, t.stalled_runs))}" if shown else ""
         vs += f" (base {fmt.denoise(t.base_denoise_s, t.base_priced_s)}{pairs})"
     if t.speedup_lo is not None:  # the interval named by what it held (studio.measure.estimate), on hover
         vs = f'<span title="{esc(interval_words())}">{vs}</span>'
-    for note in (fmt.host_slow(t.base_pace_over), fmt.host_took(t.cores_host)):
-        if note and t.speedup is not None:
-            vs += f"<br><small>{esc(note)}</small>"
+    if t.speedup is not None and (fmt.host_slow(t.base_pace_over) or fmt.host_took(t.cores_host)):
+        vs += "<br><small>the host was slow while this was timed (timing, below)</small>"
     return vs
+
+
+def _timing_cell(m) -> str:
+    """How the run was timed, and the host's slowness where it was read (a speed-up may read off while it is)."""
+    t = m.timing
+    notes = [n for n in (fmt.host_slow(t.base_pace_over), fmt.host_took(t.cores_host)) if n and t.speedup is not None]
+    return html.escape(t.how) + "".join(f"<br><small>{html.escape(n)}</small>" for n in notes)
 
 
 def _steps_cell(m) -> str:
@@ -191,7 +198,7 @@ def metrics_card(m) -> str:
         (f"worst {TILE}x{TILE} tile", fmt.tile(q.worst_tile_psnr_db, q.worst_tile_yx)),
         *([("LPIPS", _lpips(m))] if q.lpips is not None or q.lpips_note else []),
         *([("of ideal", esc(fmt.ideal_line(m)))] if c.ideal_speedup else []),
-        ("timing", esc(t.how)),
+        ("timing", _timing_cell(m)),
     ]
     if t.compile_s is not None:
         more.append(("compile warm-up", f"{fmt.seconds(t.compile_s, 1)} (not in denoise time)"))

@@ -17,7 +17,6 @@ from multiprocessing.connection import Connection
 
 from studio.engine import BASE, Runner
 from studio.engine.thread import DEVICE_THREAD
-from studio.spec.ask import Switches
 from studio.spec.checks import ConfigError
 from studio.spec.errors import RunError
 from studio.spec.settings import install
@@ -57,9 +56,9 @@ class WatchedRunner(Runner):
         self.call: Call | None = None
         self._running: list[tuple[str, str, str]] = []  # (preset name, tag, model): nested (screen runs base first)
 
-    def _stack(self, preset, library, model, switches=Switches()) -> tuple[str, str, str]:
-        """What a crash is blamed on: the stack as it runs, resolved and switched."""
-        p = switches.apply(self.resolve_preset(preset, library))
+    def _stack(self, preset, model) -> tuple[str, str, str]:
+        """What a crash is blamed on: the stack as it runs."""
+        p = self.resolve_preset(preset)
         return p.name, p.tag(self.manager.resolve_dtype(p.dtype).name), model or self.model
 
     def _refusal(self, stack: tuple[str, str, str]) -> str | None:
@@ -80,24 +79,24 @@ class WatchedRunner(Runner):
             if self._running and self.call:  # back to the stack that ran this one
                 self.call.send("running", *self._running[-1])
 
-    def generate(self, request, preset=BASE, *, model=None, library=None, **kwargs):
-        switches = Switches(*(kwargs.get(k) for k in ("cache_enabled", "cache_threshold", "compile_enabled")))
-        with self._runs(self._stack(preset, library, model, switches)):
-            return super().generate(request, preset, model=model, library=library, **kwargs)
+    def generate(self, request, preset=BASE, *, model=None, **kwargs):
+        p = self.resolve_preset(preset)  # once: Runner.generate takes the stack as it is
+        with self._runs(self._stack(p, model)):
+            return super().generate(request, p, model=model, **kwargs)
 
     def screen(self, request, preset, model=None):
-        with self._runs(self._stack(preset, None, model)):
+        with self._runs(self._stack(preset, model)):
             return super().screen(request, preset, model)
 
     def settle(self, request, preset, model=None) -> float:
-        with self._runs(self._stack(preset, None, model)):  # (the bench's untimed first run of a rotation)
+        with self._runs(self._stack(preset, model)):  # (the bench's untimed first run of a rotation)
             return super().settle(request, preset, model)
 
     def warm_up(self, request, presets, model=None) -> list[float]:
         """Runner.warm_up one preset at a time, so a crash is blamed on the right one; a refused stack gets 0.0."""
         out = []
         for name in presets:
-            stack = self._stack(name, None, model)
+            stack = self._stack(name, model)
             if self._refusal(stack):
                 out.append(0.0)
                 continue
