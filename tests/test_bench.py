@@ -176,7 +176,14 @@ def test_sweep_over_the_run_length_cap(tiny_runner):
 def test_tuned_preset_meets_its_floor_and_loads(tiny_runner, tmp_path):
     reqs = [tiny_runner.request(p, seed=42) for p in PROMPTS]
     space = SearchSpace(
-        calibrators=("none",), run_caps=(3,), warmups=(4,), masks=(), non_cache=("base",), finalists=1, repeats=1
+        calibrators=("none",),
+        run_caps=(3,),
+        warmups=(4,),
+        masks=(),
+        non_cache=("base",),
+        finalists=1,
+        repeats=1,
+        fewer_steps=False,  # the cache's search alone (fewer steps as a finalist: tests/test_fewer.py)
     )
     res = tune(tiny_runner, reqs, 35.0, space=space, max_flip=0.2)
     assert res.worst_db >= 35.0 and res.screened > 0 and res.runs == res.screened + res.timed

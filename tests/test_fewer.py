@@ -145,3 +145,65 @@ def test_bench_fewer_steps_puts_the_reference_beside_the_table(tiny_runner):
     i2i = GenerationRequest(prompt=PROMPTS[0], steps=12, image=np.zeros((64, 64, 3), np.uint8), strength=0.5)
     with pytest.raises(ConfigError, match="drop --fewer-steps"):  # asked for, and no answer: before anything runs
         run_bench(tiny_runner, [i2i], ["cache"], repeats=1, fewer_steps=True)
+
+
+def test_a_preset_with_a_share_of_the_steps_runs_fewer_and_reads_against_base_at_all_of_them(tiny_runner):
+    """`step_share: 0.5` on base: the run is base at 6 of the request's 12 steps, bitwise the picture base gives when
+    asked for 6; its PSNR is against base at 12 (the fewer-steps reference's own point), its label says what ran, its
+    speed-up is against base at 12 (about 2x by step count; a busy machine may withhold it), and a cache on it runs
+    its share too."""
+    from dataclasses import replace
+
+    from studio.spec.presets import load_preset, preset_from_text, preset_to_yaml
+
+    half = replace(tiny_runner.resolve_preset(BASE), name="base-half", step_share=0.5)
+    assert preset_from_text(preset_to_yaml(half), "base-half") == half  # the YAML keeps it
+    assert half.steps_of(12) == 6 and half.steps_of(7) == 4 and half.steps_of(1) == 1
+    res = tiny_runner.generate(_req(), half, compare="on")
+    m = res.metrics
+    six = tiny_runner.generate(_req(steps=6), BASE, compare="off").image
+    full = tiny_runner.generate(_req(), BASE, compare="off").image
+    assert (res.image == six).all() and (res.base_image == full).all()
+    assert m.cache.full_steps == 6 and m.cache.cached_steps == 0 and m.request["steps"] == 12
+    assert m.quality.psnr_db == pytest.approx(psnr(six, full))
+    point = FewerStepsJudge(tiny_runner, [_req()], tiny_runner.model, floor_db=35.0).point(6)
+    assert point.worst_db == pytest.approx(m.quality.psnr_db)
+    assert m.labels.tag.endswith("+steps6of12") and m.labels.requested_tag.endswith("+steps6of12")
+    assert "steps: 6 of the request's 12 (step_share 0.5), against base at all 12" in m.labels.engaged
+    assert m.quality.vs_fewer is None  # it is the rival itself
+    if m.timing.speedup is not None:
+        assert 1.3 < m.timing.speedup < 3.0  # half the transformer calls, the rest of the pipeline as base's
+    cached = replace(tiny_runner.resolve_preset("cache"), name="cache-half", step_share=0.5)
+    c = tiny_runner.generate(_req(steps=24), cached, compare="off").metrics
+    assert c.cache.full_steps + c.cache.cached_steps == 12 and c.labels.tag.endswith("+steps12of24")
+    with pytest.raises(Exception, match="step_share"):
+        load_preset({"name": "x", "step_share": 1.5})
+
+
+def test_tune_times_base_at_the_fewest_steps_beside_the_cache_finalists(tiny_runner):
+    """Fewer steps is a finalist of the search (Preset.step_share): base at the fewest steps that keep the floor is
+    timed beside the cache's best, and whichever keeps the floor with the best worst paired speed-up is the answer,
+    a preset that runs as any preset runs."""
+    from studio.bench.tune import SearchSpace, tune
+    from studio.report.text import tune_summary
+
+    reqs = [_req(p, steps=12) for p in PROMPTS]
+    space = SearchSpace(
+        calibrators=("none",), run_caps=(3,), warmups=(4,), masks=(), non_cache=("base",), finalists=1, repeats=1
+    )
+    res = tune(tiny_runner, reqs, 35.0, space=space)
+    f = res.fewer.fewest
+    assert f is not None and f.worst_db >= 35.0 and f.steps < 12  # base keeps 35 dB well below 12 steps here
+    assert res.worst_db >= 35.0
+    last = tune_summary(res).splitlines()[-1]
+    if res.preset.step_share is not None:  # fewer steps won: the preset is base at that share
+        assert res.preset.steps_of(12) == f.steps and res.preset.cache_config.backend == "none"
+        assert (
+            last == f"against base at fewer steps: fewer steps won: the tuned preset is base at {f.steps} of 12 steps"
+        )
+        assert res.vs_fewer is None
+    else:  # the cache won its timing: read against fewer steps at its speed
+        assert res.preset.cache_config.enabled and last.startswith("against base at fewer steps: ")
+    for r in reqs:
+        m = tiny_runner.generate(r, res.preset, compare="on").metrics
+        assert m.quality.psnr_db >= 35.0

@@ -1,7 +1,8 @@
 """`python -m studio tune --min-psnr 35 [--max-flip 0.05]`: the fastest stack whose worst PSNR (and FLIP) over the
 prompts stays above the floor. 1. the fastest non-cache preset with a margin; 2. cache knobs screened eagerly (a
 binary search of the threshold per calibrator, run cap and warm-up, then step masks), ranked by predicted speed-up;
-3. the best few timed side by side: the highest worst paired speed-up wins; 4. the result against fewer steps."""
+3. the best few, and base at the fewest steps that keep the floor, timed side by side: the highest worst paired
+speed-up wins (so the answer may be "run fewer steps"); 4. a cached result against fewer steps at its speed."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class SearchSpace:
     non_cache: tuple = ("base", "compile", "int8", "sage", "sage-int8")
     finalists: int = 3
     repeats: int = 3
+    fewer_steps: bool = True  # base at the fewest steps that keep the floor is a finalist too (Preset.step_share)
 
 
 # The UI's quick search: no DMD, one run-length cap and warm-up, no masks, two finalists, single timed repeats.
@@ -162,6 +164,15 @@ class Tuner:
         return sorted(out, key=lambda c: -c.predicted)
 
     # 3 -----------------------------------------------------------------------------------------------------------
+    def _fewer_finalist(self, judge, name: str) -> list[Preset]:
+        """Base at the fewest steps whose worst PSNR (and FLIP) keeps the floor on these prompts, as a preset that
+        runs that share of a request's steps; none where no step count below the request's keeps it."""
+        fewest = judge.result.fewest if judge is not None and self.space.fewer_steps else None
+        if fewest is None or fewest.steps >= fewest.full or not self._flip_ok(fewest.worst_flip):
+            return []
+        base = self.runner.resolve_preset(BASE)
+        return [replace(base, name=f"{name}-fewer", description="", step_share=fewest.steps / fewest.full)]
+
     def _pick(self, rep, finalists: list[Preset]) -> Preset:
         """The finalist that keeps the floor once timed with the best worst paired speed-up (median breaks a tie)."""
         rows = {r.preset: r for r in rep.matrix.rows}
@@ -186,6 +197,10 @@ class Tuner:
             replace(stack, name=f"{name}-{i + 1}", cache_config=c.cache, description="")
             for i, c in enumerate(cands[: self.space.finalists])
         ]
+        judge = fewer_steps_reference(
+            self.runner, self.requests, self.model, floor_db=self.floor, progress=self.progress
+        )
+        finalists += self._fewer_finalist(judge, name)
         if not finalists:
             raise ConfigError(
                 f"no cache setting keeps every prompt above {self.floor:g} dB{self._flip_words()}; lower --min-psnr"
@@ -206,10 +221,8 @@ class Tuner:
         r, cache_row = rows[win.name], rows["cache"]
         vs_cache = r.speedup / cache_row.speedup if r.speedup and cache_row.speedup else None
         pair = next((p for p in rep.paired if p.preset == win.name), None)
-        judge = fewer_steps_reference(
-            self.runner, self.requests, self.model, floor_db=self.floor, progress=self.progress
-        )
-        vs_fewer = judge.versus(r.speedup, r.worst_psnr_db) if judge else None  # (None: an image input)
+        rival = judge is not None and win.step_share is None  # (None: an image input; or fewer steps won)
+        vs_fewer = judge.versus(r.speedup, r.worst_psnr_db) if rival else None
         desc = tuned_description(
             self.floor,
             len(self.requests),
@@ -258,13 +271,13 @@ def tune(
     compile_enabled: bool | None = None,
     max_flip: float | None = None,
 ) -> TuneResult:
-    """See the module doc; `compile_enabled` applies to the non-cache options; the result always caches."""
+    """See the module doc; `compile_enabled` applies to the non-cache options."""
     if cache_enabled is False:
         fail(
             "tune",
             "cache",
             False,
-            "the tuner searches the step cache's knobs, so its result always caches: leave "
+            "the tuner searches the step cache's knobs (and base at fewer steps beside them): leave "
             "the cache switch out (`python -m studio bench --cache false` times stacks without a cache)",
         )
     name = name or f"tuned-{floor_db:g}db".replace(".", "_")

@@ -20,6 +20,16 @@ def fallback_lines(run: Measured) -> list[str]:
     return run.stack.fallbacks() + list(run.lost) + disagree
 
 
+def steps_lines(p: Preset, sc: RunContext) -> list[str]:
+    """A preset that runs a share of the request's steps: how many ran, against base at all of them."""
+    if not sc.asked_steps:
+        return []
+    return [
+        f"steps: {sc.request.steps} of the request's {sc.asked_steps} (step_share {p.step_share:g}), against base at "
+        f"all {sc.asked_steps}"
+    ]
+
+
 def tuned_lines(p: Preset, pipe) -> list[str]:
     """For a preset a search tuned on one transformer: whether this is that transformer (its quality floor known)."""
     if not p.tuned_for:
@@ -58,13 +68,15 @@ def labels(ctx: RunContext, p: Preset, run: Measured, pipe) -> RunLabels:
     """The run's label from its engaged stack, beside what the preset asked for, and its engaged and fallback lines."""
     n = len(ctx.request.loras)
     lora = f"lora{n}" if n else ""
-    ran = {"dtype": DTYPE_SHORT[ctx.dtype.name], **run.stack.label_parts(), "lora": lora}
-    asked = {**p.label_parts(), "lora": lora}
+    sc = ctx.for_preset(p)
+    steps = f"steps{sc.request.steps}of{sc.asked_steps}" if sc.asked_steps else ""  # what ran: k of the asked n
+    ran = {"dtype": DTYPE_SHORT[ctx.dtype.name], **run.stack.label_parts(), "lora": lora, "steps": steps}
+    asked = {**p.label_parts(), "lora": lora, "steps": steps}
     return RunLabels(
         tag=join_label(ran),
         dtype=ctx.dtype.name,
         requested_tag=join_label(asked),
         label_changes=changes(asked, ran, run.stack.fell_back_parts()),
-        engaged=engaged_lines(ctx, run, pipe) + tuned_lines(p, pipe),
+        engaged=engaged_lines(ctx, run, pipe) + steps_lines(p, sc) + tuned_lines(p, pipe),
         fallbacks=fallback_lines(run),
     )

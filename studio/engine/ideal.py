@@ -16,8 +16,8 @@ def ideal_check(p: Preset, paired: Paired, base: Preset) -> IdealCheck | None:
     (compiled blocks, no eager base)."""
     run, kept = paired.run, paired.base
     in_workers = run.stack.workers is not None and p.cache_config.backend == "cache-dit"
-    if not (run.stack.is_engaged("cache") or in_workers) or not run.counts.full:
-        return None
+    if not (run.stack.is_engaged("cache") or in_workers) or not run.counts.full or p.step_share is not None:
+        return None  # (a share of the steps: base ran more steps than the counts hold, no ideal from them)
     c = p.cache_config
     blocks_kept = cached_blocks(c)
     if blocks_kept is None:

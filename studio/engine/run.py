@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -63,6 +63,15 @@ class RunContext:
     progress: object | None = None  # callable(step_index, total_steps, StepRecord) after each step of the stack
     on_status: object | None = None  # callable(str) for slow phases (loading, warm-up, compiling, the base run)
     deadline: Deadline | None = None  # the request's time limit (Runner.time_limit), checked between steps
+    asked_steps: int | None = None  # the request's steps where a preset's step_share runs fewer (for_preset)
+
+    def for_preset(self, preset: Preset) -> RunContext:
+        """The context `preset` runs in: its share of the request's steps (Preset.step_share); base, compared with
+        it, keeps the request's own."""
+        k = preset.steps_of(self.request.steps)
+        if self.asked_steps is not None or k == self.request.steps:
+            return self
+        return replace(self, request=replace(self.request, steps=k), asked_steps=self.request.steps)
 
     @property
     def key(self) -> tuple:
@@ -162,6 +171,7 @@ class Measured:
 def pipeline_for(ctx: RunContext, preset: Preset):
     """(pipe, stack, reloaded): the model's pipeline with `preset` and the request's LoRAs applied; a parallel stack's
     pipe is the proxy whose calls go to the workers."""
+    ctx = ctx.for_preset(preset)
     check_loras(ctx.request, preset)
     cur = ctx.manager.ensure(ctx.model, ctx.manager.resolve_dtype(preset.dtype), ctx.on_status)
     separate = true_cfg(cur.pipe, ctx.request)
@@ -192,6 +202,7 @@ def _prepare(pipe, preset: Preset, request: GenerationRequest) -> None:
 
 def warm(ctx: RunContext, pipe, stack: AppliedStack, preset: Preset) -> float | None:
     """The untimed warm-up run of this stack at this shape, once per process; its seconds, or None if warm."""
+    ctx = ctx.for_preset(preset)
     state = stack_state(pipe.transformer)
     key = (stack.signature, ctx.request.graph_shape, state.lora.modules)  # new LoRA layers: warm again
     if key in state.warm and not (state.compile.running is not None and state.compile.running.pending()):
@@ -217,6 +228,7 @@ def warm(ctx: RunContext, pipe, stack: AppliedStack, preset: Preset) -> float | 
 def settle(ctx: RunContext, preset: Preset) -> float:
     """One untimed run of a warm stack, its seconds: what other processes do at the start of an event (the app
     handling the click) lands here rather than in the first timed run."""
+    ctx = ctx.for_preset(preset)
     pipe, stack, _ = pipeline_for(ctx, preset)
     warm(ctx, pipe, stack, preset)
     ctx.check(f"before the untimed run of {preset.name}")
@@ -229,6 +241,7 @@ def settle(ctx: RunContext, preset: Preset) -> float:
 def measure(ctx: RunContext, preset: Preset, *, warm_up: bool = True, show_steps: bool = True) -> Measured:
     """Warm the stack up for this shape where needed (`warm_up` False: a screening run, time not reported), then one
     timed run; `show_steps`: report each step to `ctx.progress` (base runs beside a stack do not)."""
+    ctx = ctx.for_preset(preset)
     ctx.check(f"before the run of {preset.name}")
     pipe, stack, reloaded = pipeline_for(ctx, preset)
     state = stack_state(pipe.transformer)

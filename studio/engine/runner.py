@@ -216,7 +216,7 @@ class Runner:
             self.check_request(request, ctx.model)
             with self._failures(p):
                 result = self._generate(ctx, p, pairing or self.pairing, compare, t0)
-            if compare == "on" and pairing is not CALLER_TIMES_BASE:  # a click's card; a bench reads it apart
+            if compare == "on" and pairing is not CALLER_TIMES_BASE and p.step_share is None:  # (a click's card)
                 result.metrics.quality.vs_fewer = self._vs_fewer(ctx, p, result)
             return result
 
@@ -429,7 +429,7 @@ class Runner:
     def _room(self, ctx: RunContext, p: Preset, run: Measured) -> dict:
         """The step cache's room at this run's steps, engaged or not, and why an engaged one cached nothing
         (spec.headroom)."""
-        steps, c = ctx.request.executed_steps, p.cache_config
+        steps, c = ctx.for_preset(p).request.executed_steps, p.cache_config
         room = headroom(c, steps, step_mask(c, steps) if c.has_mask else None)
         r = run.report
         return run_fields(

@@ -57,10 +57,14 @@ def fewer_steps_markdown(fewer) -> list[str]:
     return out
 
 
-def fewer_line(fewer, vs) -> list[str]:
-    """The tuned stack against base at fewer steps, one line ([] when not measured)."""
+def fewer_line(fewer, vs, share: float | None = None) -> list[str]:
+    """The tuned stack against base at fewer steps, one line ([] when not measured); `share`: the tuned preset's own
+    step_share, where fewer steps won."""
     if fewer is None:
         return []
+    if share is not None:
+        k = math.ceil(share * fewer.full - 1e-9)
+        return [f"against base at fewer steps: fewer steps won: the tuned preset is base at {k} of {fewer.full} steps"]
     most = (
         f"the fewest steps above the floor: {fewer.fewest.steps} of {fewer.full} ({fewer.fewest.speedup:.2f}x, worst "
         f"{fmt.psnr(fewer.fewest.worst_db)})"

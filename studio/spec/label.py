@@ -3,7 +3,7 @@ asked and what ran go through it, so `changes` can name the parts that did not r
 
 from __future__ import annotations
 
-LABEL_ORDER = ("dtype", "quantize", "offload", "cache", "attention", "compile", "parallel", "lora")
+LABEL_ORDER = ("dtype", "quantize", "offload", "cache", "attention", "compile", "parallel", "lora", "steps")
 # What a part is called when nothing of it runs (in `changes`): an eager run, a resident one, full precision...
 NOTHING = {"compile": "eager", "offload": "resident", "quantize": "none", "cache": "none", "parallel": "one process"}
 

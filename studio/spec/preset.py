@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from studio.spec.checks import Record, check_bool, check_choice, check_float, check_int, fail
@@ -294,6 +295,9 @@ class Preset(Record):
     # the transformer (spec.methods.transformer_fingerprint) a search chose these settings on (`methods --write`):
     # on another, the card says their floor was not checked there
     tuned_for: str | None = None
+    # run this share of the request's steps (base at fewer steps, or a stack at fewer), still measured against base
+    # at the request's full steps: the rival every step cache is read against (bench.fewer); None: every step
+    step_share: float | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.strip():
@@ -310,6 +314,9 @@ class Preset(Record):
                 "a transformer's fingerprint as `methods --write` writes it, e.g. FluxTransformer2DModel-1a2b3c4d",
             )
         check_choice("preset", "attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        sh = self.step_share
+        if sh is not None and (isinstance(sh, bool) or not isinstance(sh, (int, float)) or not 0 < sh < 1):
+            fail("preset", "step_share", sh, "a share of the request's steps above 0 and below 1 (omit: every step)")
         for name, cls in (
             ("quantize_config", QuantSpec),
             ("offload_config", OffloadSpec),
@@ -367,7 +374,12 @@ class Preset(Record):
             self.compile,
             self.parallelism_config,
             self.loras,
+            self.step_share,
         )
+
+    def steps_of(self, steps: int) -> int:
+        """The steps this preset runs of a request's `steps`: its share, rounded up, at least 1."""
+        return steps if self.step_share is None else max(1, math.ceil(self.step_share * steps - 1e-9))
 
     def label_parts(self, dtype: str | None = None) -> dict[str, str]:
         """What this preset asks for, one token per part of the stack (spec.label)."""
@@ -380,6 +392,7 @@ class Preset(Record):
             "compile": "compile" if self.compile.enabled else "",
             "parallel": self.parallelism_config.label() if self.parallelism_config.enabled else "",
             "lora": f"lora{len(self.loras)}" if self.loras else "",
+            "steps": f"steps{self.step_share:g}" if self.step_share is not None else "",
         }
 
     def tag(self, dtype: str | None = None) -> str:

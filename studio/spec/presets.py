@@ -89,6 +89,7 @@ def preset_from_dict(data: dict, name: str | None = None, source: str = "<dict>"
             attention_backend=data.get("attention_backend", "sdpa"),
             loras=tuple(lora_from_yaml(x) for x in loras),
             tuned_for=data.get("tuned_for"),
+            step_share=data.get("step_share"),
             **sections,
         )
     except (ConfigError, TypeError) as e:  # TypeError: a wrong type slipped past a check
@@ -117,6 +118,8 @@ def preset_to_dict(p: Preset) -> dict:
         out["parallelism_config"] = {k: v for k, v in p.parallelism_config.as_dict().items() if v is not None}
     if p.loras:
         out["loras"] = [{"path": lo.path, "scale": lo.scale} for lo in p.loras]
+    if p.step_share is not None:
+        out["step_share"] = p.step_share
     if p.tuned_for:
         out["tuned_for"] = p.tuned_for
     return out
