@@ -6,6 +6,7 @@ speed-up wins (so the answer may be "run fewer steps"); 4. a cached result again
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, replace
 
@@ -170,8 +171,10 @@ class Tuner:
         fewest = judge.result.fewest if judge is not None and self.space.fewer_steps else None
         if fewest is None or fewest.steps >= fewest.full or not self._flip_ok(fewest.worst_flip):
             return []
-        base = self.runner.resolve_preset(BASE)
-        return [replace(base, name=f"{name}-fewer", description="", step_share=fewest.steps / fewest.full)]
+        k, n = fewest.steps, fewest.full
+        share = math.floor(k / n * 1000) / 1000  # a share a person reads (0.178, not 0.17857142857142858) ...
+        share = share if math.ceil(share * n - 1e-9) == k else k / n  # ... that still runs k of n steps
+        return [replace(self.runner.resolve_preset(BASE), name=f"{name}-fewer", description="", step_share=share)]
 
     def _pick(self, rep, finalists: list[Preset]) -> Preset:
         """The finalist that keeps the floor once timed with the best worst paired speed-up (median breaks a tie)."""
