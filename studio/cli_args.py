@@ -34,8 +34,8 @@ SWITCH_HELP = {
         "true|false: torch.compile on or off for every value's stack (base stays eager); default: the --preset's",
     ),
     "tune": (
-        "true, or leave it out: the tuner searches the step cache, so its result always caches; false is refused "
-        "(nothing to search: bench --cache false times stacks without a cache)",
+        "true, or leave it out: the tuner searches the step cache (and base at fewer steps beside it); false is "
+        "refused (nothing to search: bench --cache false times stacks without a cache)",
         "true|false: every non-cache option the tuner times compiled, or none (the result runs so); default: as "
         "shipped, the tuner picks",
     ),
