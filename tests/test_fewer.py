@@ -171,6 +171,9 @@ def test_a_preset_with_a_share_of_the_steps_runs_fewer_and_reads_against_base_at
     assert m.labels.tag.endswith("+steps6of12") and m.labels.requested_tag.endswith("+steps6of12")
     assert "steps: 6 of the request's 12 (step_share 0.5), against base at all 12" in m.labels.engaged
     assert m.quality.vs_fewer is None  # it is the rival itself
+    from studio.report.card import answer_line
+
+    assert "0 cached / 6 full (6 of 12 steps)" in answer_line(m)
     if m.timing.speedup is not None:
         assert 1.3 < m.timing.speedup < 3.0  # half the transformer calls, the rest of the pipeline as base's
     cached = replace(tiny_runner.resolve_preset("cache"), name="cache-half", step_share=0.5)

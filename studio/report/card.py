@@ -131,7 +131,10 @@ def answer_line(m) -> str:
         parts.append(f"PSNR {fmt.psnr(q.psnr_db)}")
     if q.flip is not None:
         parts.append(f"FLIP {fmt.flip(q.flip)} ({flip_words(q.flip)})")
-    parts.append(f"{c.cached_steps} cached / {c.full_steps} full")
+    ran = c.cached_steps + c.full_steps
+    asked = (m.request or {}).get("steps")
+    share = f" ({ran} of {asked} steps)" if asked and "+steps" in m.labels.tag else ""  # a preset's step_share
+    parts.append(f"{c.cached_steps} cached / {c.full_steps} full{share}")
     if q.vs_fewer:
         v = q.vs_fewer
         verdict = {"loses": "loses to"}.get(standing(v["margin_db"]), standing(v["margin_db"]))
