@@ -15,8 +15,8 @@ import pytest
 from studio.engine import stack_state
 from studio.measure.quality import psnr
 from studio.spec import GenerationRequest
-from studio.spec.ask import Switches
 from studio.spec.settings import current
+from tests.switched import stack
 
 pytestmark = pytest.mark.slow
 PROMPT = "a red circle in the center, blue background"
@@ -72,10 +72,10 @@ def test_cache_compile_counts_equal_eager_and_compile_toggles_in_place(runner):
 def test_compile_switch_per_request(runner):
     r = req()
     eager = runner.generate(r, "c32")
-    off = runner.generate(r, Switches(compile=False).apply(runner.presets.get("cc32")))
+    off = runner.generate(r, stack(runner, "cc32", compile=False))
     assert "compile: off (eager)" in off.metrics.labels.engaged and off.metrics.timing.compile_s is None
     assert np.array_equal(off.image, eager.image)  # compile off == the eager stack, bitwise
-    on = runner.generate(r, Switches(compile=True).apply(runner.presets.get("c32")))
+    on = runner.generate(r, stack(runner, "c32", compile=True))
     assert on.metrics.labels.tag == "fp32+DBCache_F1B0W4R0.5MC3+sdpa+compile" and on.metrics.preset == "c32.override"
     assert on.metrics.cache.cached_step_indices == eager.metrics.cache.cached_step_indices
 
@@ -84,7 +84,7 @@ def test_first_block_cache_counts_equal_eager_under_compile(runner):
     r = req()
     eager = runner.generate(r, "fb32")
     assert eager.metrics.cache.cached_steps > 0 and eager.metrics.cache.count_check == "agrees with fbcache state"
-    compiled = runner.generate(r, Switches(compile=True).apply(runner.presets.get("fb32")))
+    compiled = runner.generate(r, stack(runner, "fb32", compile=True))
     assert compiled.metrics.cache.count_source == "fbcache state"
     assert compiled.metrics.cache.cached_step_indices == eager.metrics.cache.cached_step_indices
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from studio.measure.quality import Flip, flip, flip_error, flip_map, flip_of_batch, highest_tile, judge, judge_batch
-from studio.spec.ask import Switches
+from tests.switched import stack
 
 quick = pytest.mark.quick  # the one-minute loop: no model loaded (pytest -m quick)
 
@@ -129,7 +129,7 @@ def test_flip_of_the_embedded_model_cache_against_base(tiny_runner):
     assert m.cache.cached_steps > 0 and 0.0 < m.quality.flip < m.quality.flip_worst_tile < 1.0
     assert m.quality.flip == pytest.approx(flip(res.image, res.base_image).mean, abs=1e-12)
     assert m.as_dict()["flip"] == m.quality.flip and len(m.quality.flip_worst_tile_yx) == 2
-    off = tiny_runner.generate(req, Switches(cache=False).apply(tiny_runner.presets.get("cache"))).metrics
+    off = tiny_runner.generate(req, stack(tiny_runner, "cache", cache=False)).metrics
     assert math.isinf(off.quality.psnr_db) and (
         off.quality.flip,
         off.quality.flip_worst_tile,

@@ -11,7 +11,7 @@ from studio.measure.memory import MemoryProbe
 from studio.report.card import metrics_card
 from studio.report.table import Matrix, MatrixRow
 from studio.spec import GenerationRequest
-from studio.spec.ask import Switches
+from tests.switched import stack
 
 CACHE = "cache_config: {residual_diff_threshold: 0.5}\n"  # random weights cache at 0.5 (test_engine)
 
@@ -43,7 +43,7 @@ def test_the_peak_rss_probe_sees_what_the_loop_allocated_and_not_what_came_befor
 def test_every_run_reports_its_peak_memory_and_a_streaming_one_its_bytes_per_step(runner, tmp_path):
     runner.presets.user_dir = tmp_path
     runner.presets.add("group", "dtype: float32\noffload_config: {policy: group_offload}\n" + CACHE)
-    resident = runner.generate(req(), Switches(threshold=0.5).apply(runner.presets.get("cache"))).metrics
+    resident = runner.generate(req(), stack(runner, "cache", threshold=0.5)).metrics
     assert (
         resident.memory.peak_memory["kind"] == "cpu peak RSS"
         and resident.memory.peak_memory["peak_bytes"] > 50 * 2**20

@@ -12,11 +12,11 @@ from studio.engine.device import profile_here
 from studio.engine.state import stack_state
 from studio.measure.quality import psnr
 from studio.spec import GenerationRequest, PresetLibrary
-from studio.spec.ask import Switches
 from studio.spec.devices import EAGER_NOTE, PROFILES, DeviceProfile, quant_form
 from studio.spec.export import cache_dit_dict, cache_dit_yaml
 from studio.spec.preset import CompileSpec, QuantSpec
 from studio.spec.presets import preset_from_dict
+from tests.switched import stack
 
 CPU = profile_here("cpu")  # this machine's CPU, as the studio reads it
 
@@ -140,6 +140,6 @@ def test_the_int8_preset_runs_this_cpus_form_compiled_and_says_why(runner):
     assert any(x.startswith("compile: regional") for x in m.labels.engaged), m.labels.fallbacks
     assert stack_state(runner.manager.current.pipe.transformer).quantize.mode == want
     assert m.quality.psnr_db > 25
-    eager = runner.generate(req(), Switches(compile=False).apply(runner.presets.get("int8")))
+    eager = runner.generate(req(), stack(runner, "int8", compile=False))
     line = next(x for x in eager.metrics.labels.engaged if x.startswith("quantize:"))
     assert "int8_weight_only" in line and EAGER_NOTE in line

@@ -172,9 +172,9 @@ class Tuner:
         if fewest is None or fewest.steps >= fewest.full or not self._flip_ok(fewest.worst_flip):
             return []
         k, n = fewest.steps, fewest.full
-        share = math.floor(k / n * 1000) / 1000  # a share a person reads (0.178, not 0.17857142857142858) ...
-        share = share if math.ceil(share * n - 1e-9) == k else k / n  # ... that still runs k of n steps
-        return [replace(self.runner.resolve_preset(BASE), name=f"{name}-fewer", description="", step_share=share)]
+        base = replace(self.runner.resolve_preset(BASE), name=f"{name}-fewer", description="")
+        read = replace(base, step_share=math.floor(k / n * 1000) / 1000)  # a share a person reads (0.178) ...
+        return [read if read.steps_of(n) == k else replace(base, step_share=k / n)]  # ... that still runs k of n
 
     def _pick(self, rep, finalists: list[Preset]) -> Preset:
         """The finalist that keeps the floor once timed with the best worst paired speed-up (median breaks a tie)."""

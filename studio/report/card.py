@@ -152,7 +152,7 @@ def _speedup_cell(m) -> str:
         vs += f" (base {fmt.denoise(t.base_denoise_s, t.base_priced_s)}{pairs})"
     if t.speedup_lo is not None:  # the interval named by what it held (studio.measure.estimate), on hover
         vs = f'<span title="{esc(interval_words())}">{vs}</span>'
-    if t.speedup is not None and (fmt.host_slow(t.base_pace_over) or fmt.host_took(t.cores_host)):
+    if _host_notes(t):
         vs += "<br><small>the host was slow while this was timed (timing, below)</small>"
     return vs
 
@@ -160,8 +160,14 @@ def _speedup_cell(m) -> str:
 def _timing_cell(m) -> str:
     """How the run was timed, and the host's slowness where it was read (a speed-up may read off while it is)."""
     t = m.timing
-    notes = [n for n in (fmt.host_slow(t.base_pace_over), fmt.host_took(t.cores_host)) if n and t.speedup is not None]
-    return html.escape(t.how) + "".join(f"<br><small>{html.escape(n)}</small>" for n in notes)
+    return html.escape(t.how) + "".join(f"<br><small>{html.escape(n)}</small>" for n in _host_notes(t))
+
+
+def _host_notes(t) -> list[str]:
+    """The host's slowness while a shown speed-up was timed, in words (none where nothing was said or shown)."""
+    if t.speedup is None:
+        return []
+    return [n for n in (fmt.host_slow(t.base_pace_over), fmt.host_took(t.cores_host)) if n]
 
 
 def _steps_cell(m) -> str:

@@ -57,13 +57,13 @@ def fewer_steps_markdown(fewer) -> list[str]:
     return out
 
 
-def fewer_line(fewer, vs, share: float | None = None) -> list[str]:
-    """The tuned stack against base at fewer steps, one line ([] when not measured); `share`: the tuned preset's own
-    step_share, where fewer steps won."""
+def fewer_line(fewer, vs, tuned=None) -> list[str]:
+    """The tuned stack against base at fewer steps, one line ([] when not measured); `tuned`: the tuned preset, which
+    runs a share of the steps where fewer steps won."""
     if fewer is None:
         return []
-    if share is not None:
-        k = math.ceil(share * fewer.full - 1e-9)
+    if tuned is not None and tuned.step_share is not None:
+        k = tuned.steps_of(fewer.full)
         return [f"against base at fewer steps: fewer steps won: the tuned preset is base at {k} of {fewer.full} steps"]
     most = (
         f"the fewest steps above the floor: {fewer.fewest.steps} of {fewer.full} ({fewer.fewest.speedup:.2f}x, worst "

@@ -269,7 +269,7 @@ def tune_summary(res, *, written: str | None = None, markdown: bool = False) -> 
         f"{res.timed} timed)" + (f"; written to {written}" if written else "")
     )
     busy = [pace_line(p) for p in getattr(res, "pace", []) if p.quiet is False]  # its figures may read off: said
-    fewer = fewer_line(getattr(res, "fewer", None), getattr(res, "vs_fewer", None), res.preset.step_share)
+    fewer = fewer_line(getattr(res, "fewer", None), getattr(res, "vs_fewer", None), res.preset)
     return out + "".join("\n" + line for line in paired_lines(getattr(res, "paired", None)) + busy + fewer)
 
 

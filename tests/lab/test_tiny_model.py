@@ -16,9 +16,9 @@ from lab.tiny.eval import held_out_singles, score_pair, score_single
 from lab.tiny.scenes import VOCAB, Scene, is_held_out, parse_prompt, render, sample_scene
 from studio.measure.quality import Verdict, error_map
 from studio.spec import EMBEDDED_DIR, GenerationRequest
-from studio.spec.ask import Switches
 from studio.spec.profiles import HUB_PROFILES, profile_for
 from studio.tiny.build import TinyConfig, build_clip_tokenizer, build_t5_tokenizer
+from tests.switched import stack
 
 # ---------------------------------------------------------------------------------------------------- world
 
@@ -264,8 +264,8 @@ def test_quality_guard_flags_a_miswired_cache(tiny_runner, monkeypatch):
 
 def test_same_request_twice_same_image_and_cached_steps(tiny_runner):
     r = tiny_runner.request("a green triangle on the right, black background", seed=9)
-    a = tiny_runner.generate(r, Switches(compile=False).apply(tiny_runner.presets.get("cache-int8")))
-    b = tiny_runner.generate(r, Switches(compile=False).apply(tiny_runner.presets.get("cache-int8")))
+    a = tiny_runner.generate(r, stack(tiny_runner, "cache-int8", compile=False))
+    b = tiny_runner.generate(r, stack(tiny_runner, "cache-int8", compile=False))
     assert (
         np.array_equal(a.image, b.image) and a.metrics.cache.cached_step_indices == b.metrics.cache.cached_step_indices
     )
