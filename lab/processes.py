@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     import sys
 
     from studio.cli import bench_in, bench_kw, bench_out, device_worker, runner_of
-    from studio.cli_args import parser, prompt_requests, read_settings, request_of_args
+    from studio.cli_args import ask_of_args, parser, read_settings
     from studio.spec import ConfigError
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -104,8 +104,9 @@ def main(argv=None) -> int:
     settings = read_settings(args)
     runner = runner_of(args, settings)
     try:
-        requests = prompt_requests(runner, request_of_args(args, runner.profile(args.model)), args, examples=False)
-        kw, names = bench_kw(args), (args.presets.split(",") if args.presets else None)
+        ask = ask_of_args(runner, args)
+        requests, kw = list(ask.requests), bench_kw(ask, args)
+        names = args.presets.split(",") if args.presets else None
         rep = bench_in(device_worker(args, runner.presets), requests, names, kw)
         compiled = compiled_rows(rep)
         if not compiled:

@@ -10,7 +10,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from studio.cli_args import ask_of_args, parser, prompt_requests, read_settings, request_of_args
+from studio.cli_args import ask_of_args, parser, read_settings
 from studio.spec.ask import Ask, read_prompts
 from studio.worker.quiet import quiet_libraries
 
@@ -151,13 +151,14 @@ def _generate(runner, ask: Ask, args) -> int:
     return 0
 
 
-def bench_kw(args) -> dict:
-    """The bench's keywords from its arguments (studio.bench.run_bench's; the lab's `processes` reads them too)."""
+def bench_kw(ask: Ask, args) -> dict:
+    """The bench's keywords from its Ask and arguments (studio.bench.run_bench's; the lab's `processes` reads them
+    too)."""
     return dict(
-        model=args.model,
-        repeats=args.repeats,
-        cache_enabled=args.cache,
-        compile_enabled=args.compile,
+        model=ask.model,
+        repeats=ask.repeats,
+        cache_enabled=ask.switches.cache,
+        compile_enabled=ask.switches.compile,
         vs_raw=args.vs_raw,
         extra_rounds=args.extra_rounds,
         floor_db=args.min_psnr,
@@ -166,11 +167,11 @@ def bench_kw(args) -> dict:
     )
 
 
-def _bench(runner, req, args) -> int:
+def _bench(runner, ask: Ask, args) -> int:
     from studio.worker.service import InProcess
 
     names = args.presets.split(",") if args.presets else None
-    requests, kw = prompt_requests(runner, req, args, examples=False), bench_kw(args)
+    requests, kw = list(ask.requests), bench_kw(ask, args)
     # in the device worker, each stack's native crash costs its own row (studio.worker.reruns); --in-process: here
     rep = bench_in(InProcess(runner) if args.in_process else device_worker(args, runner.presets), requests, names, kw)
     spread_seen(runner, rep)
@@ -220,7 +221,7 @@ def bench_in(device, requests: list, names, kw: dict, desc: str = "bench"):
         device.close()
 
 
-def _sweep(runner, req, args) -> int:
+def _sweep(runner, ask: Ask, args) -> int:
     from studio.bench.sweep import parse_values, run_sweep
     from studio.report.plots import plot_sweep
     from studio.report.text import sweep_markdown
@@ -231,15 +232,15 @@ def _sweep(runner, req, args) -> int:
     try:
         res = run_sweep(
             runner,
-            prompt_requests(runner, req, args),
+            list(ask.requests),
             args.preset,
             knob,
             values,
-            model=args.model,
-            repeats=args.repeats,
+            model=ask.model,
+            repeats=ask.repeats,
             progress=tick,
-            cache_enabled=args.cache,
-            compile_enabled=args.compile,
+            cache_enabled=ask.switches.cache,
+            compile_enabled=ask.switches.compile,
         )
     finally:
         close()
@@ -261,7 +262,7 @@ def _sweep(runner, req, args) -> int:
     return 0
 
 
-def _tune(runner, req, args) -> int:
+def _tune(runner, ask: Ask, args) -> int:
     from studio.bench.tune import tune
     from studio.report.plots import plot_sweep
     from studio.report.text import tune_summary
@@ -269,14 +270,14 @@ def _tune(runner, req, args) -> int:
 
     res = tune(
         runner,
-        prompt_requests(runner, req, args),
+        list(ask.requests),
         args.min_psnr,
         max_flip=args.max_flip,
         name=args.name,
-        model=args.model,
+        model=ask.model,
         progress=lambda m: print(m, file=sys.stderr),
-        cache_enabled=args.cache,
-        compile_enabled=args.compile,
+        cache_enabled=ask.switches.cache,
+        compile_enabled=ask.switches.compile,
     )
     text = preset_to_yaml(res.preset)
     out = args.out or (str(Path(args.presets_dir) / f"{res.preset.name}.yaml") if args.presets_dir else None)
@@ -294,7 +295,7 @@ def _tune(runner, req, args) -> int:
 
 
 # the step-cache methods (docs/methods.md) ----------------------------------------------------------------------------
-def calibrate_command(runner, req, args) -> int:
+def calibrate_command(runner, ask: Ask, args) -> int:
     """MagCache's ratios for this model (studio.engine.magcal), written into the preset."""
     from studio.engine.magcal import calibrate_magcache
     from studio.report.methods import calibration_description
@@ -304,8 +305,8 @@ def calibrate_command(runner, req, args) -> int:
     lib = runner.presets
     start = lib.get(args.preset) if args.preset in lib.names() else None
     start = start or Preset(name=args.preset, cache_config=CacheSpec(backend="magcache"))
-    cal = calibrate_magcache(runner, prompt_requests(runner, req, args), start, args.model)
-    out_preset = cal.preset(start, calibration_description(cal, runner.profile(args.model).name))
+    cal = calibrate_magcache(runner, list(ask.requests), start, ask.model)
+    out_preset = cal.preset(start, calibration_description(cal, ask.profile.name))
     text = preset_to_yaml(out_preset)
     out = args.out or (str(Path(args.presets_dir) / f"{out_preset.name}.yaml") if args.presets_dir else None)
     if out:
@@ -314,24 +315,24 @@ def calibrate_command(runner, req, args) -> int:
     return 0
 
 
-def methods_command(runner, req, args) -> int:
+def methods_command(runner, ask: Ask, args) -> int:
     from studio.bench.methods import run_methods
     from studio.report.methods import methods_markdown, plot_methods
 
-    if args.cache is False:
+    if ask.switches.cache is False:
         raise ValueError("methods: every method is a step cache; --cache false leaves nothing to compare")
     res = run_methods(
         runner,
-        prompt_requests(runner, req, args),
+        list(ask.requests),
         floor_db=args.min_psnr,
         max_flip=args.max_flip,
         names=[n.strip() for n in args.methods.split(",")] if args.methods else None,
-        model=args.model,
-        repeats=args.repeats,
+        model=ask.model,
+        repeats=ask.repeats,
         progress=lambda m: print(m, file=sys.stderr),
-        compile_enabled=args.compile,
+        compile_enabled=ask.switches.compile,
         also=tuple(n.strip() for n in args.also.split(",") if n.strip()),
-        search_requests=_search_requests(runner, req, args),
+        search_requests=_search_requests(ask, args),
     )
     text = methods_markdown(res)
     if args.write:
@@ -358,13 +359,12 @@ def _write_searched(runner, res, args) -> None:
         print(f"wrote {out / p.name}.yaml", file=sys.stderr)
 
 
-def _search_requests(runner, req, args) -> list | None:
+def _search_requests(ask: Ask, args) -> list | None:
     """`methods --search-prompts`: a file, or 'examples' (the model profile's example prompts); None: --prompts'."""
     if args.search_prompts is None:
         return None
-    if args.search_prompts == "examples":
-        return [replace(req, prompt=p) for p in runner.profile(args.model).example_prompts]
-    return [replace(req, prompt=p) for p in read_prompts(args.search_prompts)]
+    prompts = ask.profile.example_prompts if args.search_prompts == "examples" else read_prompts(args.search_prompts)
+    return [replace(ask.request, prompt=p) for p in prompts]
 
 
 def runner_of(args, settings, lib=None):
@@ -408,12 +408,9 @@ def main(argv=None) -> int:
             return 2
     runner = runner_of(args, settings, lib)
     try:
-        if args.cmd == "generate":
-            return _generate(runner, ask_of_args(runner, args), args)
-        req = request_of_args(args, runner.profile(args.model))
-        commands = {"bench": _bench, "sweep": _sweep, "tune": _tune}
+        commands = {"generate": _generate, "bench": _bench, "sweep": _sweep, "tune": _tune}
         commands |= {"methods": methods_command, "calibrate": calibrate_command}
-        return commands[args.cmd](runner, req, args)
+        return commands[args.cmd](runner, ask_of_args(runner, args), args)
     except (ConfigError, ModelLoadError, RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

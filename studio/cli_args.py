@@ -291,19 +291,18 @@ def request_of_args(args, profile):
 
 
 def ask_of_args(runner, args) -> Ask:
-    """`generate`'s Ask, as the app builds one from the Generate form: --preset resolved once under the switches."""
+    """A command's Ask, as the app builds one from its form: the request with the model profile's defaults, the
+    switches, --prompts (else the profile's examples, for the commands that read a prompt set; bench: the request's
+    own) and --seeds; `generate`'s --preset resolved once under the switches."""
     model = args.model or runner.model
     profile = runner.profile(model)
-    switches = Switches.read(args.cache, args.threshold, args.compile)
-    stacks, builtin = resolve_stacks("generate", [args.preset], runner.presets, switches)
+    switches = Switches.read(*(getattr(args, k, None) for k in ("cache", "threshold", "compile")))
     req = request_of_args(args, profile)
-    return Ask("generate", model, profile, req, stacks, builtin, switches, args.compare)
-
-
-def prompt_requests(runner, req, args, examples: bool = True) -> list:
-    """The request at each prompt of --prompts (else the profile's examples, or itself) and each seed of --seeds."""
-    prompts = read_prompts(args.prompts)
-    if not prompts and examples:
-        prompts = list(runner.profile(args.model).example_prompts)
-    seeds = seeds_of(getattr(args, "seeds", None)) or [req.seed]
-    return [replace(req, prompt=p, seed=s) for p in (prompts or [req.prompt]) for s in seeds]
+    if args.cmd == "generate":
+        stacks, builtin = resolve_stacks("generate", [args.preset], runner.presets, switches)
+        return Ask("generate", model, profile, req, stacks, builtin, switches, args.compare)
+    prompts = read_prompts(args.prompts) or (list(profile.example_prompts) if args.cmd != "bench" else [])
+    req = replace(req, prompt=prompts[0]) if prompts else req
+    seeds = tuple(seeds_of(getattr(args, "seeds", None)) or ())
+    repeats = getattr(args, "repeats", None) or 1
+    return Ask(args.cmd, model, profile, req, switches=switches, prompts=tuple(prompts), seeds=seeds, repeats=repeats)

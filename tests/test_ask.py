@@ -52,6 +52,44 @@ def test_the_ask_of_a_form_equals_the_ask_of_the_same_cli_arguments():
     assert ui.prompts == ("a red cube",) and ui.requests == (ui.request,)
 
 
+def test_every_cli_command_reads_its_request_prompts_seeds_and_switches_into_one_ask(tmp_path):
+    """bench, sweep, tune, methods and calibrate build an Ask as generate does: the request with the profile's
+    defaults, the prompts of --prompts (else the profile's examples; bench: the request's own), each at every seed."""
+    from studio.cli_args import ask_of_args, parser
+    from studio.engine import ModelManager, Runner
+
+    runner = Runner(ModelManager("cpu", settings=current()), PresetLibrary(), model="tiny")
+    (tmp_path / "p.txt").write_text("a blue disc\n# a comment\na red cube\n")
+    bench = ask_of_args(
+        runner,
+        parser().parse_args(
+            [
+                "bench",
+                "--prompts",
+                str(tmp_path / "p.txt"),
+                "--seeds",
+                "3,4",
+                "--compile",
+                "false",
+                "--steps",
+                "12",
+                "--repeats",
+                "5",
+            ]
+        ),
+    )
+    assert bench.event == "bench" and bench.switches == Switches(None, None, False) and bench.repeats == 5
+    pairs = [(r.prompt, r.seed, r.steps) for r in bench.requests]
+    assert pairs == [("a blue disc", 3, 12), ("a blue disc", 4, 12), ("a red cube", 3, 12), ("a red cube", 4, 12)]
+    assert bench.request.prompt == "a blue disc" and bench.stacks == ()
+    plain = ask_of_args(runner, parser().parse_args(["bench", "--prompt", "a green cube"]))
+    assert [r.prompt for r in plain.requests] == ["a green cube"]  # bench: the request's own prompt
+    tune = ask_of_args(runner, parser().parse_args(["tune", "--min-psnr", "35"]))
+    assert tune.prompts == tuple(tune.profile.example_prompts) and len(tune.requests) == len(tune.prompts) > 1
+    with pytest.raises(ValueError, match="--seeds 'x'"):
+        ask_of_args(runner, parser().parse_args(["bench", "--seeds", "x"]))
+
+
 def test_switches_one_rule_threshold_only_where_the_cache_runs_and_matrix_base_first_unswitched():
     lib = PresetLibrary()
     sw = Switches.read("unset", "0.4", "unset")

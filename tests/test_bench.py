@@ -51,8 +51,8 @@ def test_bench_rows_noise_floor_and_compile_cost(tiny_runner, quiet):
         assert shown, {r.preset: r.speedup_note for r in rows.values()}
     # the ideal: the counts' speed-up with a cached step priced by this run's block times (studio.measure.blocks)
     m = rep.rotations[0].last["cache"].metrics
-    assert m.cache.ideal_source == "from this run's block times" and 0 < m.cache.cached_share < 1
-    assert c.ideal_speedup == pytest.approx(req.steps / (c.full_steps + c.cached_steps * m.cache.cached_share))
+    assert m.ideal.ideal_source == "from this run's block times" and 0 < m.ideal.cached_share < 1
+    assert m.ideal.ideal_speedup == pytest.approx(req.steps / (c.full_steps + c.cached_steps * m.ideal.cached_share))
     # cache's non-cache twin is base, cache-compile's is compile: each `of ideal` against its twin's time
     assert rep.meta["cache_twins"] == {"cache": "base", "cache-compile": "compile"}
     assert c.of_ideal_against == "base" and rows["cache-compile"].of_ideal_against == "compile"

@@ -484,8 +484,8 @@ def test_compare_auto_on_a_known_shape_runs_the_stack_once_and_no_base(runner):
     finally:
         half.remove()
     # the block clock sees the slowdown inside the blocks as the step does: the ideal stays where the quiet run put it
-    assert abs(slow.cache.ideal_speedup / again.metrics.cache.ideal_speedup - 1) < 0.15, (
-        slow.cache.ideal_speedup,
+    assert abs(slow.ideal.ideal_speedup / again.metrics.ideal.ideal_speedup - 1) < 0.15, (
+        slow.ideal.ideal_speedup,
         again.metrics,
     )
     if slow.timing.speedup is None:

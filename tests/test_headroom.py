@@ -12,7 +12,7 @@ import pytest
 
 from studio.report.card import metrics_card
 from studio.spec import CacheSpec
-from studio.spec.headroom import _dbcache_steps, headroom, idle_sentence, run_fields
+from studio.spec.headroom import CacheRoom, _dbcache_steps, headroom, idle_sentence, run_room
 from tests.switched import stack
 
 CACHE = CacheSpec(backend="cache-dit", max_warmup_steps=4, max_continuous_cached_steps=3, residual_diff_threshold=0.24)
@@ -111,11 +111,7 @@ def test_first_block_cache_and_no_cache():
         "8 steps"
     )
     assert headroom(CacheSpec(), 8) is None
-    assert run_fields(None, engaged=False, cached=0, diffs={}, threshold=None) == {
-        "cache_skippable": None,
-        "cache_headroom": None,
-        "cache_idle": None,
-    }
+    assert run_room(None, engaged=False, cached=0, diffs={}, threshold=None) == CacheRoom(None, None, None)
 
 
 @pytest.mark.quick
@@ -133,9 +129,9 @@ def test_why_a_cache_cached_nothing():
     assert idle_sentence(None, {}, 0.24) == (
         "cached nothing, and the cache recorded no residual difference to set against the threshold 0.24"
     )
-    f = run_fields(headroom(CACHE, 8), engaged=True, cached=0, diffs=diffs, threshold=0.24)
-    assert f["cache_skippable"] == 3 and f["cache_headroom"].startswith("at 8 steps") and "0.31" in f["cache_idle"]
-    assert run_fields(headroom(CACHE, 8), engaged=True, cached=2, diffs=diffs, threshold=0.24)["cache_idle"] is None
+    f = run_room(headroom(CACHE, 8), engaged=True, cached=0, diffs=diffs, threshold=0.24)
+    assert f.cache_skippable == 3 and f.cache_headroom.startswith("at 8 steps") and "0.31" in f.cache_idle
+    assert run_room(headroom(CACHE, 8), engaged=True, cached=2, diffs=diffs, threshold=0.24).cache_idle is None
 
 
 # on the embedded model ---------------------------------------------------------------------------------------------
@@ -158,7 +154,7 @@ def test_a_threshold_every_check_passes_reaches_the_bound_exactly(tiny_runner):
                 steps, spec.max_warmup_steps, spec.max_continuous_cached_steps, spec.max_cached_steps, None, True
             )
             assert m.cache.cached_step_indices == m.cache.backend_cached_steps == want, (name, steps)
-            assert m.cache.cache_skippable == len(want)
+            assert m.room.cache_skippable == len(want)
 
 
 def test_a_few_step_request_says_so_on_the_card_and_in_the_json(tiny_runner):
@@ -167,16 +163,14 @@ def test_a_few_step_request_says_so_on_the_card_and_in_the_json(tiny_runner):
     r = tiny_runner
     m = r.generate(r.request(PROMPT, seed=0, steps=5), "cache", compare="off").metrics
     five = "at 5 steps with 4 warm-up steps and at most 3 cached in a row, this cache can skip at most 1 of 5 steps"
-    assert m.cache.cache_headroom == five and m.cache.cache_skippable == 1 and m.cache.cache_idle is None
+    assert m.room.cache_headroom == five and m.room.cache_skippable == 1 and m.room.cache_idle is None
     assert any("too few to gain" in x for x in m.labels.fallbacks)
     assert html.escape(five) in metrics_card(m) and json.loads(json.dumps(m.as_dict()))["cache_headroom"] == five
     m8 = r.generate(r.request(PROMPT, seed=0, steps=8), stack(r, "cache", threshold=1.0), compare="off").metrics
     eight = "at 8 steps with 4 warm-up steps and at most 3 cached in a row, this cache can skip at most 3 of 8 steps"
-    assert m8.cache.cache_headroom == eight and m8.cache.cached_step_indices == [4, 5, 6] and eight in metrics_card(m8)
+    assert m8.room.cache_headroom == eight and m8.cache.cached_step_indices == [4, 5, 6] and eight in metrics_card(m8)
     m28 = r.generate(r.request(PROMPT, seed=0, steps=28), "cache", compare="off").metrics
-    assert (
-        m28.cache.cache_headroom is None and m28.cache.cache_skippable == 18 and "cache room" not in metrics_card(m28)
-    )
+    assert m28.room.cache_headroom is None and m28.room.cache_skippable == 18 and "cache room" not in metrics_card(m28)
 
 
 def test_an_impossible_threshold_caches_nothing_and_says_the_smallest_difference(tiny_runner):
@@ -190,7 +184,7 @@ def test_an_impossible_threshold_caches_nothing_and_says_the_smallest_difference
         f"cached nothing: the smallest residual difference seen was {low:.2g}, above the threshold 0.0001 (raise "
         "residual_diff_threshold to cache)"
     )
-    assert m.cache.cache_idle == said and m.cache.cache_headroom is None and m.cache.cache_skippable == 5
+    assert m.room.cache_idle == said and m.room.cache_headroom is None and m.room.cache_skippable == 5
     assert html.escape(said) in metrics_card(m) and json.loads(json.dumps(m.as_dict()))["cache_idle"] == said
 
 

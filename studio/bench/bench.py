@@ -192,13 +192,13 @@ def _memory(row: MatrixRow, ms: list) -> None:
 
 def _of_ideal(row: MatrixRow, ms: list, rots: list[Rotation], name: str, ref: str | None) -> None:
     """The row's `of ideal`: against its non-cache twin timed in the same rounds, or as the engine read it."""
-    ideal = [m.cache.ideal_speedup for m in ms if m.cache.ideal_speedup]
+    ideal = [m.ideal.ideal_speedup for m in ms if m.ideal.ideal_speedup]
     if not ideal:
         return
     row.ideal_speedup = statistics.median(ideal)
     if ref is None:
-        row.of_ideal = statistics.median(m.cache.of_ideal for m in ms) if all(m.cache.of_ideal for m in ms) else None
-        row.of_ideal_against = ms[0].cache.of_ideal_against
+        row.of_ideal = statistics.median(m.ideal.of_ideal for m in ms) if all(m.ideal.of_ideal for m in ms) else None
+        row.of_ideal_against = ms[0].ideal.of_ideal_against
         return
     measured = speedup_over([rot.pair(ref, name) for rot in rots])
     if measured.useless:  # a busy machine: no reading rather than a wrong one
@@ -213,7 +213,7 @@ def _of_ideal(row: MatrixRow, ms: list, rots: list[Rotation], name: str, ref: st
 
 
 def _price(m) -> CachedStepPrice:
-    d = m.cache.ideal_detail
+    d = m.ideal.ideal_detail
     return CachedStepPrice(d["share"], d["full_step_ms"], d["skipped_ms"], d["source"], tuple(d["block_ms"]))
 
 

@@ -45,7 +45,7 @@ def screen_prompts(runner, requests, preset, model=None, *, floor_db: float, max
         if flip is not None:
             out.worst_flip = flip if out.worst_flip is None else max(out.worst_flip, flip)
         out.cached.append(m.cache.cached_steps)
-        out.predicted.append(m.cache.ideal_speedup or 1.0)  # cached steps costing only what they ran
+        out.predicted.append(m.ideal.ideal_speedup or 1.0)  # cached steps costing only what they ran
         if db < floor_db or not flip_ok(flip, max_flip):
             out.failed = i
             return out

@@ -35,11 +35,11 @@ from studio.engine.run import Deadline, Measured, RunContext, measure, pipeline_
 from studio.measure.estimate import margin_db, price_ms, steps_at_speed
 from studio.measure.pace import Pace, pace_key, record, work_of
 from studio.measure.quality import psnr
-from studio.measure.record import RunMemory, RunMetrics, RunPlacement, RunResult, Timing
+from studio.measure.record import RunCache, RunMemory, RunMetrics, RunPlacement, RunResult, RunTiming, Timing
 from studio.spec.cachedit import step_mask
 from studio.spec.checks import ConfigError
 from studio.spec.errors import USER_ERRORS, RunError, is_run_failure
-from studio.spec.headroom import headroom, run_fields
+from studio.spec.headroom import CacheRoom, headroom, run_room
 from studio.spec.lora import merge_loras
 from studio.spec.preset import Preset
 from studio.spec.presets import BASE, PresetLibrary
@@ -393,7 +393,7 @@ class Runner:
             base_timed_at=base.timed_at if base else None,
             ended=run.ended,
             timing=timing,
-            timed=dict(
+            timed=RunTiming(
                 denoise_s=run.denoise_s,
                 step_ms=run.step_ms,
                 total_s=total_s,
@@ -403,10 +403,10 @@ class Runner:
                 base_pace_over=pace.over if pace is not None else None,
                 **paired.priced_s(),
             ),
-            counts=run.counts,
             ratio=paired.ratio if base is not None else None,
             ideal=ideal,
-            cache=dict(
+            cache=RunCache.of(
+                run.counts,
                 transformer_calls=run.calls,
                 residual_diffs=run.report.residual_diffs,
                 cache_threshold=run.report.threshold if cache_on else None,
@@ -415,8 +415,8 @@ class Runner:
                 pruned_blocks=run.report.pruned_blocks,
                 block_calls=run.report.block_calls,
                 blocks=run.blocks,
-                **self._room(ctx, p, run),
             ),
+            room=self._room(ctx, p, run),
             model=ctx.model,
             preset=p.name,
             request=ctx.request.as_dict(),
@@ -426,13 +426,13 @@ class Runner:
             memory=RunMemory(peak_memory=run.memory.as_dict() if run.memory is not None else None, h2d=run.h2d),
         )
 
-    def _room(self, ctx: RunContext, p: Preset, run: Measured) -> dict:
+    def _room(self, ctx: RunContext, p: Preset, run: Measured) -> CacheRoom:
         """The step cache's room at this run's steps, engaged or not, and why an engaged one cached nothing
         (spec.headroom)."""
         steps, c = ctx.for_preset(p).request.executed_steps, p.cache_config
         room = headroom(c, steps, step_mask(c, steps) if c.has_mask else None)
         r = run.report
-        return run_fields(
+        return run_room(
             room, engaged=r.backend != "none", cached=run.counts.cached, diffs=r.residual_diffs, threshold=r.threshold
         )
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from importlib import metadata
 
 import numpy as np
@@ -13,6 +13,7 @@ from studio.measure.estimate import Estimate, interval_level, shown
 from studio.measure.lpips import lpips_against
 from studio.measure.quality import Verdict, judge, judge_batch
 from studio.measure.timing import StepCounts
+from studio.spec.headroom import CacheRoom
 
 LIBRARIES = ("torch", "diffusers", "cache-dit", "torchao", "transformers")
 
@@ -55,15 +56,16 @@ class Timing:
         return out
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunTiming:
-    """How long the run took, how it was timed, and its speed-up against base."""
+    """How long the run took, how it was timed, and its speed-up against base. The engine fills what it measured;
+    `RunMetrics.of` derives the rest (the mean step, `how`, the speed-up and its interval)."""
 
     denoise_s: float
     step_ms: list[float]
-    mean_step_ms: float
+    mean_step_ms: float = 0.0
     total_s: float
-    how: str  # how the timing was taken (warm-up, repeats, base freshness); the JSON's `timing`
+    how: str = ""  # how the timing was taken (warm-up, repeats, base freshness); the JSON's `timing`
     compile_s: float | None = None  # warm-up run that compiled, kept out of denoise time
     warmup_s: float | None = None  # untimed warm-up run of this stack and shape, when one ran
     base_denoise_s: float | None = None
@@ -94,7 +96,7 @@ class RunTiming:
 
 @dataclass
 class RunCache:
-    """What the step cache skipped, by whose count, its room at these steps, and the speed-up it could give."""
+    """What the step cache skipped and by whose count."""
 
     full_steps: int
     cached_steps: int
@@ -105,13 +107,29 @@ class RunCache:
     residual_diffs: dict[int, float] = field(default_factory=dict)
     cache_threshold: float | None = None
     backend_cached_steps: list[int] | None = None  # the cache backend's own list, where it keeps one
-    backend_cfg_cached_steps: list[int] | None = (
-        None  # its list for the unconditional branch, when CFG is cached apart
-    )
+    backend_cfg_cached_steps: list[int] | None = None  # its list for the unconditional branch, CFG cached apart
     blocks: int = 0  # transformer blocks one full call runs
     pruned_blocks: int | None = None  # DBPrune: block calls it pruned over the run, of `block_calls` (its own count)
     block_calls: int | None = None
-    ideal_speedup: float | None = None  # what the counts would give were the cache's own work free (measure.blocks)
+
+    @classmethod
+    def of(cls, counts: StepCounts, **report) -> RunCache:
+        """The counts of a run (measure.timing) beside the backend's own `report` (this record's other fields)."""
+        return cls(
+            counts.full,
+            counts.cached,
+            cached_step_indices=counts.cached_indices,
+            count_source=counts.source,
+            count_check=counts.check,
+            **report,
+        )
+
+
+@dataclass
+class RunIdeal:
+    """The speed-up the counts could give were the cache's own work free (measure.blocks), and the run against it."""
+
+    ideal_speedup: float | None = None
     cached_share: float | None = None  # a cached step's ideal price as a share of a full step, measured
     ideal_source: str | None = None  # where the block times behind `cached_share` came from
     of_ideal: float | None = None  # measured speed-up over its non-cache reference, over the ideal
@@ -120,12 +138,24 @@ class RunCache:
     of_ideal_against: str | None = None  # that reference: "base", or "its own full steps"
     ideal_detail: dict | None = None  # the numbers behind the ideal: block times, full step, skipped time, share
     of_ideal_note: str | None = None  # why there is no `of ideal` (a reading over its ideal: a measurement error)
-    # A step cache's room (studio.spec.headroom), wherever the preset asks for one: the most steps it can skip at this
-    # run's steps under cache-dit's rules (warm-up, caps, step mask); the sentence when that leaves little or no room
-    # (before the run: the card says it whatever happened); and why a cache that engaged cached nothing.
-    cache_skippable: int | None = None
-    cache_headroom: str | None = None
-    cache_idle: str | None = None
+
+    @classmethod
+    def of(cls, ideal: IdealCheck | None) -> RunIdeal:
+        """The record of `ideal` (empty: nothing cached)."""
+        if ideal is None:
+            return cls()
+        lo, hi = ideal.of_ideal_range or (None, None)
+        return cls(
+            ideal_speedup=ideal.ideal,
+            cached_share=ideal.price.share,
+            ideal_source=ideal.price.source,
+            of_ideal=ideal.of_ideal,
+            of_ideal_lo=lo,
+            of_ideal_hi=hi,
+            of_ideal_against=ideal.against,
+            ideal_detail=ideal.price.as_dict(),
+            of_ideal_note=ideal.why_not_shown(),
+        )
 
 
 @dataclass
@@ -188,7 +218,8 @@ class RunLabels:
 
 # the parts of a RunMetrics, by attribute: its flat form (the CLI's and the API's JSON) merges their fields, these
 # three under the JSON's names
-PARTS = {"timing": RunTiming, "cache": RunCache, "quality": RunQuality, "memory": RunMemory}
+PARTS = {"timing": RunTiming, "cache": RunCache, "ideal": RunIdeal, "room": CacheRoom, "quality": RunQuality}
+PARTS |= {"memory": RunMemory}
 PARTS |= {"placement": RunPlacement, "labels": RunLabels}
 FLAT_NAMES = {"how": "timing", "verdict": "quality", "plan": "placement"}
 
@@ -202,6 +233,8 @@ class RunMetrics:
     request: dict
     timing: RunTiming
     cache: RunCache
+    ideal: RunIdeal
+    room: CacheRoom
     quality: RunQuality
     memory: RunMemory
     placement: RunPlacement
@@ -218,45 +251,36 @@ class RunMetrics:
         base_timed_at: float | None,
         ended: float,
         timing: Timing,
-        timed: dict,
-        counts: StepCounts,
+        timed: RunTiming,
         ratio: Estimate | None,
         ideal: IdealCheck | None,
-        cache: dict,
         **parts,
     ) -> RunMetrics:
         """The record of one measured run compared with its base (None: not compared). `base_timed_at`, `ended`:
-        time.monotonic at the end of the base's and this run's timing; `timed`, `cache`: RunTiming's and RunCache's
-        measured fields by name; `ratio`: base over this run from the timed pairs; `ideal`: None if nothing cached."""
+        time.monotonic at the end of the base's and this run's timing; `timed`: what the engine measured; `ratio`:
+        base over this run from the timed pairs; `ideal`: None if nothing cached; `parts`: the other fields."""
         age = abs(ended - base_timed_at) if base_timed_at is not None else None
         s = shown(ratio)
         note = s.note
         if note is None and ideal is not None and ideal.against == "base":
             note = ideal.why_impossible()  # over base, a speed-up beyond the ideal is an error, not a result
+        shows = note is None
         return cls(
-            timing=RunTiming(
-                **timed,
-                mean_step_ms=(timed["denoise_s"] / max(1, len(timed["step_ms"]))) * 1e3,
+            timing=replace(
+                timed,
+                mean_step_ms=(timed.denoise_s / max(1, len(timed.step_ms))) * 1e3,
                 how=timing.text(age),
                 base_age_s=age,
-                speedup=s.point if not note else None,
-                speedup_lo=s.lo if not note else None,
-                speedup_hi=s.hi if not note else None,
-                interval_level=interval_level() if s.lo is not None and not note else None,
+                speedup=s.point if shows else None,
+                speedup_lo=s.lo if shows else None,
+                speedup_hi=s.hi if shows else None,
+                interval_level=interval_level() if s.lo is not None and shows else None,
                 speedup_note=note,
                 timed_pairs=ratio.pairs if ratio is not None else 0,
                 pairs_stop=(ratio.stop or None) if ratio is not None else None,
                 stalled_runs=ratio.stalled if ratio is not None else 0,
             ),
-            cache=RunCache(
-                full_steps=counts.full,
-                cached_steps=counts.cached,
-                cached_step_indices=counts.cached_indices,
-                count_source=counts.source,
-                count_check=counts.check,
-                **_ideal_fields(ideal),
-                **cache,
-            ),
+            ideal=RunIdeal.of(ideal),
             quality=_judged(image, base_image, parts.get("request") or {}),
             versions=library_versions(),
             **parts,
@@ -287,23 +311,6 @@ class RunMetrics:
     @property
     def broken(self) -> bool:
         return self.quality.verdict is Verdict.BROKEN
-
-
-def _ideal_fields(ideal: IdealCheck | None) -> dict:
-    if ideal is None:
-        return {}
-    lo_hi = ideal.of_ideal_range or (None, None)
-    return {
-        "ideal_speedup": ideal.ideal,
-        "cached_share": ideal.price.share,
-        "ideal_source": ideal.price.source,
-        "of_ideal": ideal.of_ideal,
-        "of_ideal_lo": lo_hi[0],
-        "of_ideal_hi": lo_hi[1],
-        "of_ideal_against": ideal.against,
-        "ideal_detail": ideal.price.as_dict(),
-        "of_ideal_note": ideal.why_not_shown(),
-    }
 
 
 def _judged(image, base_image, request: dict) -> RunQuality:

@@ -74,9 +74,9 @@ def _placement(p: dict) -> str:
 
 def _room(m) -> str:
     """A step cache's room where it is little, and why an engaged cache cached nothing (once if both say the same)."""
-    lines = [x for x in (m.cache.cache_headroom, m.cache.cache_idle) if x]
-    if m.cache.cache_headroom and m.cache.cache_idle and m.cache.cache_headroom in m.cache.cache_idle:
-        lines = [m.cache.cache_idle]
+    lines = [x for x in (m.room.cache_headroom, m.room.cache_idle) if x]
+    if m.room.cache_headroom and m.room.cache_idle and m.room.cache_headroom in m.room.cache_idle:
+        lines = [m.room.cache_idle]
     return _lines(lines, "fallback") if lines else ""
 
 
@@ -189,7 +189,7 @@ def _table(rows) -> str:
 
 def metrics_card(m) -> str:
     """`m` is a RunMetrics: the answer in one line, the figures behind it, then the rest folded."""
-    esc, t, c, q = html.escape, m.timing, m.cache, m.quality
+    esc, t, q = html.escape, m.timing, m.quality
     room = _room(m)
     main = [
         ("vs base", _speedup_cell(m)),
@@ -206,7 +206,7 @@ def metrics_card(m) -> str:
     more = [
         (f"worst {TILE}x{TILE} tile", fmt.tile(q.worst_tile_psnr_db, q.worst_tile_yx)),
         *([("LPIPS", _lpips(m))] if q.lpips is not None or q.lpips_note else []),
-        *([("of ideal", esc(fmt.ideal_line(m)))] if c.ideal_speedup else []),
+        *([("of ideal", esc(fmt.ideal_line(m)))] if m.ideal.ideal_speedup else []),
         ("timing", _timing_cell(m)),
     ]
     if t.compile_s is not None:

@@ -90,13 +90,13 @@ def of_ideal(v: float | None, lo: float | None = None, hi: float | None = None) 
 
 def ideal_line(m) -> str:
     """What a cached run got of what its counts allow (`m` a RunMetrics with an ideal)."""
-    if m.cache.of_ideal_note:
-        return m.cache.of_ideal_note
-    got = "n/a" if m.cache.of_ideal is None else of_ideal(m.cache.of_ideal, m.cache.of_ideal_lo, m.cache.of_ideal_hi)
-    head = f"{got} of the ideal {m.cache.ideal_speedup:.2f}x"
+    if m.ideal.of_ideal_note:
+        return m.ideal.of_ideal_note
+    got = "n/a" if m.ideal.of_ideal is None else of_ideal(m.ideal.of_ideal, m.ideal.of_ideal_lo, m.ideal.of_ideal_hi)
+    head = f"{got} of the ideal {m.ideal.ideal_speedup:.2f}x"
     return (
-        f"{head}: a cached step priced at {m.cache.cached_share:.2f} of a full one ({m.cache.ideal_source}), "
-        f"measured against {m.cache.of_ideal_against}"
+        f"{head}: a cached step priced at {m.ideal.cached_share:.2f} of a full one ({m.ideal.ideal_source}), "
+        f"measured against {m.ideal.of_ideal_against}"
     )
 
 

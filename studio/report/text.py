@@ -351,7 +351,7 @@ def doctor_verdict(ok: bool) -> str:
 
 def ideal_worked(m) -> str:
     """The ideal speed-up of one cached run worked through with its own numbers (`m` a RunMetrics)."""
-    c = m.cache
+    c = m.ideal
     d = c.ideal_detail
     if not d:
         return "ideal: none (nothing was cached, or the blocks' times are unknown)"

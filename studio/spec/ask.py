@@ -13,7 +13,7 @@ from studio.spec.presets import BASE, PresetLibrary
 from studio.spec.profiles import ModelProfile
 from studio.spec.request import GenerationRequest, compare_mode
 
-EVENTS = ("generate", "compare", "matrix", "tune")
+EVENTS = ("generate", "compare", "matrix", "tune", "bench", "sweep", "methods", "calibrate")
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,10 @@ def fan_out(first: str, more: list[str], cap: int | None = None, replace_first: 
 class Ask:
     """One event's request, read once. `model`: as asked (the studio's first where the form left it empty); `stacks`:
     generate one, compare A and B, matrix base first (unswitched: the reference row), tune none (the tuner builds its
-    own); `builtin`: per stack, whether built in (the public limits treat a visitor's own apart); `switches`: already
-    applied to `stacks`; `request`: the first prompt's; `repeats`: a matrix's rounds."""
+    own; the command line's bench, sweep, methods and calibrate name theirs to the search); `builtin`: per stack,
+    whether built in (the public limits treat a visitor's own apart); `switches`: already applied to `stacks`;
+    `request`: the first prompt's; `seeds`: each prompt's (none: the request's); `repeats`: a matrix's or a bench's
+    rounds."""
 
     event: str
     model: str
@@ -82,6 +84,7 @@ class Ask:
     switches: Switches = Switches()
     compare: str = "on"
     prompts: tuple[str, ...] = ()
+    seeds: tuple[int, ...] = ()
     repeats: int = 1
 
     def __post_init__(self):
@@ -97,10 +100,10 @@ class Ask:
 
     @property
     def requests(self) -> tuple[GenerationRequest, ...]:
-        """The request with each prompt, in order."""
-        return tuple(
-            self.request if p == self.request.prompt else replace(self.request, prompt=p) for p in self.prompts
-        )
+        """The request with each prompt, in order, at each seed."""
+        r = self.request
+        pairs = ((p, s) for p in self.prompts for s in self.seeds or (r.seed,))
+        return tuple(r if (p, s) == (r.prompt, r.seed) else replace(r, prompt=p, seed=s) for p, s in pairs)
 
 
 def resolve_stacks(

@@ -200,11 +200,20 @@ def _beside(x: float, threshold: float | None) -> str:
     return repr(x)
 
 
-def run_fields(room: Headroom | None, *, engaged: bool, cached: int, diffs: dict, threshold: float | None) -> dict:
-    """A run's RunMetrics fields: cache_skippable (the bound, wherever a cache was asked for), cache_headroom (the
-    sentence, when tight), cache_idle (why an engaged cache cached nothing)."""
-    return {
-        "cache_skippable": room.skippable if room is not None else None,
-        "cache_headroom": room.sentence() if room is not None and room.tight else None,
-        "cache_idle": idle_sentence(room, diffs, threshold) if engaged and cached == 0 else None,
-    }
+@dataclass(frozen=True)
+class CacheRoom:
+    """A run's record of its step cache's room (the JSON's fields): the most steps it could skip at these steps,
+    wherever a cache was asked for; the sentence when that is tight; why an engaged cache cached nothing."""
+
+    cache_skippable: int | None = None
+    cache_headroom: str | None = None
+    cache_idle: str | None = None
+
+
+def run_room(room: Headroom | None, *, engaged: bool, cached: int, diffs: dict, threshold: float | None) -> CacheRoom:
+    """The record of `room` for a run that cached `cached` steps with these residual differences."""
+    return CacheRoom(
+        cache_skippable=room.skippable if room is not None else None,
+        cache_headroom=room.sentence() if room is not None and room.tight else None,
+        cache_idle=idle_sentence(room, diffs, threshold) if engaged and cached == 0 else None,
+    )
