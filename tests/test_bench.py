@@ -184,6 +184,7 @@ def test_tuned_preset_meets_its_floor_and_loads(tiny_runner, tmp_path):
         finalists=1,
         repeats=1,
         fewer_steps=False,  # the cache's search alone (fewer steps as a finalist: tests/test_fewer.py)
+        methods=(),  # DBCache alone (every method in the search: tests/test_methods.py)
     )
     res = tune(tiny_runner, reqs, 35.0, space=space, max_flip=0.2)
     assert res.worst_db >= 35.0 and res.screened > 0 and res.runs == res.screened + res.timed

@@ -26,6 +26,7 @@ from studio.engine.quantize import apply_quant, quantized_mode
 from studio.measure.blocks import block_list
 from studio.measure.estimate import Run, price_ms, speedup
 from studio.measure.quality import psnr
+from studio.report.card import answer_line
 from studio.spec import CacheSpec, CompileSpec, ConfigError, GenerationRequest, QuantSpec
 from studio.spec.errors import Invariant
 from studio.spec.settings import current
@@ -809,6 +810,7 @@ def test_img2img_and_inpaint_count_the_steps_that_run_keep_their_cache_apart_and
     assert m.cache.cached_steps + m.cache.full_steps == 14 and len(m.timing.step_ms) == 14 and m.cache.cached_steps > 0
     assert m.cache.count_check.startswith("agrees") and max(m.cache.cached_step_indices) < 14
     assert m.quality.psnr_db >= 30 and m.request["image"].startswith("64x64 sha1:")  # base on the same picture
+    assert f"{m.cache.cached_steps} cached / {m.cache.full_steps} full (14 of 28 steps)" in answer_line(m)
     again = r.generate(i2i, "cache", compare="off")
     assert (
         np.array_equal(again.image, first.image)

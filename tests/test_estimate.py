@@ -41,6 +41,25 @@ def test_full_and_cached_steps_are_priced_apart_by_their_floor():
     assert price_ms([Run.of(ms, cached)], counts=(20, 0)) == pytest.approx(240.0)
 
 
+def test_uneven_pruning_would_mislead_the_floor_by_kind_and_is_priced_step_by_step():
+    """DBPrune's "cached" steps prune a different number of blocks each: pooled as one kind, every one of them would
+    be priced at the step that pruned most (here 3 ms where they take 3 to 9): a speed-up of 1.72x for a run that is
+    1.28x. Priced step by step (a repeat prunes the same blocks at the same step), the floor is the run's own."""
+    pruned = {4: 9.0, 5: 7.0, 6: 5.0, 7: 3.0, 8: 8.0, 9: 6.0}
+    steps = [pruned.get(i, 10.0) for i in range(10)]
+    noise = ([0.0] * 10, [0.4] * 10, [0.0] * 5 + [1.5] * 5)  # what a machine adds: only ever more time
+    runs = [Run.of([t + n for t, n in zip(steps, add)], pruned, uneven=True) for add in noise]
+    bases = [flat(10.0, 10)] * 3
+    assert price_ms(runs) == pytest.approx(sum(steps))  # 78 ms: each step at its own fastest
+    fair = speedup(bases, runs)
+    assert fair.point == pytest.approx(100 / 78) and fair.lo <= 100 / 78 <= fair.hi
+    by_kind = speedup(bases, [replace(r, uneven=False) for r in runs])
+    assert by_kind.point == pytest.approx(100 / (4 * 10 + 6 * 3)) and by_kind.lo > fair.hi  # 1.72x: misled
+    # runs that are not repeats of one request (lengths differ) fall back to the kinds
+    mixed = [runs[0], Run.of(steps[:8], [4, 5, 6, 7], uneven=True)]
+    assert price_ms(mixed) == price_ms([replace(r, uneven=False) for r in mixed])
+
+
 def test_a_stall_in_a_few_steps_or_a_whole_repeat_does_not_move_the_floor():
     quiet = flat(10.0)
     spiked = Run.of([10.0] * 17 + [400.0, 10.0, 10.0])  # one step waited 390 ms on another process

@@ -192,7 +192,14 @@ def test_tune_times_base_at_the_fewest_steps_beside_the_cache_finalists(tiny_run
 
     reqs = [_req(p, steps=12) for p in PROMPTS]
     space = SearchSpace(
-        calibrators=("none",), run_caps=(3,), warmups=(4,), masks=(), non_cache=("base",), finalists=1, repeats=1
+        calibrators=("none",),
+        run_caps=(3,),
+        warmups=(4,),
+        masks=(),
+        non_cache=("base",),
+        finalists=1,
+        repeats=1,
+        methods=(),
     )
     res = tune(tiny_runner, reqs, 35.0, space=space)
     f = res.fewer.fewest

@@ -97,6 +97,7 @@ def test_tune_compile_off_keeps_every_option_eager_and_cache_off_is_refused(tiny
         finalists=1,
         repeats=1,
         fewer_steps=False,
+        methods=(),
     )
     said = []
     g0 = _graphs()

@@ -33,6 +33,7 @@ class Searched:
     worst_db: float | None = None
     worst_flip: float | None = None
     cached: float = 0.0  # the best setting's cached steps, the mean over the prompts
+    pruned: float | None = None  # DBPrune: the best setting's pruned share of block calls, the mean over the prompts
     screened: int = 0
     refused: str | None = None  # the engine's reason it could not engage here
     note: str | None = None  # no setting kept the floor, or MagCache was calibrated first
@@ -47,6 +48,7 @@ class Searched:
             "worst_psnr_db": self.worst_db,
             "worst_flip": self.worst_flip,
             "cached_steps": self.cached,
+            "pruned_share": self.pruned,
             "screened": self.screened,
             "refused": self.refused,
             "note": self.note,
@@ -116,24 +118,30 @@ def _start(m: Method, lib) -> Preset:
 
 
 class MethodSearch:
-    """Step 1 of the module doc, for one method."""
+    """Step 1 of the module doc, for one method: on its own preset, or with `on` (the tuner's non-cache option: its
+    quantization and attention, screened eagerly) under each setting."""
 
-    def __init__(self, runner, requests, floor_db: float, max_flip: float | None, model=None, progress=None):
+    def __init__(self, runner, requests, floor_db: float, max_flip: float | None, model=None, progress=None, on=None):
         self.runner, self.requests, self.floor, self.max_flip = runner, list(requests), floor_db, max_flip
-        self.model = model
+        self.model, self.on = model, on
         self.progress = progress or (lambda msg: None)
 
-    def screen(self, found: Searched, p: Preset) -> tuple[bool, float | None, float | None, float]:
-        """(passed, worst dB, worst FLIP, mean cached steps), stopping at the first failing prompt; sets `refused`."""
+    def screen(self, found: Searched, p: Preset):
+        """(passed, worst dB, worst FLIP, mean cached steps, mean pruned share or None), stopping at the first failing
+        prompt; sets `refused`."""
         s = screen_prompts(self.runner, self.requests, p, self.model, floor_db=self.floor, max_flip=self.max_flip)
         found.screened += s.runs
         found.refused = s.refused
         if not s.passed:
-            return False, s.worst_db, s.worst_flip, 0.0
-        return True, s.worst_db, s.worst_flip, sum(s.cached) / len(s.cached)
+            return False, s.worst_db, s.worst_flip, 0.0, None
+        pruned = sum(s.pruned) / len(s.pruned) if s.pruned else None
+        return True, s.worst_db, s.worst_flip, sum(s.cached) / len(s.cached), pruned
 
     def run(self, m: Method) -> Searched:
         start = _start(m, self.runner.presets)
+        if self.on is not None:  # screened eagerly: quality is the pictures', compiled or not
+            eager = replace(self.on.compile, enabled=False)
+            start = replace(self.on, name=start.name, cache_config=start.cache_config, compile=eager, description="")
         found = Searched(m, start.cache_config.backend)
         if start.cache_config.backend == "magcache":
             start = self._calibrated(found, start)
@@ -149,18 +157,21 @@ class MethodSearch:
         return found
 
     def _ladder(self, found: Searched, start: Preset) -> None:
-        """The most aggressive knob value that keeps the floor (binary search), kept if it caches more than found."""
+        """The most aggressive knob value that keeps the floor (binary search), kept if it saves more than found:
+        more cached steps, or for DBPrune a larger share of block calls pruned (its steps with any pruned block count
+        as cached, a count that saturates early)."""
         m = found.method
         lo, hi = 0, len(m.values) - 1
         while lo <= hi and found.refused is None:
             mid = (lo + hi) // 2
             p = replace(start, name=m.best_name, cache_config=with_knob(start.cache_config, m.knob, m.values[mid]))
             self.progress(f"{m.name}: {p.cache_config.label()}")
-            ok, worst, flip, cached = self.screen(found, p)
+            ok, worst, flip, cached, pruned = self.screen(found, p)
             if ok:
-                if found.preset is None or cached > found.cached:
+                saves, had = (pruned, found.pruned) if pruned is not None else (cached, found.cached)
+                if found.preset is None or saves > (had or 0):
                     found.preset, found.value, found.worst_db, found.worst_flip = p, m.values[mid], worst, flip
-                    found.cached = cached
+                    found.cached, found.pruned = cached, pruned
                 lo = mid + 1
             else:
                 hi = mid - 1

@@ -21,6 +21,38 @@ class Candidate:
 
 
 @dataclass
+class Finalist:
+    """One finalist as timed beside the others: the frontier the tuner picked from."""
+
+    preset: str
+    label: str  # what ran (the bench row's tag)
+    speedup: float | None
+    speedup_lo: float | None
+    speedup_hi: float | None
+    worst_psnr_db: float | None
+    worst_flip: float | None
+    cached_steps: int
+    full_steps: int
+    won: bool = False
+
+    @classmethod
+    def of(cls, row, preset: Preset, won: bool) -> Finalist:
+        """From its bench row (studio.report.table.MatrixRow)."""
+        return cls(
+            preset.name,
+            row.tag,
+            row.speedup,
+            row.speedup_lo,
+            row.speedup_hi,
+            row.worst_psnr_db if row.worst_psnr_db is not None else row.psnr_db,
+            row.worst_flip if row.worst_flip is not None else row.flip,
+            row.cached_steps,
+            row.full_steps,
+            won,
+        )
+
+
+@dataclass
 class TuneResult:
     preset: Preset
     floor_db: float
@@ -41,6 +73,8 @@ class TuneResult:
     pace: list[Pace] = field(default_factory=list)  # was the machine quiet while the finalists were timed?
     fewer: FewerSteps | None = None  # base at fewer steps on the same prompts (studio.bench.fewer)
     vs_fewer: Versus | None = None  # the result against base at the step count of its speed-up
+    finalists: list[Finalist] = field(default_factory=list)  # every finalist as timed, the winner marked
+    methods: list[dict] = field(default_factory=list)  # the other methods' searches (bench.methods.Searched.as_dict)
 
     @property
     def runs(self) -> int:
@@ -68,4 +102,6 @@ class TuneResult:
             "knobs": self.preset.as_dict(),
             "fewer_steps": self.fewer.as_dict() if self.fewer else None,
             "vs_fewer_steps": self.vs_fewer.as_dict() if self.vs_fewer else None,
+            "finalists": [f.__dict__ for f in self.finalists],
+            "methods": self.methods,
         }

@@ -14,6 +14,7 @@ class Screened:
     worst_db: float | None = None
     worst_flip: float | None = None  # None: no FLIP measured
     cached: list[int] = field(default_factory=list)  # cached steps per prompt run
+    pruned: list[float] = field(default_factory=list)  # DBPrune: the pruned share of block calls per prompt run
     predicted: list[float] = field(default_factory=list)  # the engine's ideal speed-up per prompt run (1.0: none)
     failed: int | None = None  # the index of the request that failed the floor or the ceiling
     refused: str | None = None  # the engine's line saying the step cache could not engage
@@ -45,6 +46,8 @@ def screen_prompts(runner, requests, preset, model=None, *, floor_db: float, max
         if flip is not None:
             out.worst_flip = flip if out.worst_flip is None else max(out.worst_flip, flip)
         out.cached.append(m.cache.cached_steps)
+        if m.cache.pruned_blocks is not None and m.cache.block_calls:
+            out.pruned.append(m.cache.pruned_blocks / m.cache.block_calls)
         out.predicted.append(m.ideal.ideal_speedup or 1.0)  # cached steps costing only what they ran
         if db < floor_db or not flip_ok(flip, max_flip):
             out.failed = i

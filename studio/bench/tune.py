@@ -1,8 +1,10 @@
 """`python -m studio tune --min-psnr 35 [--max-flip 0.05]`: the fastest stack whose worst PSNR (and FLIP) over the
-prompts stays above the floor. 1. the fastest non-cache preset with a margin; 2. cache knobs screened eagerly (a
-binary search of the threshold per calibrator, run cap and warm-up, then step masks), ranked by predicted speed-up;
-3. the best few, and base at the fewest steps that keep the floor, timed side by side: the highest worst paired
-speed-up wins (so the answer may be "run fewer steps"); 4. a cached result against fewer steps at its speed."""
+prompts stays above the floor. 1. the fastest non-cache preset with a margin (compile, the device's 8-bit form,
+attention: what every cache then runs on); 2. DBCache's knobs screened eagerly on it (a binary search of the
+threshold per calibrator, run cap and warm-up, then step masks), ranked by predicted speed-up, and every other
+step-cache method's knob searched on it as `methods` searches it; 3. the best few DBCache settings, each method's
+best and base at the fewest steps that keep the floor, timed side by side: the highest worst paired speed-up wins
+(so the answer may be another method, or "run fewer steps"); 4. a cached result against fewer steps at its speed."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from dataclasses import dataclass, replace
 
 from studio.bench.bench import run_bench
 from studio.bench.fewer import fewer_steps_reference
-from studio.bench.records import Candidate, TuneResult
+from studio.bench.ladders import METHODS
+from studio.bench.records import Candidate, Finalist, TuneResult
 from studio.bench.screening import flip_ok, screen_prompts
 from studio.engine import BASE
 from studio.report.text import tuned_description
@@ -21,6 +24,8 @@ from studio.spec.checks import ConfigError, fail
 from studio.spec.preset import CacheSpec, Preset
 
 CALIBRATORS = {"none": {}, "taylorseer": {"enable_taylorseer": True}, "dmd": {"enable_dmd": True}}
+# the step-cache methods searched beside DBCache's own knobs (DBCache with each calibrator is the search above)
+OTHER_METHODS = tuple(m.name for m in METHODS if m.name not in ("dbcache", "dbcache+taylorseer", "dbcache+dmd"))
 MARGIN_DB = 3.0  # a non-cache option must keep this much above the floor, to leave room for the cache
 FLIP_MARGIN = 0.5  # ... and at most this share of the FLIP ceiling (FLIP is concave: half leaves the cache room)
 
@@ -36,10 +41,14 @@ class SearchSpace:
     finalists: int = 3
     repeats: int = 3
     fewer_steps: bool = True  # base at the fewest steps that keep the floor is a finalist too (Preset.step_share)
+    methods: tuple = OTHER_METHODS  # each searched on the non-cache option, its best a finalist (bench.methods)
 
 
-# The UI's quick search: no DMD, one run-length cap and warm-up, no masks, two finalists, single timed repeats.
-QUICK = SearchSpace(calibrators=("none", "taylorseer"), run_caps=(3,), warmups=(4,), masks=(), finalists=2, repeats=1)
+# The UI's quick search: no DMD, one run-length cap and warm-up, no masks, no other method, two finalists, single
+# timed repeats.
+QUICK = SearchSpace(
+    calibrators=("none", "taylorseer"), run_caps=(3,), warmups=(4,), masks=(), finalists=2, repeats=1, methods=()
+)
 
 
 def _switched(lib, names: list[str], compile_enabled: bool | None) -> dict[str, Preset]:
@@ -74,6 +83,7 @@ class Tuner:
         self.timed = 0
         self.curve: list[tuple[float, float, float | None]] = []
         self.order = list(range(len(self.requests)))  # prompts, the worst so far first
+        self.searched: list = []  # the other methods' searches (studio.bench.methods.Searched)
 
     # 1 -----------------------------------------------------------------------------------------------------------
     def best_non_cache(self) -> Preset:
@@ -164,6 +174,23 @@ class Tuner:
                     out.append(c)
         return sorted(out, key=lambda c: -c.predicted)
 
+    def other_methods(self, stack: Preset, name: str) -> list[Preset]:
+        """Each method of the space searched for its most aggressive knob that keeps the floor, screened on `stack`
+        (studio.bench.methods.MethodSearch), as a finalist on it; a method the stack refuses is left out, said."""
+        from studio.bench.methods import MethodSearch
+
+        search = MethodSearch(self.runner, self.requests, self.floor, self.max_flip, self.model, self.progress, stack)
+        out = []
+        for m in (m for m in METHODS if m.name in self.space.methods):
+            found = search.run(m)
+            self.screened += found.screened
+            self.searched.append(found)
+            if found.preset is not None:  # timed as the stack runs (compiled where it is)
+                out.append(replace(found.preset, name=f"{name}-{m.best_name}", compile=stack.compile, description=""))
+            else:
+                self.progress(f"{m.name}: {found.refused or found.note}")
+        return out
+
     # 3 -----------------------------------------------------------------------------------------------------------
     def _fewer_finalist(self, judge, name: str) -> list[Preset]:
         """Base at the fewest steps whose worst PSNR (and FLIP) keeps the floor on these prompts, as a preset that
@@ -200,6 +227,7 @@ class Tuner:
             replace(stack, name=f"{name}-{i + 1}", cache_config=c.cache, description="")
             for i, c in enumerate(cands[: self.space.finalists])
         ]
+        finalists += self.other_methods(stack, name)
         judge = fewer_steps_reference(
             self.runner, self.requests, self.model, floor_db=self.floor, progress=self.progress
         )
@@ -258,6 +286,8 @@ class Tuner:
             pace=list(rep.pace),
             fewer=judge.result if judge else None,
             vs_fewer=vs_fewer,
+            finalists=[Finalist.of(rows[f.name], f, win is f) for f in finalists],
+            methods=[s.as_dict() for s in self.searched],
         )
 
 

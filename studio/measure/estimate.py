@@ -2,7 +2,10 @@
 
 Noise on a shared CPU only ever ADDS time, so a stack's PRICE is its FLOOR: each kind of step's (full, cached) fastest
 in any repeat, times its count in a run (steps of one kind do the same work; on tests/data/step_timings.json the floor
-was the most reproducible estimator). A SPEED-UP is base's price over the stack's, its interval a seeded bootstrap made
+was the most reproducible estimator). Where a run's steps of one kind do UNEVEN work (DBPrune prunes a different
+number of blocks at each step), each step is priced at its own fastest over the repeats instead (a repeat of one
+request prunes the same blocks at the same step): pooled, every pruned step would be priced at the one that pruned
+most. A SPEED-UP is base's price over the stack's, its interval a seeded bootstrap made
 SYMMETRIC around the point (a floor's draws never fall below the floor, so the percentile interval sits at its edge),
 named by what it held on recorded runs (COVERAGE), not by LEVEL. A number is WITHHELD when `Estimate.useless`.
 numpy only: the app's process reads `Estimate` in results and never loads torch."""
@@ -40,7 +43,8 @@ def method_words() -> str:
     """How a speed-up is made, in words (docs/make_benchmarks.py writes it into the method text)."""
     return (
         "the one estimator's: base's floor over the row's (for each kind of step, full and cached, its fastest over "
-        "the runs, times how many a run has), the rounds paired, with " + interval_words()
+        "the runs, times how many a run has; DBPrune's steps, which prune unevenly, each at its own fastest), the "
+        "rounds paired, with " + interval_words()
     )
 
 
@@ -56,10 +60,11 @@ class Run:
 
     step_ms: tuple[float, ...]
     cached: frozenset[int] = frozenset()
+    uneven: bool = False  # its cached steps do uneven work (DBPrune): priced step by step (module doc)
 
     @classmethod
-    def of(cls, step_ms: Sequence[float], cached: Sequence[int] = ()) -> Run:
-        return cls(tuple(float(t) for t in step_ms), frozenset(int(i) for i in cached))
+    def of(cls, step_ms: Sequence[float], cached: Sequence[int] = (), uneven: bool = False) -> Run:
+        return cls(tuple(float(t) for t in step_ms), frozenset(int(i) for i in cached), uneven)
 
     @property
     def wall_ms(self) -> float:
@@ -185,9 +190,20 @@ def _pools(runs: Sequence[Run]) -> tuple[np.ndarray, np.ndarray]:
     return np.array(full, dtype=float), np.array(hit, dtype=float)
 
 
+def _by_step(runs: Sequence[Run]) -> np.ndarray | None:
+    """Uneven runs' step times, runs x steps (module doc); None where they are priced by kind (or differ in length:
+    not repeats of one request)."""
+    if not runs or not all(r.uneven for r in runs) or len({len(r.step_ms) for r in runs}) != 1:
+        return None
+    return np.array([r.step_ms for r in runs], dtype=float)
+
+
 def price_ms(runs: Sequence[Run], counts: tuple[int, int] | None = None) -> float:
     """The floor price of a set of runs of one stack (module doc): each kind's fastest step, times its count in a run
-    (`counts`, (full, cached); the runs' own by default)."""
+    (`counts`, (full, cached); the runs' own by default); uneven runs, each step at its fastest."""
+    steps = _by_step(runs)
+    if steps is not None:
+        return float(steps.min(axis=0).sum())
     n_full, n_cached = counts or counts_of(runs)
     full, hit = _pools(runs)
     price = n_full * full.min() if n_full else 0.0
@@ -215,6 +231,9 @@ def _draw_prices(
     kind's pooled steps resampled."""
     if picks is None:
         picks = rng.integers(0, len(runs), size=(draws, len(runs))) if len(runs) > 1 else np.zeros((draws, 1), int)
+    steps = _by_step(runs)
+    if steps is not None:  # each step at its fastest over the drawn runs
+        return steps[picks].min(axis=1).sum(axis=1)
     total = np.zeros(draws)
     by_run = [_pools([r]) for r in runs]  # each run's (full, cached) step times
     for n, kind in zip(counts, (0, 1)):

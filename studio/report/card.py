@@ -133,7 +133,7 @@ def answer_line(m) -> str:
         parts.append(f"FLIP {fmt.flip(q.flip)} ({flip_words(q.flip)})")
     ran = c.cached_steps + c.full_steps
     asked = (m.request or {}).get("steps")
-    share = f" ({ran} of {asked} steps)" if asked and "+steps" in m.labels.tag else ""  # a preset's step_share
+    share = f" ({ran} of {asked} steps)" if asked and ran != asked else ""  # a step_share, img2img's strength
     parts.append(f"{c.cached_steps} cached / {c.full_steps} full{share}")
     if q.vs_fewer:
         v = q.vs_fewer

@@ -270,7 +270,21 @@ def tune_summary(res, *, written: str | None = None, markdown: bool = False) -> 
     )
     busy = [pace_line(p) for p in getattr(res, "pace", []) if p.quiet is False]  # its figures may read off: said
     fewer = fewer_line(getattr(res, "fewer", None), getattr(res, "vs_fewer", None), res.preset)
-    return out + "".join("\n" + line for line in paired_lines(getattr(res, "paired", None)) + busy + fewer)
+    lines = paired_lines(getattr(res, "paired", None)) + busy + finalist_lines(getattr(res, "finalists", [])) + fewer
+    return out + "".join("\n" + line for line in lines)
+
+
+def finalist_lines(finalists: list) -> list[str]:
+    """The finalists as timed side by side (studio.bench.records.Finalist), fastest first: the frontier the tuner
+    picked from, the winner marked."""
+    if len(finalists) < 2:
+        return []
+    out = [f"the {len(finalists)} finalists, timed side by side (speed-up vs base, worst PSNR):"]
+    for f in sorted(finalists, key=lambda f: -(f.speedup or 0)):
+        sp = fmt.speedup_ci(f.speedup, f.speedup_lo, f.speedup_hi) if f.speedup is not None else "withheld"
+        mark = " <- picked" if f.won else ""
+        out.append(f"  {f.preset} ({f.label}): {sp}, {fmt.psnr(f.worst_psnr_db)}{mark}")
+    return out
 
 
 def paired_lines(d: dict | None) -> list[str]:
