@@ -151,3 +151,17 @@ def test_matrix_threshold_reaches_cache_dit_and_cache_off_caches_nothing(tiny_ru
     row = off["cache.override"]
     assert row["cached_steps"] == 0 and row["full_steps"] == STEPS and "DBCache" not in row["tag"]
     assert off["runs"]["cache.override"]["cache_threshold"] is None
+
+
+@pytest.mark.quick
+def test_the_tuner_times_each_non_cache_option_once_as_it_runs_here():
+    """`sage` where SageAttention cannot run (a CPU) runs base's stack: the tuner times it once, as shipped first."""
+    from studio.bench.tune import _switched, runs_here
+    from studio.engine import ModelManager
+    from studio.spec import PresetLibrary
+    from studio.spec.settings import current
+
+    lib, manager = PresetLibrary(), ModelManager("cpu", settings=current())
+    options = _switched(lib, ["base", "sage", "int8", "sage-int8"], None, runs_here(manager))
+    assert list(options) == ["base", "int8"]  # sage and sage-int8 run SDPA here: the same stacks
+    assert list(_switched(lib, ["base", "sage"], None)) == ["base", "sage"]  # as asked, they differ

@@ -51,14 +51,28 @@ QUICK = SearchSpace(
 )
 
 
-def _switched(lib, names: list[str], compile_enabled: bool | None) -> dict[str, Preset]:
-    """The non-cache options with the compile switch applied, one per stack (a preset as shipped before a switched
-    one that runs the same: `compile.override` with compile off is `base`), by name."""
+def _switched(lib, names: list[str], compile_enabled: bool | None, runs=None) -> dict[str, Preset]:
+    """The non-cache options with the compile switch applied, one per stack as it runs (`runs`: a preset's stack as
+    it runs here, so `sage` where SageAttention falls back is `base`; a preset as shipped before a switched one that
+    runs the same: `compile.override` with compile off is `base`), by name."""
     options = [Switches(compile=compile_enabled).apply(lib.get(n)) for n in names]  # (the one rule: spec.ask)
+    key = runs or (lambda p: p.stack)
     by_stack: dict[tuple, Preset] = {}
     for p in sorted(options, key=lambda p: p.name.endswith(".override")):
-        by_stack.setdefault(p.stack, p)
-    return {p.name: p for p in options if by_stack[p.stack] is p}
+        by_stack.setdefault(key(p), p)
+    return {p.name: p for p in options if by_stack[key(p)] is p}
+
+
+def runs_here(manager):
+    """A preset's stack as it runs on `manager`'s device: the attention a run would fall back to in place of the
+    asked one (studio.engine.resolve)."""
+    from studio.engine.resolve import resolved
+
+    def stack(p: Preset) -> tuple:
+        form = resolved(p, manager.profile, manager.settings.dtype).get("attention", (p.attention_backend, ""))[0]
+        return replace(p, attention_backend=form).stack
+
+    return stack
 
 
 class Tuner:
@@ -88,7 +102,8 @@ class Tuner:
     # 1 -----------------------------------------------------------------------------------------------------------
     def best_non_cache(self) -> Preset:
         lib = self.runner.presets
-        options = _switched(lib, [n for n in self.space.non_cache if n in lib.names()], self.compile_enabled)
+        names = [n for n in self.space.non_cache if n in lib.names()]
+        options = _switched(lib, names, self.compile_enabled, runs_here(self.runner.manager))
         self.progress(f"timing the non-cache options: {', '.join(options)}")
         rep = run_bench(
             self.runner, self.requests[:1], list(options.values()), model=self.model, repeats=self.space.repeats

@@ -2,6 +2,7 @@
 
     python tests/data/compare_estimators.py              (both tables)
     python tests/data/compare_estimators.py --intervals  (the interval shapes and their coverage only)
+    python tests/data/compare_estimators.py --separate   (the coverage out of sample only)
 
 The interval table: how often each shape's interval over a window of k consecutive pairs holds the 10-pair quiet
 point, and the coverage over the windows of 3 and 5 pairs that studio.measure.estimate.COVERAGE names (a test
@@ -151,9 +152,58 @@ def intervals() -> None:
         print(f"| {name} | {joined} | {shares} | ±{np.median(widths[name]):.1f}% |")
 
 
+# Out of sample: windows of one recording against the point of another process's separate runs, same machine
+WINDOWS = Path(__file__).parent / "step_timings_oos.json"  # quiet and beside a CPU hog, a compiled stack among them
+SEPARATE = Path(__file__).parent / "step_timings_oos_ref.json"  # another process's quiet runs of the same stacks
+
+
+def separate_coverage() -> tuple[dict[str, tuple[int, int]], dict]:
+    """({cond: (held, windows)} over every stack's windows of COUNTED pairs, {(stack, cond): (held, windows)}): how
+    often the studio's interval (studio.measure.estimate.speedup) over a window of one recording held the 10-pair
+    quiet point of separate runs, recorded by another process on the same machine."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from studio.measure import estimate as E
+
+    win, ref = json.loads(WINDOWS.read_text()), json.loads(SEPARATE.read_text())
+
+    def as_runs(data, cond, stack):
+        return [E.Run.of(r["step_ms"], r["cached"]) for r in data["conditions"][cond][stack]]
+
+    per: dict = {}
+    for stack in win["stacks"][1:]:
+        truth = E.speedup(as_runs(ref, "quiet", "base"), as_runs(ref, "quiet", stack)).point
+        for cond in ("quiet", "busy"):
+            b, s = as_runs(win, cond, "base"), as_runs(win, cond, stack)
+            for k in COUNTED:
+                for i in range(len(b) - k + 1):
+                    e = E.speedup(b[i : i + k], s[i : i + k])
+                    n, t = per.get((stack, cond), (0, 0))
+                    per[(stack, cond)] = (n + (e.lo <= truth <= e.hi), t + 1)
+    total = {c: tuple(map(sum, zip(*[v for (_, cc), v in per.items() if cc == c]))) for c in ("quiet", "busy")}
+    return total, per
+
+
+def separate() -> None:
+    """The out-of-sample coverage, per stack and in all."""
+    total, per = separate_coverage()
+    win = json.loads(WINDOWS.read_text())
+    print(f"recorded {win['recorded']} on {win['cpu']} ({win['cores']} cores), {win['dtype']}")
+    print("| stack | quiet, 3 and 5 pairs | beside a CPU hog |")
+    print("|---|---|---|")
+    for stack in win["stacks"][1:]:
+        cells = [per[(stack, c)] for c in ("quiet", "busy")]
+        print(f"| {stack} | " + " | ".join(f"{n}/{t} ({n / t:.0%})" for n, t in cells) + " |")
+    print("| all | " + " | ".join(f"{n}/{t} ({n / t:.0%})" for n, t in (total["quiet"], total["busy"])) + " |")
+
+
 if __name__ == "__main__":
     import sys
 
+    if "--separate" in sys.argv:
+        separate()
+        raise SystemExit(0)
     if "--intervals" not in sys.argv:
         main()
         print()
