@@ -278,6 +278,7 @@ def _tune(runner, ask: Ask, args) -> int:
         progress=lambda m: print(m, file=sys.stderr),
         cache_enabled=ask.switches.cache,
         compile_enabled=ask.switches.compile,
+        search_requests=_search_requests(ask, args),
     )
     text = preset_to_yaml(res.preset)
     out = args.out or (str(Path(args.presets_dir) / f"{res.preset.name}.yaml") if args.presets_dir else None)
@@ -360,7 +361,8 @@ def _write_searched(runner, res, args) -> None:
 
 
 def _search_requests(ask: Ask, args) -> list | None:
-    """`methods --search-prompts`: a file, or 'examples' (the model profile's example prompts); None: --prompts'."""
+    """`methods` and `tune --search-prompts`: a file, or 'examples' (the model profile's example prompts); None:
+    --prompts'."""
     if args.search_prompts is None:
         return None
     prompts = ask.profile.example_prompts if args.search_prompts == "examples" else read_prompts(args.search_prompts)

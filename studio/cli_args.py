@@ -155,6 +155,12 @@ def tune_args(sub) -> None:
         "--max-flip", type=float, default=None, help="and a ceiling on FLIP's mean error for the worst prompt (0-1)"
     )
     t.add_argument("--prompts", default=None, help="a file of prompts, one per line (default: the profile's examples)")
+    t.add_argument(
+        "--search-prompts",
+        default=None,
+        help="search on these (a file, or 'examples': the profile's), then time the finalists on --prompts, which the "
+        "search did not see (default: search and time on --prompts)",
+    )
     t.add_argument("--name", default=None, help="the tuned preset's name (default tuned-<floor>db)")
     t.add_argument("--out", default=None, help="write the preset YAML here (default: into --presets-dir when given)")
     t.add_argument("--plot", default=None, help="write the search's threshold curve (PNG)")

@@ -221,12 +221,17 @@ def test_methods_can_search_on_some_prompts_and_time_on_others(tiny_runner):
 
 def test_tune_searches_every_method_on_its_non_cache_option_and_times_each_best_as_a_finalist(tiny_runner):
     """One search over stacks (studio.bench.tune): DBCache's knobs and each other method's knob screened on the same
-    non-cache option, each best timed beside the others; the winner is whichever keeps the floor fastest, and the
-    summary lists the frontier it was picked from."""
+    non-cache option, each best timed beside the others on prompts the search did not see; the winner is whichever
+    keeps the floor fastest, written with the transformer it was searched on, and the summary lists the frontier it
+    was picked from."""
     from studio.bench.tune import SearchSpace, tune
     from studio.report.text import tune_summary
 
-    reqs = [_req(steps=12), _req(steps=12, seed=4)]
+    unseen = "a white circle on the left and a green square on the right, black background"
+    search, reqs = (
+        [_req(steps=12)],
+        [replace(_req(steps=12), prompt=unseen), replace(_req(steps=12, seed=4), prompt=unseen)],
+    )
     space = SearchSpace(
         calibrators=("none",),
         run_caps=(3,),
@@ -238,18 +243,21 @@ def test_tune_searches_every_method_on_its_non_cache_option_and_times_each_best_
         fewer_steps=False,
         methods=("fbcache", "seacache"),
     )
-    res = tune(tiny_runner, reqs, 35.0, space=space)
+    res = tune(tiny_runner, reqs, 35.0, space=space, search_requests=search)
+    assert res.search_prompts == [PROMPT] and res.prompts == [unseen, unseen]
+    assert res.preset.tuned_for == fingerprint(tiny_runner.manager.current.pipe.transformer)
     by = {d["method"]: d for d in res.methods}
     assert set(by) == {"fbcache", "seacache"} and by["seacache"]["refused"]  # refused here: said, not timed
     names = [f.preset for f in res.finalists]
     assert names == ["tuned-35db-1", "tuned-35db-fbcache-best"] and sum(f.won for f in res.finalists) == 1
     fb = next(f for f in res.finalists if f.preset == "tuned-35db-fbcache-best")
     assert f"FBCache_R{by['fbcache']['value']:g}" in fb.label  # what ran: the searched setting
-    assert fb.worst_psnr_db >= 35.0 and fb.cached_steps > 0
+    assert fb.cached_steps > 0  # (its PSNR on the held-out prompts: the bench's, which may fall under the floor)
     won = next(f for f in res.finalists if f.won)
     assert res.preset.cache_config.backend == ("fbcache" if won is fb else "cache-dit")
-    assert res.worst_db >= 35.0 and res.screened > by["fbcache"]["screened"] > 0
+    assert res.worst_db >= 35.0 and won.worst_psnr_db >= 35.0 and res.screened > by["fbcache"]["screened"] > 0
     lines = tune_summary(res).splitlines()
+    assert " over 2 prompts, held out (searched on 1 others) (floor 35)" in lines[0]
     i = lines.index("the 2 finalists, timed side by side (speed-up vs base, worst PSNR):")
     assert sum(line.endswith(" <- picked") for line in lines[i + 1 : i + 3]) == 1
     assert res.as_dict()["finalists"][0]["preset"] in names

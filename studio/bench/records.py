@@ -64,7 +64,8 @@ class TuneResult:
     candidates: list[Candidate]
     non_cache: str
     curve: list[tuple[float, float, float | None]]  # (threshold, predicted speed-up, worst dB): the search's sweep
-    prompts: list[str] = field(default_factory=list)  # the prompts the floor held on
+    prompts: list[str] = field(default_factory=list)  # the prompts the floor held on, timed
+    search_prompts: list[str] = field(default_factory=list)  # the search's (the same, or others: held out)
     speedup_lo: float | None = None  # the speed-up's interval (studio.measure.estimate, over the prompts' pairs)
     speedup_hi: float | None = None
     max_flip: float | None = None  # the FLIP ceiling asked for (None: PSNR alone)
@@ -99,6 +100,7 @@ class TuneResult:
             "pace": [p.as_dict() for p in self.pace],
             "runs": self.runs,
             "prompts": self.prompts,
+            "search_prompts": self.search_prompts,
             "knobs": self.preset.as_dict(),
             "fewer_steps": self.fewer.as_dict() if self.fewer else None,
             "vs_fewer_steps": self.vs_fewer.as_dict() if self.vs_fewer else None,

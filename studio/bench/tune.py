@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from studio.bench.bench import run_bench
 from studio.bench.fewer import fewer_steps_reference
 from studio.bench.ladders import METHODS
+from studio.bench.methods import MethodSearch, searched_on
 from studio.bench.records import Candidate, Finalist, TuneResult
 from studio.bench.screening import flip_ok, screen_prompts
 from studio.engine import BASE
@@ -87,8 +88,12 @@ class Tuner:
         *,
         compile_enabled: bool | None = None,
         max_flip: float | None = None,
+        search_requests=None,
     ):
         self.runner, self.requests, self.floor, self.model = runner, list(requests), floor_db, model
+        # the search's prompts (screening, the non-cache choice, the fewest steps); the finalists are timed on
+        # `requests`, which it did not see where they differ (a held-out test, as `methods --search-prompts`)
+        self.search = list(search_requests or requests)
         self.max_flip = max_flip  # a ceiling on FLIP's mean error for the worst prompt (None: PSNR alone)
         self.compile_enabled = compile_enabled  # the compile switch, on the non-cache options (None: as shipped)
         self.space = space or SearchSpace()
@@ -96,7 +101,7 @@ class Tuner:
         self.screened = 0
         self.timed = 0
         self.curve: list[tuple[float, float, float | None]] = []
-        self.order = list(range(len(self.requests)))  # prompts, the worst so far first
+        self.order = list(range(len(self.search)))  # search prompts, the worst so far first
         self.searched: list = []  # the other methods' searches (studio.bench.methods.Searched)
 
     # 1 -----------------------------------------------------------------------------------------------------------
@@ -106,7 +111,7 @@ class Tuner:
         options = _switched(lib, names, self.compile_enabled, runs_here(self.runner.manager))
         self.progress(f"timing the non-cache options: {', '.join(options)}")
         rep = run_bench(
-            self.runner, self.requests[:1], list(options.values()), model=self.model, repeats=self.space.repeats
+            self.runner, self.search[:1], list(options.values()), model=self.model, repeats=self.space.repeats
         )
         self.timed += sum(len(r.runs) for r in rep.matrix.rows)
         ok = [
@@ -136,7 +141,7 @@ class Tuner:
         """Worst PSNR and FLIP over the prompts (stopping at the first that fails) and the predicted speed-up."""
         p = replace(stack, name="tuning", cache_config=cache, compile=replace(stack.compile, enabled=False))
         s = screen_prompts(
-            self.runner, self.requests, p, self.model, floor_db=self.floor, max_flip=self.max_flip, order=self.order
+            self.runner, self.search, p, self.model, floor_db=self.floor, max_flip=self.max_flip, order=self.order
         )
         self.screened += s.runs
         if s.failed is not None:
@@ -192,9 +197,7 @@ class Tuner:
     def other_methods(self, stack: Preset, name: str) -> list[Preset]:
         """Each method of the space searched for its most aggressive knob that keeps the floor, screened on `stack`
         (studio.bench.methods.MethodSearch), as a finalist on it; a method the stack refuses is left out, said."""
-        from studio.bench.methods import MethodSearch
-
-        search = MethodSearch(self.runner, self.requests, self.floor, self.max_flip, self.model, self.progress, stack)
+        search = MethodSearch(self.runner, self.search, self.floor, self.max_flip, self.model, self.progress, stack)
         out = []
         for m in (m for m in METHODS if m.name in self.space.methods):
             found = search.run(m)
@@ -207,16 +210,25 @@ class Tuner:
         return out
 
     # 3 -----------------------------------------------------------------------------------------------------------
-    def _fewer_finalist(self, judge, name: str) -> list[Preset]:
-        """Base at the fewest steps whose worst PSNR (and FLIP) keeps the floor on these prompts, as a preset that
-        runs that share of a request's steps; none where no step count below the request's keeps it."""
+    def _fewer_finalists(self, judge, name: str, stack: Preset) -> list[Preset]:
+        """Base at the fewest steps whose worst PSNR (and FLIP) keeps the floor on the search prompts, as a preset
+        that runs that share of a request's steps, and the non-cache option at the same share where it is not base
+        (the final bench judges its pictures); none where no step count below the request's keeps it."""
         fewest = judge.result.fewest if judge is not None and self.space.fewer_steps else None
         if fewest is None or fewest.steps >= fewest.full or not self._flip_ok(fewest.worst_flip):
             return []
         k, n = fewest.steps, fewest.full
-        base = replace(self.runner.resolve_preset(BASE), name=f"{name}-fewer", description="")
-        read = replace(base, step_share=math.floor(k / n * 1000) / 1000)  # a share a person reads (0.178) ...
-        return [read if read.steps_of(n) == k else replace(base, step_share=k / n)]  # ... that still runs k of n
+        share = math.floor(k / n * 1000) / 1000  # a share a person reads (0.178) ...
+        share = share if replace(stack, step_share=share).steps_of(n) == k else k / n  # ... that still runs k of n
+        base = self.runner.resolve_preset(BASE)
+        out = [replace(base, name=f"{name}-fewer", description="", step_share=share)]
+        if stack.stack != base.stack:
+            out.append(replace(stack, name=f"{name}-{stack.name}-fewer", description="", step_share=share))
+        return out
+
+    def _fewer(self, requests):
+        """Base at fewer steps on `requests` (studio.bench.fewer; None: an image input, where it is no rival)."""
+        return fewer_steps_reference(self.runner, requests, self.model, floor_db=self.floor, progress=self.progress)
 
     def _pick(self, rep, finalists: list[Preset]) -> Preset:
         """The finalist that keeps the floor once timed with the best worst paired speed-up (median breaks a tie)."""
@@ -243,10 +255,10 @@ class Tuner:
             for i, c in enumerate(cands[: self.space.finalists])
         ]
         finalists += self.other_methods(stack, name)
-        judge = fewer_steps_reference(
-            self.runner, self.requests, self.model, floor_db=self.floor, progress=self.progress
-        )
-        finalists += self._fewer_finalist(judge, name)
+        judge = self._fewer(self.search)
+        finalists += self._fewer_finalists(judge, name, stack)
+        if judge is not None and self.search != self.requests:  # the rival on the prompts the finalists are timed on
+            judge = self._fewer(self.requests)
         if not finalists:
             raise ConfigError(
                 f"no cache setting keeps every prompt above {self.floor:g} dB{self._flip_words()}; lower --min-psnr"
@@ -282,7 +294,7 @@ class Tuner:
             worst_paired=pair.worst_speedup if pair else None,
         )
         return TuneResult(
-            replace(win, name=name, description=desc),
+            replace(win, name=name, description=desc, tuned_for=searched_on(self.runner, self.model)),
             self.floor,
             r.worst_psnr_db,
             r.speedup,
@@ -293,6 +305,7 @@ class Tuner:
             stack.name,
             sorted(self.curve),
             prompts=[q.prompt for q in self.requests],
+            search_prompts=[q.prompt for q in self.search],
             speedup_lo=r.speedup_lo,
             speedup_hi=r.speedup_hi,
             max_flip=self.max_flip,
@@ -318,8 +331,10 @@ def tune(
     cache_enabled: bool | None = None,
     compile_enabled: bool | None = None,
     max_flip: float | None = None,
+    search_requests=None,
 ) -> TuneResult:
-    """See the module doc; `compile_enabled` applies to the non-cache options."""
+    """See the module doc; `compile_enabled` applies to the non-cache options; `search_requests`: the search's
+    prompts (default `requests`; others make the finalists' bench a held-out test)."""
     if cache_enabled is False:
         fail(
             "tune",
@@ -331,6 +346,14 @@ def tune(
     name = name or f"tuned-{floor_db:g}db".replace(".", "_")
     runner.generate(requests[0], BASE, model=model)  # load and fail early on a model that cannot run
     tuner = Tuner(
-        runner, requests, floor_db, model, progress, space, compile_enabled=compile_enabled, max_flip=max_flip
+        runner,
+        requests,
+        floor_db,
+        model,
+        progress,
+        space,
+        compile_enabled=compile_enabled,
+        max_flip=max_flip,
+        search_requests=search_requests,
     )
     return tuner.run(name)

@@ -264,7 +264,7 @@ def tune_summary(res, *, written: str | None = None, markdown: bool = False) -> 
         flip = f", worst FLIP {b}{fmt.flip(res.worst_flip)}{b} (ceiling {res.max_flip:g})"
     out = (
         f"{b}{res.preset.name}{b} ({c}{res.preset.tag()}{c}): worst PSNR {b}{fmt.psnr(res.worst_db)}{b} over "
-        f"{n} prompt{'' if n == 1 else 's'} (floor {res.floor_db:g}){flip}, {b}{sp}{b} vs base, "
+        f"{n} prompt{'' if n == 1 else 's'}{_held_out(res)} (floor {res.floor_db:g}){flip}, {b}{sp}{b} vs base, "
         f"{fmt.speedup(res.vs_cache)} the {c}cache{c} preset's; {res.runs} runs ({res.screened} screening, "
         f"{res.timed} timed)" + (f"; written to {written}" if written else "")
     )
@@ -272,6 +272,12 @@ def tune_summary(res, *, written: str | None = None, markdown: bool = False) -> 
     fewer = fewer_line(getattr(res, "fewer", None), getattr(res, "vs_fewer", None), res.preset)
     lines = paired_lines(getattr(res, "paired", None)) + busy + finalist_lines(getattr(res, "finalists", [])) + fewer
     return out + "".join("\n" + line for line in lines)
+
+
+def _held_out(res) -> str:
+    """The words ", held out (searched on N others)" where the search saw none of the timed prompts."""
+    search = getattr(res, "search_prompts", None) or res.prompts
+    return "" if set(search) & set(res.prompts) else f", held out (searched on {len(search)} others)"
 
 
 def finalist_lines(finalists: list) -> list[str]:
@@ -372,7 +378,8 @@ def ideal_worked(m) -> str:
     blocks = ", ".join(f"{t:.2f}" for t in d["block_ms"])
     skipped = [i for i in range(len(d["block_ms"])) if i not in d["computed"]]
     sk = " + ".join(f"{d['block_ms'][i]:.2f}" for i in skipped)
-    full, cached, steps = c.full_steps, c.cached_steps, c.full_steps + c.cached_steps
+    full, cached = m.cache.full_steps, m.cache.cached_steps
+    steps = full + cached
     ideal_cached = d["full_step_ms"] - d["skipped_ms"]
     lines = [
         f"ideal, worked through ({d['source']}):",
