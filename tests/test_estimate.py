@@ -55,6 +55,10 @@ def test_uneven_pruning_would_mislead_the_floor_by_kind_and_is_priced_step_by_st
     assert fair.point == pytest.approx(100 / 78) and fair.lo <= 100 / 78 <= fair.hi
     by_kind = speedup(bases, [replace(r, uneven=False) for r in runs])
     assert by_kind.point == pytest.approx(100 / (4 * 10 + 6 * 3)) and by_kind.lo > fair.hi  # 1.72x: misled
+    # base beside them is read alike, step by step: each of its steps' floor over 3 runs, not one pooled over 30
+    noisy = [Run.of([10.0 + (i + j) % 3 for i in range(10)]) for j in range(3)]  # 10-12 ms, never 10 at every step
+    assert speedup(noisy, runs).point == pytest.approx(sum(min(r.step_ms[i] for r in noisy) for i in range(10)) / 78)
+    assert price_ms(noisy) == pytest.approx(100.0)  # pooled, base alone: 10 ms a step
     # runs that are not repeats of one request (lengths differ) fall back to the kinds
     mixed = [runs[0], Run.of(steps[:8], [4, 5, 6, 7], uneven=True)]
     assert price_ms(mixed) == price_ms([replace(r, uneven=False) for r in mixed])

@@ -298,7 +298,11 @@ def speedup(
 
 
 def _group(b: Sequence[Run], r: Sequence[Run], c, cb, rng, draws: int) -> tuple[float, np.ndarray]:
-    """One request's point and bootstrap draws: base (`b`, priced at counts `cb`) over the stack (`r`, at `c`)."""
+    """One request's point and bootstrap draws: base (`b`, priced at counts `cb`) over the stack (`r`, at `c`). Where
+    one side is priced step by step (uneven runs), so is the other: a floor of a few runs per step sits higher than a
+    floor pooled over every step of a kind, and both sides must be read alike."""
+    if (_by_step(b) is None) != (_by_step(r) is None):
+        b, r = [replace(x, uneven=True) for x in b], [replace(x, uneven=True) for x in r]
     c, cb = c or counts_of(r), cb or counts_of(b)
     point = price_ms(b, cb) / price_ms(r, c)
     if len(b) == len(r) and len(b) > 1:  # paired: a draw takes both runs of a pair
