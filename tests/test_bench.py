@@ -15,12 +15,13 @@ import pytest
 
 from studio.bench.bench import AGAIN, run_bench
 from studio.bench.sweep import cliff, run_sweep
-from studio.bench.tune import SearchSpace, tune
+from studio.bench.tune import tune
 from studio.measure.estimate import price_ms, speedup_over
 from studio.measure.quality import psnr
 from studio.report.text import bench_markdown, sweep_markdown, tune_summary
 from studio.spec.export import cache_dit_dict, cache_dit_yaml
 from studio.spec.presets import load_preset, preset_to_yaml
+from tests.spaces import narrow
 
 PROMPTS = ["a red circle in the center, blue background", "an orange triangle on the left, black background"]
 ROW_KEYS = {"preset", "denoise_s", "step_ms", "speedup", "psnr_db", "ssim", "full_steps", "cached_steps", "of_ideal"}
@@ -177,17 +178,8 @@ def test_sweep_over_the_run_length_cap(tiny_runner):
 
 def test_tuned_preset_meets_its_floor_and_loads(tiny_runner, tmp_path):
     reqs = [tiny_runner.request(p, seed=42) for p in PROMPTS]
-    space = SearchSpace(
-        calibrators=("none",),
-        run_caps=(3,),
-        warmups=(4,),
-        masks=(),
-        non_cache=("base",),
-        finalists=1,
-        repeats=1,
-        fewer_steps=False,  # the cache's search alone (fewer steps as a finalist: tests/test_fewer.py)
-        methods=(),  # DBCache alone (every method in the search: tests/test_methods.py)
-    )
+    # the cache's search alone (fewer steps as a finalist: tests/test_fewer.py; every method: tests/test_methods.py)
+    space = narrow(fewer_steps=False)
     res = tune(tiny_runner, reqs, 35.0, space=space, max_flip=0.2)
     assert res.worst_db >= 35.0 and res.screened > 0 and res.runs == res.screened + res.timed
     assert res.worst_flip <= 0.2 and all(c.worst_flip <= 0.2 for c in res.candidates)

@@ -14,6 +14,7 @@ from studio.measure.estimate import steps_at_speed
 from studio.measure.quality import psnr
 from studio.report.fewer import fewer_steps_markdown, versus_fewer
 from studio.spec import GenerationRequest
+from tests.spaces import narrow
 
 PROMPTS = ("a red circle in the center, blue background", "a yellow square on the left, purple background")
 
@@ -187,20 +188,11 @@ def test_tune_times_base_at_the_fewest_steps_beside_the_cache_finalists(tiny_run
     """Fewer steps is a finalist of the search (Preset.step_share): base at the fewest steps that keep the floor is
     timed beside the cache's best, and whichever keeps the floor with the best worst paired speed-up is the answer,
     a preset that runs as any preset runs."""
-    from studio.bench.tune import SearchSpace, tune
+    from studio.bench.tune import tune
     from studio.report.text import tune_summary
 
     reqs = [_req(p, steps=12) for p in PROMPTS]
-    space = SearchSpace(
-        calibrators=("none",),
-        run_caps=(3,),
-        warmups=(4,),
-        masks=(),
-        non_cache=("base",),
-        finalists=1,
-        repeats=1,
-        methods=(),
-    )
+    space = narrow()
     res = tune(tiny_runner, reqs, 35.0, space=space)
     f = res.fewer.fewest
     assert f is not None and f.worst_db >= 35.0 and f.steps < 12  # base keeps 35 dB well below 12 steps here

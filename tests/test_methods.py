@@ -17,6 +17,7 @@ from studio.report.card import metrics_card
 from studio.spec import CacheSpec, ConfigError, GenerationRequest, PresetLibrary
 from studio.spec.headroom import headroom
 from studio.spec.presets import preset_from_text, preset_to_yaml
+from tests.spaces import narrow
 
 PROMPT = "a red circle in the center, blue background"
 METHODS = PresetLibrary().method_names()
@@ -224,7 +225,7 @@ def test_tune_searches_every_method_on_its_non_cache_option_and_times_each_best_
     non-cache option, each best timed beside the others on prompts the search did not see; the winner is whichever
     keeps the floor fastest, written with the transformer it was searched on, and the summary lists the frontier it
     was picked from."""
-    from studio.bench.tune import SearchSpace, tune
+    from studio.bench.tune import tune
     from studio.report.text import tune_summary
 
     unseen = "a white circle on the left and a green square on the right, black background"
@@ -232,17 +233,7 @@ def test_tune_searches_every_method_on_its_non_cache_option_and_times_each_best_
         [_req(steps=12)],
         [replace(_req(steps=12), prompt=unseen), replace(_req(steps=12, seed=4), prompt=unseen)],
     )
-    space = SearchSpace(
-        calibrators=("none",),
-        run_caps=(3,),
-        warmups=(4,),
-        masks=(),
-        non_cache=("base",),
-        finalists=1,
-        repeats=1,
-        fewer_steps=False,
-        methods=("fbcache", "seacache"),
-    )
+    space = narrow(fewer_steps=False, methods=("fbcache", "seacache"))
     res = tune(tiny_runner, reqs, 35.0, space=space, search_requests=search)
     assert res.search_prompts == [PROMPT] and res.prompts == [unseen, unseen]
     assert res.preset.tuned_for == fingerprint(tiny_runner.manager.current.pipe.transformer)

@@ -12,6 +12,7 @@ import pytest
 from conftest import plain_ui
 
 from studio.cli import main
+from tests.spaces import narrow
 
 PROMPT = "a red circle in the center, blue background"
 STEPS = 8
@@ -83,22 +84,11 @@ def test_sweep_compile_on_compiles_every_value(capsys, tmp_path):
 
 # tune -------------------------------------------------------------------------------------------------------------
 def test_tune_compile_off_keeps_every_option_eager_and_cache_off_is_refused(tiny_runner, capsys):
-    from studio.bench.tune import SearchSpace, tune
+    from studio.bench.tune import tune
     from studio.spec import ConfigError
 
     reqs = [tiny_runner.request(PROMPT, seed=42, steps=STEPS)]
-    space = SearchSpace(
-        thresholds=(0.24, 0.5),
-        calibrators=("none",),
-        run_caps=(3,),
-        warmups=(2,),
-        masks=(),
-        non_cache=("base", "compile"),
-        finalists=1,
-        repeats=1,
-        fewer_steps=False,
-        methods=(),
-    )
+    space = narrow(thresholds=(0.24, 0.5), warmups=(2,), non_cache=("base", "compile"), fewer_steps=False)
     said = []
     g0 = _graphs()
     res = tune(tiny_runner, reqs, 25.0, space=space, compile_enabled=False, progress=said.append)
