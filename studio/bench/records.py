@@ -75,7 +75,7 @@ class TuneResult:
     fewer: FewerSteps | None = None  # base at fewer steps on the same prompts (studio.bench.fewer)
     vs_fewer: Versus | None = None  # the result against base at the step count of its speed-up
     finalists: list[Finalist] = field(default_factory=list)  # every finalist as timed, the winner marked
-    methods: list[dict] = field(default_factory=list)  # the other methods' searches (Searched.as_dict, and `on`)
+    methods: list[dict] = field(default_factory=list)  # the other methods' searches (bench.methods.Searched.as_dict)
 
     @property
     def runs(self) -> int:

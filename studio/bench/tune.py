@@ -102,7 +102,7 @@ class Tuner:
         self.timed = 0
         self.curve: list[tuple[float, float, float | None]] = []
         self.order = list(range(len(self.search)))  # search prompts, the worst so far first
-        self.searched: list[dict] = []  # the other methods' searches (bench.methods.Searched.as_dict, and `on`)
+        self.searched: list = []  # the other methods' searches (studio.bench.methods.Searched)
 
     # 1 -----------------------------------------------------------------------------------------------------------
     def best_non_cache(self) -> Preset:
@@ -196,22 +196,17 @@ class Tuner:
 
     def other_methods(self, stack: Preset, name: str) -> list[Preset]:
         """Each method of the space searched for its most aggressive knob that keeps the floor, screened on `stack`
-        (studio.bench.methods.MethodSearch), as a finalist on it, and on base too where `stack` is not base (what
-        compile or the 8-bit form gains, a method may lose: a hook cache under compile); a method a stack refuses is
-        left out, said."""
-        base = self.runner.resolve_preset(BASE)
+        (studio.bench.methods.MethodSearch), as a finalist on it; a method the stack refuses is left out, said."""
+        search = MethodSearch(self.runner, self.search, self.floor, self.max_flip, self.model, self.progress, stack)
         out = []
-        for on, tag in ((stack, ""), (base, "-eager")) if stack.stack != base.stack else ((stack, ""),):
-            search = MethodSearch(self.runner, self.search, self.floor, self.max_flip, self.model, self.progress, on)
-            for m in (m for m in METHODS if m.name in self.space.methods):
-                found = search.run(m)
-                self.screened += found.screened
-                self.searched.append({**found.as_dict(), "on": on.name})
-                if found.preset is None:
-                    self.progress(f"{m.name} on {on.name}: {found.refused or found.note}")
-                    continue
-                named = f"{name}-{m.best_name}{tag}"  # timed as `on` runs (compiled where it is)
-                out.append(replace(found.preset, name=named, compile=on.compile, description=""))
+        for m in (m for m in METHODS if m.name in self.space.methods):
+            found = search.run(m)
+            self.screened += found.screened
+            self.searched.append(found)
+            if found.preset is not None:  # timed as the stack runs (compiled where it is)
+                out.append(replace(found.preset, name=f"{name}-{m.best_name}", compile=stack.compile, description=""))
+            else:
+                self.progress(f"{m.name}: {found.refused or found.note}")
         return out
 
     # 3 -----------------------------------------------------------------------------------------------------------
@@ -320,7 +315,7 @@ class Tuner:
             fewer=judge.result if judge else None,
             vs_fewer=vs_fewer,
             finalists=[Finalist.of(rows[f.name], f, win is f) for f in finalists],
-            methods=list(self.searched),
+            methods=[s.as_dict() for s in self.searched],
         )
 
 
