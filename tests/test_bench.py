@@ -21,7 +21,7 @@ from studio.measure.quality import psnr
 from studio.report.text import bench_markdown, sweep_markdown, tune_summary
 from studio.spec.export import cache_dit_dict, cache_dit_yaml
 from studio.spec.presets import load_preset, preset_to_yaml
-from tests.spaces import narrow
+from tests.narrowed import narrow
 
 PROMPTS = ["a red circle in the center, blue background", "an orange triangle on the left, black background"]
 ROW_KEYS = {"preset", "denoise_s", "step_ms", "speedup", "psnr_db", "ssim", "full_steps", "cached_steps", "of_ideal"}

@@ -14,7 +14,7 @@ from studio.measure.estimate import steps_at_speed
 from studio.measure.quality import psnr
 from studio.report.fewer import fewer_steps_markdown, versus_fewer
 from studio.spec import GenerationRequest
-from tests.spaces import narrow
+from tests.narrowed import narrow
 
 PROMPTS = ("a red circle in the center, blue background", "a yellow square on the left, purple background")
 

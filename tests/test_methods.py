@@ -17,7 +17,7 @@ from studio.report.card import metrics_card
 from studio.spec import CacheSpec, ConfigError, GenerationRequest, PresetLibrary
 from studio.spec.headroom import headroom
 from studio.spec.presets import preset_from_text, preset_to_yaml
-from tests.spaces import narrow
+from tests.narrowed import narrow
 
 PROMPT = "a red circle in the center, blue background"
 METHODS = PresetLibrary().method_names()

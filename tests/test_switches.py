@@ -12,7 +12,7 @@ import pytest
 from conftest import plain_ui
 
 from studio.cli import main
-from tests.spaces import narrow
+from tests.narrowed import narrow
 
 PROMPT = "a red circle in the center, blue background"
 STEPS = 8
