@@ -48,7 +48,7 @@ def test_uneven_pruning_would_mislead_the_floor_by_kind_and_is_priced_step_by_st
     pruned = {4: 9.0, 5: 7.0, 6: 5.0, 7: 3.0, 8: 8.0, 9: 6.0}
     steps = [pruned.get(i, 10.0) for i in range(10)]
     noise = ([0.0] * 10, [0.4] * 10, [0.0] * 5 + [1.5] * 5)  # what a machine adds: only ever more time
-    runs = [Run.of([t + n for t, n in zip(steps, add)], pruned, uneven=True) for add in noise]
+    runs = [Run.of([t + n for t, n in zip(steps, add)], pruned, pruned_blocks=len(pruned)) for add in noise]
     bases = [flat(10.0, 10)] * 3
     assert price_ms(runs) == pytest.approx(sum(steps))  # 78 ms: each step at its own fastest
     fair = speedup(bases, runs)
@@ -60,7 +60,7 @@ def test_uneven_pruning_would_mislead_the_floor_by_kind_and_is_priced_step_by_st
     assert speedup(noisy, runs).point == pytest.approx(sum(min(r.step_ms[i] for r in noisy) for i in range(10)) / 78)
     assert price_ms(noisy) == pytest.approx(100.0)  # pooled, base alone: 10 ms a step
     # runs that are not repeats of one request (lengths differ) fall back to the kinds
-    mixed = [runs[0], Run.of(steps[:8], [4, 5, 6, 7], uneven=True)]
+    mixed = [runs[0], Run.of(steps[:8], [4, 5, 6, 7], pruned_blocks=4)]
     assert price_ms(mixed) == price_ms([replace(r, uneven=False) for r in mixed])
 
 

@@ -35,6 +35,10 @@ def resolve_presets(runner: Runner, presets, lib, cache_enabled=None, compile_en
     resolved = [runner.resolve_preset(p, lib) for p in names]
     switches = Switches(cache_enabled, None, compile_enabled)  # (the one rule: spec.ask)
     rest = [switches.apply(p) for p in resolved if p.name != BASE]
+    seen = [p.name for p in rest]
+    twice = sorted({n for n in seen if seen.count(n) > 1})
+    if twice:  # rows, twins and pairs are keyed by name: a second preset of one name would take the first's
+        raise ConfigError(f"bench: presets={twice} given twice; name each preset once (a row is read by its name)")
     return [runner.resolve_preset(BASE)] + rest
 
 

@@ -176,4 +176,4 @@ def read_rows(judge: FewerStepsJudge, rows) -> None:
     """Sets `vs_fewer` on each row that cached steps with a speed-up above 1."""
     for r in rows:
         if r.cached_steps > 0 and r.speedup is not None and r.speedup > 1.0:
-            r.vs_fewer = judge.versus(r.speedup, r.worst_psnr_db if r.worst_psnr_db is not None else r.psnr_db)
+            r.vs_fewer = judge.versus(r.speedup, r.floor_db)

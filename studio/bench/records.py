@@ -44,8 +44,8 @@ class Finalist:
             row.speedup,
             row.speedup_lo,
             row.speedup_hi,
-            row.worst_psnr_db if row.worst_psnr_db is not None else row.psnr_db,
-            row.worst_flip if row.worst_flip is not None else row.flip,
+            row.floor_db,
+            row.ceiling_flip,
             row.cached_steps,
             row.full_steps,
             won,
@@ -75,7 +75,7 @@ class TuneResult:
     fewer: FewerSteps | None = None  # base at fewer steps on the same prompts (studio.bench.fewer)
     vs_fewer: Versus | None = None  # the result against base at the step count of its speed-up
     finalists: list[Finalist] = field(default_factory=list)  # every finalist as timed, the winner marked
-    methods: list[dict] = field(default_factory=list)  # the other methods' searches (bench.methods.Searched.as_dict)
+    methods: list[dict] = field(default_factory=list)  # the other methods' searches (Searched.as_dict, `on`: the arms)
 
     @property
     def runs(self) -> int:

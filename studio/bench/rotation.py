@@ -75,9 +75,7 @@ def _studio(rot: Rotation, runner: Runner, request, name: str, p: Preset, model,
         rot.recompiles[name] = total_graphs([rot.recompiles.get(name, 0), new])
     rot.times.setdefault(name, []).append(res.metrics.timing.denoise_s)
     m = res.metrics
-    rot.runs.setdefault(name, []).append(
-        Run.of(m.timing.step_ms, m.cache.cached_step_indices, m.cache.pruned_blocks is not None)
-    )
+    rot.runs.setdefault(name, []).append(Run.of(m.timing.step_ms, m.cache.cached_step_indices, m.cache.pruned_blocks))
     rot.last[name] = res
 
 

@@ -1,10 +1,11 @@
 """`python -m studio tune --min-psnr 35 [--max-flip 0.05]`: the fastest stack whose worst PSNR (and FLIP) over the
-prompts stays above the floor. 1. the fastest non-cache preset with a margin (compile, the device's 8-bit form,
-attention: what every cache then runs on); 2. DBCache's knobs screened eagerly on it (a binary search of the
-threshold per calibrator, run cap and warm-up, then step masks), ranked by predicted speed-up, and every other
-step-cache method's knob searched on it as `methods` searches it; 3. the best few DBCache settings, each method's
-best and base at the fewest steps that keep the floor, timed side by side: the highest worst paired speed-up wins
-(so the answer may be another method, or "run fewer steps"); 4. a cached result against fewer steps at its speed."""
+prompts stays above the floor. 1. the non-cache options with a margin (compile, the device's 8-bit form, attention:
+the arms every cache is crossed with), the fastest first; 2. DBCache's knobs screened eagerly on the fastest (a binary
+search of the threshold per calibrator, run cap and warm-up, then step masks), ranked by predicted speed-up, and every
+other step-cache method's knob searched on each arm as `methods` searches it; 3. the best few DBCache settings (the
+best on every arm), each method's best on every arm and base at the fewest steps that keep the floor, timed side by
+side: the highest worst paired speed-up wins (so the answer may be another method, another arm, or "run fewer
+steps"); 4. a cached result against fewer steps at its speed."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from studio.bench.ladders import METHODS
 from studio.bench.methods import MethodSearch, searched_on
 from studio.bench.records import Candidate, Finalist, TuneResult
 from studio.bench.screening import flip_ok, screen_prompts
+from studio.bench.twins import eager_stack
 from studio.engine import BASE
 from studio.report.text import tuned_description
 from studio.spec.ask import Switches
@@ -102,7 +104,8 @@ class Tuner:
         self.timed = 0
         self.curve: list[tuple[float, float, float | None]] = []
         self.order = list(range(len(self.search)))  # search prompts, the worst so far first
-        self.searched: list = []  # the other methods' searches (studio.bench.methods.Searched)
+        self.searched: list[dict] = []  # the other methods' searches (bench.methods.Searched.as_dict, and `on`)
+        self.arms: list[Preset] = []  # the non-cache options that keep the floor and the margin, the fastest first
 
     # 1 -----------------------------------------------------------------------------------------------------------
     def best_non_cache(self) -> Preset:
@@ -121,7 +124,9 @@ class Tuner:
             and (r.psnr_db or 0) >= self.floor + MARGIN_DB
             and self._flip_ok(r.flip, FLIP_MARGIN)
         ]
-        best = max(ok, key=lambda r: r.speedup or 0, default=None)
+        ok.sort(key=lambda r: -(r.speedup or 0))
+        self.arms = [options[r.preset] for r in ok]  # every option with room for a cache, the fastest first
+        best = ok[0] if ok else None
         if best is None:  # with compile forced on, base is not among the options
             raise ConfigError(
                 f"no non-cache option ({', '.join(options)}) keeps {self.floor + MARGIN_DB:g} dB (the floor and "
@@ -194,19 +199,30 @@ class Tuner:
                     out.append(c)
         return sorted(out, key=lambda c: -c.predicted)
 
-    def other_methods(self, stack: Preset, name: str) -> list[Preset]:
-        """Each method of the space searched for its most aggressive knob that keeps the floor, screened on `stack`
-        (studio.bench.methods.MethodSearch), as a finalist on it; a method the stack refuses is left out, said."""
-        search = MethodSearch(self.runner, self.search, self.floor, self.max_flip, self.model, self.progress, stack)
+    def other_methods(self, name: str) -> list[Preset]:
+        """Each method of the space crossed with every non-cache option that leaves room for a cache (`arms`: what
+        compile or the 8-bit form gains, a method may lose, as a hook cache under compile): its most aggressive knob
+        that keeps the floor, searched once per eager stack (screening is eager: compiled and eager arms share it;
+        studio.bench.methods.MethodSearch), then a finalist on each arm of that stack, named for the arm where it is
+        not the fastest; a method an arm refuses is left out there, said."""
+        groups: dict[tuple, list[Preset]] = {}
+        for arm in self.arms:
+            groups.setdefault(eager_stack(arm), []).append(arm)
         out = []
-        for m in (m for m in METHODS if m.name in self.space.methods):
-            found = search.run(m)
-            self.screened += found.screened
-            self.searched.append(found)
-            if found.preset is not None:  # timed as the stack runs (compiled where it is)
-                out.append(replace(found.preset, name=f"{name}-{m.best_name}", compile=stack.compile, description=""))
-            else:
-                self.progress(f"{m.name}: {found.refused or found.note}")
+        for arms in groups.values():
+            search = MethodSearch(
+                self.runner, self.search, self.floor, self.max_flip, self.model, self.progress, arms[0]
+            )
+            for m in (m for m in METHODS if m.name in self.space.methods):
+                found = search.run(m)
+                self.screened += found.screened
+                self.searched.append({**found.as_dict(), "on": [a.name for a in arms]})
+                if found.preset is None:
+                    self.progress(f"{m.name} on {arms[0].name}: {found.refused or found.note}")
+                    continue
+                for arm in arms:  # timed as the arm runs (compiled where it is)
+                    named = f"{name}-{m.best_name}" + ("" if arm is self.arms[0] else f"-on-{arm.name}")
+                    out.append(replace(found.preset, name=named, compile=arm.compile, description=""))
         return out
 
     # 3 -----------------------------------------------------------------------------------------------------------
@@ -254,7 +270,12 @@ class Tuner:
             replace(stack, name=f"{name}-{i + 1}", cache_config=c.cache, description="")
             for i, c in enumerate(cands[: self.space.finalists])
         ]
-        finalists += self.other_methods(stack, name)
+        if cands and self.space.methods:  # DBCache's best on the other arms too, as every other method runs there
+            top = cands[0].cache
+            finalists += [
+                replace(a, name=f"{name}-1-on-{a.name}", cache_config=top, description="") for a in self.arms[1:]
+            ]
+        finalists += self.other_methods(name)
         judge = self._fewer(self.search)
         finalists += self._fewer_finalists(judge, name, stack)
         if judge is not None and self.search != self.requests:  # the rival on the prompts the finalists are timed on
@@ -315,7 +336,7 @@ class Tuner:
             fewer=judge.result if judge else None,
             vs_fewer=vs_fewer,
             finalists=[Finalist.of(rows[f.name], f, win is f) for f in finalists],
-            methods=[s.as_dict() for s in self.searched],
+            methods=list(self.searched),
         )
 
 

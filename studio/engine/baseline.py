@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from studio.measure.crowding import CoreWatch, Crowding
-from studio.measure.estimate import TIGHT, Estimate, Run, exact_one, price_ms, speedup, stalled
+from studio.measure.estimate import TIGHT, Estimate, Run, alike, exact_one, price_ms, speedup, stalled
 from studio.measure.estimate import by_shape as estimate_by_shape
 from studio.spec.preset import Preset
 
@@ -153,9 +153,11 @@ class Paired:
     def priced_s(self) -> dict:
         """The stack's and base's floor prices in seconds and what other programs took of the cores, as RunMetrics
         fields; None where not timed (not watched)."""
-        base_runs = self.base.runs if self.base is not None else ()
+        base_runs, stack_runs = self.base.runs if self.base is not None else (), self.stack_runs
+        if base_runs and stack_runs:  # as the speed-up divides them (DBPrune's, step by step on both sides)
+            base_runs, stack_runs = alike(base_runs, stack_runs)
         return {
-            "denoise_priced_s": price_ms(self.stack_runs) / 1e3 if self.stack_runs else None,
+            "denoise_priced_s": price_ms(stack_runs) / 1e3 if stack_runs else None,
             "base_priced_s": price_ms(base_runs) / 1e3 if base_runs else None,
             "cores_taken": self.crowding.taken if self.crowding is not None else None,
             "cores_host": self.crowding.host if self.crowding is not None else None,

@@ -155,7 +155,7 @@ class Measured:
     @property
     def timed(self) -> Run:
         """The run as the estimator reads it (studio.measure.estimate)."""
-        return Run.of(self.step_ms, self.counts.cached_indices, uneven=self.report.pruned_blocks is not None)
+        return Run.of(self.step_ms, self.counts.cached_indices, self.report.pruned_blocks)
 
     @property
     def full_ms(self) -> float | None:

@@ -70,8 +70,10 @@ class Run:
     uneven: bool = False  # its cached steps do uneven work (DBPrune): priced step by step (module doc)
 
     @classmethod
-    def of(cls, step_ms: Sequence[float], cached: Sequence[int] = (), uneven: bool = False) -> Run:
-        return cls(tuple(float(t) for t in step_ms), frozenset(int(i) for i in cached), uneven)
+    def of(cls, step_ms: Sequence[float], cached: Sequence[int] = (), pruned_blocks: int | None = None) -> Run:
+        """`pruned_blocks`: the cache's own count of blocks it pruned, where it prunes (DBPrune): its steps are
+        uneven, whatever the count."""
+        return cls(tuple(float(t) for t in step_ms), frozenset(int(i) for i in cached), pruned_blocks is not None)
 
     @property
     def wall_ms(self) -> float:
@@ -297,12 +299,18 @@ def speedup(
     return speedup_over([(bases, runs, counts, base_counts)], draws=draws)
 
 
-def _group(b: Sequence[Run], r: Sequence[Run], c, cb, rng, draws: int) -> tuple[float, np.ndarray]:
-    """One request's point and bootstrap draws: base (`b`, priced at counts `cb`) over the stack (`r`, at `c`). Where
-    one side is priced step by step (uneven runs), so is the other: a floor of a few runs per step sits higher than a
-    floor pooled over every step of a kind, and both sides must be read alike."""
+def alike(b: Sequence[Run], r: Sequence[Run]) -> tuple[Sequence[Run], Sequence[Run]]:
+    """Base's runs and the stack's, read alike: where one side is priced step by step (uneven runs), so is the other
+    (a floor of a few runs per step sits higher than a floor pooled over every step of a kind)."""
     if (_by_step(b) is None) != (_by_step(r) is None):
-        b, r = [replace(x, uneven=True) for x in b], [replace(x, uneven=True) for x in r]
+        return [replace(x, uneven=True) for x in b], [replace(x, uneven=True) for x in r]
+    return b, r
+
+
+def _group(b: Sequence[Run], r: Sequence[Run], c, cb, rng, draws: int) -> tuple[float, np.ndarray]:
+    """One request's point and bootstrap draws: base (`b`, priced at counts `cb`) over the stack (`r`, at `c`), both
+    read alike."""
+    b, r = alike(b, r)
     c, cb = c or counts_of(r), cb or counts_of(b)
     point = price_ms(b, cb) / price_ms(r, c)
     if len(b) == len(r) and len(b) > 1:  # paired: a draw takes both runs of a pair

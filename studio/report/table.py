@@ -101,6 +101,16 @@ class MatrixRow:
         return (self.studio_over_raw, self.studio_over_raw_lo, self.studio_over_raw_hi)
 
     @property
+    def floor_db(self) -> float | None:
+        """What a floor is read against: the worst PSNR over the prompts, or the one prompt's."""
+        return self.worst_psnr_db if self.worst_psnr_db is not None else self.psnr_db
+
+    @property
+    def ceiling_flip(self) -> float | None:
+        """What a FLIP ceiling is read against: the highest over the prompts, or the one prompt's."""
+        return self.worst_flip if self.worst_flip is not None else self.flip
+
+    @property
     def worst_tile(self) -> tuple | None:
         return None if self.worst_tile_psnr_db is None else (self.worst_tile_psnr_db, self.worst_tile_yx)
 
