@@ -179,9 +179,10 @@ SECTIONS = [
         "The tuner at the floor the command names, searching on the profile's example prompts and timing its "
         "finalists on `docs/prompts-heldout.txt`, which the search did not see; written as a preset "
         "(docs/bench/tuned-35db.yaml: the next section runs it again beside the shipped stacks). One search over "
-        "stacks: the fastest non-cache option with a margin, DBCache's knobs and every other step-cache method's "
-        "knob screened on it, base (and that option) at the fewest steps that keep the floor; the finalists timed "
-        "side by side (listed after the paired lines: the frontier the winner was picked from).",
+        "stacks: the non-cache options with a margin (the arms), DBCache's knobs screened on the fastest, every "
+        "other step-cache method's knob searched on each arm (`-on-<arm>` where it is not the fastest), base (and "
+        "the fastest option) at the fewest steps that keep the floor; the finalists timed side by side (listed after "
+        "the paired lines: the frontier the winner was picked from).",
         "-m studio tune --min-psnr 35 --search-prompts examples --prompts docs/prompts-heldout.txt "
         "--out docs/bench/tuned-35db.yaml --plot docs/bench/tune-curve.png",
         fenced=True,
