@@ -134,7 +134,11 @@ def test_the_decision_is_the_same_code_with_a_budget_and_unbounded_without_one_o
     )
     need = needs(sizes, spec, 10, CPU)
     # on a CPU nothing prefetches: one block on the device beside the rest (40 = vae 20 + the non-block 20)
-    assert need == {"none": 130, "layerwise_offload": 70, "group_offload": 70, "model_cpu_offload": 110}
+    assert need == {"none": 130, "layerwise_offload": 70, "group_offload": 70, "model_cpu_offload": 110} | {
+        "none+encoders": 130,  # no text encoder here: by use saves nothing
+        "layerwise_offload+encoders": 70,
+        "group_offload+encoders": 70,
+    }
     assert needs(sizes, spec, 10)["layerwise_offload"] == 90  # on CUDA the next block is prefetched beside it
     # auto takes the first that runs here and fits: without pinned memory layerwise cannot run on a CPU
     plan = decide(sizes, spec, CPU, Free(100, "budget"), (10, "activations"))
@@ -224,7 +228,7 @@ def test_policy_none_over_the_budget_is_refused_before_loading_with_the_fix(runn
         assert "none needs ~" in str(e.value) and f"STUDIO_DEVICE_MEMORY_GB={budget:g}" in str(e.value)
         # a loaded model: the regime is refused before anything moves, and the one running stays as it was
         streamed = runner.generate(req(), "group", compare=False)
-        with pytest.raises(ConfigError, match="under preset 'none' does not fit the device"):
+        with pytest.raises(ConfigError, match="under preset 'none' at 64x64 does not fit the device"):
             runner.generate(req(), "none", compare=False)
         again = runner.generate(req(), "group", compare=False)
     assert np.array_equal(again.image, streamed.image) and runner.manager.placement()["regime"] == "group_offload"

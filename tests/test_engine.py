@@ -912,10 +912,11 @@ def test_a_lora_file_a_slot_cannot_take_is_refused_before_loading(tmp_path):
     _check_file(str(big), 128)  # within the slots' rank now
 
 
-def test_a_weight_set_that_fails_to_load_leaves_the_next_request_running(random_model_dir, tmp_path):
-    """Issue 57: with one slot the weights in use go first to make room; a load that then fails (here a weights file
-    that is not one; on a card, out of memory) leaves nothing named active that is gone: the error says so, and the
-    next request loads what it needs and runs (it raised KeyError until a restart)."""
+def test_a_weight_set_that_fails_to_load_leaves_the_weights_in_use_as_they_were(random_model_dir, tmp_path):
+    """Issue 57: with one slot the weights in use leave it (and the device) to make room; a load that then fails
+    (here a weights file that is not one; on a card, out of memory) puts them back: the error says the weights in use
+    are as they were, and it is true: the next request runs on them without a reload (it raised KeyError until a
+    restart, then reloaded)."""
     import shutil
 
     from studio.engine import ModelManager, Runner
@@ -928,19 +929,59 @@ def test_a_weight_set_that_fails_to_load_leaves_the_next_request_running(random_
     )
     req = r.request("a red circle", steps=4)
     base = r.generate(req, "base", compare="off").image
+    tr0, active = r.manager.current.pipe.transformer, r.manager.current.active
     weights = next((folder / "transformer").glob("*.safetensors"))
     saved = weights.read_bytes()
     weights.write_bytes(b"not a safetensors file")
     try:
         with pytest.raises(
-            ModelLoadError, match="left their slot to make room, so the next request loads the ones it needs"
+            ModelLoadError, match="could not reload transformer .*; the weights in use are as they were"
         ):
             r.generate(req, "int8", compare="off")
     finally:
         weights.write_bytes(saved)
     try:
-        assert np.array_equal(r.generate(req, "base", compare="off").image, base)  # the next request runs, as before
+        cur = r.manager.current
+        assert cur.active == active and list(cur.variants) == [active] and cur.pipe.transformer is tr0
+        again = r.generate(req, "base", compare="off")
+        assert np.array_equal(again.image, base) and not again.metrics.reloaded  # as it was: nothing reloaded
         q = r.generate(req, "int8", compare="off").metrics
-        assert any(line.startswith("quantize:") for line in q.labels.engaged), q.labels.engaged
+        assert q.reloaded and any(line.startswith("quantize:") for line in q.labels.engaged), q.labels.engaged
+        assert list(r.manager.current.variants) == [r.manager.current.active]  # one slot: base's weights went
     finally:
         r.manager.unload()
+
+
+def test_a_device_that_holds_both_weight_sets_keeps_base_beside_int8_and_one_that_does_not_lets_it_go(runner):
+    """Issue 57: a compared click of an 8-bit stack alternates base and the stack; where the device holds both
+    weight sets (here a budget of the pipeline, the 8-bit set and its activations), base's stay beside the 8-bit
+    ones and nothing reloads on the way back; where it holds one, base's leave for the 8-bit ones, sized in their own
+    form before they load (from the configs: 8-bit rows), and come back by a reload."""
+    from studio.engine.placement import GIB, device_bytes, margin_bytes
+    from studio.engine.sizes import device_bytes_of, incoming_sizes, sizes_of_pipe
+
+    r, m, int8 = req(), runner.manager, stack(runner, "int8", compile=False)
+    runner.generate(r, "base", compare="off")
+    pipe = m.current.pipe
+    pipe_bytes, tr_bytes = device_bytes(pipe, m.device), device_bytes_of(pipe.transformer, m.device)
+    margin = margin_bytes(sizes_of_pipe(pipe), m.current.source, m.current.dtype.torch.itemsize, m.device)[0]
+    runner.generate(r, int8, compare="off")  # unbounded: its key and its bytes as loaded
+    key8, q_bytes = m.current.active, device_bytes_of(m.current.pipe.transformer, m.device)
+    m.unload()
+    runner.generate(r, "base", compare="off")
+    est = incoming_sizes(m.current, key8).components["transformer"]
+    assert q_bytes < tr_bytes and abs(est - q_bytes) <= 0.2 * q_bytes  # smaller, and sized so before it loads
+    before = m.settings
+    try:
+        m.settings = replace(before, device_memory_gb=(pipe_bytes + est + margin + 2**20) / GIB)  # holds both
+        runner.generate(r, int8, compare="off")
+        back = runner.generate(r, "base", compare="off")
+        assert not back.metrics.reloaded and len(m.current.variants) == 2
+        m.unload()
+        m.settings = replace(before, device_memory_gb=(pipe_bytes + margin + est // 2) / GIB)  # one at a time
+        runner.generate(r, "base", compare="off")
+        runner.generate(r, int8, compare="off")
+        assert list(m.current.variants) == [key8]  # base's weights left for the 8-bit ones
+        assert runner.generate(r, "base", compare="off").metrics.reloaded
+    finally:
+        m.settings = before

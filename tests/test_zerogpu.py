@@ -52,11 +52,12 @@ def forked_gpu(monkeypatch):
     from spaces.zero.api import ScheduleResponse
     from spaces.zero.gradio import patch_gradio_queue
 
-    reserved, workers = [], []
+    reserved, workers, tokens = [], [], []
 
     def schedule(task_id, request=None, duration=None, gpu_size=None):
         assert gpu_size == "large"  # the slice the studio asks for (STUDIO_ZEROGPU_SIZE's default), reaching spaces
         reserved.append(duration.total_seconds() if duration is not None else None)
+        tokens.append(client._get_headers(request).get(client.TOKEN_HEADER.lower()))  # whose quota: spaces' read
         return ScheduleResponse(idle=False, nvidiaIndex=0, nvidiaUUID="no-gpu", allowToken="harness")
 
     def worker_init(res_queue, allow_token, nvidia_uuid, fds):  # spaces' own, less attaching a GPU
@@ -80,7 +81,7 @@ def forked_gpu(monkeypatch):
     monkeypatch.setattr(
         spaces, "GPU", lambda fn, duration=None, size=None: wrappers.regular_function_wrapper(fn, duration, size)
     )
-    yield reserved, workers
+    yield reserved, workers, tokens
     for w in workers:
         w.process.kill()
         w.process.join(10)
@@ -107,11 +108,12 @@ def test_each_gpu_call_in_a_fresh_process_loses_nothing_the_studio_keeps(
 
     import studio.worker
     from studio.app.limits import PublicLimits
+    from studio.app.serve import launch
     from studio.app.ui import CSS, build_app
     from studio.worker import WorkerConfig
     from studio.worker.service import InProcess
 
-    reserved, workers = forked_gpu
+    reserved, workers, tokens = forked_gpu
     log = tmp_path / "calls.log"
     aot = tmp_path / "aot"
     with using(zerogpu=True, proxy_hops=1, aot_dir=str(aot)):  # as on a ZeroGPU Space (the settings read at start)
@@ -119,10 +121,12 @@ def test_each_gpu_call_in_a_fresh_process_loses_nothing_the_studio_keeps(
         assert isinstance(device, InProcess)  # the engine in the app's process, its model loaded at import
         demo = build_app(device, public=True, limits=PublicLimits(requests_per_minute=30))
         port = _free_port()
-        demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, css=CSS)
+        launch(
+            demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, css=CSS, mcp=True
+        )
     hook = _count_transformer_calls(log)
     try:
-        c = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        c = Client(f"http://127.0.0.1:{port}/", verbose=False, headers={"X-IP-Token": "t-client"})
         common = dict(model=random_model_dir, steps=10, preset="cache", threshold=0.5, api_name="/generate")
 
         def generate(prompt, compare):
@@ -169,7 +173,37 @@ def test_each_gpu_call_in_a_fresh_process_loses_nothing_the_studio_keeps(
         with pytest.raises(AppError, match="steps 50 is over this studio's limit of 20"):
             c.predict(prompt=PROMPT, **{**common, "steps": 50})
         assert len(reserved) == n
+        # whose quota each way in spends: the caller's X-IP-Token reaches spaces' scheduler (gradio_client above,
+        # the OpenAI images endpoint's call back, an MCP tool call), as a browser's does through the Space's proxy
+        assert set(tokens) == {"t-client"}, tokens
+        _through_v1_and_mcp(f"http://127.0.0.1:{port}/", random_model_dir)
+        assert tokens[-2:] == ["t-v1", "t-mcp"], tokens
     finally:
         hook.remove()
         demo.close()
         device.close()
+
+
+def _through_v1_and_mcp(url: str, model: str) -> None:
+    """One picture through `/v1/images/generations` and one through the MCP `images` tool, each with its caller's
+    X-IP-Token."""
+    import asyncio
+
+    import httpx
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamablehttp_client
+
+    body = {"prompt": PROMPT, "model": model, "size": "64x64", "num_inference_steps": 10, "preset": "cache"}
+    body.update(compare="off", response_format="b64_json")
+    r = httpx.post(url + "v1/images/generations", json=body, headers={"X-IP-Token": "t-v1"}, timeout=120)
+    assert r.status_code == 200, r.text
+
+    async def go():
+        async with streamablehttp_client(url + "gradio_api/mcp/", headers={"X-IP-Token": "t-mcp"}) as (read, write, _):
+            async with ClientSession(read, write) as s:
+                await s.initialize()
+                args = dict(prompt=PROMPT, model=model, steps=10, width=64, height=64, preset="cache", compare="off")
+                return await s.call_tool("images", args)
+
+    res = asyncio.run(go())
+    assert not res.isError, res.content

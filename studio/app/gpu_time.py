@@ -82,7 +82,7 @@ class Durations:
         return sum(
             1
             for p in compiled
-            if ahead_of_time_applies(p.compile, p.offload_config)  # (auto may choose none: reserved)
+            if ahead_of_time_applies(p)  # (auto may choose none: reserved)
             and not aot_built(aot_dir(current().aot_dir), ask.model, aot_marker_key(p), p.dtype, shape)
         )
 

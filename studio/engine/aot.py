@@ -14,13 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from studio.engine.state import CompiledVariant, Engaged, stack_state
+from studio.spec.hosting import HOOK_INSIDE, NO_LORA
+from studio.spec.methods import METHOD_NAMES
 
 CONFIGS = {"aot_inductor.package_constants_in_so": False}  # the package carries no weights: they are the block's
-NO_LORA = "not with a LoRA (peft's layers and scales are not in the package)"
 
 
 def refusal(tr, spec) -> str | None:
-    """Why this stack cannot run ahead-of-time compiled (words after "ahead-of-time compile is"); None: it can."""
+    """Why this stack cannot run ahead-of-time compiled (words after "ahead-of-time compile is"); None: it can. The
+    preset's own reasons are spec.hosting.aot_refusal's, read here from what the stack engaged."""
     state = stack_state(tr)
     if not getattr(tr, "_repeated_blocks", None):
         return f"per block, and {type(tr).__name__} has no _repeated_blocks"
@@ -33,8 +35,9 @@ def refusal(tr, spec) -> str | None:
         return NO_LORA
     if state.offloading.regime != "none":
         return f"not under {state.offloading.regime} (the weights move between calls; a package reads them in place)"
-    if state.step_cache.backend == "fbcache":
-        return "not under First-Block-Cache (its hook replaces the blocks' forward, which a package would skip)"
+    backend = state.step_cache.backend
+    if backend in HOOK_INSIDE:
+        return f"not under {METHOD_NAMES[backend]} ({HOOK_INSIDE[backend]})"
     return None
 
 
@@ -58,6 +61,23 @@ def _leaves(value, prefix: str) -> list[tuple]:
     return [(prefix, repr(value))]
 
 
+def built_with() -> tuple:
+    """What a compiled package depends on beyond its inputs: torch and its CUDA, Triton, torchao, and the GPU's
+    compute capability (ZeroGPU has moved hardware once; a package for sm_90 does not load on sm_120)."""
+    import importlib.metadata as md
+
+    import torch
+
+    def version(dist: str) -> str | None:
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            return None
+
+    arch = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    return (torch.__version__, torch.version.cuda, version("triton"), version("torchao"), arch)
+
+
 @dataclass
 class Store:
     """The packages on disk, keyed by what they are static in (block class, input shapes, dtypes, device)."""
@@ -67,10 +87,10 @@ class Store:
     attention: str = ""  # attention_of(the transformer): part of every key
 
     def key(self, block, weights: tuple, named: dict) -> str:
-        """The package's name: a hash of the block's class and weights, torch, compile mode and the call's inputs."""
-        import torch
-
-        what = (type(block).__qualname__, torch.__version__, self.mode, self.attention, weights, _leaves(named, "kw"))
+        """The package's name: a hash of the block's class and weights, the compiler stack it was built with (torch,
+        CUDA, Triton, torchao, the GPU's arch: a package built on other hardware or versions is another package),
+        compile mode and the call's inputs."""
+        what = (type(block).__qualname__, built_with(), self.mode, self.attention, weights, _leaves(named, "kw"))
         return f"{type(block).__name__}-{hashlib.sha256(repr(what).encode()).hexdigest()[:20]}"
 
     def path(self, key: str) -> Path:

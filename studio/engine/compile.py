@@ -185,12 +185,17 @@ def _switch_on(tr, variant: CompiledVariant) -> None:
     state.compile.running = variant  # counts now come from the cache backend's own record
 
 
-def compiles(spec: CompileSpec, offload, profile: DeviceProfile) -> bool:
-    """Whether a quantized stack with this compile spec and regime is compiled on `profile` (the 8-bit form follows
-    it): on ZeroGPU where ahead-of-time applies; elsewhere not under group offload (QUANT_UNDER_GROUP)."""
+def compiles(preset, profile: DeviceProfile, repeated: bool = True) -> bool:
+    """Whether `preset`'s stack runs compiled on `profile` (its 8-bit form follows: a dynamic-activation form run
+    eagerly is slower than full precision): on ZeroGPU ahead of time where nothing refuses it (spec.hosting.
+    aot_refusal); elsewhere not under group offload (QUANT_UNDER_GROUP), nor as one whole-transformer graph under a
+    step cache (apply_compile skips that). `repeated`: the transformer names repeated blocks."""
+    spec = preset.compile
     if profile.zerogpu is not None:
-        return ahead_of_time_applies(spec, offload)
-    return spec.enabled and getattr(offload, "policy", "none") != "group_offload"
+        return ahead_of_time_applies(preset, repeated)
+    if preset.cache.enabled and not (spec.regional and repeated):
+        return False
+    return spec.enabled and getattr(preset.offload_config, "policy", "none") != "group_offload"
 
 
 def apply_compile(pipe, spec: CompileSpec, *, cache_engaged: bool, ahead_of_time: Path | None = None) -> Engaged:

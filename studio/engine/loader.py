@@ -21,7 +21,7 @@ from studio.engine.offload import placed_for
 from studio.engine.parallel import remove_parallel
 from studio.engine.placement import Free, Plan, decide, describe, device_bytes, free_on, gib, margin_bytes
 from studio.engine.quantize import preset_form
-from studio.engine.sizes import ModelSizes, read_sizes, sizes_of_pipe
+from studio.engine.sizes import ModelSizes, device_bytes_of, incoming_sizes, read_sizes, sizes_of_pipe
 from studio.engine.stack import AppliedStack, apply_preset
 from studio.engine.state import stack_state
 from studio.engine.tasks import task_pipe
@@ -129,10 +129,13 @@ class ModelManager:
     def resolve_dtype(self, asked: str) -> DtypeChoice:
         return resolve_dtype(asked, self.profile, forced=self.settings.dtype)
 
-    def _plan(self, sizes: ModelSizes, spec: OffloadSpec, source: str, dtype: DtypeChoice, releasable: int) -> Plan:
-        """engine.placement.decide for the profile's device, with `releasable` device bytes given back first."""
+    def _plan(
+        self, sizes: ModelSizes, spec: OffloadSpec, source: str, dtype: DtypeChoice, releasable: int, size=None
+    ) -> Plan:
+        """engine.placement.decide for the profile's device, with `releasable` device bytes given back first, the
+        activations at the request's `size` (None: the model's default)."""
         device = torch.device(self.profile.kind)
-        margin = margin_bytes(sizes, source, dtype.torch.itemsize, device)
+        margin = margin_bytes(sizes, source, dtype.torch.itemsize, device, size)
         return decide(sizes, spec, device, self._room(0, releasable), margin)
 
     def _room(self, held: int, releasable: int = 0) -> Free:
@@ -185,13 +188,18 @@ class ModelManager:
         """The new pipeline in place of the old one, which lets go of the device (and its cache-dit hooks, patched on
         the class) first."""
         self.unload()
-        if plan.resident:
-            pipe.to(self.device)
+        if plan.resident:  # (text encoders by use wait on the host: they come for the prompt, engine.offload)
+            for name, comp in pipe.components.items():
+                if isinstance(comp, torch.nn.Module) and not (
+                    plan.encoders_by_use and name.startswith("text_encoder")
+                ):
+                    comp.to(self.device)
         placed_for(pipe.transformer, self.device)  # a host-loaded model still runs there
         cur = Loaded(model or "tiny", source, pipe, dtype)
         cur.active = (dtype.name, QuantSpec(), ())
         cur.variants[cur.active] = Variant(pipe.transformer)
-        cur.placement = describe(pipe, "none" if plan.resident else "host", spec, self.device, sizes, plan)
+        where = "none" if plan.resident else "host"
+        cur.placement = describe(pipe, where, spec, self.device, sizes, plan, plan.encoders_by_use)
         self.current = cur
         where = "resident" if plan.resident else f"on the host for {plan.policy}"
         log.info("loaded %s (%s) %s, %s, %s: %s", model, type(pipe).__name__, where, self.device, dtype.name, plan.why)
@@ -240,7 +248,8 @@ class ModelManager:
 
     @property
     def slots(self) -> int:
-        return self.settings.transformer_slots or (1 if self.device.type == "cuda" else 2)
+        """Weight sets kept at most; on a device with a memory figure, only as many as it holds (_holds_another)."""
+        return self.settings.transformer_slots or 2
 
     def _set_dtype(self, cur: Loaded, dtype: DtypeChoice) -> None:
         """Every component in another dtype: the transformer variants are dropped and reloaded in it."""
@@ -274,15 +283,7 @@ class ModelManager:
             cur.variants[cur.active].stack.cache = None  # its cache is off now: re-apply on the way back
         loaded = key not in cur.variants
         if loaded:
-            if on_status:
-                on_status("loading transformer weights for this dtype/quantization")
-            while len(cur.variants) >= self.slots:  # a slot for the coming weights (the pipeline still holds its own)
-                cur.variants.popitem(last=False)
-            try:
-                cur.variants[key] = Variant(self._load_transformer(cur, cur.dtype, resident))
-            except ModelLoadError as e:
-                self._after_failed_load(cur, e)
-                raise
+            self._load_variant(cur, key, on_status, resident)
         cur.variants.move_to_end(key)
         cur.pipe.register_modules(transformer=cur.variants[key].transformer)
         if loaded and key[2]:
@@ -301,14 +302,69 @@ class ModelManager:
             self._free()
         return loaded
 
-    def _after_failed_load(self, cur: Loaded, e: ModelLoadError) -> None:
-        """A variant that could not load: what is active stays usable; where the active weights left their slot to
-        make room, nothing is active (the next request loads what it needs), and the error says so."""
-        if cur.active not in cur.variants:
+    def _load_variant(self, cur: Loaded, key: tuple, on_status, resident: bool) -> None:
+        """`key`'s weights into a slot. Weights that leave to make room leave the device first: the pipeline, its task
+        pipes and compiled wrappers still hold the module, so only moving it frees the card. If the load fails, the
+        weights in use come back to where they were and stay active: the model is as it was."""
+        if on_status:
+            on_status("loading transformer weights for this dtype/quantization")
+        gone = []  # (key, variant, the device it left): each off the device as it goes, not at the next collection
+        while cur.variants and (len(cur.variants) >= self.slots or not self._holds_another(cur, key)):
+            k, v = cur.variants.popitem(last=False)
+            gone.append((k, v, _park(v.transformer)))
+        active, was = next(((v, d) for k, v, d in gone if k == cur.active), (None, None))
+        try:
+            cur.variants[key] = Variant(self._load_transformer(cur, cur.dtype, resident))
+        except Exception as e:  # re-raised, the weights in use put back first (out of memory on a card included)
+            had = cur.active is not None
+            back = (self._unpark(cur, active, was) if active is not None else True) if had else None
+            if isinstance(e, torch.OutOfMemoryError):
+                form = key[1].quant_type if key[1].enabled else key[0]
+                err = ModelLoadError(
+                    f"the transformer weights in {form} did not fit: {(str(e).splitlines() or [''])[0][:200]}"
+                )
+                self._after_failed_load(cur, err, back)
+                raise err from e
+            if isinstance(e, ModelLoadError):
+                self._after_failed_load(cur, e, back)
+            raise
+
+    def _unpark(self, cur: Loaded, active: Variant, was: torch.device | None) -> bool:
+        """The weights in use back in their slot and on the device they left (the pipeline still holds them); where
+        they cannot go back (the card is full), nothing is active and the next request loads what it needs."""
+        try:
+            if was is not None:
+                active.transformer.to(was)
+        except torch.OutOfMemoryError as e:
+            log.warning("the weights in use could not go back to %s", was, exc_info=e)
             cur.active = None
+            return False
+        cur.variants[cur.active] = active
+        cur.variants.move_to_end(cur.active, last=False)
+        return True
+
+    def _holds_another(self, cur: Loaded, key: tuple) -> bool:
+        """Whether the device holds the incoming weights and their activations beside everything it keeps now (a card
+        that holds both keeps base's weights while an 8-bit stack runs: a compared click loads nothing per pair); a
+        device with no memory figure (the CPU without a budget) is bound by the slots alone."""
+        kept = sum(device_bytes_of(v.transformer, self.device) for v in cur.variants.values())
+        on_device = kept + device_bytes(cur.pipe, self.device) - device_bytes_of(cur.pipe.transformer, self.device)
+        room = self._room(on_device)
+        if room.bytes is None:
+            return True
+        sizes = incoming_sizes(cur, key)
+        margin = margin_bytes(sizes, cur.source, cur.dtype.torch.itemsize, self.device)[0]
+        return sizes.components.get("transformer", 0) + margin <= room.bytes
+
+    def _after_failed_load(self, cur: Loaded, e: ModelLoadError, back: bool | None) -> None:
+        """The sentence of a weight set that could not load: the weights in use are as they were (`back`), or could
+        not go back to their slot (nothing is active: the next request loads what it needs); None: none were."""
+        if back is not None:
             e.args = (
-                f"{e.args[0]}; the weights in use left their slot to make room, so the next request loads "
-                "the ones it needs again",
+                f"{e.args[0]}; the weights in use are as they were"
+                if back
+                else f"{e.args[0]}; the weights in use left their slot to make room and could not go back, so the "
+                "next request loads the ones it needs again",
             )
         log.warning("transformer weights failed to load (%s)", cur.source, exc_info=e)
 
@@ -321,6 +377,7 @@ class ModelManager:
         on_status=None,
         separate_cfg: bool = False,
         task: str = "text2img",
+        size: tuple[int, int] | None = None,
     ):
         """(pipe, stack, reloaded): the pipeline for `model` and `task` with `preset` applied, loading only the weights
         that must change; a step cache moves to the task's pipeline (its call starts the cache's context)."""
@@ -333,13 +390,15 @@ class ModelManager:
             if cur.dtype.name != dtype.name:
                 self._set_dtype(cur, dtype)
                 fresh = True
-            plan = self._fits(cur, preset)  # before anything moves: a regime that does not fit is refused
             quant = preset.quantize_config if preset.quantize_config.enabled else QuantSpec()
             if quant.enabled:  # weights are keyed by the form that runs (`auto` resolved, engine.quantize)
-                form = preset_form(preset, self.profile)[0]
+                repeated = bool(getattr(cur.pipe.transformer, "_repeated_blocks", None))
+                form = preset_form(preset, self.profile, repeated)[0]
                 quant = replace(quant, quant_type=form) if form != quant.quant_type else quant
             fused = preset.loras if quant.enabled else ()  # fused before quantization (engine.lora)
-            loaded = self._switch_variant(cur, (dtype.name, quant, fused), on_status, plan is None or plan.resident)
+            key = (dtype.name, quant, fused)
+            plan = self._fits(cur, preset, key, size)  # before anything moves: a regime that does not fit is refused
+            loaded = self._switch_variant(cur, key, on_status, plan is None or plan.resident)
             variant = cur.variants[cur.active]
             pipe = task_pipe(cur, task)
             if cur.cache_on is not None and cur.cache_on is not pipe:  # the cache is on another task's pipeline
@@ -355,21 +414,41 @@ class ModelManager:
                 source=cur.source,
                 settings=self.settings,
                 profile=self.profile,
+                size=size,
             )
             if stack.workers is None:  # parallel workers leave the main process's own stack as it was
                 variant.stack = stack
                 cur.cache_on = pipe if stack_state(pipe.transformer).step_cache.backend != "none" else None
-                ran = stack_state(pipe.transformer).offloading.regime
-                cur.placement = describe(pipe, ran, preset.offload_config, self.device, sizes_of_pipe(pipe), plan)
+                off = stack_state(pipe.transformer).offloading
+                sizes = sizes_of_pipe(pipe)
+                spec = preset.offload_config
+                cur.placement = describe(pipe, off.regime, spec, self.device, sizes, plan, off.encoders_by_use)
             return pipe, stack, fresh or loaded
 
-    def _fits(self, cur: Loaded, preset: Preset) -> Plan | None:
-        """The plan for `preset`'s regime on the loaded model (its own device bytes given back); ConfigError when it
-        does not fit. None for parallel workers (they load the model themselves)."""
+    def _fits(self, cur: Loaded, preset: Preset, key: tuple | None = None, size=None) -> Plan | None:
+        """The plan for `preset`'s regime on the loaded model with the weight set `key` in it (sized in its own dtype
+        and form: engine.sizes.incoming_sizes), the pipeline's own device bytes given back; ConfigError when it does
+        not fit. None for parallel workers (they load the model themselves)."""
         if preset.wants_workers:
             return None
-        sizes = sizes_of_pipe(cur.pipe)
-        plan = self._plan(sizes, preset.offload_config, cur.source, cur.dtype, device_bytes(cur.pipe, self.device))
+        sizes = incoming_sizes(cur, key)
+        releasable = device_bytes(cur.pipe, self.device)
+        plan = self._plan(sizes, preset.offload_config, cur.source, cur.dtype, releasable, size)
         if not plan.fits:
-            raise ConfigError(plan.refusal(f"model {cur.model!r} in {cur.dtype.name} under preset {preset.name!r}"))
+            at = f" at {size[0]}x{size[1]}" if size else ""
+            raise ConfigError(
+                plan.refusal(f"model {cur.model!r} in {cur.dtype.name} under preset {preset.name!r}{at}")
+            )
         return plan
+
+
+def _park(transformer) -> torch.device | None:
+    """Move a resident transformer's weights off its accelerator (their host copy stays usable); the device they were
+    on, or None where nothing moved: on the host already (a CPU run), or streamed (a regime's hooks place its blocks,
+    and moving them back whole would undo it)."""
+    kinds = {p.device for p in transformer.parameters()}
+    if len(kinds) != 1 or next(iter(kinds)).type == "cpu":
+        return None
+    was = next(iter(kinds))
+    transformer.to("cpu")
+    return was

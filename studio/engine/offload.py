@@ -15,7 +15,7 @@ from studio.engine.sizes import sizes_of_pipe
 from studio.engine.state import Engaged, stack_state
 from studio.engine.streams import STREAMING, module_bytes, new_log, tally_block, tally_group, tally_prefetch
 from studio.measure.blocks import block_names
-from studio.spec.offload import OffloadSpec
+from studio.spec.offload import OffloadSpec, regime_name
 from studio.spec.preset import CompileSpec
 
 # diffusers hooks/group_offloading.py: _GROUP_OFFLOADING, _LAYER_EXECUTION_TRACKER, _LAZY_PREFETCH_GROUP_OFFLOADING
@@ -80,15 +80,25 @@ def remove_offload(pipe, device) -> None:
     if _model_offloaded(pipe):
         pipe.remove_all_hooks()
         pipe.to(device)
+    for h in state.offloading.encoder_hooks:
+        h.remove()
+    if state.offloading.encoders_by_use:
+        for enc in _encoders(pipe):
+            enc.to(device)
     state.offloading.reset()  # (the stream's counting hooks are off above; the loader's run device stays)
 
 
-def offload_changed(pipe, spec: OffloadSpec, device) -> bool:
-    """Whether `spec` must be (re)applied: another spec or device, or a pipeline setting (the VAE's, accelerate's
-    hooks) that another transformer variant's stack changed since."""
+def offload_changed(pipe, spec: OffloadSpec, device, budget: float | None = None, size=None) -> bool:
+    """Whether `spec` must be (re)applied: another spec or device, `auto` deciding another regime for the request's
+    `size` (a larger picture's activations), or a pipeline setting (the VAE's, accelerate's hooks) that another
+    transformer variant's stack changed since."""
     state = stack_state(pipe.transformer)
-    if state.offloading.key != (spec, str(device)):
+    if state.offloading.key is None or state.offloading.key[:2] != (spec, str(device)):
         return True
+    if spec.policy == "auto" and size is not None:
+        policy, by_use, _ = _auto(pipe, spec, device, budget, size)
+        if regime_name(policy, by_use) != state.offloading.key[2]:
+            return True
     vae = getattr(pipe, "vae", None)
     if vae is not None and _vae_flags(vae, spec) != (
         getattr(vae, "use_tiling", False),
@@ -247,36 +257,74 @@ def _model_offload(pipe, spec: OffloadSpec, device: torch.device) -> tuple[bool,
     )
 
 
-def _margin(pipe, device: torch.device | None) -> tuple[int, str]:
+def _margin(pipe, device: torch.device | None, size=None) -> tuple[int, str]:
     elem = next(pipe.transformer.parameters()).element_size()
-    return margin_bytes(sizes_of_pipe(pipe), getattr(pipe, "name_or_path", None), elem, device or torch.device("cuda"))
+    where = device or torch.device("cuda")
+    return margin_bytes(sizes_of_pipe(pipe), getattr(pipe, "name_or_path", None), elem, where, size)
 
 
-def _auto(pipe, spec: OffloadSpec, device: torch.device, budget: float | None) -> tuple[str, str]:
-    """`auto`'s policy and why (engine.placement.decide), the pipeline's own device bytes counted free: it is the one
-    being placed. Nothing fitting: the least hungry, saying so."""
+def _auto(pipe, spec: OffloadSpec, device: torch.device, budget: float | None, size=None) -> tuple[str, bool, str]:
+    """`auto`'s policy, whether the text encoders wait on the host, and why (engine.placement.decide) for a request
+    of `size` (None: the model's default), the pipeline's own device bytes counted free: it is the one being placed.
+    Nothing fitting: the least hungry, saying so."""
     free = free_memory(device, 0, device_bytes(pipe, device), budget)
-    plan = decide(sizes_of_pipe(pipe), spec, device, free, _margin(pipe, device))
-    return plan.policy, (plan.why if plan.fits else f"{plan.why}, may not fit")
+    plan = decide(sizes_of_pipe(pipe), spec, device, free, _margin(pipe, device, size))
+    return plan.policy, plan.encoders_by_use, (plan.why if plan.fits else f"{plan.why}, may not fit")
+
+
+def _encoders(pipe) -> list:
+    return [c for n, c in pipe.components.items() if n.startswith("text_encoder") and isinstance(c, torch.nn.Module)]
+
+
+def encoders_by_use(pipe, device: torch.device) -> str:
+    """The text encoders on the host, each coming to `device` when it is called (the prompt) and all leaving when
+    the transformer is first called (the denoising): torch hooks, not accelerate's (whose `_hf_hook` would read as
+    model offload). The pipeline makes the prompt's tokens on its execution device (its VAE's, resident): the
+    encoders meet them there."""
+    state = stack_state(pipe.transformer).offloading
+    encoders = _encoders(pipe)
+
+    def onload(module, args):
+        state.encoder_turns += 1
+        if next(module.parameters()).device != device:
+            module.to(device)
+
+    def offload(module, args):
+        for enc in encoders:
+            if next(enc.parameters()).device != HOST:
+                enc.to(HOST)
+
+    for enc in encoders:
+        enc.to(HOST)
+        state.encoder_hooks.append(enc.register_forward_pre_hook(onload))
+    state.encoder_hooks.append(pipe.transformer.register_forward_pre_hook(offload))
+    state.encoders_by_use = True
+    names = [n for n, c in pipe.components.items() if n.startswith("text_encoder") and isinstance(c, torch.nn.Module)]
+    return f"{', '.join(names)} on the host, on {device} only while they encode the prompt (by use)"
 
 
 _POLICIES = {"group_offload": _group, "layerwise_offload": _layerwise, "model_cpu_offload": _model_offload}
 
 
-def apply_offload(pipe, spec: OffloadSpec, device, budget: float | None = None) -> Engaged:
+def apply_offload(pipe, spec: OffloadSpec, device, budget: float | None = None, size=None) -> Engaged:
     """Put `pipe` under the memory regime `spec` on `device`, the step cache off. Weights leaving the device go to the
-    host first: a model bigger than the card never passes through a resident state. `budget`: GiB, for `auto`."""
+    host first: a model bigger than the card never passes through a resident state. `budget`: GiB, and `size`: the
+    request's, for `auto`."""
     device = torch.device(device)
-    policy, why = _auto(pipe, spec, device, budget) if spec.policy == "auto" else (spec.policy, "")
+    auto = _auto(pipe, spec, device, budget, size) if spec.policy == "auto" else None
+    policy, by_use, why = auto or (spec.policy, spec.encoders_by_use, "")
     remove_offload(pipe, device if policy == "none" else HOST)
     ok, text = _POLICIES[policy](pipe, spec, device) if policy != "none" else (True, f"none (resident on {device})")
     if policy == "none" and spec.policy == "auto":
         text = "none"
     ran_policy = policy if ok else "none"
-    place(pipe, ran_policy, device)
+    place(pipe, ran_policy, device, by_use)
+    if by_use:
+        text += "; " + encoders_by_use(pipe, device)
     vae_ok, vae_notes = _apply_vae(pipe, spec)
     state = stack_state(pipe.transformer)
-    state.offloading.regime, state.offloading.key = ran_policy, (spec, str(device))
+    decided = regime_name(policy, by_use)  # (as decided: offload_changed compares a new size's decision with it)
+    state.offloading.regime, state.offloading.key = ran_policy, (spec, str(device), decided)
     head = f"auto: {text} ({why})" if spec.policy == "auto" else text
     if not ok:
         head += "; weights resident"

@@ -159,9 +159,12 @@ def _configs(preset: Preset, steps, separate_cfg, device, dtype):
     return cache_cfg, cal, pc, attn_note
 
 
-def apply_parallel(pipe, preset: Preset, *, source: str, steps, separate_cfg: bool = False) -> ParallelState:
-    """Start parallel workers running `pipe`'s model as `preset` says (its cache and attention inside them); the
-    caller has checked `unavailable_reason`."""
+def apply_parallel(
+    pipe, preset: Preset, *, source: str, steps, separate_cfg: bool = False, device: torch.device | None = None
+) -> ParallelState:
+    """Start parallel workers running `pipe`'s model as `preset` says (its cache and attention inside them) on
+    `device`'s kind (engine.offload.run_device: where the pipeline computes, not where an offloaded weight waits);
+    the caller has checked `unavailable_reason`."""
     import cache_dit
     import ray
 
@@ -170,7 +173,7 @@ def apply_parallel(pipe, preset: Preset, *, source: str, steps, separate_cfg: bo
     spec = preset.parallelism_config
     label = spec.label()
     tr = pipe.transformer
-    device, dtype = next(tr.parameters()).device, next(tr.parameters()).dtype
+    device, dtype = device or next(tr.parameters()).device, next(tr.parameters()).dtype
     cache_cfg, cal, pc, attn_note = _configs(preset, steps, separate_cfg, device, dtype)
     pc.ray_transfer_fn = functools.partial(load_for_worker, source, str(dtype).split(".")[-1])
     # A pipeline object of its own for cache-dit to turn into the proxy (it sets its class), so the main pipeline's

@@ -13,7 +13,7 @@ from studio.engine.sizes import ModelSizes
 from studio.engine.streams import tensor_bytes
 from studio.measure.blocks import block_names
 from studio.spec.devices import DeviceProfile
-from studio.spec.offload import AUTO_ORDER, OffloadSpec
+from studio.spec.offload import AUTO_CANDIDATES, BY_USE, OffloadSpec, regime_name
 from studio.spec.profiles import profile_for
 
 GIB = 2**30
@@ -49,10 +49,13 @@ def activation_bytes(configs: dict, width: int, height: int, text_tokens: int, e
     return max(vae, tokens * heads * dim * 12 * elem if heads and dim else 0)
 
 
-def margin_bytes(sizes: ModelSizes, source: str | None, elem: int, device: torch.device) -> tuple[int, str]:
-    """What `needs` adds to the weights: the activation estimate at the model's default size, and how it was made."""
+def margin_bytes(
+    sizes: ModelSizes, source: str | None, elem: int, device: torch.device, size: tuple[int, int] | None = None
+) -> tuple[int, str]:
+    """What `needs` adds to the weights: the activation estimate at the request's `size` (None: the model's default
+    size), and how it was made."""
     prof = profile_for(source) if source else None
-    w, h = (prof.width, prof.height) if prof else (1024, 1024)
+    w, h = size or ((prof.width, prof.height) if prof else (1024, 1024))
     act = activation_bytes(sizes.configs, w, h, (prof.max_sequence_length if prof else None) or 512, elem)
     slack = CUDA_SLACK if device.type == "cuda" else 0
     if act is None:
@@ -68,12 +71,23 @@ def needs(sizes: ModelSizes, spec: OffloadSpec, margin: int, device: torch.devic
     resident = sizes.total - sizes.block_total  # the encoders, the VAE and the transformer's non-block weights
     ahead = spec.transfer_buckets if spec.async_transfer and cuda else 0
     group = (2 if spec.use_stream and cuda else spec.num_blocks_per_group) * largest
-    return {
+    out = {
         "none": sizes.total + margin,
         "layerwise_offload": resident + (1 + ahead) * largest + margin,
         "group_offload": resident + group + margin,
         "model_cpu_offload": max(sizes.components.values(), default=0) + margin,
     }
+    # the text encoders by use: on the device while they encode (the denoising's activations not yet there), on the
+    # host while it runs: the peak holds the larger of the two (the allocator's slack is there throughout)
+    act = margin - (CUDA_SLACK if cuda and margin > CUDA_SLACK else 0)
+    enc = encoder_bytes(sizes)
+    out.update({regime_name(p, True): out[p] - min(enc, act) for p in BY_USE})
+    return out
+
+
+def encoder_bytes(sizes: ModelSizes) -> int:
+    """The text encoders' bytes (what placement by use keeps on the host between prompts)."""
+    return sum(b for n, b in sizes.components.items() if n.startswith("text_encoder"))
 
 
 def pin_reason() -> str | None:
@@ -147,10 +161,16 @@ class Plan:
     why: str  # how it was chosen, in words
     margin: tuple = (0, "")  # (bytes, how estimated): engine.placement.margin_bytes
     cannot: str | None = None  # why the asked policy cannot run here (it would run resident)
+    encoders_by_use: bool = False  # the text encoders wait on the host, on the device only to encode
+
+    @property
+    def regime(self) -> str:
+        """The policy, and `+encoders` where the text encoders wait on the host (spec.offload.regime_name)."""
+        return regime_name(self.policy, self.encoders_by_use)
 
     @property
     def need(self) -> int:
-        return self.needs[self.policy]
+        return self.needs[self.regime]
 
     @property
     def resident(self) -> bool:
@@ -159,7 +179,7 @@ class Plan:
     def refusal(self, model: str) -> str:
         """The sentence a refusal says: what the regime needs (weights, activations), what is free, and the fix."""
         what = (
-            f"{self.policy} needs ~{gib(self.need)} ({gib(self.need - self.margin[0])} of weights on the device + "
+            f"{self.regime} needs ~{gib(self.need)} ({gib(self.need - self.margin[0])} of weights on the device + "
             f"{self.margin[1]})"
         )
         if self.asked == "auto":
@@ -173,23 +193,29 @@ class Plan:
 
 
 def decide(sizes: ModelSizes, spec: OffloadSpec, device: torch.device, free: Free, margin: tuple[int, str]) -> Plan:
-    """The regime for `spec` on `device`: `auto` takes the first of AUTO_ORDER that runs here and fits; an explicit
-    policy that cannot run here falls back to resident, and must then fit resident."""
+    """The regime for `spec` on `device`: `auto` takes the first of AUTO_CANDIDATES that runs here and fits (each
+    regime with the text encoders resident, then by use); an explicit policy that cannot run here falls back to
+    resident, and must then fit resident."""
     need = needs(sizes, spec, margin[0], device)
     if spec.policy == "auto":
         if free.bytes is None:
             return Plan("auto", "none", need, free, True, f"{device.type}: the weights are already in host memory")
-        runnable = [p for p in AUTO_ORDER if unavailable(p, device) is None]
-        for p in runnable:
-            if need[p] <= free.bytes:
-                return Plan("auto", p, need, free, True, f"needs ~{gib(need[p])} of {gib(free.bytes)} free", margin)
-        least = min(runnable, key=need.get)
-        why = f"nothing fits {gib(free.bytes)} free; the least, {least}, needs ~{gib(need[least])}"
-        return Plan("auto", least, need, free, False, why, margin)
+        runnable = [(p, u) for p, u in AUTO_CANDIDATES if unavailable(p, device) is None]
+        for p, u in runnable:
+            if need[regime_name(p, u)] <= free.bytes:
+                why = f"needs ~{gib(need[regime_name(p, u)])} of {gib(free.bytes)} free"
+                return Plan("auto", p, need, free, True, why, margin, encoders_by_use=u)
+        least = min(runnable, key=lambda c: need[regime_name(*c)])
+        key = regime_name(*least)
+        why = f"nothing fits {gib(free.bytes)} free; the least, {key}, needs ~{gib(need[key])}"
+        return Plan("auto", least[0], need, free, False, why, margin, encoders_by_use=least[1])
     cannot = unavailable(spec.policy, device) if spec.policy != "none" else None
     policy = "none" if cannot else spec.policy
-    fits = free.bytes is None or need[policy] <= free.bytes
-    return Plan(spec.policy, policy, need, free, fits, f"{policy} needs ~{gib(need[policy])}", margin, cannot)
+    key = regime_name(policy, spec.encoders_by_use)
+    fits = free.bytes is None or need[key] <= free.bytes
+    return Plan(
+        spec.policy, policy, need, free, fits, f"{key} needs ~{gib(need[key])}", margin, cannot, spec.encoders_by_use
+    )
 
 
 # placing ---------------------------------------------------------------------------------------------------------
@@ -207,13 +233,16 @@ def device_bytes(pipe, device: torch.device) -> int:
     )
 
 
-def place(pipe, policy: str, device: torch.device) -> None:
+def place(pipe, policy: str, device: torch.device, encoders_by_use: bool = False) -> None:
     """Move what `policy` keeps on the device there, after its hooks went on: layerwise keeps back the transformer's
-    blocks, group offload the whole transformer (diffusers onloads its groups), model offload everything."""
+    blocks, group offload the whole transformer (diffusers onloads its groups), model offload everything, and the
+    text encoders by use themselves (engine.offload: they come for the prompt)."""
     if policy == "model_cpu_offload":
         return
     for name, comp in modules(pipe).items():
-        if name != "transformer":
+        if encoders_by_use and name.startswith("text_encoder"):
+            comp.to(HOST)
+        elif name != "transformer":
             comp.to(device)
         elif policy == "none":
             comp.to(device)
@@ -224,8 +253,11 @@ def place(pipe, policy: str, device: torch.device) -> None:
                     m.to(device)
 
 
-def describe(pipe, policy: str, spec: OffloadSpec, device: torch.device, sizes: ModelSizes, plan: Plan | None) -> dict:
-    """Where each component lives (the card's and the JSON's `placement`), and the device bytes it holds at rest."""
+def describe(
+    pipe, policy: str, spec: OffloadSpec, device: torch.device, sizes: ModelSizes, plan: Plan | None, by_use=False
+) -> dict:
+    """Where each component lives (the card's and the JSON's `placement`), and the device bytes it holds at rest;
+    `by_use`: the text encoders wait on the host and come to the device to encode the prompt."""
     where = {}
     vae = getattr(pipe, "vae", None)
     n = len(sizes.blocks)
@@ -239,6 +271,8 @@ def describe(pipe, policy: str, spec: OffloadSpec, device: torch.device, sizes: 
             where[name] = f"{n} blocks streamed from the host, {ahead} ahead (layerwise); the rest on the device"
         elif name == "transformer" and policy == "group_offload":
             where[name] = f"{n} blocks streamed from the host, {spec.num_blocks_per_group} a group (group_offload)"
+        elif by_use and name.startswith("text_encoder"):
+            where[name] = "host; on the device while it encodes the prompt, back before the denoising (by use)"
         else:
             where[name] = "device"
         if name == "vae" and getattr(vae, "use_tiling", False):
@@ -249,10 +283,10 @@ def describe(pipe, policy: str, spec: OffloadSpec, device: torch.device, sizes: 
         "group_offload": sizes.total - sizes.components.get("transformer", 0),
         "model_cpu_offload": 0,
         "host": 0,
-    }[policy]
+    }[policy] - (encoder_bytes(sizes) if by_use else 0)
     out = {
         "device": str(device),
-        "regime": policy,
+        "regime": regime_name(policy, by_use),
         "components": where,
         "device_bytes": held,  # weights kept on the device between uses
         "host_bytes": sizes.total - held,
@@ -260,4 +294,5 @@ def describe(pipe, policy: str, spec: OffloadSpec, device: torch.device, sizes: 
     }
     if plan is not None:
         out.update(peak_estimate_bytes=plan.need, free_bytes=plan.free.bytes, free_source=plan.free.source)
+        out.update(activation_bytes=plan.margin[0], activations=plan.margin[1])
     return out

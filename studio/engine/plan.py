@@ -27,8 +27,9 @@ from studio.engine.resolve import resolved
 from studio.engine.sizes import ModelSizes, sizes_from_configs
 from studio.engine.streams import STREAMING
 from studio.spec.checks import ConfigError
-from studio.spec.devices import DeviceProfile, named
-from studio.spec.offload import AUTO_ORDER
+from studio.spec.devices import DeviceProfile, float8_reason, named
+from studio.spec.hosting import aot_refusal
+from studio.spec.offload import AUTO_CANDIDATES, regime_name
 from studio.spec.preset import Preset
 from studio.spec.profiles import EMBEDDED_DIR, HUB_PROFILES, profile_for, resolve_model
 
@@ -98,10 +99,14 @@ def make_plan(
     folder, hub = _source(model)
     mprof = profile_for(hub)
     w, h = size or (mprof.width, mprof.height)
-    parts = resolved(preset, profile, forced_dtype)
+    head_dim = _head_dim(folder)
+    parts = resolved(preset, profile, forced_dtype, head_dim)
     dtype = resolve_dtype(preset.dtype, profile, forced=forced_dtype)
     q = parts.get("quantize", ("none", "quantize: off (full-precision weights)"))
-    sizes = sizes_from_configs(folder, dtype.torch, preset.quant.exclude_layers if preset.quant.enabled else None)
+    if q[0] == "float8_per_row" and float8_reason(profile):  # as engine.quantize.apply_quant falls back
+        q = ("none", f"float8_per_row: {float8_reason(profile)}, so the run keeps full precision")
+    eight = preset.quant.exclude_layers if q[0] != "none" else None  # the weights counted as they will be stored
+    sizes = sizes_from_configs(folder, dtype.torch, eight)
     device = torch.device(profile.kind)
     act = activation_bytes(sizes.configs, w, h, mprof.max_sequence_length or 512, dtype.torch.itemsize)
     how = f"activations ~{gib(act)} at {w}x{h}" if act is not None else ""
@@ -121,12 +126,12 @@ def make_plan(
         quantize=q[0],
         attention=parts.get("attention", ("sdpa", ""))[0],
         compile=compile_form,
-        offload=place.policy,
+        offload=place.regime,
         peak_bytes=place.need,
         fits=place.fits,
         activation_bytes=act,
         free=f"{gib(free.bytes)} ({free.source})" if free.bytes is not None else free.source,
-        components=_where(sizes, place.policy),
+        components=_where(sizes, place.policy, place.encoders_by_use),
     )
     plan.reasons = {
         "dtype": dtype.note or f"{dtype.name} as the preset asks",
@@ -150,7 +155,7 @@ def make_plan(
 
 def _what_fits(needs: dict, device: torch.device, free: Free) -> str:
     """What would fit `free`: the regimes that do, or how much the least hungry one needs."""
-    runnable = [p for p in AUTO_ORDER if unavailable(p, device) is None]
+    runnable = [regime_name(p, u) for p, u in AUTO_CANDIDATES if unavailable(p, device) is None]
     ok = [p for p in runnable if needs[p] <= free.bytes]
     if ok:
         return "these would fit: " + ", ".join(f"{p} (~{gib(needs[p])})" for p in ok)
@@ -158,11 +163,14 @@ def _what_fits(needs: dict, device: torch.device, free: Free) -> str:
     return f"no regime fits: the least, {least}, needs ~{gib(needs[least])}"
 
 
-def _where(sizes: ModelSizes, regime: str) -> dict:
-    """Each component's bytes and where it stays between uses under `regime`."""
+def _where(sizes: ModelSizes, regime: str, by_use: bool = False) -> dict:
+    """Each component's bytes and where it stays between uses under `regime` (`by_use`: the text encoders wait on the
+    host), and when it is on the device."""
     out = {}
     for name, b in sizes.components.items():
-        if regime == "none":
+        if by_use and name.startswith("text_encoder"):
+            where = "host; on the device while it encodes the prompt, back before the denoising (by use)"
+        elif regime == "none":
             where = "device"
         elif regime == "model_cpu_offload":
             where = "host, moved to the device for its turn"
@@ -181,10 +189,13 @@ def compile_plan(preset: Preset, profile: DeviceProfile, regime: str, quantized:
         return "off", "eager, as the preset asks"
     repeated = _repeated_blocks(folder)
     if profile.zerogpu:
-        if not (spec.regional and repeated):
-            return "off", "ahead of time compiles per block: set compile.regional: true on a model with blocks"
-        if regime != "none":
-            return "off", f"ahead of time reads the weights in place, and {regime} moves them between calls"
+        refused = aot_refusal(preset, repeated) or (
+            f"not under {regime} (the weights move between calls; a package reads them in place)"
+            if regime != "none"
+            else None
+        )
+        if refused:
+            return "off", f"ZeroGPU has no JIT and ahead-of-time compile is {refused}: the stack runs eagerly"
         weights = " (their 8-bit weights quantized before the export, as ZeroGPU's recipe does)" if quantized else ""
         return (
             "ahead-of-time",
@@ -209,3 +220,13 @@ def _repeated_blocks(folder: Path) -> bool:
     if library is None:
         return False
     return bool(getattr(getattr(importlib.import_module(library), cls, None), "_repeated_blocks", None))
+
+
+def _head_dim(folder: Path) -> int | None:
+    """The transformer's attention head size from its config (None: not said): Sage's kernels take 64, 96, 128."""
+    try:
+        cfg = json.loads((folder / "transformer" / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    hd = cfg.get("attention_head_dim")
+    return hd if isinstance(hd, int) else None

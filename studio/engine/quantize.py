@@ -29,10 +29,10 @@ def _torchao_config(form: str):
     return Int8WeightOnlyConfig()
 
 
-def preset_form(preset, profile: DeviceProfile) -> tuple[str, str]:
-    """(the 8-bit form `preset` runs on `profile`, why), compiled or not as its stack is there; the model manager
-    keys weights by it."""
-    return quant_form(preset.quant, profile, compiles(preset.compile, preset.offload_config, profile))
+def preset_form(preset, profile: DeviceProfile, repeated: bool = True) -> tuple[str, str]:
+    """(the 8-bit form `preset` runs on `profile`, why), compiled or not as its stack is there (`repeated`: the
+    transformer names repeated blocks); the model manager keys weights by it."""
+    return quant_form(preset.quant, profile, compiles(preset, profile, repeated))
 
 
 def exported_quant(preset, profile: DeviceProfile) -> str | None:

@@ -11,9 +11,12 @@ from studio.spec.devices import DeviceProfile, attention_for
 from studio.spec.preset import ATTENTION_BACKENDS, Preset
 
 
-def resolved(preset: Preset, profile: DeviceProfile, forced_dtype: str | None = None) -> dict[str, tuple[str, str]]:
+def resolved(
+    preset: Preset, profile: DeviceProfile, forced_dtype: str | None = None, head_dim: int | None = None
+) -> dict[str, tuple[str, str]]:
     """{part: (what runs, why)} for dtype, 8-bit form and attention. Attention is probed as a run probes it on this
-    machine, judged by its published requirements on a named profile."""
+    machine, judged by its published requirements on a named profile (`head_dim`: the model's, where known: a
+    kernel that refuses it falls back as a run does)."""
     dtype = resolve_dtype(preset.dtype, profile, forced=forced_dtype)
     out = {"dtype": (dtype.name, dtype.note or "")}  # a note names the dtype and says why; none: as the preset asks
     if preset.quant.enabled:
@@ -22,11 +25,11 @@ def resolved(preset: Preset, profile: DeviceProfile, forced_dtype: str | None = 
     if name == "native":
         return out
     if profile.name != "here":
-        form, why = attention_for(preset.attention_backend, profile)
+        form, why = attention_for(preset.attention_backend, profile, head_dim)
         out["attention"] = (form, "usable there" if form == preset.attention_backend and profile.gpu else why)
         return out
     device = torch.device(profile.kind)
-    form, tried = resolve(name, device, dtype.torch)
+    form, tried = resolve(name, device, dtype.torch, head_dim)
     out["attention"] = (
         (preset.attention_backend, "usable here")
         if form == name

@@ -182,6 +182,7 @@ def pipeline_for(ctx: RunContext, preset: Preset):
         on_status=ctx.on_status,
         separate_cfg=separate,
         task=ctx.request.task,
+        size=(ctx.request.width, ctx.request.height),
     )
     if stack.workers is not None:
         ctx.status("running on the parallel workers")

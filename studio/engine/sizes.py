@@ -8,7 +8,7 @@ import importlib
 import json
 import re
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -157,20 +157,53 @@ def sizes_of_pipe(pipe) -> ModelSizes:
     comps = {n: c for n, c in pipe.components.items() if isinstance(c, torch.nn.Module)}
     components = {n: sum(tensor_bytes(p) for p in c.parameters()) for n, c in comps.items()}
     tr = comps.get("transformer")
-    blocks = {}
-    if tr is not None:
-        blocks = {b: sum(tensor_bytes(p) for p in tr.get_submodule(b).parameters()) for b in block_names(tr)}
+    blocks = _blocks_of(tr) if tr is not None else {}
     configs = {n: dict(c.config) for n, c in comps.items() if isinstance(getattr(c, "config", None), dict)}
     return ModelSizes(components, blocks, "the loaded modules", configs)
+
+
+def _blocks_of(tr) -> dict:
+    return {b: sum(tensor_bytes(p) for p in tr.get_submodule(b).parameters()) for b in block_names(tr)}
+
+
+def device_bytes_of(module, device: torch.device) -> int:
+    """Bytes of a module's tensors on `device`'s kind now (what moving it off gives back)."""
+    ts = list(module.parameters()) + list(module.buffers())
+    return sum(tensor_bytes(t) for t in ts if t.device.type == device.type)
+
+
+def incoming_sizes(cur, key: tuple | None) -> ModelSizes:
+    """The loaded pipeline's sizes (`cur`: engine.loader.Loaded) with the transformer of weight set `key` (dtype,
+    quantization, fused LoRAs) in it: its own module's where it is loaded, else read from its configs in its dtype
+    and form (8-bit Linear weights); the loaded one's where the configs cannot be read, said in `source`."""
+    sizes = sizes_of_pipe(cur.pipe)
+    if key is None or key == cur.active:
+        return sizes
+    if key in cur.variants:
+        tr = cur.variants[key].transformer
+        total, blocks = sum(tensor_bytes(p) for p in tr.parameters()), _blocks_of(tr)
+    else:
+        folder, why = local_folder(cur.source)
+        if folder is None:
+            return replace(sizes, source=f"{sizes.source}; the incoming weights sized as the loaded ones ({why})")
+        quant = key[1]
+        est = sizes_from_configs(
+            folder, cur.dtype.torch, quant.exclude_layers if quant.enabled else None, ("transformer",)
+        )
+        total, blocks = est.components.get("transformer", 0), est.blocks
+    return replace(sizes, components={**sizes.components, "transformer": total}, blocks=blocks)
 
 
 QUANT_BYTES = 1  # an 8-bit form's weight element; each quantized row also keeps a float32 scale
 SCALE_BYTES = 4
 
 
-def sizes_from_configs(folder: Path, dtype: torch.dtype, quantized: tuple[str, ...] | None = None) -> ModelSizes:
+def sizes_from_configs(
+    folder: Path, dtype: torch.dtype, quantized: tuple[str, ...] | None = None, only: tuple[str, ...] | None = None
+) -> ModelSizes:
     """The same record from a pipeline's configs alone, on the meta device (no weights: `plan` works offline).
-    `quantized`: the transformer's Linear weights counted 8-bit, except names containing any of these strings."""
+    `quantized`: the transformer's Linear weights counted 8-bit, except names containing any of these strings;
+    `only`: these components (None: every one)."""
     index = json.loads((folder / "model_index.json").read_text())
     size = torch.empty((), dtype=dtype).element_size()
     components, blocks, configs = {}, {}, {}
@@ -178,6 +211,8 @@ def sizes_from_configs(folder: Path, dtype: torch.dtype, quantized: tuple[str, .
         if name.startswith("_") or not isinstance(entry, list) or None in entry or len(entry) != 2:
             continue
         if not (folder / name / "config.json").is_file() or name.startswith("scheduler"):
+            continue
+        if only is not None and name not in only:
             continue
         keep = _keep_fp32(entry[0], entry[1], dtype)
         total = 0

@@ -107,7 +107,8 @@ def _parallel(pipe, preset: Preset, steps, separate_cfg, source, settings: Setti
     if want is None:
         return None
     par = preset.parallelism_config
-    reason = unavailable_reason(par, pipe, run_device(pipe), settings.parallel)
+    device = run_device(pipe)  # where it computes: after an offload preset the weights wait on the host
+    reason = unavailable_reason(par, pipe, device, settings.parallel)
     reason = reason or (None if source else "no model source to load workers from")
     if reason is not None:
         return AppliedStack(
@@ -117,7 +118,7 @@ def _parallel(pipe, preset: Preset, steps, separate_cfg, source, settings: Setti
         )
     out = AppliedStack(preset=preset)
     if workers(pipe) is None:
-        apply_parallel(pipe, preset, source=source, steps=steps, separate_cfg=separate_cfg)
+        apply_parallel(pipe, preset, source=source, steps=steps, separate_cfg=separate_cfg, device=device)
         out.order.append("parallel")
     out.workers = workers(pipe)
     out.engaged = {"parallel": out.workers.engaged}
@@ -139,6 +140,7 @@ def apply_preset(
     source: str | None = None,
     settings: Settings | None = None,
     profile: DeviceProfile | None = None,
+    size: tuple[int, int] | None = None,
 ) -> AppliedStack:
     """Apply `preset` to `pipe` in STACK_ORDER, every device decision from `profile` (None: this machine's).
     Given `applied` (the stack on this same transformer), only steps whose settings changed are re-applied; the
@@ -164,7 +166,8 @@ def apply_preset(
         return out
     prev = applied or AppliedStack()
     out = AppliedStack(preset=preset, engaged={k: v for k, v in prev.engaged.items() if k != "parallel"})
-    compiled = compiles(preset.compile, preset.offload_config, profile)  # the 8-bit form follows it
+    repeated = bool(getattr(pipe.transformer, "_repeated_blocks", None))
+    compiled = compiles(preset, profile, repeated)  # the 8-bit form follows it
     device = run_device(pipe)
     out.engaged["quantize"] = apply_quant(pipe, preset.quantize_config, profile, device, compiled=compiled)
     if applied is None:
@@ -173,13 +176,14 @@ def apply_preset(
     key = cache_key(preset.cache_config, state.quantize.mode, steps, separate_cfg)
     recache = applied is None or key != prev.cache
     # (under accelerate's model offload cache-dit's disable_cache drops accelerate's hook: the regime goes on again)
-    regime = recache and rewraps_with_cache(pipe) or offload_changed(pipe, preset.offload_config, device)
+    budget = settings.device_memory_gb
+    regime = recache and rewraps_with_cache(pipe) or offload_changed(pipe, preset.offload_config, device, budget, size)
     changed = regime or recache or preset.attention_backend != prev.attention
     if changed or preset.compile != prev.preset.compile:
         uncompile(pipe.transformer)  # hooks and backends change on eager modules; compile is re-activated last
     if regime or applied is None:
         remove_cache(pipe)  # the cache wraps the regime's forward: off before the regime under it changes
-        out.engaged["offload"] = apply_offload(pipe, preset.offload_config, device, settings.device_memory_gb)
+        out.engaged["offload"] = apply_offload(pipe, preset.offload_config, device, budget, size)
         out.order.append("offload")
     if recache or regime:
         out.engaged["cache"] = apply_cache(

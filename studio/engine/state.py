@@ -133,12 +133,16 @@ class OffloadState:
     """Written by engine.offload."""
 
     regime: str = "none"  # the regime that runs (`auto` resolved; a fall-back is none)
-    key: tuple | None = None  # (OffloadSpec, run device) it was applied for
+    key: tuple | None = None  # (OffloadSpec, run device, the policy it decided: `auto` resolved) it was applied for
     stream: StreamLog | None = None
     run_device: str | None = None  # where the loader placed the pipeline to compute, wherever its weights wait
+    encoders_by_use: bool = False  # the text encoders wait on the host and come to the device to encode
+    encoder_hooks: list = field(default_factory=list)  # their hooks' handles (engine.offload.encoders_by_use)
+    encoder_turns: int = 0  # text encoder calls under it (each one on the device for its call)
 
     def reset(self) -> None:
         self.regime, self.key, self.stream = "none", None, None
+        self.encoders_by_use, self.encoder_hooks, self.encoder_turns = False, [], 0
 
 
 @dataclass

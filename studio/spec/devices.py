@@ -94,6 +94,9 @@ class DeviceProfile:
         return f"{self.label} ({', '.join(parts)})"
 
 
+# A card's memory as torch reports it (get_device_properties().total_memory, MiB), not its marketing or nvidia-smi's
+# figure: the lowest seen on recent drivers in published printouts and out-of-memory messages (a T4 is 14.56 GiB to
+# torch 2.14 + CUDA 13, 15 GiB on its box). docs/library-behaviour.md T19 has the sources.
 def _gpu(name: str, label: str, cap: tuple[int, int], mib: int, **kw) -> DeviceProfile:
     return DeviceProfile(name, "cuda", label, cap, mib * MIB, triton=cap >= (8, 0), **kw)
 
@@ -108,14 +111,14 @@ PROFILES = {
         DeviceProfile(
             "zerogpu-xlarge", "cuda", "ZeroGPU RTX Pro 6000", (12, 0), ZEROGPU_CARD, triton=True, zerogpu="xlarge"
         ),
-        _gpu("h200", "NVIDIA H200", (9, 0), 143_771),
-        _gpu("h100", "NVIDIA H100 80GB", (9, 0), 81_559),
-        _gpu("l40s", "NVIDIA L40S", (8, 9), 46_068),
-        _gpu("l4", "NVIDIA L4", (8, 9), 23_034),
-        _gpu("rtx4090", "NVIDIA GeForce RTX 4090", (8, 9), 24_564),
-        _gpu("a100", "NVIDIA A100 80GB", (8, 0), 81_920),
-        _gpu("a10g", "NVIDIA A10G", (8, 6), 23_028),
-        _gpu("t4", "NVIDIA T4", (7, 5), 15_360),
+        _gpu("h200", "NVIDIA H200", (9, 0), 143_156),
+        _gpu("h100", "NVIDIA H100 80GB", (9, 0), 81_008),
+        _gpu("l40s", "NVIDIA L40S", (8, 9), 45_495),
+        _gpu("l4", "NVIDIA L4", (8, 9), 22_563),
+        _gpu("rtx4090", "NVIDIA GeForce RTX 4090", (8, 9), 24_209),
+        _gpu("a100", "NVIDIA A100 80GB", (8, 0), 81_038),
+        _gpu("a10g", "NVIDIA A10G", (8, 6), 22_587),
+        _gpu("t4", "NVIDIA T4", (7, 5), 14_913),
         DeviceProfile("cpu-amx", "cpu", "CPU with AMX (Sapphire Rapids)", flags=SAPPHIRE_RAPIDS),
         DeviceProfile("cpu", "cpu", "CPU (AVX2)", flags=frozenset({"avx2"})),
     )
@@ -187,6 +190,11 @@ def quant_form(spec, profile: DeviceProfile, compiled: bool) -> tuple[str, str]:
     hw = int8_hardware(profile)
     if not profile.gpu and not profile.amx:
         return "int8_weight_only", f"auto: {hw}, no AMX: compiled weight-only is the faster form here (measured)"
+    if profile.gpu and profile.capability < (8, 0):
+        return "int8_weight_only", (
+            f"auto: {hw}, but dynamic int8 (torch._int_mm) through compile is not measured below sm80 and Turing's "
+            "path has failed before: weight-only until a card measures it"
+        )
     return "int8_per_row", f"auto: {hw}, compiled"
 
 
@@ -203,11 +211,11 @@ def attention_for(backend: str, profile: DeviceProfile, head_dim: int | None = N
             return "sdpa", f"sage: SageAttention needs sm80 or newer; this GPU is {sm}"
         if head_dim is not None and head_dim not in SAGE_HEAD_DIMS:
             return "sdpa", f"sage: SageAttention takes head dims {SAGE_HEAD_DIMS}, this model's is {head_dim}"
-        if cap >= (12, 0):
+        if cap >= (12, 0):  # the engine's order (engine.attention: the name, then _ALTERNATES)
             return "sage", (
-                f"sage: SageAttention 2's {sm} CUDA kernel (diffusers' sage, or the Hub's sage_hub); SageAttention 1"
-                " is Triton-only, which SageAttention's own dispatcher does not use on sm120: sdpa where neither"
-                " loads"
+                f"sage: tried in the engine's order on {sm}: diffusers' sage (SageAttention 2's CUDA kernel where it"
+                " is installed), then SageAttention 1's Triton kernel through the studio's own call (SageAttention's"
+                " dispatcher does not pick it on sm120), then the Hub's sage_hub; sdpa where none loads"
             )
         return "sage", f"sage: SageAttention on {sm} (diffusers' sage, else SageAttention 1's Triton kernel)"
     if backend == "flash3":

@@ -8,6 +8,8 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from studio.spec.methods import METHOD_NAMES
+
 ROOT = str(Path(__file__).resolve().parents[2])  # the folder `studio` is in (the edges put it on PYTHONPATH)
 
 
@@ -85,11 +87,39 @@ def aot_dir(configured: str | None) -> Path:
     return Path(configured or Path(tempfile.gettempdir()) / "studio-aot")
 
 
-def ahead_of_time_applies(compile_spec, offload) -> bool:
-    """Whether a compiled stack runs ahead of time on ZeroGPU (engine.aot): regional, on weights that stay in place (no
-    memory regime: one `auto` picks is refused there, said on the card). `offload`: an OffloadSpec or None."""
-    policy = getattr(offload, "policy", "none")
-    return compile_spec.enabled and compile_spec.regional and policy in ("none", "auto")
+HOOK_INSIDE = {  # why each diffusers cache hook cannot sit beside an exported block (engine.aot)
+    "fbcache": "its hook replaces the blocks' forward, which a package would skip",
+    "magcache": "its hook replaces the blocks' forward, which a package would skip",
+    "seacache": "its hook replaces the blocks' forward, which a package would skip",
+    "taylorseer": "its hooks sit on the attention and feed-forward inside the blocks, which a package bakes in",
+    "pab": "its hooks sit on the attention inside the blocks, which a package bakes in",
+    "fastercache": "its hooks sit on the attention inside the blocks, which a package bakes in",
+}
+NO_LORA = "not with a LoRA (peft's layers and scales are not in the package)"
+
+
+def aot_refusal(preset, repeated: bool = True) -> str | None:
+    """Why `preset` (spec.preset.Preset) cannot run ahead-of-time compiled on ZeroGPU, from the preset alone (words
+    after "ahead-of-time compile is"; engine.aot.refusal adds what only loaded weights say); None: it can.
+    `repeated`: the model's transformer names repeated blocks."""
+    policy = getattr(preset.offload_config, "policy", "none")
+    if not preset.compile.regional:
+        return "per block: set compile.regional: true"
+    if not repeated:
+        return "per block, and the model's transformer has no _repeated_blocks"
+    if policy not in ("none", "auto"):  # (one `auto` picks is refused at run time, said on the card)
+        return f"not under {policy} (the weights move between calls; a package reads them in place)"
+    if preset.loras:
+        return NO_LORA
+    backend = preset.cache_config.backend if preset.cache_config.enabled else "none"
+    if backend in HOOK_INSIDE:
+        return f"not under {METHOD_NAMES[backend]} ({HOOK_INSIDE[backend]})"
+    return None
+
+
+def ahead_of_time_applies(preset, repeated: bool = True) -> bool:
+    """Whether `preset`'s compile runs ahead of time on ZeroGPU (engine.aot)."""
+    return preset.compile.enabled and aot_refusal(preset, repeated) is None
 
 
 def aot_marker_key(preset) -> tuple:
