@@ -292,6 +292,11 @@ def test_text_encoders_by_use_give_the_resident_pixels_and_leave_with_their_regi
     off = stack_state(pipe.transformer).offloading
     assert off.encoders_by_use and off.encoder_turns >= 2 and off.encoder_turns % 2 == 0  # CLIP and T5, each prompt
     assert any("encode the prompt" in x for x in res.metrics.labels.engaged), res.metrics.labels.engaged
+    # another weight set under the same regime, then base: one hook an encoder throughout, none once it is off
+    q = "dtype: float32\nquantize_config: {quant_type: int8_weight_only}\n"
+    runner.presets.add("byuse8", q + "offload_config: {policy: group_offload, encoders_by_use: true}\n")
+    runner.generate(req(), "byuse8", compare="off")
+    assert len(pipe.text_encoder._forward_pre_hooks) == len(pipe.text_encoder_2._forward_pre_hooks) == 1
     again = runner.generate(req(), "b32", compare="off")
     assert np.array_equal(again.image, base) and not off.encoders_by_use
     assert not pipe.text_encoder._forward_pre_hooks and not pipe.text_encoder_2._forward_pre_hooks

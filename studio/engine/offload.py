@@ -82,7 +82,10 @@ def remove_offload(pipe, device) -> None:
         pipe.to(device)
     for h in state.offloading.encoder_hooks:
         h.remove()
-    if state.offloading.encoders_by_use:
+    by_use = [enc for enc in _encoders(pipe) if BY_USE_HOOK in enc.__dict__]
+    for enc in by_use:  # the encoders' own hooks, whichever transformer set them (another weight set's regime too)
+        enc.__dict__.pop(BY_USE_HOOK).remove()
+    if state.offloading.encoders_by_use or by_use:
         for enc in _encoders(pipe):
             enc.to(device)
     state.offloading.reset()  # (the stream's counting hooks are off above; the loader's run device stays)
@@ -276,6 +279,9 @@ def _encoders(pipe) -> list:
     return [c for n, c in pipe.components.items() if n.startswith("text_encoder") and isinstance(c, torch.nn.Module)]
 
 
+BY_USE_HOOK = "_studio_by_use"  # an encoder's own attribute holding its by-use hook (the encoders outlive weight sets)
+
+
 def encoders_by_use(pipe, device: torch.device) -> str:
     """The text encoders on the host, each coming to `device` when it is called (the prompt) and all leaving when
     the transformer is first called (the denoising): torch hooks, not accelerate's (whose `_hf_hook` would read as
@@ -296,7 +302,10 @@ def encoders_by_use(pipe, device: torch.device) -> str:
 
     for enc in encoders:
         enc.to(HOST)
-        state.encoder_hooks.append(enc.register_forward_pre_hook(onload))
+        old = enc.__dict__.pop(BY_USE_HOOK, None)  # (one hook an encoder, whichever weight set's regime set it)
+        if old is not None:
+            old.remove()
+        enc.__dict__[BY_USE_HOOK] = enc.register_forward_pre_hook(onload)
     state.encoder_hooks.append(pipe.transformer.register_forward_pre_hook(offload))
     state.encoders_by_use = True
     names = [n for n, c in pipe.components.items() if n.startswith("text_encoder") and isinstance(c, torch.nn.Module)]
