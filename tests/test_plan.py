@@ -33,14 +33,14 @@ def test_the_full_stack_on_the_named_gpus_is_each_ones_form():
     lib = PresetLibrary()
     rtx = make_plan(named("rtx4090"), FLUX, lib.get(FULL))
     assert (rtx.dtype, rtx.quantize, rtx.attention, rtx.compile) == ("bfloat16", "float8_per_row", "sage", "regional")
-    # FLUX.1-dev with T5-XXL in bf16 is ~25.8 GiB resident: over the card (23.6 GiB to torch), so `auto` keeps the
-    # transformer resident and the text encoders on the host but for the prompt (placement by use), not streaming
-    # the blocks every step
-    assert rtx.fits and rtx.offload == "none+encoders" and rtx.peak_bytes < 23.64 * 2**30
-    assert rtx.components["transformer"]["where"] == "device" and "of 23.6 GiB free" in rtx.reasons["offload"]
-    assert "while it encodes the prompt" in rtx.components["text_encoder_2"]["where"]
+    # FLUX.1-dev with T5-XXL in bf16 is ~25.8 GiB resident: over the card (23.6 GiB to torch, less its CUDA
+    # context), and even with the text encoders by use (~23.3 GiB) it is over by a few hundred MiB, so `auto` streams
+    # the blocks with the encoders resident
+    assert rtx.fits and rtx.offload == "layerwise_offload" and rtx.peak_bytes < 23.64 * 2**30
+    assert rtx.components["transformer"]["where"].startswith("host") and "of 23.1 GiB free" in rtx.reasons["offload"]
+    assert rtx.components["text_encoder_2"]["where"] == "device"
     resident = make_plan(named("rtx4090"), FLUX, replace(lib.get(FULL), offload_config=OffloadSpec(policy="none")))
-    assert not resident.fits and "these would fit: none+encoders" in resident.refusal  # and says what would
+    assert not resident.fits and "these would fit: layerwise_offload" in resident.refusal  # and says what would
     assert rtx.components["transformer"]["bytes"] < rtx.components["text_encoder_2"]["bytes"] * 1.5  # 8-bit counted
     t4 = make_plan(named("t4"), FLUX, lib.get(FULL))
     assert (t4.dtype, t4.quantize, t4.attention) == ("float16", "int8_weight_only", "sdpa")  # sm_75: until measured

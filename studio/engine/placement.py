@@ -26,6 +26,9 @@ FALLBACK_MARGIN = 4 * GIB
 # What the CUDA caching allocator and cuDNN's conv workspaces hold beyond the tensors alive (an estimate; the
 # measured peak on the card, studio.measure.memory, is the way to tighten it). Nothing of it on a CPU budget.
 CUDA_SLACK = GIB
+# What a process's CUDA context takes of a card before any tensor (lazy module loading: about 0.3-0.5 GiB): a run's
+# `auto` reads torch.cuda.mem_get_info, which has it taken already, so a named profile's plan takes it too.
+CUDA_CONTEXT = GIB // 2
 VAE_ALIVE = 5  # feature maps of the largest size alive at the VAE decode's peak (activation_bytes)
 FIX_NONE = f"use offload_config policy auto or layerwise_offload (or group_offload), or raise {BUDGET_ENV}"
 
@@ -140,10 +143,15 @@ def free_on(profile: DeviceProfile, device, held: int = 0, releasable: int = 0, 
 
 
 def profile_free(profile: DeviceProfile, held: int = 0, budget: float | None = None) -> Free:
-    """A named profile's memory less `held`, under the budget (GiB): a fresh card of that kind."""
+    """A named profile's memory less its CUDA context and `held`, under the budget (GiB): a fresh card of that kind,
+    as a process on it sees its free memory."""
     parts = []
     if profile.memory_bytes is not None:
-        parts.append((profile.memory_bytes - held, f"the {profile.name} profile's {gib(profile.memory_bytes)}"))
+        ctx = CUDA_CONTEXT if profile.gpu else 0
+        less = f" less {gib(ctx)} for the CUDA context" if ctx else ""
+        parts.append(
+            (profile.memory_bytes - ctx - held, f"the {profile.name} profile's {gib(profile.memory_bytes)}{less}")
+        )
     if budget is not None:
         parts.append((int(budget * GIB) - held, f"{BUDGET_ENV}={budget:g}"))
     return Free(*min(parts)) if parts else Free(None, f"{profile.name}: no device-memory budget ({BUDGET_ENV} unset)")
