@@ -19,7 +19,7 @@ from studio.engine.device import DtypeChoice, default_device, profile_here, reso
 from studio.engine.lora import fuse_loras
 from studio.engine.offload import placed_for
 from studio.engine.parallel import remove_parallel
-from studio.engine.placement import Free, Plan, decide, describe, device_bytes, free_on, gib, margin_bytes
+from studio.engine.placement import Free, Plan, decide, describe, device_bytes, free_on, gib, margin_bytes, place
 from studio.engine.quantize import preset_form
 from studio.engine.sizes import ModelSizes, device_bytes_of, incoming_sizes, read_sizes, sizes_of_pipe
 from studio.engine.stack import AppliedStack, apply_preset
@@ -189,11 +189,7 @@ class ModelManager:
         the class) first."""
         self.unload()
         if plan.resident:  # (text encoders by use wait on the host: they come for the prompt, engine.offload)
-            for name, comp in pipe.components.items():
-                if isinstance(comp, torch.nn.Module) and not (
-                    plan.encoders_by_use and name.startswith("text_encoder")
-                ):
-                    comp.to(self.device)
+            place(pipe, "none", self.device, plan.encoders_by_use)
         placed_for(pipe.transformer, self.device)  # a host-loaded model still runs there
         cur = Loaded(model or "tiny", source, pipe, dtype)
         cur.active = (dtype.name, QuantSpec(), ())
@@ -309,7 +305,8 @@ class ModelManager:
         if on_status:
             on_status("loading transformer weights for this dtype/quantization")
         gone = []  # (key, variant, the device it left): each off the device as it goes, not at the next collection
-        while cur.variants and (len(cur.variants) >= self.slots or not self._holds_another(cur, key)):
+        need = self._incoming_need(cur, key) if self._room(0).bytes is not None else 0  # (unbounded: slots alone)
+        while cur.variants and (len(cur.variants) >= self.slots or not self._holds_another(cur, need)):
             k, v = cur.variants.popitem(last=False)
             gone.append((k, v, _park(v.transformer)))
         active, was = next(((v, d) for k, v, d in gone if k == cur.active), (None, None))
@@ -343,18 +340,20 @@ class ModelManager:
         cur.variants.move_to_end(cur.active, last=False)
         return True
 
-    def _holds_another(self, cur: Loaded, key: tuple) -> bool:
-        """Whether the device holds the incoming weights and their activations beside everything it keeps now (a card
-        that holds both keeps base's weights while an 8-bit stack runs: a compared click loads nothing per pair); a
-        device with no memory figure (the CPU without a budget) is bound by the slots alone."""
+    def _incoming_need(self, cur: Loaded, key: tuple) -> int:
+        """The incoming weight set's bytes in its own dtype and form, and its activations."""
+        sizes = incoming_sizes(cur, key)
+        margin = margin_bytes(sizes, cur.source, cur.dtype.torch.itemsize, self.device)[0]
+        return sizes.components.get("transformer", 0) + margin
+
+    def _holds_another(self, cur: Loaded, need: int) -> bool:
+        """Whether the device holds `need` bytes (_incoming_need) beside everything it keeps now (a card that holds
+        both keeps base's weights while an 8-bit stack runs: a compared click loads nothing per pair); a device with
+        no memory figure (the CPU without a budget) is bound by the slots alone."""
         kept = sum(device_bytes_of(v.transformer, self.device) for v in cur.variants.values())
         on_device = kept + device_bytes(cur.pipe, self.device) - device_bytes_of(cur.pipe.transformer, self.device)
         room = self._room(on_device)
-        if room.bytes is None:
-            return True
-        sizes = incoming_sizes(cur, key)
-        margin = margin_bytes(sizes, cur.source, cur.dtype.torch.itemsize, self.device)[0]
-        return sizes.components.get("transformer", 0) + margin <= room.bytes
+        return room.bytes is None or need <= room.bytes
 
     def _after_failed_load(self, cur: Loaded, e: ModelLoadError, back: bool | None) -> None:
         """The sentence of a weight set that could not load: the weights in use are as they were (`back`), or could

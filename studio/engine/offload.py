@@ -10,7 +10,16 @@ from pathlib import Path
 import torch
 
 from studio.engine.compile import apply_compile, uncompile
-from studio.engine.placement import HOST, decide, device_bytes, free_memory, margin_bytes, pin_reason, place
+from studio.engine.placement import (
+    HOST,
+    decide,
+    device_bytes,
+    free_memory,
+    is_text_encoder,
+    margin_bytes,
+    pin_reason,
+    place,
+)
 from studio.engine.sizes import sizes_of_pipe
 from studio.engine.state import Engaged, stack_state
 from studio.engine.streams import STREAMING, module_bytes, new_log, tally_block, tally_group, tally_prefetch
@@ -82,11 +91,11 @@ def remove_offload(pipe, device) -> None:
         pipe.to(device)
     for h in state.offloading.encoder_hooks:
         h.remove()
-    by_use = [enc for enc in _encoders(pipe) if BY_USE_HOOK in enc.__dict__]
+    by_use = [enc for enc in _encoders(pipe).values() if BY_USE_HOOK in enc.__dict__]
     for enc in by_use:  # the encoders' own hooks, whichever transformer set them (another weight set's regime too)
         enc.__dict__.pop(BY_USE_HOOK).remove()
     if state.offloading.encoders_by_use or by_use:
-        for enc in _encoders(pipe):
+        for enc in _encoders(pipe).values():
             enc.to(device)
     state.offloading.reset()  # (the stream's counting hooks are off above; the loader's run device stays)
 
@@ -260,10 +269,10 @@ def _model_offload(pipe, spec: OffloadSpec, device: torch.device) -> tuple[bool,
     )
 
 
-def _margin(pipe, device: torch.device | None, size=None) -> tuple[int, str]:
+def _margin(pipe, device: torch.device | None, size=None, sizes=None) -> tuple[int, str]:
     elem = next(pipe.transformer.parameters()).element_size()
     where = device or torch.device("cuda")
-    return margin_bytes(sizes_of_pipe(pipe), getattr(pipe, "name_or_path", None), elem, where, size)
+    return margin_bytes(sizes or sizes_of_pipe(pipe), getattr(pipe, "name_or_path", None), elem, where, size)
 
 
 def _auto(pipe, spec: OffloadSpec, device: torch.device, budget: float | None, size=None) -> tuple[str, bool, str]:
@@ -271,12 +280,13 @@ def _auto(pipe, spec: OffloadSpec, device: torch.device, budget: float | None, s
     of `size` (None: the model's default), the pipeline's own device bytes counted free: it is the one being placed.
     Nothing fitting: the least hungry, saying so."""
     free = free_memory(device, 0, device_bytes(pipe, device), budget)
-    plan = decide(sizes_of_pipe(pipe), spec, device, free, _margin(pipe, device, size))
+    sizes = sizes_of_pipe(pipe)
+    plan = decide(sizes, spec, device, free, _margin(pipe, device, size, sizes))
     return plan.policy, plan.encoders_by_use, (plan.why if plan.fits else f"{plan.why}, may not fit")
 
 
-def _encoders(pipe) -> list:
-    return [c for n, c in pipe.components.items() if n.startswith("text_encoder") and isinstance(c, torch.nn.Module)]
+def _encoders(pipe) -> dict:
+    return {n: c for n, c in pipe.components.items() if is_text_encoder(n) and isinstance(c, torch.nn.Module)}
 
 
 BY_USE_HOOK = "_studio_by_use"  # an encoder's own attribute holding its by-use hook (the encoders outlive weight sets)
@@ -288,7 +298,8 @@ def encoders_by_use(pipe, device: torch.device) -> str:
     model offload). The pipeline makes the prompt's tokens on its execution device (its VAE's, resident): the
     encoders meet them there."""
     state = stack_state(pipe.transformer).offloading
-    encoders = _encoders(pipe)
+    named = _encoders(pipe)
+    encoders = list(named.values())
 
     def onload(module, args):
         state.encoder_turns += 1
@@ -308,8 +319,7 @@ def encoders_by_use(pipe, device: torch.device) -> str:
         enc.__dict__[BY_USE_HOOK] = enc.register_forward_pre_hook(onload)
     state.encoder_hooks.append(pipe.transformer.register_forward_pre_hook(offload))
     state.encoders_by_use = True
-    names = [n for n, c in pipe.components.items() if n.startswith("text_encoder") and isinstance(c, torch.nn.Module)]
-    return f"{', '.join(names)} on the host, on {device} only while they encode the prompt (by use)"
+    return f"{', '.join(named)} on the host, on {device} only while they encode the prompt (by use)"
 
 
 _POLICIES = {"group_offload": _group, "layerwise_offload": _layerwise, "model_cpu_offload": _model_offload}

@@ -88,9 +88,17 @@ def needs(sizes: ModelSizes, spec: OffloadSpec, margin: int, device: torch.devic
     return out
 
 
+def is_text_encoder(name: str) -> bool:
+    """A pipeline component placement by use keeps on the host between prompts (`text_encoder`, `_2`, `_3`)."""
+    return name.startswith("text_encoder")
+
+
+BY_USE_WHERE = "host; on the device while it encodes the prompt, back before the denoising (by use)"
+
+
 def encoder_bytes(sizes: ModelSizes) -> int:
     """The text encoders' bytes (what placement by use keeps on the host between prompts)."""
-    return sum(b for n, b in sizes.components.items() if n.startswith("text_encoder"))
+    return sum(b for n, b in sizes.components.items() if is_text_encoder(n))
 
 
 def pin_reason() -> str | None:
@@ -248,7 +256,7 @@ def place(pipe, policy: str, device: torch.device, encoders_by_use: bool = False
     if policy == "model_cpu_offload":
         return
     for name, comp in modules(pipe).items():
-        if encoders_by_use and name.startswith("text_encoder"):
+        if encoders_by_use and is_text_encoder(name):
             comp.to(HOST)
         elif name != "transformer":
             comp.to(device)
@@ -279,8 +287,8 @@ def describe(
             where[name] = f"{n} blocks streamed from the host, {ahead} ahead (layerwise); the rest on the device"
         elif name == "transformer" and policy == "group_offload":
             where[name] = f"{n} blocks streamed from the host, {spec.num_blocks_per_group} a group (group_offload)"
-        elif by_use and name.startswith("text_encoder"):
-            where[name] = "host; on the device while it encodes the prompt, back before the denoising (by use)"
+        elif by_use and is_text_encoder(name):
+            where[name] = BY_USE_WHERE
         else:
             where[name] = "device"
         if name == "vae" and getattr(vae, "use_tiling", False):

@@ -14,6 +14,7 @@ import torch
 from studio.engine.device import profile_here, resolve_dtype
 from studio.engine.offload import QUANT_UNDER_GROUP
 from studio.engine.placement import (
+    BY_USE_WHERE,
     CUDA_SLACK,
     FALLBACK_MARGIN,
     Free,
@@ -21,6 +22,7 @@ from studio.engine.placement import (
     decide,
     free_on,
     gib,
+    is_text_encoder,
     unavailable,
 )
 from studio.engine.resolve import resolved
@@ -168,8 +170,8 @@ def _where(sizes: ModelSizes, regime: str, by_use: bool = False) -> dict:
     host), and when it is on the device."""
     out = {}
     for name, b in sizes.components.items():
-        if by_use and name.startswith("text_encoder"):
-            where = "host; on the device while it encodes the prompt, back before the denoising (by use)"
+        if by_use and is_text_encoder(name):
+            where = BY_USE_WHERE
         elif regime == "none":
             where = "device"
         elif regime == "model_cpu_offload":
