@@ -266,5 +266,14 @@ def test_the_card_withholds_its_number_while_programs_hold_the_cores_and_keeps_n
         later.metrics.timing.timed_pairs >= 3
         and "base timed warm right before, in this call" in later.metrics.timing.how
     )
-    if quiet and later.metrics.timing.cores_taken is not None and later.metrics.timing.cores_taken < CROWDED:
-        assert later.metrics.timing.speedup is not None, later.metrics.timing.speedup_note
+    # once the programs are gone the number comes back. A stall the watch cannot see (the VM's host) can widen one
+    # call's interval, so a quiet machine gets 3 calls to show one: a studio that always withheld it still fails
+    def withheld_while_quiet(t) -> bool:
+        return t.speedup is None and quiet and t.cores_taken is not None and t.cores_taken < CROWDED
+
+    calls = [later.metrics.timing]
+    while withheld_while_quiet(calls[-1]):
+        assert len(calls) < 3, f"no speed-up in 3 calls on a quiet machine: {[t.speedup_note for t in calls]}"
+        prompt = f"a blue square, call {len(calls) + 1}"
+        again = runner.generate(replace(r, prompt=prompt), stack(runner, "cache", threshold=0.5), compare="auto")
+        calls.append(again.metrics.timing)

@@ -234,6 +234,11 @@ def test_the_card_shows_the_interval_or_says_why_there_is_no_number():
     card = metrics_card(ok)
     assert "1.74x (1.68-1.80) (base 0.900 s, 3 timed pairs, stopped: the interval is within ±5% of its point" in card
     assert "stalled: 1 run ran slow in places" in card
+    # a stall that widened the interval past showing is still said, beside the reason the number is withheld
+    note = "timing too noisy to show: the interval 1.00-2.05x over 6 pairs is wider than ±25% of its point"
+    withheld = _metrics(speedup_note=note, timed_pairs=6, stalled_runs=2)
+    card = metrics_card(withheld)
+    assert "speed-up withheld (timing too noisy to show)" in card and "stalled: 2 runs ran slow in places" in card
     # a stalled median run beside a floor-priced speed-up (an A/B seen under load: 2.530 s against base's 1.927 s, and
     # 1.65x): the price the speed-up divides is shown beside a wall time a stall lifted, on the card and in the table
     lifted = _metrics(

@@ -147,8 +147,11 @@ def _speedup_cell(m) -> str:
     t, esc = m.timing, html.escape
     vs = esc(t.speedup_note) if t.speedup_note else fmt.speedup_ci(t.speedup, t.speedup_lo, t.speedup_hi)
     if t.base_denoise_s is not None:
-        shown = t.timed_pairs and t.speedup is not None  # (a withheld one's sentence is long enough)
-        pairs = f", {esc(fmt.pairs(t.timed_pairs, t.pairs_stop, t.stalled_runs))}" if shown else ""
+        shown = t.timed_pairs and t.speedup is not None  # (a withheld one's sentence says its pairs)
+        if shown:
+            pairs = f", {esc(fmt.pairs(t.timed_pairs, t.pairs_stop, t.stalled_runs))}"
+        else:  # a stall is a fact of the timing whether or not a number came of it
+            pairs = f", {esc(fmt.stalled(t.stalled_runs))}" if t.stalled_runs else ""
         vs += f" (base {fmt.denoise(t.base_denoise_s, t.base_priced_s)}{pairs})"
     if t.speedup_lo is not None:  # the interval named by what it held (studio.measure.estimate), on hover
         vs = f'<span title="{esc(interval_words())}">{vs}</span>'

@@ -57,11 +57,16 @@ def speedup_ci(v: float | None, lo: float | None, hi: float | None, digits: int 
     return ratio_ci(v, lo, hi, digits, "x")
 
 
-def pairs(n: int, stop: str | None = None, stalled: int = 0) -> str:
+def pairs(n: int, stop: str | None = None, stalled_runs: int = 0) -> str:
     """How many timed pairs a speed-up came from, why they stopped there, and whether a stall hit some runs."""
     out = f"{n} timed pair{'s' if n != 1 else ''}"
     out += f", stopped: {stop}" if stop else ""
-    return out + (f"; stalled: {stalled} run{'s' if stalled != 1 else ''} ran slow in places" if stalled else "")
+    return out + (f"; {stalled(stalled_runs)}" if stalled_runs else "")
+
+
+def stalled(n: int) -> str:
+    """That a stall hit `n` timed runs (a step far over its run's median), in words."""
+    return f"stalled: {n} run{'s' if n != 1 else ''} ran slow in places"
 
 
 def host_slow(over: float | None) -> str:
