@@ -266,6 +266,7 @@ def test_the_card_withholds_its_number_while_programs_hold_the_cores_and_keeps_n
         later.metrics.timing.timed_pairs >= 3
         and "base timed warm right before, in this call" in later.metrics.timing.how
     )
+
     # once the programs are gone the number comes back. A stall the watch cannot see (the VM's host) can widen one
     # call's interval, so a quiet machine gets 3 calls to show one: a studio that always withheld it still fails
     def withheld_while_quiet(t) -> bool:

@@ -97,7 +97,8 @@ def test_switching_presets_reuses_or_reloads(runner):
     q = runner.generate(r, stack(runner, "int8", compile=False))  # eager: auto runs the weight-only form
     tr1 = runner.manager.current.pipe.transformer
     assert q.metrics.reloaded and tr1 is not tr0 and quantized_mode(tr1) == "int8_weight_only"
-    q2 = runner.generate(r, stack(runner, "cache-int8", threshold=0.5, compile=False))
+    # (not compared: a compared cached click ends on base's weights, after its base run at fewer steps)
+    q2 = runner.generate(r, stack(runner, "cache-int8", threshold=0.5, compile=False), compare="off")
     assert not q2.metrics.reloaded and runner.manager.current.pipe.transformer is tr1  # same INT8 weights
     back = runner.generate(r, "base")
     tr2 = runner.manager.current.pipe.transformer
@@ -112,7 +113,7 @@ def test_one_transformer_slot_reloads_and_never_runs_int8_as_base(runner):
     r = req()
     first = runner.generate(r, "base")
     tr0 = runner.manager.current.pipe.transformer
-    runner.generate(r, stack(runner, "int8", compile=False))
+    runner.generate(r, stack(runner, "int8", compile=False), compare="off")  # (compared, it ends on base's weights)
     back = runner.generate(r, "base")
     tr2 = runner.manager.current.pipe.transformer
     assert back.metrics.reloaded and tr2 is not tr0 and quantized_mode(tr2) == "none"
@@ -984,4 +985,50 @@ def test_a_device_that_holds_both_weight_sets_keeps_base_beside_int8_and_one_tha
         assert list(m.current.variants) == [key8]  # base's weights left for the 8-bit ones
         assert runner.generate(r, "base", compare="off").metrics.reloaded
     finally:
+        m.settings = before
+
+
+def test_a_compared_8bit_click_loads_each_weight_set_once_where_the_device_holds_one(runner):
+    """Issue 57: B S B S over an 8-bit stack on a device that holds one weight set loads a set at every run (6 loads
+    for a cheap base's 3 pairs). There the stack's runs come first (its weights are in use), then base's as many:
+    each set loads once a click, the card says the order, and the click ends on base's weights, so a base click after
+    it loads nothing. Where the device holds both, B S B S as before, and nothing loads once both are in."""
+    from studio.engine.baseline import ONE_SET, TIGHT_PCT
+
+    m, r, int8 = runner.manager, req(), stack(runner, "int8", compile=False)
+    loads, load = [], m._load_transformer
+
+    def counted(cur, dtype, resident):
+        loads.append(m.current.active)
+        return load(cur, dtype, resident)
+
+    before, pairing = m.settings, runner.pairing
+    m._load_transformer, runner.pairing = counted, replace(Pairing(), max_extra_pairs=0)  # the app's 3 cheap pairs
+    try:
+        m.settings = replace(before, transformer_slots=1)  # (STUDIO_TRANSFORMER_SLOTS=1: a card that holds one)
+        runner.generate(r, "base", compare="off")
+        assert not m.holds_both(int8, runner.base_preset(m.current.dtype.name, int8))
+        tight = f"the interval is within ±{TIGHT_PCT}% of its point"
+        for n, prompt in enumerate((PROMPT, "a green triangle on grey")):
+            loads.clear()
+            t = runner.generate(replace(r, prompt=prompt), int8, compare="on").metrics.timing
+            assert len(loads) == 2, (n, loads)  # the 8-bit set, then base's: once each
+            assert t.timed_pairs == 3 and t.pairs_stop in (ONE_SET, tight), t.pairs_stop
+            assert "then base's as many (the device holds one weight set at a time" in t.how
+            assert "base timed warm right after, in this call" in t.how and "interleaved" not in t.how
+            assert quantized_mode(m.current.pipe.transformer) == "none"  # it ended on base's weights
+        loads.clear()
+        assert not runner.generate(r, "base", compare="off").metrics.reloaded and loads == []
+        # a cached 8-bit click's fewer-steps line is a base run too: on base's weights, it loads nothing more
+        cached = runner.generate(r, stack(runner, "cache-int8", threshold=0.5, compile=False), compare="on").metrics
+        assert len(loads) == 2 and cached.cache.cached_steps > 0, loads
+        sp = cached.timing.speedup
+        assert (cached.quality.vs_fewer is not None) == (sp is not None and sp > 1.0), (sp, cached.timing.speedup_note)
+        m.settings = replace(before, transformer_slots=2)  # holds both: interleaved, nothing loads once both are in
+        runner.generate(r, int8, compare="off")
+        loads.clear()
+        t = runner.generate(replace(r, seed=4), int8, compare="on").metrics.timing
+        assert loads == [] and "interleaved with base" in t.how and "base timed warm right before" in t.how
+    finally:
+        m._load_transformer, runner.pairing = load, pairing
         m.settings = before

@@ -300,6 +300,7 @@ def _rounds(runner: Runner, requests, resolved, repeats, model, tick, *, vs_raw,
     kw = dict(raw=raw, extra=extra, on_extra=on_extra, tighten=tighten)
     try:
         with CoreWatch(threads or 1, helpers=raw.pids if raw is not None else None) as watch:
+            kw["crowded"] = (lambda: watch.peek().crowded) if threads is not None else None
             rots = [rotate(runner, req, resolved, repeats, model, tick, **kw) for req in requests]
     finally:
         if raw is not None:

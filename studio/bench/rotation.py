@@ -132,8 +132,13 @@ def base_disagrees(rot: Rotation) -> float | None:
     return hw if hw > AGREE else None
 
 
-def why_stop(rot: Rotation, repeats: int, extra: int, tighten: bool = True) -> str | None:
-    """Why the rotation stops after its rounds so far (None: time another round). `tighten`: module doc."""
+CROWDED_STOP = "other programs hold the cores (more rounds would not show a number)"
+
+
+def why_stop(rot: Rotation, repeats: int, extra: int, tighten: bool = True, crowded: bool = False) -> str | None:
+    """Why the rotation stops after its rounds so far (None: time another round). `tighten`: module doc. `crowded`:
+    the watch says other programs hold the cores, so every row is withheld whatever more rounds add (as a card's
+    pairing: engine.baseline.side_by_side)."""
     if rot.rounds < repeats:
         return None
     speedups = _speedups(rot)  # each a bootstrap: drawn once per round, read by both checks
@@ -145,6 +150,8 @@ def why_stop(rot: Rotation, repeats: int, extra: int, tighten: bool = True) -> s
         return (
             f"every speed-up's interval is {usable} after {rot.rounds} round{'s' if rot.rounds != 1 else ''} ({asked})"
         )
+    if crowded:
+        return CROWDED_STOP
     if rot.rounds >= repeats + extra:
         still = [f"withheld: {', '.join(wanting)}"] if wanting else []
         still += [f"wider than ±{LOOSE * 100:.0f}%: {', '.join(wide)}"] if wide else []
@@ -165,13 +172,15 @@ def rotate(
     extra: int = EXTRA_ROUNDS,
     on_extra=None,
     tighten: bool = True,
+    crowded=None,
 ) -> Rotation:
     """Round-robin timing of `presets` (base first, and again last: AGAIN) on one request (module doc); with `raw` (a
-    RawPool), each preset's plain run beside its studio run. `tick(label)` after each run; `on_extra()` before one."""
+    RawPool), each preset's plain run beside its studio run. `tick(label)` after each run; `on_extra()` before one;
+    `crowded()`: whether other programs hold the cores (why_stop)."""
     rot = Rotation(request)
     order = [(p.name, p) for p in presets] + [(AGAIN, presets[0])]
     runner.settle(request, presets[0], model)  # untimed: the first slot then runs right after a run, as all others do
-    while (stop := why_stop(rot, repeats, extra, tighten)) is None:
+    while (stop := why_stop(rot, repeats, extra, tighten, crowded is not None and crowded())) is None:
         if rot.rounds >= repeats and on_extra:
             on_extra()
         _round(rot, runner, order, model, tick, raw)

@@ -149,6 +149,7 @@ class Paired:
     by_shape: bool = False  # the base timing is a kept one of the same shape, maybe of another prompt (compare auto)
     stack_runs: tuple[Run, ...] = ()  # the stack's timed runs beside this base (kept for compare auto's drift)
     crowding: Crowding | None = None  # what other programs took of the cores while it was timed (None: not watched)
+    grouped: bool = False  # base's runs after the stack's, each weight set loaded once (side_by_side's `one_set`)
 
     def priced_s(self) -> dict:
         """The stack's and base's floor prices in seconds and what other programs took of the cores, as RunMetrics
@@ -177,15 +178,28 @@ def _timed(fn) -> tuple[object, float]:
     return out, time.monotonic() - t0
 
 
+ONE_SET = "the device holds one weight set at a time: another pair would load both again"
+
+
 def side_by_side(
-    pairing: Pairing, store: BaseStore, key: tuple, time_base, time_stack, on_status=None, crowded=None
+    pairing: Pairing,
+    store: BaseStore,
+    key: tuple,
+    time_base,
+    time_stack,
+    on_status=None,
+    crowded=None,
+    one_set: bool = False,
 ) -> Paired:
     """The stack's run and its base, as the pairing says; `time_base`/`time_stack` each run one measured run.
-    `crowded()` true stops the pairs: the number will be withheld whatever they add."""
+    `crowded()` true stops the pairs: the number will be withheld whatever they add. `one_set`: base and the stack
+    run on weight sets the device cannot hold together (grouped: each set loads once)."""
     kept = store.get(key)
     if kept is not None and pairing.reusable(kept):
         run = time_stack()
         return Paired(kept, run, 1, False, speedup(kept.runs, [run.timed]), stack_runs=(run.timed,))
+    if one_set and not pairing.caller_times_base:
+        return _grouped(pairing, store, key, time_base, time_stack, on_status, crowded)
     bases, runs, spent, fastest, why = [], [], 0.0, float("inf"), ""
     while True:
         if on_status:
@@ -211,6 +225,26 @@ def side_by_side(
     stack = tuple(x.timed for x in runs)
     r = replace(speedup(base.runs, stack), stop=why)
     return Paired(base, median_run(runs), len(runs), base_now=True, ratio=r, stack_runs=stack)
+
+
+def _grouped(pairing: Pairing, store: BaseStore, key: tuple, time_base, time_stack, on_status, crowded) -> Paired:
+    """side_by_side where alternating would load a weight set at every run: the stack's runs (its weights are in
+    use), then as many of base's, paired in order; no pairs beyond them (each would load both sets again)."""
+    runs = [time_stack()]
+    first = pairing.cheap_pairs if pairing.cheap(price_ms([runs[0].timed]) / 1e3) else 1
+    runs += [time_stack() for _ in range(first - 1)]
+    if on_status:
+        on_status("timing the base image for comparison (its weights load once)")
+    bases = [time_base() for _ in runs]
+    est = speedup([x.timed for x in bases], [x.timed for x in runs])
+    if crowded is not None and crowded():
+        why = "other programs hold the cores (more pairs would not show a number)"
+    else:
+        why = f"the interval is within ±{TIGHT_PCT}% of its point" if est.tight else ONE_SET
+    base = store.put(key, replace(entry_of(median_run(bases)), runs=tuple(x.timed for x in bases)))
+    stack = tuple(x.timed for x in runs)
+    r = replace(speedup(base.runs, stack), stop=why)
+    return Paired(base, median_run(runs), len(runs), base_now=True, ratio=r, stack_runs=stack, grouped=True)
 
 
 def watched(time_it, threads: int | None, store: BaseStore, key: tuple) -> Paired:

@@ -389,13 +389,7 @@ class ModelManager:
             if cur.dtype.name != dtype.name:
                 self._set_dtype(cur, dtype)
                 fresh = True
-            quant = preset.quantize_config if preset.quantize_config.enabled else QuantSpec()
-            if quant.enabled:  # weights are keyed by the form that runs (`auto` resolved, engine.quantize)
-                repeated = bool(getattr(cur.pipe.transformer, "_repeated_blocks", None))
-                form = preset_form(preset, self.profile, repeated)[0]
-                quant = replace(quant, quant_type=form) if form != quant.quant_type else quant
-            fused = preset.loras if quant.enabled else ()  # fused before quantization (engine.lora)
-            key = (dtype.name, quant, fused)
+            key = self._weights_key(cur, preset, dtype)
             plan = self._fits(cur, preset, key, size)  # before anything moves: a regime that does not fit is refused
             loaded = self._switch_variant(cur, key, on_status, plan is None or plan.resident)
             variant = cur.variants[cur.active]
@@ -423,6 +417,32 @@ class ModelManager:
                 spec = preset.offload_config
                 cur.placement = describe(pipe, off.regime, spec, self.device, sizes, plan, off.encoders_by_use)
             return pipe, stack, fresh or loaded
+
+    def _weights_key(self, cur: Loaded, preset: Preset, dtype: DtypeChoice) -> tuple:
+        """The weight set `preset` runs on: (dtype, the 8-bit form that runs, `auto` resolved: engine.quantize, the
+        LoRAs fused before quantization: engine.lora)."""
+        quant = preset.quantize_config if preset.quantize_config.enabled else QuantSpec()
+        if quant.enabled:
+            repeated = bool(getattr(cur.pipe.transformer, "_repeated_blocks", None))
+            form = preset_form(preset, self.profile, repeated)[0]
+            quant = replace(quant, quant_type=form) if form != quant.quant_type else quant
+        return (dtype.name, quant, preset.loras if quant.enabled else ())
+
+    def holds_both(self, a: Preset, b: Preset) -> bool:
+        """Whether runs alternating `a` and `b` on the loaded model load no weights: one weight set serves both, or
+        both are kept, or the device holds the other beside the one in use (_holds_another). False: each switch
+        would load the other set again (one slot, or a card that holds one)."""
+        cur = self.current
+        if cur is None:
+            return True
+        ka, kb = (self._weights_key(cur, p, self.resolve_dtype(p.dtype)) for p in (a, b))
+        if ka == kb or (ka in cur.variants and kb in cur.variants):
+            return True
+        if self.slots < 2:
+            return False
+        missing = kb if ka in cur.variants else ka
+        need = self._incoming_need(cur, missing) if self._room(0).bytes is not None else 0
+        return self._holds_another(cur, need)
 
     def _fits(self, cur: Loaded, preset: Preset, key: tuple | None = None, size=None) -> Plan | None:
         """The plan for `preset`'s regime on the loaded model with the weight set `key` in it (sized in its own dtype

@@ -233,15 +233,14 @@ class Runner:
 
     def _vs_fewer(self, ctx: RunContext, p: Preset, result: RunResult) -> dict | None:
         """A cached text-to-image run against base at that speed-up's step count (HOUSE 18): one untimed, kept base run
-        of fewer steps. None where nothing cached or divides, where the stack is quantized (the extra run would make a
-        one-slot card reload the stack's weights at the next click), or where the extra run failed (logged)."""
+        of fewer steps. None where nothing cached or divides, or where the extra run failed (logged). A quantized
+        stack's click ends on base's weights where the device holds one set (side_by_side's grouped order), so the
+        extra run loads nothing more."""
         m, req = result.metrics, ctx.request
         sp, db = m.timing.speedup, m.quality.psnr_db
         if not m.cache.cached_steps or sp is None or sp <= 1.0 or db is None or result.base_image is None:
             return None
         if req.task != "text2img" or req.steps < 2:
-            return None
-        if p.quantize_config.enabled:  # base's weights are another set: a switch after the run (a reload on one slot)
             return None
         k = steps_at_speed(req.steps, sp)
         try:
@@ -325,7 +324,8 @@ class Runner:
             paired = watched(
                 lambda _: by_shape(shaped, then, same, lambda: measure(ctx, p)), cpu, self.bases, plan.key
             )
-        else:
+        else:  # where base's weights and the stack's cannot stay together, each set loads once: grouped, not B S B S
+            one_set = not p.wants_workers and not self.manager.holds_both(p, plan.base)
             paired = watched(
                 lambda crowded: side_by_side(
                     plan.pairing,
@@ -335,6 +335,7 @@ class Runner:
                     time_stack=lambda: measure(ctx, p),
                     on_status=ctx.on_status,
                     crowded=crowded,
+                    one_set=one_set,
                 ),
                 cpu,
                 self.bases,
@@ -384,6 +385,7 @@ class Runner:
             in_workers=info is not None,
             screening=screening,
             by_shape=paired.by_shape,
+            grouped=paired.grouped,
         )
         cache_on = run.stack.is_engaged("cache")
         ideal = ideal_check(p, paired, self.presets.get(BASE))

@@ -39,18 +39,22 @@ class Timing:
     in_workers: bool = False  # timed inside parallel worker rank 0
     screening: bool = False  # not a measurement: no warm-up, time not reported (the tuner's screening runs)
     by_shape: bool = False  # the base timing is a kept one of the same shape (compare auto), maybe another prompt's
+    grouped: bool = False  # base's runs came after the stack's, not between them (the device holds one weight set)
 
     def text(self, base_age_s: float | None) -> str:
         if self.screening:
             return "screening run: not warmed up, not a measurement"
         out = "warm-up run done" + (" in this call" if self.warmup_in_call else " earlier") + ", "
         out += {1: "1 timed run", 2: "the faster of 2 timed runs"}.get(self.runs, f"median of {self.runs} timed runs")
-        out += " interleaved with base" if self.runs > 1 and self.interleaved else ""
+        if self.grouped:
+            out += ", then base's as many (the device holds one weight set at a time: each set loaded once)"
+        else:
+            out += " interleaved with base" if self.runs > 1 and self.interleaved else ""
         out += " (timed inside parallel worker rank 0)" if self.in_workers else ""
         if self.by_shape:
             out += f"; base timed on a request of the same shape (prompt and seed aside), {base_age_s:.0f} s ago"
         elif self.base_now is True:
-            out += "; base timed warm right before, in this call"
+            out += f"; base timed warm right {'after' if self.grouped else 'before'}, in this call"
         elif self.base_now is False:
             out += f"; base timed warm {base_age_s:.1f} s before (kept)"
         return out
