@@ -459,7 +459,7 @@ def auto_forms() -> str:
     for name in lib.names():
         p = lib.get(name)
         if p.quant.enabled:
-            compiled = compiles(p.compile, p.offload_config, cpu)
+            compiled = compiles(p, cpu)
             form, why = quant_form(p.quant, cpu, compiled)
             out.append(f"| {name} | {p.quant.quant_type} | {'yes' if compiled else 'no'} | {form} | {why} |")
     out += [

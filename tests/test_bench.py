@@ -54,7 +54,9 @@ def test_bench_rows_noise_floor_and_compile_cost(tiny_runner, quiet):
         rot.stop,
         notes,
     )
-    if quiet:  # on a quiet machine every row shows its speed-up (a bench that always withheld must fail here)
+    # on a quiet machine every row shows its speed-up (a bench that always withheld must fail here), unless the watch
+    # saw other programs take the cores during it (the machine stopped being quiet: withheld, with that reason)
+    if quiet and not crowded:
         assert shown, {r.preset: r.speedup_note for r in rows.values()}
     # the ideal: the counts' speed-up with a cached step priced by this run's block times (studio.measure.blocks)
     m = rep.rotations[0].last["cache"].metrics

@@ -450,15 +450,26 @@ class _HalfSpeed:
                 block.forward = before
 
 
+def _skip_if_crowded(timing, what: str) -> None:
+    """Skip, with the watch's reading, where other programs held the cores through every try (the studio withholds
+    then, rightly); anything else falls through to the test's assertion."""
+    from studio.measure.crowding import CROWDED
+
+    if timing.cores_taken is not None and timing.cores_taken >= CROWDED:
+        pytest.skip(f"{what} in 3 tries: other programs held the cores ({timing.speedup_note})")
+
+
 @pytest.mark.timing
 def test_compare_auto_on_a_known_shape_runs_the_stack_once_and_no_base(runner):
     """once a shape's base timing is kept (its pairs agreed), a Generate in `auto` of another prompt of that
     shape is the stack's one run (counted, not timed); its base picture only where it is kept."""
     a, b = req(), req(prompt="an orange triangle on the left, black background")
     for _ in range(3):  # a pair spoilt by a stall keeps no shape timing: time again (at most 3 times)
-        runner.generate(a, stack(runner, "cache", threshold=0.5), compare="on")
+        first = runner.generate(a, stack(runner, "cache", threshold=0.5), compare="on").metrics.timing
         if len(runner.shapes):
             break
+    if not len(runner.shapes):
+        _skip_if_crowded(first, "no base timing of the shape was kept")
     assert len(runner.shapes) == 1, "no base timing of the shape agreed in 3 tries"
     res, calls = _transformer_calls(runner, b, "cache", compare="auto")
     m = res.metrics
@@ -474,6 +485,8 @@ def test_compare_auto_on_a_known_shape_runs_the_stack_once_and_no_base(runner):
         if again.metrics.timing.speedup is not None:
             break
     quiet = again.metrics.timing.speedup
+    if quiet is None:
+        _skip_if_crowded(again.metrics.timing, "no quiet reading to hold a slowed one against")
     assert quiet is not None, again.metrics.timing.speedup_note
     # the machine slows down after the base timing was kept: every transformer call takes twice its own time (a
     # process beside it taking half the core, as load on a shared CPU does: a factor on the work, not a constant per
