@@ -114,3 +114,16 @@ def test_a_record_made_with_other_measuring_code_is_stale(mb):
     ]
     del rec["measuring"]
     assert "before the measuring code's hash was recorded" in mb.stale_reasons(rec, section.command)[0]
+
+
+def test_the_auto_forms_section_runs_against_todays_engine():
+    """`--auto-forms` (a section with no model run) calls the engine's resolver directly: a signature change there
+    failed this section during a full re-run, after the suite had passed. Every 8-bit preset gets its row."""
+    from studio.spec.presets import PresetLibrary
+
+    p = subprocess.run([sys.executable, str(GEN), "--auto-forms"], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    lib = PresetLibrary()
+    eight_bit = [n for n in lib.names() if lib.get(n).quant.enabled]
+    assert eight_bit and all(f"| {n} | " in p.stdout for n in eight_bit), p.stdout
+    assert "dtype `auto` here: " in p.stdout
