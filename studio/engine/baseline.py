@@ -187,6 +187,7 @@ def side_by_side(
     key: tuple,
     time_base,
     time_stack,
+    *,
     on_status=None,
     crowded=None,
     one_set: bool = False,
