@@ -1022,11 +1022,12 @@ def test_a_compared_8bit_click_loads_each_weight_set_once_where_the_device_holds
         runner.generate(r, "base", compare="off")
         assert not m.holds_both(int8, runner.base_preset(m.current.dtype.name, int8))
         tight = f"the interval is within ±{TIGHT_PCT}% of its point"
+        crowded = "other programs hold the cores (more pairs would not show a number)"  # (the other test worker)
         for n, prompt in enumerate((PROMPT, "a green triangle on grey")):
             loads.clear()
             t = runner.generate(replace(r, prompt=prompt), int8, compare="on").metrics.timing
             assert len(loads) == 2, (n, loads)  # the 8-bit set, then base's: once each
-            assert t.timed_pairs == 3 and t.pairs_stop in (ONE_SET, tight), t.pairs_stop
+            assert t.timed_pairs == 3 and t.pairs_stop in (ONE_SET, tight, crowded), t.pairs_stop
             assert "then base's as many (the device holds one weight set at a time" in t.how
             assert "base timed warm right after, in this call" in t.how and "interleaved" not in t.how
             assert quantized_mode(m.current.pipe.transformer) == "none"  # it ended on base's weights
@@ -1041,7 +1042,8 @@ def test_a_compared_8bit_click_loads_each_weight_set_once_where_the_device_holds
         runner.generate(r, int8, compare="off")
         loads.clear()
         t = runner.generate(replace(r, seed=4), int8, compare="on").metrics.timing
-        assert loads == [] and "interleaved with base" in t.how and "base timed warm right before" in t.how
+        assert loads == [] and "base timed warm right before" in t.how and "then base's" not in t.how
+        assert t.timed_pairs == 1 or "interleaved with base" in t.how  # (one pair where the cores were crowded)
     finally:
         m._load_transformer, runner.pairing = load, pairing
         m.settings = before
