@@ -30,6 +30,8 @@ def regime_key(key: tuple, preset: Preset) -> tuple:
 
 
 TIGHT_PCT = round(TIGHT * 100)
+TIGHT_STOP = f"the interval is within ±{TIGHT_PCT}% of its point"
+CROWDED_PAIRS = "other programs hold the cores (more pairs would not show a number)"
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ class Pairing:
         if pairs < first:
             return None
         if est.tight:
-            return f"the interval is within ±{TIGHT_PCT}% of its point"
+            return TIGHT_STOP
         if pairs >= first + self.max_extra_pairs:
             cap = first + self.max_extra_pairs
             return f"at most {cap} pair{'s' if cap != 1 else ''}"
@@ -217,15 +219,21 @@ def side_by_side(
         est = speedup([x.timed for x in bases], [x.timed for x in runs])
         # the crowding first: an interval that looks tight while other programs hold the cores shows no number
         if crowded is not None and crowded():
-            why = "other programs hold the cores (more pairs would not show a number)"
+            why = CROWDED_PAIRS
         else:
             why = pairing.stop(est, len(runs), first, spent, fastest)
         if why:
             break
+    return _timed_now(store, key, bases, runs, why)
+
+
+def _timed_now(store: BaseStore, key: tuple, bases: list, runs: list, why: str, grouped: bool = False) -> Paired:
+    """A pairing timed in this call: base's median run kept under `key` with every run's timing, the ratio over the
+    pairs with why they stopped."""
     base = store.put(key, replace(entry_of(median_run(bases)), runs=tuple(x.timed for x in bases)))
     stack = tuple(x.timed for x in runs)
     r = replace(speedup(base.runs, stack), stop=why)
-    return Paired(base, median_run(runs), len(runs), base_now=True, ratio=r, stack_runs=stack)
+    return Paired(base, median_run(runs), len(runs), base_now=True, ratio=r, stack_runs=stack, grouped=grouped)
 
 
 def _grouped(pairing: Pairing, store: BaseStore, key: tuple, time_base, time_stack, on_status, crowded) -> Paired:
@@ -237,15 +245,11 @@ def _grouped(pairing: Pairing, store: BaseStore, key: tuple, time_base, time_sta
     if on_status:
         on_status("timing the base image for comparison (its weights load once)")
     bases = [time_base() for _ in runs]
-    est = speedup([x.timed for x in bases], [x.timed for x in runs])
     if crowded is not None and crowded():
-        why = "other programs hold the cores (more pairs would not show a number)"
+        why = CROWDED_PAIRS
     else:
-        why = f"the interval is within ±{TIGHT_PCT}% of its point" if est.tight else ONE_SET
-    base = store.put(key, replace(entry_of(median_run(bases)), runs=tuple(x.timed for x in bases)))
-    stack = tuple(x.timed for x in runs)
-    r = replace(speedup(base.runs, stack), stop=why)
-    return Paired(base, median_run(runs), len(runs), base_now=True, ratio=r, stack_runs=stack, grouped=True)
+        why = TIGHT_STOP if speedup([x.timed for x in bases], [x.timed for x in runs]).tight else ONE_SET
+    return _timed_now(store, key, bases, runs, why, grouped=True)
 
 
 def watched(time_it, threads: int | None, store: BaseStore, key: tuple) -> Paired:

@@ -305,7 +305,7 @@ class ModelManager:
         if on_status:
             on_status("loading transformer weights for this dtype/quantization")
         gone = []  # (key, variant, the device it left): each off the device as it goes, not at the next collection
-        need = self._incoming_need(cur, key) if self._room(0).bytes is not None else 0  # (unbounded: slots alone)
+        need = self._incoming_need(cur, key)
         while cur.variants and (len(cur.variants) >= self.slots or not self._holds_another(cur, need)):
             k, v = cur.variants.popitem(last=False)
             gone.append((k, v, _park(v.transformer)))
@@ -341,7 +341,10 @@ class ModelManager:
         return True
 
     def _incoming_need(self, cur: Loaded, key: tuple) -> int:
-        """The incoming weight set's bytes in its own dtype and form, and its activations."""
+        """The incoming weight set's bytes in its own dtype and form, and its activations; 0 on a device with no memory
+        figure (the CPU without a budget: the slots alone bound it, nothing is sized)."""
+        if self._room(0).bytes is None:
+            return 0
         sizes = incoming_sizes(cur, key)
         margin = margin_bytes(sizes, cur.source, cur.dtype.torch.itemsize, self.device)[0]
         return sizes.components.get("transformer", 0) + margin
@@ -440,9 +443,7 @@ class ModelManager:
             return True
         if self.slots < 2:
             return False
-        missing = kb if ka in cur.variants else ka
-        need = self._incoming_need(cur, missing) if self._room(0).bytes is not None else 0
-        return self._holds_another(cur, need)
+        return self._holds_another(cur, self._incoming_need(cur, kb if ka in cur.variants else ka))
 
     def _fits(self, cur: Loaded, preset: Preset, key: tuple | None = None, size=None) -> Plan | None:
         """The plan for `preset`'s regime on the loaded model with the weight set `key` in it (sized in its own dtype

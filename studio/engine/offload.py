@@ -91,11 +91,10 @@ def remove_offload(pipe, device) -> None:
         pipe.to(device)
     for h in state.offloading.encoder_hooks:
         h.remove()
-    by_use = [enc for enc in _encoders(pipe).values() if BY_USE_HOOK in enc.__dict__]
-    for enc in by_use:  # the encoders' own hooks, whichever transformer set them (another weight set's regime too)
-        enc.__dict__.pop(BY_USE_HOOK).remove()
-    if state.offloading.encoders_by_use or by_use:
-        for enc in _encoders(pipe).values():
+    encoders = _encoders(pipe).values()
+    hooked = [_unhook(enc) for enc in encoders]  # whichever transformer's regime set them (another weight set's too)
+    if state.offloading.encoders_by_use or any(hooked):
+        for enc in encoders:
             enc.to(device)
     state.offloading.reset()  # (the stream's counting hooks are off above; the loader's run device stays)
 
@@ -292,6 +291,14 @@ def _encoders(pipe) -> dict:
 BY_USE_HOOK = "_studio_by_use"  # an encoder's own attribute holding its by-use hook (the encoders outlive weight sets)
 
 
+def _unhook(enc) -> bool:
+    """Remove `enc`'s by-use hook (one an encoder, whichever weight set's regime set it); whether it had one."""
+    old = enc.__dict__.pop(BY_USE_HOOK, None)
+    if old is not None:
+        old.remove()
+    return old is not None
+
+
 def encoders_by_use(pipe, device: torch.device) -> str:
     """The text encoders on the host, each coming to `device` when it is called (the prompt) and all leaving when
     the transformer is first called (the denoising): torch hooks, not accelerate's (whose `_hf_hook` would read as
@@ -313,9 +320,7 @@ def encoders_by_use(pipe, device: torch.device) -> str:
 
     for enc in encoders:
         enc.to(HOST)
-        old = enc.__dict__.pop(BY_USE_HOOK, None)  # (one hook an encoder, whichever weight set's regime set it)
-        if old is not None:
-            old.remove()
+        _unhook(enc)
         enc.__dict__[BY_USE_HOOK] = enc.register_forward_pre_hook(onload)
     state.encoder_hooks.append(pipe.transformer.register_forward_pre_hook(offload))
     state.encoders_by_use = True
