@@ -55,9 +55,18 @@ def test_bench_rows_noise_floor_and_compile_cost(tiny_runner, quiet):
         notes,
     )
     # on a quiet machine every row shows its speed-up (a bench that always withheld must fail here), unless the watch
-    # saw other programs take the cores during it (the machine stopped being quiet: withheld, with that reason)
+    # saw other programs take the cores during it (the machine stopped being quiet: withheld, with that reason). A
+    # stall the watch cannot see (the VM's host) can leave one row's interval wide after every extra round, so a row
+    # withheld on a quiet machine gets 2 more benches of its own to show its number
     if quiet and not crowded:
-        assert shown, {r.preset: r.speedup_note for r in rows.values()}
+        latest = dict(rows)  # (each row's latest bench; the checks below read the first bench's rows)
+        for _ in range(2):
+            left = [p for p, row in latest.items() if row.speedup is None]
+            if not left:
+                break
+            again = run_bench(tiny_runner, [req], left, repeats=1).matrix.rows
+            latest.update({r.preset: r for r in again if r.preset in left})
+        assert all(r.speedup is not None for r in latest.values()), {p: r.speedup_note for p, r in latest.items()}
     # the ideal: the counts' speed-up with a cached step priced by this run's block times (studio.measure.blocks)
     m = rep.rotations[0].last["cache"].metrics
     assert m.ideal.ideal_source == "from this run's block times" and 0 < m.ideal.cached_share < 1

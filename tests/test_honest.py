@@ -382,15 +382,17 @@ def test_a_card_keeps_its_base_floor_in_the_machines_record_and_reads_its_pace_a
     assert first.timing.base_pace_over is None and entry["benches"] == 1  # the first: nothing to compare with
     assert entry["best_ms"] == pytest.approx(first.timing.base_priced_s * 1e3 / 20)  # base's floor, per step
     assert "|shape " in key and "|20 steps|1 calls a step|0 LoRAs" in key
-    # a record twice as fast as this machine runs: the next card of the shape (another prompt) reads its host slow
-    path.write_text(json.dumps({key: {"best_ms": entry["best_ms"] / 2, "benches": 1}}))
+    # a record four times as fast as this machine ran: the next card of the shape (another prompt) reads its host slow.
+    # (Twice as fast failed on a noisy VM: a first call whose floor read 1.6-1.8x the second's left the second only
+    # 13-27% over half of it.)
+    path.write_text(json.dumps({key: {"best_ms": entry["best_ms"] / 4, "benches": 1}}))
     m = runner.generate(
         replace(r, prompt="a green ring, again", seed=2), stack(runner, "cache", threshold=0.5)
     ).metrics
     if m.timing.cores_taken is None or m.timing.cores_taken >= CROWDED:
         pytest.skip(f"the cores were not read quiet the second time (taken {m.timing.cores_taken})")
-    assert m.timing.base_pace_over == pytest.approx(m.timing.base_priced_s * 1e3 / 20 / (entry["best_ms"] / 2) - 1)
+    assert m.timing.base_pace_over == pytest.approx(m.timing.base_priced_s * 1e3 / 20 / (entry["best_ms"] / 4) - 1)
     assert m.timing.base_pace_over > 0.5
     if m.timing.speedup is not None:  # said beside a number; a withheld one says why already
         assert "host slow: base ran " in metrics_card(m)
-    assert json.loads(path.read_text())[key]["best_ms"] == entry["best_ms"] / 2  # the record keeps the faster
+    assert json.loads(path.read_text())[key]["best_ms"] == entry["best_ms"] / 4  # the record keeps the faster
